@@ -1,0 +1,111 @@
+"""Build the packaged GPU catalogue (capacity/data/gpus.yaml) from the datasheet file.
+
+Source: ../shared/data/gpu_specs.yaml (vendor units: GB, GB/s, TFLOP/s, with sources).
+Output: SI units only (bytes, bytes/s, FLOP/s), one `source` per GPU, and an explicit
+`usable_memory_bytes` = the total that torch.cuda.mem_get_info() reports and vLLM multiplies by
+gpu_memory_utilization. Where a real log gave that total we use it (`usable_memory_basis: observed`);
+elsewhere we estimate it from the marketing size (`estimate`, see USABLE_ESTIMATES below).
+
+Run:  python scripts/build_gpu_catalogue.py [path/to/gpu_specs.yaml]
+The output is committed; the package never reads ../shared at run time.
+"""
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import yaml
+
+GIB = 1024**3
+GB = 1e9
+ROOT = Path(__file__).resolve().parents[1]
+
+# Catalogue key -> (datasheet key, aliases)
+NAMES = {
+    "a100-40gb": ("A100-40GB-SXM", ["a100-40gb-sxm", "a100-40g"]),
+    "a100-80gb": ("A100-80GB-SXM", ["a100-80gb-sxm", "a100", "a100-80g"]),
+    "h100-sxm": ("H100-SXM-80GB", ["h100", "h100-sxm-80gb", "h100-80gb"]),
+    "h100-pcie": ("H100-PCIe-80GB", ["h100-pcie-80gb"]),
+    "h200": ("H200-SXM-141GB", ["h200-sxm", "h200-sxm-141gb"]),
+    "b200": ("B200-SXM-180GB", ["b200-sxm", "b200-sxm-180gb"]),
+    "l40s": ("L40S", []),
+    "l4": ("L4", []),
+    "a10g": ("A10G", []),
+    "rtx-4090": ("RTX-4090", ["4090", "rtx4090"]),
+    "mi300x": ("MI300X", []),
+}
+
+# GiB that mem_get_info reports, for GPUs the datasheet file has no observed total for.
+# Rule used: HBM parts report ~99% of the nominal size read as GiB (A100-80GB: 79.15 of 80, H200:
+# 139.80 of 141); GDDR parts with ECC on by default lose ~1/16 more (A10G: 22.07 of 24).
+USABLE_ESTIMATES = {
+    "H100-PCIe-80GB": (79.15, "same HBM2e stack as A100-80GB/H100-SXM, which report 79.1-79.2 GiB"),
+    "B200-SXM-180GB": (178.4, "99% of 180 read as GiB (HBM rule); no log seen"),
+    "L40S": (44.4, "48 GiB GDDR6 with ECC on (as A10G: 22.07 of 24 GiB)"),
+    "L4": (22.1, "24 GiB GDDR6 with ECC on (as A10G: 22.07 of 24 GiB)"),
+    "MI300X": (191.5, "99.7% of 192 GiB as ROCm reports HBM parts; no log seen"),
+}
+
+
+def usable_gib(key: str, spec: dict) -> tuple[float, str, str]:
+    if "reported_total_gib" in spec:
+        return float(spec["reported_total_gib"]), "observed", "reported_total_gib in gpu_specs.yaml"
+    for field in ("reported_total_gib_seen", "reported_total_gib_seen_for_A10"):
+        if field in spec:
+            seen = [float(v) for v in spec[field]]
+            return statistics.median(seen), "observed", f"median of {field} {seen} in gpu_specs.yaml"
+    if "nvidia_smi_total_mib" in spec:
+        # nvidia-smi's total includes memory the driver keeps; torch sees about 0.35 GiB less on a 4090
+        # (a 4090 vLLM log shows total_gpu_memory 23.58-23.65 GiB against 24564 MiB).
+        gib = spec["nvidia_smi_total_mib"] / 1024 - 0.36
+        return round(gib, 2), "observed", "nvidia-smi 24564 MiB less ~0.36 GiB driver reserve"
+    gib, why = USABLE_ESTIMATES[key]
+    return gib, "estimate", why
+
+
+def tera(value) -> float | None:
+    return None if value is None else float(value) * 1e12
+
+
+def build(src: Path) -> dict:
+    data = yaml.safe_load(src.read_text())
+    out = {}
+    for name, (key, aliases) in NAMES.items():
+        spec = data["gpus"][key]
+        gib, basis, why = usable_gib(key, spec)
+        link = spec.get("nvlink_gbs")
+        pcie = spec["pcie"]["gbs"]
+        out[name] = {
+            "datasheet_name": key,
+            "aliases": aliases,
+            "arch": spec["arch"],
+            "memory_bytes": int(spec["memory_gb"] * GB),  # marketing size, GB = 1e9 B
+            "usable_memory_bytes": int(round(gib * GIB)),  # what mem_get_info reports
+            "usable_memory_basis": basis,
+            "usable_memory_note": why,
+            "mem_bw_bytes_per_s": spec["hbm_bw_gbs"] * GB,
+            "bf16_flops": tera(spec.get("bf16_dense_tflops")),  # dense, FLOP/s
+            "fp16_flops": tera(spec.get("fp16_dense_tflops")),
+            "fp8_flops": tera(spec.get("fp8_dense_tflops")),
+            "int8_ops": tera(spec.get("int8_dense_tops")),
+            # GPU-to-GPU bandwidth per direction (datasheets give the bidirectional total).
+            "interconnect_bytes_per_s": (link if link else pcie) * GB / 2,
+            "interconnect": "nvlink/infinity-fabric" if link else "pcie",
+            "tdp_w": spec.get("tdp_w"),
+            "source": spec["source"],
+            "confidence": spec["confidence"],
+        }
+    return {"schema_version": 1, "units": "SI: bytes, bytes/s, FLOP/s; dense (no 2:4 sparsity)", "gpus": out}
+
+
+def main() -> None:
+    src = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "data" / "gpu_specs.yaml"
+    dst = ROOT / "capacity" / "data" / "gpus.yaml"
+    header = "# Generated by scripts/build_gpu_catalogue.py from shared/data/gpu_specs.yaml. Edit the source, not this.\n"
+    dst.write_text(header + yaml.safe_dump(build(src), sort_keys=False, width=120))
+    print(f"wrote {dst}")
+
+
+if __name__ == "__main__":
+    main()

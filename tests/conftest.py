@@ -1,0 +1,23 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = ROOT / "models"
+
+
+@pytest.fixture
+def card():
+    from capacity.model_card import load_model_card
+
+    return lambda name: load_model_card(MODELS / f"{name}.yaml")
+
+
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """Run the real `capacity` entry point in a subprocess (exit codes and stderr as a user sees them)."""
+    env = dict(os.environ, COLUMNS="200")
+    return subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)

@@ -1,0 +1,78 @@
+"""The real `capacity` entry point: JSON output equals the library's numbers; bad input is one line, exit 1."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from .conftest import ROOT, run_cli
+
+
+def test_help_does_not_import_torch():
+    code = ("import sys; from capacity.cli import app; from typer.testing import CliRunner;"
+            "r = CliRunner().invoke(app, ['--help']); assert r.exit_code == 0, r.output;"
+            "assert not {'torch', 'streamlit', 'plotly', 'ray', 'openpyxl'} & set(sys.modules), sys.modules.keys()")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_memory_json_matches_library(card):
+    from capacity import memory as mem
+    from capacity.engine import EngineConfig
+    from capacity.gpus import get_gpu
+
+    r = run_cli("memory", "--model", "models/llama-3.1-8b.yaml", "--gpu", "h100-sxm", "--tp", "2",
+                "--kv-dtype", "fp8", "--max-model-len", "16384", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    b = mem.budget(card("llama-3.1-8b"), get_gpu("h100-sxm"),
+                   EngineConfig(tensor_parallel_size=2, kv_cache_dtype="fp8", max_model_len=16384))
+    assert out["budget"]["num_blocks"] == b.num_blocks
+    assert out["budget"]["kv_bytes_per_token"] == 32768  # 2 x 32 x (8/2) x 128 x 1 B
+    assert {"activation", "non_torch"} <= set(out["budget"]["estimates"])
+    assert any(not row["fits"] for row in out["batch_context_table"])
+
+
+def test_memory_table_and_inverse_human_output():
+    r = run_cli("memory", "-m", "llama-3.1-8b", "--max-model-len", "8192", "--target-concurrency", "64",
+                "--at-context", "4096")
+    assert r.returncode == 0, r.stderr
+    for needle in ("weights", "activation peak", "estimate", "GPU blocks", "Batch x context",
+                   "min_gpu_memory_utilization", "min_tp for 64", "max_model_len for 64"):
+        assert needle in r.stdout
+
+
+def test_plan_runs_on_bundled_card():
+    r = run_cli("plan", "--model", "models/llama-3.1-8b.yaml", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {row["gpu"]: row for row in json.loads(r.stdout)["rows"]}
+    assert rows["h100-sxm"]["tp"] == 1 and rows["l4"]["tp"] in (1, 2)
+    assert all(row["gpus"] >= row["tp"] for row in rows.values() if row["tp"])
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--model", "models/llama-3.1-70b.yaml"], "weights need 131.4 GiB per rank, usable is 71.2 GiB"),
+    (["--model", "models/llama-3.1-8b.yaml", "--tp", "3"], "not divisible by 3"),
+    (["--model", "models/llama-3.1-8b.yaml", "--gpu", "h900"], "gpu 'h900' is not in the catalogue"),
+    (["--model", "models/llama-3.1-8b.yaml", "--kv-dtype", "fp4"], "kv_cache_dtype"),
+    (["--model", "models/llama-3.1-8b.yaml", "--weight-dtype", "fp3"], "weight_dtype"),
+    (["--model", "models/llama-3.1-8b.yaml", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
+    (["--model", "models/llama-3.1-8b.yaml", "--max-num-seqs", "0"], "max_num_seqs"),
+    (["--model", "models/llama-3.1-8b.yaml", "--max-model-len", "-5"], "max_model_len"),
+    (["--model", "models/llama-3.1-8b.yaml", "--gpu", "a10g"], "largest max_model_len that fits"),
+    (["--model", "models/llama-3.1-8b.yaml", "--activation-gib", "nan"], "--activation-gib"),
+    (["--model", "nope.yaml"], "no such file or bundled card"),
+    (["--model", "models/llama-3.1-8b.yaml", "--tp", "two"], "Invalid value for '--tp'"),
+])
+def test_bad_input_is_one_line_exit_1(args, needle):
+    r = run_cli("memory", *args)
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert needle in r.stderr
+    assert "Traceback" not in r.stderr + r.stdout
+
+
+def test_bad_card_file(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text((ROOT / "models" / "tiny.yaml").read_text() + "num_expertz: 3\n")
+    r = run_cli("memory", "--model", str(p))
+    assert r.returncode == 1 and "num_expertz: unknown field" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1

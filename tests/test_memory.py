@@ -1,0 +1,193 @@
+"""VRAM budget: hand-computed numbers, real vLLM start-up logs, invariants, inverse queries, errors."""
+import math
+
+import pytest
+
+from capacity import memory as mem
+from capacity.engine import EngineConfig, cudagraph_capture_sizes
+from capacity.errors import ConfigError, DoesNotFit
+from capacity.gpus import GPU, get_gpu
+from capacity.units import GiB
+from capacity.weights import weight_bytes_per_rank
+
+
+def custom_gpu(total_gib: float) -> GPU:
+    h100 = get_gpu("h100-sxm")
+    return h100.model_copy(update={"name": f"logged-{total_gib}", "usable_memory_bytes": total_gib * GiB})
+
+
+def test_llama8b_weights_by_hand(card):
+    # 8,030,261,248 params x 2 B (vocab 128256 is already a multiple of 64, so no padding) plus vLLM's
+    # rotary cos/sin cache 131072 positions x 128 x 2 B; vLLM logs "Loading model weights took 14.9888 GB".
+    w = sum(weight_bytes_per_rank(card("llama-3.1-8b"), 1).values())
+    assert w == 8_030_261_248 * 2 + 131072 * 128 * 2 == 16_094_076_928
+    assert round(w / GiB, 4) == 14.9888
+
+
+def test_budget_by_hand_with_given_terms(card):
+    c = card("llama-3.1-8b")
+    gpu = get_gpu("h100-sxm")
+    cfg = EngineConfig(max_model_len=8192, activation_bytes=1 * GiB, non_torch_bytes=0.5 * GiB, enforce_eager=True)
+    b = mem.budget(c, gpu, cfg)
+    kv = gpu.usable_memory_bytes * 0.9 - 16_094_076_928 - 1.5 * GiB
+    assert b.kv_budget_bytes == pytest.approx(kv)
+    assert b.num_blocks == math.floor(kv / (16 * 131_072))
+    assert b.kv_tokens == 16 * b.num_blocks
+    assert b.max_concurrency == pytest.approx(b.kv_tokens / 8192)
+    assert b.estimates == ["cuda_context"]  # every other term was given
+
+
+@pytest.mark.parametrize("total, act, nt, max_pos, logged_kv_gib, logged_blocks", [
+    # A10G, Llama-3.1-8B, util 0.9: "model weights take 14.99GiB; non_torch_memory takes 0.05GiB; PyTorch
+    # activation peak memory takes 0.22GiB; the rest ... KV Cache is 4.60GiB. # CUDA blocks: 2356"
+    (22.07, 0.22, 0.05, 131072, 4.60, 2356),
+    # H100, Llama-3.1-8B, util 0.9: "total_gpu_memory (79.14GiB) ... weights take 14.99GiB; non_torch 0.12GiB;
+    # activation peak 1.19GiB; ... KV Cache is 54.93GiB."
+    (79.14, 1.19, 0.12, 131072, 54.93, None),
+    # H100, Llama-3-8B (8k positions), util 0.9 (vLLM PR #10511): total 79.22, weights 14.96, non_torch
+    # 1.79, activation 1.26, available_kv_cache_memory 53.29 GiB.
+    (79.22, 1.26, 1.79, 8192, 53.29, None),
+])
+def test_reproduces_vllm_logs_given_their_measured_terms(card, total, act, nt, max_pos, logged_kv_gib, logged_blocks):
+    c = card("llama-3.1-8b").with_overrides(max_position_embeddings=max_pos)
+    cfg = EngineConfig(activation_bytes=act * GiB, non_torch_bytes=nt * GiB, max_model_len=4096)
+    b = mem.budget(c, custom_gpu(total), cfg)
+    assert b.kv_budget_bytes / GiB == pytest.approx(logged_kv_gib, abs=0.015)  # logs round each term to 0.01
+    if logged_blocks:
+        assert abs(b.num_blocks - logged_blocks) / logged_blocks < 0.005
+
+
+def test_default_rules_follow_vllm(card):
+    c = card("llama-3.1-8b")
+    h100 = mem.budget(c, get_gpu("h100-sxm"), EngineConfig(max_model_len=8192), check_fit=False)
+    assert (h100.max_num_seqs, h100.max_num_batched_tokens, h100.block_size) == (1024, 8192, 16)
+    a100 = mem.budget(c, get_gpu("a100-80gb"), EngineConfig(max_model_len=8192), check_fit=False)
+    assert (a100.max_num_seqs, a100.max_num_batched_tokens) == (256, 2048)  # A100 excluded by name
+    llm = mem.budget(c, get_gpu("h100-sxm"), EngineConfig(max_model_len=8192, usage_context="llm"), check_fit=False)
+    assert llm.max_num_batched_tokens == 16384
+    nochunk = mem.budget(c, get_gpu("l4"), EngineConfig(max_model_len=1000, enable_chunked_prefill=False),
+                         check_fit=False)
+    assert nochunk.max_num_batched_tokens == 2048  # max(max_model_len, 2048)
+    ds = mem.budget(card("deepseek-v3"), get_gpu("h200"), EngineConfig(tensor_parallel_size=8, max_model_len=8192))
+    assert ds.block_size == 64
+
+
+def test_cudagraph_capture_sizes():
+    assert cudagraph_capture_sizes(256)[:4] == [1, 2, 4, 8]
+    assert max(cudagraph_capture_sizes(1024)) == 512 and max(cudagraph_capture_sizes(8)) == 16
+    assert len(cudagraph_capture_sizes(256)) == 3 + 31 + 17
+
+
+def test_activation_sampler_term_by_hand(card):
+    # Sampler phase: hidden [8192, 4096] + sampled rows [1024, 4096] in bf16, then 1024 x 128256 logits
+    # at 2 B (bf16) + 14 B (fp32 copy, probs, exponential noise, temporaries).
+    c = card("llama-3.1-8b")
+    b = mem.budget(c, get_gpu("h100-sxm"), EngineConfig(max_model_len=8192))
+    assert b.activation_phases["sampler"] == 8192 * 4096 * 2 + 1024 * 4096 * 2 + 1024 * 128256 * 16
+    assert b.activation_phases["forward_mlp"] == 8192 * 2 * (2 * 4096 + 3 * 14336)
+
+
+def test_cuda_graphs_in_budget_costs_blocks(card):
+    c, g = card("llama-3.1-8b"), get_gpu("h100-sxm")
+    out = mem.budget(c, g, EngineConfig(max_model_len=8192))
+    inside = mem.budget(c, g, EngineConfig(max_model_len=8192, cuda_graphs_in_budget=True))
+    eager = mem.budget(c, g, EngineConfig(max_model_len=8192, enforce_eager=True))
+    assert inside.num_blocks < out.num_blocks == eager.num_blocks
+    assert eager.cuda_graph_bytes == 0 and out.cuda_graph_bytes > 0
+
+
+# ---- invariants ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("name, gpu, tp", [("llama-3.1-8b", "h100-sxm", 1), ("mixtral-8x7b", "h100-sxm", 2),
+                                           ("qwen2.5-7b", "l4", 1), ("deepseek-v3", "h200", 8)])
+def test_more_memory_never_fewer_blocks(card, name, gpu, tp):
+    c = card(name)
+    blocks = [mem.budget(c, get_gpu(gpu), EngineConfig(tensor_parallel_size=tp, gpu_memory_utilization=u,
+                                                       max_model_len=1024), check_fit=False).num_blocks
+              for u in (0.80, 0.85, 0.90, 0.95)]
+    assert blocks == sorted(blocks)
+    bigger = [mem.budget(c, get_gpu(gname), EngineConfig(tensor_parallel_size=tp, max_model_len=1024,
+                                                         max_num_seqs=256, max_num_batched_tokens=2048),
+                         check_fit=False).num_blocks for gname in ("h100-sxm", "h200")]
+    assert bigger[0] <= bigger[1]
+
+
+def test_longer_context_never_more_concurrency(card):
+    b = mem.budget(card("llama-3.1-8b"), get_gpu("h100-sxm"), EngineConfig(max_model_len=32768))
+    conc = [b.concurrency_at(c) for c in (512, 1000, 1024, 4096, 8000, 32768)]
+    assert conc == sorted(conc, reverse=True)
+    table = mem.batch_context_table(b, [1, 64, 256], [1024, 8192, 32768])
+    for batch in (1, 64, 256):  # once a context does not fit, no longer one does
+        fits = [r["fits"] for r in table if r["batch"] == batch]
+        assert fits == sorted(fits, reverse=True)
+
+
+def test_fp8_kv_and_tp_raise_capacity(card):
+    c, g = card("llama-3.1-70b"), get_gpu("h100-sxm")
+    base = mem.budget(c, g, EngineConfig(tensor_parallel_size=4, max_model_len=8192))
+    fp8 = mem.budget(c, g, EngineConfig(tensor_parallel_size=4, max_model_len=8192, kv_cache_dtype="fp8"))
+    tp8 = mem.budget(c, g, EngineConfig(tensor_parallel_size=8, max_model_len=8192))
+    assert fp8.num_blocks >= 2 * base.num_blocks - 1
+    assert tp8.kv_tokens > base.kv_tokens and tp8.weights_bytes < base.weights_bytes
+
+
+def test_paging_beats_contiguous_for_short_requests(card):
+    c, g = card("llama-3.1-8b"), get_gpu("h100-sxm")
+    paged = mem.budget(c, g, EngineConfig(max_model_len=32768))
+    contig = mem.budget(c, g, EngineConfig(max_model_len=32768, paged_kv=False))
+    assert contig.concurrency_at(2048) == contig.contiguous_max_seqs == math.floor(
+        contig.kv_budget_bytes / (32768 * 131072))
+    assert paged.concurrency_at(2048) >= 15 * contig.concurrency_at(2048)
+
+
+# ---- inverse queries -----------------------------------------------------------------------------
+def test_min_gpu_memory_utilization_is_tight(card):
+    c, g = card("llama-3.1-8b"), get_gpu("h100-sxm")
+    cfg = EngineConfig(max_model_len=8192)
+    u = mem.min_gpu_memory_utilization(c, g, cfg, 64, 4096)
+    ok = mem.budget(c, g, cfg.model_copy(update={"gpu_memory_utilization": u}))
+    assert ok.concurrency_at(4096) >= 64
+    below = mem.budget(c, g, cfg.model_copy(update={"gpu_memory_utilization": round(u - 0.01, 2)}), check_fit=False)
+    assert below.concurrency_at(4096) < 64
+
+
+def test_min_tp_and_max_model_len(card):
+    c, g = card("llama-3.1-70b"), get_gpu("h100-sxm")
+    cfg = EngineConfig(max_model_len=8192)
+    # tp=4: ~71.2 - 32.9 (weights) - ~2.6 (other) = ~35.7 GiB per rank / 81,920 B per token = ~55 sequences;
+    # tp=8: ~16.5 GiB weights per rank leaves ~52 GiB / 40,960 B = ~166 sequences.
+    assert mem.min_tp(c, g, cfg, 100, 8192) == 8
+    assert 40 < mem.budget(c, g, cfg.model_copy(update={"tensor_parallel_size": 4})).concurrency_at(8192) < 100
+    c8 = card("llama-3.1-8b")
+    L = mem.max_model_len_for(c8, g, EngineConfig(), 32)
+    assert mem.budget(c8, g, EngineConfig(max_model_len=L)).concurrency_at(L) >= 32
+    assert mem.budget(c8, g, EngineConfig(max_model_len=L + 16), check_fit=False).concurrency_at(L + 16) < 32
+
+
+# ---- does not fit / bad knobs --------------------------------------------------------------------
+def test_weights_do_not_fit_suggests_tp(card):
+    with pytest.raises(DoesNotFit) as exc:
+        mem.budget(card("llama-3.1-70b"), get_gpu("h100-sxm"), EngineConfig(max_model_len=8192))
+    msg = str(exc.value)
+    assert "weights need 131.4 GiB per rank" in msg and "tp=1" in msg and "try --tp 2" in msg
+
+
+def test_max_model_len_does_not_fit(card):
+    with pytest.raises(DoesNotFit) as exc:
+        mem.budget(card("llama-3.1-8b"), get_gpu("a10g"), EngineConfig(max_num_seqs=256))
+    msg = str(exc.value)
+    assert "max_model_len 131072" in msg and "16.00 GiB of KV cache" in msg and "largest max_model_len" in msg
+
+
+def test_tp_must_divide_heads(card):
+    with pytest.raises(ConfigError, match="num_attention_heads \\(32\\) .* not divisible by 3"):
+        mem.budget(card("llama-3.1-8b"), get_gpu("h100-sxm"), EngineConfig(tensor_parallel_size=3))
+
+
+def test_max_model_len_past_positions(card):
+    with pytest.raises(ConfigError, match="max_position_embeddings 4096"):
+        mem.budget(card("llama-2-70b"), get_gpu("h200"), EngineConfig(max_model_len=8192, tensor_parallel_size=2))
+
+
+def test_batched_tokens_below_seqs(card):
+    with pytest.raises(ConfigError, match="must be >= max_num_seqs"):
+        mem.budget(card("tiny"), get_gpu("l4"), EngineConfig(max_num_seqs=512, max_num_batched_tokens=256))
