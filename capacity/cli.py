@@ -148,14 +148,16 @@ def plan(
             except CapacityError as exc:
                 row["why_not_smaller_tp"] = str(exc)
                 continue
-            per_replica = b.concurrency_at(context)
-            replicas = math.ceil(concurrency / max(per_replica, 1)) if per_replica else None
-            row.update(tp=tp, weights_gib=b.weights_bytes / 2**30, kv_tokens=b.kv_tokens,
-                       seqs_per_replica=min(per_replica, b.max_num_seqs), kv_limited=per_replica < b.max_num_seqs,
-                       replicas=math.ceil(concurrency / min(per_replica, b.max_num_seqs)),
-                       gpus=tp * math.ceil(concurrency / min(per_replica, b.max_num_seqs)),
+            if context > b.max_model_len:
+                raise CapacityError(f"--context {context} exceeds max_model_len {b.max_model_len} of {card.name}")
+            seqs = min(b.concurrency_at(context), b.max_num_seqs)
+            if seqs == 0:
+                row["why_not_smaller_tp"] = f"tp={tp}: not one sequence of {context} tokens fits the KV cache"
+                continue
+            replicas = math.ceil(concurrency / seqs)
+            row.update(tp=tp, weights_gib=b.weights_bytes / 2**30, kv_tokens=b.kv_tokens, seqs_per_replica=seqs,
+                       kv_limited=seqs < b.max_num_seqs, replicas=replicas, gpus=tp * replicas,
                        max_model_len=b.max_model_len)
-            del replicas
             break
         else:
             row["tp"] = None

@@ -76,3 +76,8 @@ def test_bad_card_file(tmp_path):
     r = run_cli("memory", "--model", str(p))
     assert r.returncode == 1 and "num_expertz: unknown field" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_plan_context_past_max_model_len():
+    r = run_cli("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", "200000")
+    assert r.returncode == 1 and "--context 200000 exceeds max_model_len 131072" in r.stderr
