@@ -38,6 +38,8 @@ class MemoryModelParams(BaseModel):
     # Extra at tp > 1: NCCL channel buffers and custom all-reduce staging created on the first
     # collective of the profiling run. Logged values range 0.3-1.8 GiB across versions; 0.5 is a middle.
     non_torch_multi_gpu_bytes: NonNegFloat = 0.5 * GiB
+    # ... growing with the number of peers (per-peer NCCL connection buffers, IPC handles).
+    non_torch_per_peer_bytes: NonNegFloat = 32 * 1024**2
     # vLLM V1's dummy sampler run over min(max_num_seqs, max_num_batched_tokens) rows of full-vocabulary
     # logits: the fp32 copy of the logits, softmax probabilities and the exponential noise tensor of the
     # random sampler = 3 x 4 B per logit, plus ~2 B of temporaries (top-k/top-p are skipped at profile).

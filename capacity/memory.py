@@ -139,7 +139,8 @@ def budget(card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = Tr
     if cfg.non_torch_bytes is not None:
         non_torch = cfg.non_torch_bytes
     else:
-        non_torch = p.non_torch_bytes + (p.non_torch_multi_gpu_bytes if eng.tp > 1 else 0.0)
+        non_torch = p.non_torch_bytes + (
+            p.non_torch_multi_gpu_bytes + (eng.tp - 1) * p.non_torch_per_peer_bytes if eng.tp > 1 else 0.0)
         estimates.append("non_torch")
     if cfg.enforce_eager:
         graphs = 0.0

@@ -191,3 +191,11 @@ def test_max_model_len_past_positions(card):
 def test_batched_tokens_below_seqs(card):
     with pytest.raises(ConfigError, match="must be >= max_num_seqs"):
         mem.budget(card("tiny"), get_gpu("l4"), EngineConfig(max_num_seqs=512, max_num_batched_tokens=256))
+
+
+def test_non_torch_grows_with_tp(card):
+    c, g = card("llama-3.1-70b"), get_gpu("h200")
+    nt = [mem.budget(c, g, EngineConfig(tensor_parallel_size=tp, max_model_len=8192)).non_torch_bytes
+          for tp in (1, 2, 4, 8)]
+    assert nt == sorted(nt) and nt[0] < nt[1]
+    assert nt[3] - nt[1] == pytest.approx(6 * 32 * 1024**2)  # 32 MiB per extra peer
