@@ -195,7 +195,7 @@ def test_batched_tokens_below_seqs(card):
 
 def test_non_torch_grows_with_tp(card):
     c, g = card("llama-3.1-70b"), get_gpu("h200")
-    nt = [mem.budget(c, g, EngineConfig(tensor_parallel_size=tp, max_model_len=8192)).non_torch_bytes
+    nt = [mem.budget(c, g, EngineConfig(tensor_parallel_size=tp, max_model_len=8192), check_fit=False).non_torch_bytes
           for tp in (1, 2, 4, 8)]
     assert nt == sorted(nt) and nt[0] < nt[1]
     assert nt[3] - nt[1] == pytest.approx(6 * 32 * 1024**2)  # 32 MiB per extra peer
