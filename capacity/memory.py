@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-from capacity.engine import EngineConfig, ResolvedEngine, cudagraph_capture_sizes, resolve
-from capacity.errors import DoesNotFit
+from capacity.engine import EngineConfig, ResolvedEngine, check_tp, cudagraph_capture_sizes, resolve
+from capacity.errors import ConfigError, DoesNotFit
 from capacity.gpus import GPU
 from capacity.model_card import ModelCard
 from capacity.units import DTYPE_BYTES, GiB
@@ -209,9 +209,6 @@ def check_fits(b: MemoryBudget, card: ModelCard, gpu: GPU) -> None:
 
 
 def _weights_fit(card: ModelCard, gpu: GPU, b: MemoryBudget, tp: int) -> bool:
-    from capacity.engine import check_tp
-    from capacity.errors import ConfigError
-
     try:
         check_tp(card, tp)
     except ConfigError:
@@ -276,9 +273,6 @@ def min_gpu_memory_utilization(card: ModelCard, gpu: GPU, cfg: EngineConfig, con
 
 def min_tp(card: ModelCard, gpu: GPU, cfg: EngineConfig, concurrency: int, context: int) -> int:
     """Smallest tensor-parallel size whose budget holds `concurrency` sequences of `context` tokens."""
-    from capacity.engine import check_tp
-    from capacity.errors import ConfigError
-
     tried = []
     for tp in TP_CHOICES:
         try:
