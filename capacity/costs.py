@@ -28,6 +28,7 @@ from capacity.weights import weight_bytes_per_rank
 
 Eff = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
 Secs = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 @dataclass(frozen=True)
@@ -72,7 +73,7 @@ class RooflineParams(BaseModel):
     kernel_launch_s: Secs = 4e-6  # per kernel, paid once per op per layer
     allreduce_latency_s: Secs = 8e-6  # per all-reduce, on top of the bandwidth term
     step_overhead_s: Secs = 2e-3  # scheduler, input preparation, detokenisation per step
-    sampler_bytes_per_logit: Secs = 12.0  # fp32 logits, softmax, noise: read+write passes per logit
+    sampler_bytes_per_logit: NonNeg = 12.0  # fp32 logits, softmax, noise: read+write passes per logit
     attention: Literal["ideal", "dense_packed"] = "ideal"
 
 
