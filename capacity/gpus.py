@@ -74,3 +74,27 @@ def get_gpu(name_or_path: str) -> GPU:
         if key == gpu.name or key in (_normalise(a) for a in gpu.aliases) or key == _normalise(gpu.datasheet_name or ""):
             return gpu
     raise ConfigError(f"gpu {name_or_path!r} is not in the catalogue; known: {', '.join(catalogue())} (or pass a GPU YAML)")
+
+
+def match_gpu(device_name: str, total_memory_bytes: float | None = None) -> str | None:
+    """Catalogue name for a device as torch names it ('NVIDIA H100 80GB HBM3', 'NVIDIA A100-SXM4-40GB'),
+    or None. The family token must appear in the name; PCIe-vs-SXM and memory size break ties."""
+    words = set(_normalise(device_name).replace("-", " ").split())
+    joined = _normalise(device_name)
+    best: tuple[float, str] | None = None
+    for gpu in catalogue().values():
+        family = gpu.name.split("-")[0]  # h100, a100, rtx, l40s, ...
+        if gpu.name == "rtx-4090":
+            ok = "4090" in words
+        else:
+            ok = family in words or family in joined.split("-")
+        if not ok:
+            continue
+        score = 0.0
+        if ("pcie" in joined) != ("pcie" in gpu.name):
+            score += 1e15
+        if total_memory_bytes:
+            score += abs(gpu.usable_memory_bytes - total_memory_bytes)
+        if best is None or score < best[0]:
+            best = (score, gpu.name)
+    return best[1] if best else None
