@@ -187,6 +187,107 @@ def plan(
 
 
 @app.command()
+def calibrate(
+    model: ModelOpt,
+    device: Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N")] = "cpu",
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Profile JSON to write")] = None,
+    tp: TpOpt = 1,
+    quick: Annotated[bool, typer.Option("--quick", help="Small grids (seconds): for tests and smoke runs")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (recorded)")] = None,
+    max_context: Annotated[Optional[int], typer.Option("--max-context", help="Largest context to measure")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and step shapes")] = 0,
+) -> None:
+    """Measure step costs with real torch kernels on a device and write a profile (needs torch:
+    `pip install torch==2.13.0`)."""
+    from pathlib import Path
+
+    from capacity.model_card import load_model_card, resolve_model_path
+
+    card = load_model_card(resolve_model_path(model))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CapacityError("calibration needs torch: pip install torch==2.13.0") from None
+    from calibrate.suite import run_suite
+
+    if tp < 1:
+        raise CapacityError(f"--tp: must be >= 1 (got {tp})")
+    if max_context is not None and max_context < 2:
+        raise CapacityError(f"--max-context: must be >= 2 (got {max_context})")
+    dest = Path(out) if out else Path("calibrate/profiles") / f"{card.name}-{device.replace(':', '')}.json"
+    prof = run_suite(card, device, dest, tp=tp, quick=quick, threads=threads, max_context=max_context, seed=seed,
+                     command="capacity calibrate " + " ".join(sys.argv[2:]))
+    hold = [st for st in prof.steps if st.role == "holdout"]
+    typer.echo(f"wrote {dest}: {prof.provenance.device_name}, {len(prof.steps)} whole steps "
+               f"({len(hold)} held out), fit median error {prof.fit.median_abs_rel_err:.1%}; "
+               "check held-out accuracy with: python bench/step_accuracy.py --profile " + str(dest))
+
+
+@app.command("step-cost")
+def step_cost(
+    model: ModelOpt,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default: the profile's device, or h100-sxm)")] = None,
+    tp: TpOpt = 1,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile JSON (default: roofline)")] = None,
+    prefill: Annotated[Optional[list[str]], typer.Option("--prefill", help="NEW[:CACHED] tokens of a prefill chunk (repeat)")] = None,
+    decode: Annotated[Optional[list[str]], typer.Option("--decode", help="BATCHxCONTEXT decoding sequences (repeat)")] = None,
+    allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
+    from capacity.costs import PrefillChunk, StepPlan
+    from capacity.model_card import load_model_card, resolve_model_path
+
+    card = load_model_card(resolve_model_path(model))
+    pre = []
+    for item in prefill or []:
+        parts = item.split(":")
+        if len(parts) > 2 or not all(p.isdigit() for p in parts) or int(parts[0]) == 0:
+            raise CapacityError(f"--prefill {item!r}: expected NEW[:CACHED] with NEW > 0, e.g. 512:1024")
+        pre.append(PrefillChunk(int(parts[0]), int(parts[1]) if len(parts) == 2 else 0))
+    dec: list[int] = []
+    for item in decode or []:
+        parts = item.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) == 0:
+            raise CapacityError(f"--decode {item!r}: expected BATCHxCONTEXT with BATCH > 0, e.g. 32x2048")
+        dec += [int(parts[1])] * int(parts[0])
+    plan_ = StepPlan(tuple(pre), tuple(dec))
+    longest = max([p.new_tokens + p.cached_tokens for p in pre] + [d + 1 for d in dec] + [0])
+    if longest > card.max_position_embeddings:
+        raise CapacityError(f"a sequence of {longest} tokens exceeds {card.name}'s max_position_embeddings "
+                            f"({card.max_position_embeddings})")
+    if plan_.num_tokens == 0:
+        raise CapacityError("give at least one --prefill or --decode")
+    cost = make_step_cost(card, gpu, tp, profile, allow_profile_mismatch)
+    parts = cost.breakdown(plan_)
+    total = sum(parts.values())
+    if json_out:
+        typer.echo(json.dumps({"step_s": total, "breakdown_s": parts, "source": cost.source,
+                               "tokens": plan_.num_tokens}, indent=2))
+        return
+    typer.echo(f"step: {total * 1e3:.3f} ms for {plan_.num_tokens} tokens ({len(pre)} prefill chunks, "
+               f"{len(dec)} decodes); source: {cost.source}")
+    for k, v in parts.items():
+        typer.echo(f"  {k:<14}{v * 1e3:10.3f} ms")
+
+
+def make_step_cost(card, gpu: str | None, tp: int, profile: str | None, allow_mismatch: bool = False):
+    """The step-cost implementation a command uses: the calibrated profile when given, else the roofline.
+    With a profile, `gpu` None means "the profile's own device"."""
+    from capacity.costs import RooflineCost
+    from capacity.gpus import get_gpu
+
+    if profile is None:
+        return RooflineCost(card, get_gpu(gpu or "h100-sxm"), tp)
+    from capacity.calibrated import CalibratedCost
+    from capacity.profile import load_profile
+
+    prof = load_profile(profile)
+    gpu_name = get_gpu(gpu).name if gpu else None
+    return CalibratedCost(prof, card, gpu=gpu_name, tp=tp, allow_mismatch=allow_mismatch, profile_path=profile)
+
+
+@app.command()
 def gpus(json_out: JsonOpt = False) -> None:
     """List the GPU catalogue (SI units inside; GiB and TB/s shown)."""
     from capacity.gpus import catalogue
@@ -240,6 +341,9 @@ def models(json_out: JsonOpt = False) -> None:
 def main() -> None:
     """Entry point: domain errors become one line on stderr and exit code 1; usage errors (a bad option
     type, an unknown option), which the CLI framework reports with exit code 2, also exit 1."""
+    import warnings
+
+    warnings.formatwarning = lambda msg, cat, *a, **k: f"warning: {msg}\n"
     try:
         app()
     except CapacityError as exc:

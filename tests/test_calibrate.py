@@ -1,0 +1,215 @@
+"""Calibration: real torch kernels on the CPU (quick grids), the profile format, the calibrated cost model,
+and every bad-input path named in the issue (unknown device, CUDA without CUDA, truncated profile, another
+schema version, another model)."""
+import json
+import warnings
+from pathlib import Path
+
+import pytest
+
+from capacity.calibrated import CalibratedCost, OffGridWarning
+from capacity.costs import PrefillChunk, StepPlan
+from capacity.errors import ConfigError
+from capacity.profile import SCHEMA_VERSION, Profile, ProfileMismatchWarning, load_profile
+from tests.conftest import MODELS, ROOT, run_cli
+
+torch = pytest.importorskip("torch")  # the dev extra installs torch==2.13.0; CI has it
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from capacity.model_card import load_model_card
+
+    return load_model_card(MODELS / "tiny.yaml")
+
+
+@pytest.fixture(scope="module")
+def quick_profile(tiny, tmp_path_factory):
+    from calibrate.suite import run_suite
+
+    out = tmp_path_factory.mktemp("prof") / "tiny-quick.json"
+    prof = run_suite(tiny, "cpu", out, quick=True, threads=1, progress=False, command="pytest")
+    return prof, out
+
+
+# ---- the suite and the profile it writes ------------------------------------------------------------
+def test_quick_suite_writes_a_complete_profile(quick_profile, tiny):
+    prof, path = quick_profile
+    assert prof.schema_version == SCHEMA_VERSION
+    pv = prof.provenance
+    assert pv.device == "cpu" and pv.cpu_threads == 1 and pv.torch_version.startswith("2.13")
+    assert pv.dtype == "bf16" and pv.quick and pv.gpu is None and pv.date[:4].isdigit()
+    assert {"qkv", "o", "gate_up", "down", "elementwise", "layer"} <= set(prof.linear)
+    for col in [*prof.linear.values(), prof.embed, prof.lm_head]:
+        assert all(v is not None and v > 0 for v in col)
+    assert sum(st.role == "fit" for st in prof.steps) >= 4 and sum(st.role == "holdout" for st in prof.steps) >= 1
+    assert prof.fit is not None and set(prof.fit.scales) <= {"layers", "prefill_attn", "decode_attn"}
+    assert load_profile(path) == prof  # round trip through JSON
+
+
+def test_bigger_steps_take_longer_in_the_measured_tables(quick_profile):
+    prof, _ = quick_profile
+    # 256 tokens through a layer body costs more than 1 token; 16 x 256 decode attention more than 1 x 16
+    assert prof.linear["layer"][-1] > prof.linear["layer"][0]
+    assert prof.decode_attn[-1][-1] > prof.decode_attn[0][0]
+    assert prof.prefill_attn[-1][-1] > prof.prefill_attn[0][0]
+
+
+def test_stack_forward_samples_one_token_per_emitting_sequence(tiny):
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, "cpu", max_context=512)
+    st = stack.prepare([(5, 0), (7, 100)], [10, 300, 20])
+    with torch.inference_mode():
+        out = stack.forward(st)
+    assert out.shape == (5,)  # two prefill chunks + three decodes
+    with pytest.raises(ConfigError, match="max context 512"):
+        stack.prepare([(500, 100)], [])
+
+
+# ---- the calibrated model reproduces its tables on the grid -----------------------------------------
+def test_calibrated_cost_on_grid_points_is_the_table(quick_profile, tiny):
+    prof, _ = quick_profile
+    raw = CalibratedCost(prof.model_copy(update={"fit": None}), tiny, use_fit=False)
+    L = tiny.num_layers
+    b, ctx = prof.decode_batch[1], prof.decode_context[1]
+    comp = raw.components(StepPlan(decode_contexts=(ctx,) * b))
+    assert comp["decode_attn"] == pytest.approx(L * prof.decode_attn[1][1], rel=1e-9)
+    i = prof.tokens.index(b)
+    assert comp["layers"] == pytest.approx(L * prof.linear["layer"][i] + prof.embed[i] + prof.lm_head[i], rel=1e-9)
+    c, k = prof.prefill_chunk[2], prof.prefill_cached[1]
+    comp = raw.components(StepPlan(prefills=(PrefillChunk(c, k),)))
+    assert comp["prefill_attn"] == pytest.approx(L * prof.prefill_attn[2][1], rel=1e-9)
+    assert comp["decode_attn"] == 0.0
+
+
+def test_fitted_cost_applies_scales_and_overhead(quick_profile, tiny):
+    prof, _ = quick_profile
+    cost = CalibratedCost(prof, tiny)
+    raw = CalibratedCost(prof.model_copy(update={"fit": None}), tiny, use_fit=False)
+    plan = StepPlan(prefills=(PrefillChunk(32, 0),), decode_contexts=(16, 16, 16, 16))
+    comp = raw.components(plan)
+    expect = sum(prof.fit.scales.get(k, 1.0) * comp[k] for k in ("layers", "prefill_attn", "decode_attn"))
+    assert cost.step_s(plan) == pytest.approx(expect + prof.fit.overhead_s, rel=1e-9)
+    assert cost.source.startswith("calibrated profile")
+
+
+def test_fit_recovers_known_scales(quick_profile, tiny):
+    """Replace measured step times by a known law and check the fit finds it."""
+    from calibrate.suite import fit_profile, to_plan
+
+    prof, _ = quick_profile
+    raw = CalibratedCost(prof.model_copy(update={"fit": None}), tiny, use_fit=False)
+    steps = []
+    for st in prof.steps:
+        c = raw.components(to_plan(st.prefills, st.decodes))
+        law = 1.5 * c["layers"] + 0.8 * c["prefill_attn"] + 1.2 * c["decode_attn"] + 0.002
+        steps.append(st.model_copy(update={"measured_s": law}))
+    fitted = fit_profile(prof.model_copy(update={"steps": steps, "fit": None}), tiny).fit
+    assert fitted.scales["layers"] == pytest.approx(1.5, rel=1e-3)
+    assert fitted.overhead_s == pytest.approx(0.002, rel=1e-2)
+    if "prefill_attn" in fitted.scales:
+        assert fitted.scales["prefill_attn"] == pytest.approx(0.8, rel=1e-2)
+    assert fitted.median_abs_rel_err < 1e-3
+
+
+def test_monotone_in_context_and_tokens_inside_the_grid(quick_profile, tiny):
+    prof, _ = quick_profile
+    cost = CalibratedCost(prof, tiny)
+    ctxs = [16, 40, 100, 180, 256]
+    times = [cost.step_s(StepPlan(decode_contexts=(c,) * 4)) for c in ctxs]
+    assert times == sorted(times)
+    toks = [4, 10, 30, 64, 200, 256]
+    times = [cost.step_s(StepPlan(prefills=(PrefillChunk(n, 0),))) for n in toks]
+    assert all(b >= a * 0.999 for a, b in zip(times, times[1:]))
+
+
+def test_off_grid_warns_and_scales_by_work(quick_profile, tiny):
+    prof, _ = quick_profile
+    raw = CalibratedCost(prof.model_copy(update={"fit": None}), tiny, use_fit=False)
+    b_max, ctx = prof.decode_batch[-1], prof.decode_context[-1]
+    edge = raw.components(StepPlan(decode_contexts=(ctx,) * b_max))["decode_attn"]
+    with pytest.warns(OffGridWarning, match="decode_attn"):
+        twice = raw.components(StepPlan(decode_contexts=(ctx,) * (2 * b_max)))["decode_attn"]
+    assert twice == pytest.approx(2 * edge, rel=1e-9)  # twice the KV read, twice the time
+    assert raw.off_grid["decode_attn"] >= 1
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+def test_unknown_device_and_cuda_without_cuda(tiny):
+    from calibrate.stack import resolve_device
+
+    with pytest.raises(ConfigError, match="unknown device"):
+        resolve_device("tpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ConfigError, match="no CUDA device"):
+            resolve_device("cuda:0")
+    r = run_cli("calibrate", "--model", "tiny", "--device", "tpu", "--quick", "--out", "/tmp/never.json")
+    assert r.returncode == 1 and r.stderr.strip().startswith("error: --device 'tpu': unknown device")
+    assert "Traceback" not in r.stderr
+
+
+def test_truncated_profile_is_a_one_line_error(quick_profile, tmp_path):
+    _, path = quick_profile
+    bad = tmp_path / "trunc.json"
+    bad.write_text(path.read_text()[:500])
+    with pytest.raises(ConfigError, match="truncated or corrupt"):
+        load_profile(bad)
+    r = run_cli("step-cost", "--model", "tiny", "--profile", str(bad), "--decode", "4x100")
+    assert r.returncode == 1 and "truncated" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_other_schema_version_is_refused(quick_profile, tmp_path):
+    _, path = quick_profile
+    data = json.loads(path.read_text())
+    data["schema_version"] = SCHEMA_VERSION + 1
+    bad = tmp_path / "v2.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=f"schema_version {SCHEMA_VERSION + 1} is not supported"):
+        load_profile(bad)
+
+
+def test_profile_for_another_model_tp_or_gpu(quick_profile, card, tiny):
+    prof, _ = quick_profile
+    with pytest.raises(ConfigError, match="measured for model 'tiny', not 'llama-3.1-8b'.*hidden_size"):
+        CalibratedCost(prof, card("llama-3.1-8b"))
+    with pytest.raises(ConfigError, match="measured at tp=1, scenario has tp=2"):
+        CalibratedCost(prof, tiny, tp=2, gpu="h100-sxm")
+    with pytest.raises(ConfigError, match="scenario gpu is h200"):
+        CalibratedCost(prof, tiny, gpu="h200")
+    with pytest.warns(ProfileMismatchWarning, match="used anyway"):
+        CalibratedCost(prof, tiny, gpu="h200", allow_mismatch=True)
+
+
+def test_profile_with_inconsistent_tables_is_refused(quick_profile, tmp_path):
+    _, path = quick_profile
+    data = json.loads(path.read_text())
+    data["decode_attn"] = data["decode_attn"][:-1]
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match="decode_attn must be"):
+        load_profile(bad)
+
+
+def test_cli_calibrate_quick_end_to_end(tmp_path):
+    out = tmp_path / "p.json"
+    r = run_cli("calibrate", "--model", "tiny", "--device", "cpu", "--quick", "--threads", "1", "--out", str(out),
+                timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert out.is_file() and "wrote" in r.stdout
+    r = run_cli("step-cost", "--model", "tiny", "--profile", str(out), "--prefill", "64:0", "--decode", "4x100", "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["step_s"] > 0 and res["source"].startswith("calibrated profile") and res["tokens"] == 68
+
+
+# ---- the shipped profile ---------------------------------------------------------------------------
+def test_shipped_tiny_cpu_profile_loads_and_matches_the_card(tiny):
+    path = ROOT / "calibrate/profiles/tiny-cpu.json"
+    prof = load_profile(path)
+    cost = CalibratedCost(prof, tiny, profile_path=str(path))
+    assert sum(st.role == "holdout" for st in prof.steps) >= 30
+    assert not prof.provenance.quick
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # inside the grid: no extrapolation warning
+        assert cost.step_s(StepPlan(prefills=(PrefillChunk(512, 1024),), decode_contexts=(900,) * 16)) > 0
