@@ -144,7 +144,7 @@ def _progress():
 
 def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int = 1, quick: bool = False,
               threads: int | None = None, max_context: int | None = None, seed: int = 0,
-              progress: bool = True, command: str = "") -> Profile:
+              progress: bool = True, command: str = "", passes: int | None = None) -> Profile:
     """Measure every table for `card` on `device`, fit, validate and (optionally) write the profile."""
     import torch
 
@@ -270,7 +270,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     # has slow phases lasting seconds in which everything runs up to 2x slower (measured: the same step,
     # same inputs, 2.4 ms or 4.6 ms depending on when); the fastest of 3 passes is the machine's own speed,
     # and tables and whole steps use the same estimator, so they stay comparable. GPUs: one pass, median.
-    passes = 1 if dev.startswith("cuda") or quick else 3
+    passes = passes or (1 if dev.startswith("cuda") or quick else 3)
     results: dict[tuple, list[float]] = {}
     spreads: dict[tuple, list[float]] = {}
     from contextlib import nullcontext
@@ -278,8 +278,12 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     bar = _progress() if progress else None
     with bar or nullcontext(), torch.inference_mode():
         task = bar.add_task("calibrating", total=len(jobs) * passes) if bar else None
+        order_rng = np.random.default_rng(seed + 300)
         for p_ in range(passes):
-            for key, desc, make in jobs:
+            # A fresh random order each pass: slow drift of the host's speed (measured: held-out steps timed
+            # after the fit steps came out 12% slower) must not line up with one table or one step set.
+            for idx in order_rng.permutation(len(jobs)):
+                key, desc, make = jobs[idx]
                 try:
                     fn = make()
                     t = measure(fn, dev, min_time_s=(3 * mt if key[0] == "step" else mt))
