@@ -113,6 +113,26 @@ class _Table2D:
         return t
 
 
+def _many(self, a: float, bs: np.ndarray, miss: Counter) -> np.ndarray:
+    """Vectorised __call__ over many b values at one a (the decode fast path)."""
+    ca = min(max(a, self.a[0]), self.a[-1])
+    cb = np.clip(bs, self.b[0], self.b[-1])
+    off = (ca != a) | (cb != bs)
+    if off.any():
+        miss[self.name] += int(off.sum())
+    if self._f is not None:
+        pts = np.column_stack([np.full(len(bs), math.log(ca)), np.log1p(cb)])
+        t = np.exp(self._f(pts))
+    else:
+        i = int(np.abs(self.a - ca).argmin())
+        t = np.array([self._grid[i, int(np.abs(self.b - x).argmin())] for x in cb])
+    ratio = self.work(a, bs) / self.work(ca, cb)
+    return t * np.maximum(1.0, ratio)
+
+
+_Table2D.many = _many
+
+
 def _prefill_work(chunk: float, cached: float) -> float:
     return chunk * (cached + (chunk + 1) / 2)  # causal (query, key) pairs
 
@@ -250,3 +270,16 @@ class CalibratedCost:
 
     def step_s(self, plan: StepPlan) -> float:
         return math.fsum(self.breakdown(plan).values())
+
+    def decode_run_s(self, contexts: tuple[int, ...], k: int) -> np.ndarray:
+        """k decode-only steps of the same batch, contexts growing by one per step: everything but decode
+        attention depends on the batch size only; decode attention is evaluated for all k contexts at once."""
+        plan0 = StepPlan(decode_contexts=tuple(contexts))
+        f0 = self.step_s(plan0)
+        if k == 1:
+            return np.array([f0])
+        b = len(contexts)
+        ctx0 = max(contexts) if self.decode_layout == "padded" else sum(contexts) / b
+        attn = self._decode.many(b, ctx0 + np.arange(k), self.off_grid)
+        scale = self.scales.get("decode_attn", 1.0) * self.card.num_layers
+        return f0 + scale * (attn - attn[0])

@@ -60,6 +60,46 @@ class StepCost(Protocol):
     def breakdown(self, plan: StepPlan) -> dict[str, float]: ...
 
 
+def decode_run_s(cost, contexts: tuple[int, ...], k: int):
+    """Durations (s, numpy array of k) of k consecutive decode-only steps of the same sequences, every
+    context growing by one token per step. Uses the cost's exact vectorised `decode_run_s` when it has one,
+    else evaluates every step."""
+    import numpy as np
+
+    fast = getattr(cost, "decode_run_s", None)
+    if fast is not None:
+        return fast(contexts, k)
+    return np.array([cost.step_s(StepPlan(decode_contexts=tuple(c + j for c in contexts))) for j in range(k)])
+
+
+@dataclass
+class LinearCost:
+    """step = fixed_s + per_token_s x new tokens + per_key_s x keys attended (decode: context + 1; prefill:
+    cached + new). A transparent cost for hand-checked scheduler traces and queueing-theory tests."""
+
+    fixed_s: float = 0.0
+    per_token_s: float = 0.0
+    per_key_s: float = 0.0
+    source: str = "linear test cost"
+
+    def breakdown(self, plan: StepPlan) -> dict[str, float]:
+        if plan.num_tokens == 0:
+            return {"overhead": 0.0}
+        keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
+        return {"overhead": self.fixed_s, "gemm": self.per_token_s * plan.num_tokens, "attention": self.per_key_s * keys}
+
+    def step_s(self, plan: StepPlan) -> float:
+        return math.fsum(self.breakdown(plan).values())
+
+
+    def decode_run_s(self, contexts: tuple[int, ...], k: int):
+        import numpy as np
+
+        b = len(contexts)
+        f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
+        return f0 + self.per_key_s * b * np.arange(k)
+
+
 class RooflineParams(BaseModel):
     """Achievable fractions of datasheet peaks and fixed costs. Defaults are typical of H100-class
     serving engines (dense GEMM ~70% of peak, attention ~50%, streaming ~80% of HBM bandwidth)."""
@@ -192,3 +232,16 @@ class RooflineCost:
 
     def step_s(self, plan: StepPlan) -> float:
         return math.fsum(self.breakdown(plan).values())
+
+    def decode_run_s(self, contexts: tuple[int, ...], k: int):
+        """k decode-only steps of the same batch: every term but attention depends on the batch size only,
+        and attention is max(flops, bytes) of quantities both proportional to the keys read (ideal) or to
+        batch x keys (dense_packed), which grow by one per sequence per step. So the duration is exactly
+        linear in the step index: two evaluations give all k."""
+        import numpy as np
+
+        f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
+        if k == 1:
+            return np.array([f0])
+        f1 = self.step_s(StepPlan(decode_contexts=tuple(c + 1 for c in contexts)))
+        return f0 + (f1 - f0) * np.arange(k)

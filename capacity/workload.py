@@ -1,0 +1,243 @@
+"""Workloads: who arrives when, with how many prompt and output tokens, in which class.
+
+A `WorkloadSpec` (pydantic, from YAML/JSON or CLI flags) describes arrivals (Poisson, Gamma with a CV knob
+for burstiness, constant, closed-loop users with think time, or a trace), length distributions (fixed,
+uniform, lognormal, empirical), request classes with their priority and SLOs, and shared-prefix groups
+(system prompts / templates, for prefix caching). `generate(spec, rng)` draws the open-loop requests; all
+randomness comes from the `np.random.Generator` passed in, so a run is reproducible from its seed.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from capacity.errors import ConfigError
+
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+PosInt = Annotated[int, Field(gt=0)]
+
+
+@dataclass(slots=True)
+class Request:
+    id: int
+    arrival_s: float
+    prompt_tokens: int
+    output_tokens: int
+    cls: int = 0  # index into WorkloadSpec.classes
+    priority: int = 0  # lower is served first (vLLM convention)
+    prefix_group: int = -1  # -1: no shared prefix
+    prefix_tokens: int = 0  # leading prompt tokens shared with the group
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Lengths(_Strict):
+    """Token-count distribution. fixed: `value`; uniform: [low, high]; lognormal: `mean` and `cv` (of the
+    lognormal itself, not of its log), clipped to [low, high]; empirical: draw from `values`."""
+
+    kind: Literal["fixed", "uniform", "lognormal", "empirical"] = "fixed"
+    value: PosInt | None = None
+    low: PosInt = 1
+    high: PosInt | None = None
+    mean: PosFloat | None = None
+    cv: PosFloat | None = None
+    values: list[PosInt] | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> Lengths:
+        need = {"fixed": ("value",), "uniform": ("high",), "lognormal": ("mean", "cv"), "empirical": ("values",)}
+        for f in need[self.kind]:
+            if getattr(self, f) is None:
+                raise ValueError(f"{self.kind} lengths need `{f}`")
+        if self.high is not None and self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.kind == "empirical" and not self.values:
+            raise ValueError("empirical lengths need at least one value")
+        return self
+
+    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.kind == "fixed":
+            return np.full(n, self.value, dtype=np.int64)
+        if self.kind == "uniform":
+            return rng.integers(self.low, self.high + 1, size=n)
+        if self.kind == "empirical":
+            return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
+        sigma2 = np.log1p(self.cv ** 2)
+        mu = np.log(self.mean) - sigma2 / 2
+        x = np.rint(rng.lognormal(mu, np.sqrt(sigma2), size=n)).astype(np.int64)
+        return np.clip(x, self.low, self.high if self.high is not None else np.iinfo(np.int64).max)
+
+    @property
+    def expected(self) -> float:
+        if self.kind == "fixed":
+            return float(self.value)
+        if self.kind == "uniform":
+            return (self.low + self.high) / 2
+        if self.kind == "empirical":
+            return float(np.mean(self.values))
+        return float(self.mean)
+
+
+def fixed(n: int) -> Lengths:
+    return Lengths(kind="fixed", value=n)
+
+
+class Arrivals(_Strict):
+    """poisson: exponential gaps at `rate_per_s`; gamma: Gamma gaps with coefficient of variation `cv`
+    (cv=1 is Poisson, >1 bursty); constant: equal gaps; closed: `users` each send, wait for the answer,
+    think `think_s` (exponential with that mean), repeat; trace: timestamps from `trace`."""
+
+    kind: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"
+    rate_per_s: PosFloat | None = None
+    cv: PosFloat = 1.0
+    users: PosInt | None = None
+    think_s: NonNegFloat = 0.0
+
+    @model_validator(mode="after")
+    def _check(self) -> Arrivals:
+        if self.kind in ("poisson", "gamma", "constant") and self.rate_per_s is None:
+            raise ValueError(f"{self.kind} arrivals need rate_per_s")
+        if self.kind == "closed" and self.users is None:
+            raise ValueError("closed-loop arrivals need users")
+        return self
+
+
+class RequestClass(_Strict):
+    name: str = "default"
+    weight: PosFloat = 1.0  # share of arrivals
+    priority: int = 0  # lower is served first
+    input_len: Lengths | None = None  # None: the spec's default
+    output_len: Lengths | None = None
+    slo_ttft_s: PosFloat | None = None
+    slo_tpot_s: PosFloat | None = None
+
+
+class PrefixGroups(_Strict):
+    """`groups` distinct shared prefixes of `tokens` each; a request has one with probability `share`."""
+
+    groups: PosInt = 1
+    tokens: PosInt
+    share: Annotated[float, Field(ge=0, le=1)] = 1.0
+
+
+class WorkloadSpec(_Strict):
+    arrivals: Arrivals = Arrivals(rate_per_s=1.0)
+    input_len: Lengths = fixed(1024)
+    output_len: Lengths = fixed(256)
+    num_requests: PosInt = 1000
+    classes: list[RequestClass] = [RequestClass()]
+    prefix: PrefixGroups | None = None
+    trace: str | None = None  # JSONL/CSV path for kind=trace or empirical replay
+
+    @model_validator(mode="after")
+    def _check(self) -> WorkloadSpec:
+        if self.arrivals.kind == "trace" and not self.trace:
+            raise ValueError("trace arrivals need `trace` (a JSONL or CSV file)")
+        if not self.classes:
+            raise ValueError("classes: need at least one class")
+        return self
+
+    def class_lengths(self, c: int) -> tuple[Lengths, Lengths]:
+        k = self.classes[c]
+        return k.input_len or self.input_len, k.output_len or self.output_len
+
+    @property
+    def mean_output_tokens(self) -> float:
+        w = np.array([k.weight for k in self.classes])
+        return float(sum(wi * self.class_lengths(i)[1].expected for i, wi in enumerate(w / w.sum())))
+
+
+def interarrival_gaps(arr: Arrivals, rng: np.random.Generator, n: int) -> np.ndarray:
+    mean = 1.0 / arr.rate_per_s
+    if arr.kind == "poisson":
+        return rng.exponential(mean, size=n)
+    if arr.kind == "gamma":
+        shape = 1.0 / arr.cv ** 2  # CV of a Gamma(k, theta) is 1/sqrt(k)
+        return rng.gamma(shape, mean / shape, size=n)
+    if arr.kind == "constant":
+        return np.full(n, mean)
+    raise ConfigError(f"arrivals.kind {arr.kind}: no open-loop gaps (closed-loop users are simulated)")
+
+
+def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_id: int = 0,
+                    arrivals: np.ndarray | None = None) -> list[Request]:
+    """Class, lengths and prefix group for `n` requests (arrival times given or 0)."""
+    w = np.array([k.weight for k in spec.classes], dtype=float)
+    cls = rng.choice(len(w), size=n, p=w / w.sum()) if len(w) > 1 else np.zeros(n, dtype=np.int64)
+    prompt = np.empty(n, dtype=np.int64)
+    out = np.empty(n, dtype=np.int64)
+    for c in range(len(w)):
+        idx = np.flatnonzero(cls == c)
+        if idx.size:
+            li, lo = spec.class_lengths(c)
+            prompt[idx], out[idx] = li.draw(rng, idx.size), lo.draw(rng, idx.size)
+    group = np.full(n, -1, dtype=np.int64)
+    ptoks = np.zeros(n, dtype=np.int64)
+    if spec.prefix is not None:
+        has = rng.random(n) < spec.prefix.share
+        group[has] = rng.integers(0, spec.prefix.groups, size=int(has.sum()))
+        prompt[has] = np.maximum(prompt[has], spec.prefix.tokens + 1)  # a prefix leaves >= 1 token to compute
+        ptoks[has] = spec.prefix.tokens
+    arr = np.zeros(n) if arrivals is None else arrivals
+    return [Request(start_id + i, float(arr[i]), int(prompt[i]), int(out[i]), int(cls[i]),
+                    spec.classes[int(cls[i])].priority, int(group[i]), int(ptoks[i])) for i in range(n)]
+
+
+def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
+    """Open-loop requests in arrival order (closed-loop requests are made by the simulator)."""
+    if spec.arrivals.kind == "trace":
+        return load_trace(spec.trace, spec)[: spec.num_requests]
+    if spec.arrivals.kind == "closed":
+        raise ConfigError("closed-loop workloads are generated by the simulator, not up front")
+    times = np.cumsum(interarrival_gaps(spec.arrivals, rng, spec.num_requests))
+    return draw_attributes(spec, rng, spec.num_requests, arrivals=times)
+
+
+def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Request]:
+    """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
+    name from the spec). Rows are sorted by time; time is shifted so the first arrival is at 0."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"trace {p}: file not found")
+    rows: list[dict] = []
+    if p.suffix == ".csv":
+        with p.open(newline="") as f:
+            rows = list(csv.DictReader(f))
+    else:
+        for i, line in enumerate(p.read_text().splitlines(), 1):
+            if line.strip():
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ConfigError(f"trace {p}: line {i}: not valid JSON ({exc.msg})") from None
+    names = {k.name: i for i, k in enumerate(spec.classes)} if spec else {"default": 0}
+    out = []
+    for i, r in enumerate(rows, 1):
+        try:
+            t, a, b = float(r["timestamp"]), int(r["input_tokens"]), int(r["output_tokens"])
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ConfigError(f"trace {p}: row {i}: needs numeric timestamp, input_tokens, output_tokens ({exc})") from None
+        if a <= 0 or b <= 0 or not np.isfinite(t):
+            raise ConfigError(f"trace {p}: row {i}: token counts must be > 0 and time finite (got {a}, {b}, {t})")
+        c = names.get(r.get("class", "default"), None)
+        if c is None:
+            raise ConfigError(f"trace {p}: row {i}: class {r.get('class')!r} is not one of {sorted(names)}")
+        prio = spec.classes[c].priority if spec else 0
+        out.append(Request(i - 1, t, a, b, c, prio))
+    if not out:
+        raise ConfigError(f"trace {p}: no rows")
+    out.sort(key=lambda q: q.arrival_s)
+    t0 = out[0].arrival_s
+    for i, q in enumerate(out):
+        q.arrival_s -= t0
+        q.id = i
+    return out
