@@ -60,7 +60,7 @@ class StepCost(Protocol):
     def breakdown(self, plan: StepPlan) -> dict[str, float]: ...
 
 
-def decode_run_s(cost, contexts: tuple[int, ...], k: int):
+def decode_run_s(cost, contexts, k: int):
     """Durations (s, numpy array of k) of k consecutive decode-only steps of the same sequences, every
     context growing by one token per step. Uses the cost's exact vectorised `decode_run_s` when it has one,
     else evaluates every step."""
@@ -143,6 +143,19 @@ class RooflineCost:
         self._lm_w = w.get("lm_head", w["embed_tokens"])
         self._b = DTYPE_BYTES[self.card.dtype]
         self._peak = self.gpu.peak_flops(self.card.dtype)
+        # Memo tables: the simulator asks for the same token counts and chunks over and over.
+        self._terms_memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._chunk_memo: dict[tuple[int, int], float] = {}
+        c = self.card
+        heads = c.num_attention_heads // self.tp
+        qk, v = (c.head_dim_, c.head_dim_) if c.mla is None else (c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim,
+                                                                  c.mla.v_head_dim)
+        self._per_key_flops = 2 * heads * (qk + v)  # QK^T and PV per (query, key) pair
+        self._kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype]
+        p = self.params
+        # ideal decode attention of one layer = keys x this + launch (both roofline terms scale with keys)
+        self._decode_s_per_key = max(self._per_key_flops / (self._peak * p.attn_flops_eff),
+                                     self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
 
     # ---- primitives -----------------------------------------------------------------------------
     def _op(self, flops: float, bytes_: float, eff: float) -> float:
@@ -208,17 +221,51 @@ class RooflineCost:
         return 2 * (ring + p.allreduce_latency_s)  # after attention and after the MLP
 
     # ---- the step -------------------------------------------------------------------------------
+    def _terms(self, n: int, s: int) -> tuple[float, float, float, float]:
+        """(gemm, norms, communication, sampling) of a step with n tokens of which s sample: memoised."""
+        key = (n, s)
+        got = self._terms_memo.get(key)
+        if got is None:
+            b = self._breakdown_full(StepPlan(), n, s)  # attention excluded: it depends on the plan
+            got = self._terms_memo[key] = (b["gemm"], b["norms"], b["communication"], b["sampling"])
+        return got
+
+    def _chunk_s(self, new: int, cached: int) -> float:
+        got = self._chunk_memo.get((new, cached))
+        if got is None:
+            pairs = new * (cached + (new + 1) / 2)  # causal: the i-th new token sees cached + i keys
+            got = self._chunk_memo[(new, cached)] = self._op(
+                pairs * self._per_key_flops, (cached + new) * self._kv_tok, self.params.attn_flops_eff)
+        return got
+
+    def decode_step_s(self, batch: int, keys: int) -> float:
+        """A decode-only step of `batch` sequences reading `keys` keys in total (sum of context + 1)."""
+        gemm, norms, comm, samp = self._terms(batch, batch)
+        attn = self.card.num_layers * (keys * self._decode_s_per_key + self.params.kernel_launch_s)
+        return gemm + norms + comm + samp + attn + self.params.step_overhead_s
+
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
-        c, n = self.card, plan.num_tokens
+        n = plan.num_tokens
         if n == 0:
             return {"overhead": 0.0}
+        if self.params.attention != "ideal":
+            return self._breakdown_full(plan, n, plan.num_sampled)
+        gemm, norms, comm, samp = self._terms(n, plan.num_sampled)
+        attn = sum(self._chunk_s(p.new_tokens, p.cached_tokens) for p in plan.prefills)
+        if plan.decode_contexts:
+            keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
+            attn += keys * self._decode_s_per_key + self.params.kernel_launch_s
+        return {"gemm": gemm, "attention": self.card.num_layers * attn, "norms": norms, "communication": comm,
+                "sampling": samp, "overhead": self.params.step_overhead_s}
+
+    def _breakdown_full(self, plan: StepPlan, n: int, s: int) -> dict[str, float]:
+        c = self.card
         h = c.hidden_size
         gemm_attn = self._gemm(n, self._attn_w, 4 * h)
         attn = self._attention_s(plan)
         norms = self._op(0.0, 6 * n * h * self._b, 1.0) * 2  # two RMSNorms (+rope) of read/write passes
         mlp = (c.num_dense_layers * self._mlp_s(n, False) if c.num_dense_layers else 0.0) + (
             c.num_moe_layers * self._mlp_s(n, True) if c.num_moe_layers else 0.0)
-        s = plan.num_sampled
         lm = self._gemm(s, self._lm_w, h + c.vocab_size / self.tp, quantized=False) if s else 0.0
         sampler = self._op(0.0, s * c.vocab_size * self.params.sampler_bytes_per_logit, 1.0) if s else 0.0
         return {
@@ -240,6 +287,11 @@ class RooflineCost:
         linear in the step index: two evaluations give all k."""
         import numpy as np
 
+        b = len(contexts)
+        keys0 = sum(contexts) + b
+        if self.params.attention == "ideal":
+            f0 = self.decode_step_s(b, keys0)
+            return f0 + (self.card.num_layers * self._decode_s_per_key * b) * np.arange(k)
         f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
         if k == 1:
             return np.array([f0])

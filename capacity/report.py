@@ -64,3 +64,38 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
     console.print("[dim]Estimates: activation = vLLM's profiling forward pass + dummy sampler; non-torch and "
                   "CUDA-graph terms from typical vLLM logs. Override with --activation-gib/--non-torch-gib/"
                   "--cuda-graph-gib when you have measured values.[/]")
+
+
+def simulation_table(out: dict, console) -> None:
+    """Percentiles (ms) of a simulated scenario, throughput, and where the step costs came from."""
+    from rich.table import Table
+
+    s = out["summary"]
+    if out["saturated"]:
+        console.print(f"[bold red]{out['saturation']}[/] (offered {out['offered_rate_per_s']} req/s): the "
+                      "percentiles below describe an overloaded system that was stopped early")
+    t = Table(title=f"Simulated {out['model']} on {out['replicas']} x {out['gpu']} (tp={out['tp']}), "
+                    f"{out['policy']} batching, {s['n_requests']} measured requests", title_justify="left")
+    cols = ["metric (ms)", "mean", "p50", "p90", "p95", "p99", "p99 95% CI"]
+    for c in cols:
+        t.add_column(c, justify="left" if c.startswith("metric") else "right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_wait_s", "queue wait")):
+        m = s[key]
+        if not m.get("n"):
+            t.add_row(label, *["-"] * 6)
+            continue
+        ci = s.get("p99_ci_s", {}).get(key.replace("_s", ""))
+        ci_txt = f"{ci[0] * 1e3:.1f}-{ci[1] * 1e3:.1f}" if ci and ci[0] == ci[0] else ""
+        t.add_row(label, *(f"{m[k] * 1e3:.1f}" for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
+    console.print(t)
+    console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
+                  f"over {s['window_s']:.1f} s simulated; step costs: {out['step_cost_source']}")
+    if s.get("goodput_req_per_s") is not None:
+        console.print(f"goodput: {s['goodput_req_per_s']:.3f} requests/s meet every SLO ({s['slo_attainment']:.1%})")
+    console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "
+                  f"{out['preemptions']} preemptions; KV {out['kv_blocks_per_replica']:,} blocks x {out['block_size']} "
+                  f"tokens per replica; Little's law L={out['littles_law']['L']:.2f} vs lambda*W="
+                  f"{out['littles_law']['lambda_W']:.2f}[/]")
+    for n in out["notes"]:
+        console.print(f"[dim]note: {n}[/]")

@@ -45,18 +45,23 @@ class Seq:
     finish_s: float = NAN
     preemptions: int = 0
     replica: int = 0
+    prompt: int = 0  # copies of req.prompt_tokens / output_tokens: read in the hot loops
+    output: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens
 
     @property
     def num_tokens(self) -> int:
-        return self.req.prompt_tokens + self.generated
+        return self.prompt + self.generated
 
     @property
     def done(self) -> bool:
-        return self.generated >= self.req.output_tokens
+        return self.generated >= self.output
 
     @property
     def is_decode(self) -> bool:
-        return self.generated > 0 and self.num_tokens - self.computed == 1
+        return self.generated > 0 and self.prompt + self.generated - self.computed == 1
 
 
 @dataclass
@@ -230,27 +235,31 @@ class ContinuousScheduler:
 
     # ---- one step ---------------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> Step:
-        cfg = self.cfg
+        cfg, pool, bs = self.cfg, self.pool, self.cfg.block_size
         budget = cfg.max_num_batched_tokens
         step = Step(StepPlan())
         sched: list[tuple[Seq, int]] = []
+        running = self.running
         i = 0
-        while i < len(self.running) and budget > 0:
-            seq = self.running[i]
-            num_new = min(seq.num_tokens - seq.computed, budget)
-            if not cfg.chunked_prefill and num_new < seq.num_tokens - seq.computed:
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            rem = seq.prompt + seq.generated - seq.computed
+            num_new = rem if rem < budget else budget
+            if num_new < rem and not cfg.chunked_prefill:
                 i += 1
                 continue
             while True:
-                need = self._blocks_needed(seq, num_new)
-                if self.pool.take(need):
-                    seq.blocks += need
+                need = -(-(seq.computed + num_new) // bs) - seq.blocks - seq.shared_blocks
+                if need <= 0 or pool.take(need):
+                    if need > 0:
+                        seq.blocks += need
                     sched.append((seq, num_new))
                     budget -= num_new
                     i += 1
                     break
                 victim = self._victim()
                 self._preempt(victim, step)
+                running = self.running
                 if victim is seq:
                     break
         if not step.preempted:  # as vLLM: no admissions in a step that had to preempt
@@ -276,10 +285,11 @@ class ContinuousScheduler:
                 budget -= num_new
         prefills, decodes = [], []
         for seq, n in sched:
-            if n == 1 and seq.is_decode:
-                decodes.append(seq.computed)
+            c = seq.computed
+            if n == 1 and seq.generated > 0 and seq.prompt + seq.generated - c == 1:
+                decodes.append(c)
             else:
-                prefills.append(PrefillChunk(n, seq.computed, seq.computed + n == seq.num_tokens))
+                prefills.append(PrefillChunk(n, c, c + n == seq.prompt + seq.generated))
         step.plan = StepPlan(tuple(prefills), tuple(decodes))
         step.scheduled = sched
         return step
@@ -287,16 +297,18 @@ class ContinuousScheduler:
     def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
         """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
         emitted, finished = [], []
+        prefix = self.cfg.prefix_caching
         for seq, n in step.scheduled:
             seq.computed += n
-            self._publish_prefix(seq)
-            if seq.computed == seq.num_tokens:
+            if prefix:
+                self._publish_prefix(seq)
+            if seq.computed == seq.prompt + seq.generated:
                 seq.generated += 1
                 if seq.generated == 1:
                     seq.first_token_s = end_s
                 seq.last_token_s = end_s
                 emitted.append(seq)
-                if seq.done:
+                if seq.generated >= seq.output:
                     seq.finish_s = end_s
                     finished.append(seq)
         if finished:
@@ -317,47 +329,55 @@ class ContinuousScheduler:
             return 0
         if self.waiting and len(run) < self.cfg.max_num_seqs:
             return 0
-        if not all(s.is_decode for s in run):
-            return 0
-        k = min(max_steps, min(s.req.output_tokens - s.generated for s in run))
+        k = max_steps
+        for s in run:
+            if s.generated == 0 or s.prompt + s.generated - s.computed != 1:
+                return 0
+            left = s.output - s.generated
+            if left < k:
+                k = left
         if k < 2:
             return 0
         bs = self.cfg.block_size
-        avail = self.pool.available()
-        need = sum(self._blocks_for(s, k, bs) for s in run)
-        if need > avail:  # largest k whose blocks fit (needs grow with k): bisect
+        avail = self.pool.free if not self.pool.cached else self.pool.available()
+        if self._stretch_blocks(k, bs) > avail:  # largest k whose blocks fit (needs grow with k): bisect
             lo, hi = 0, k
             while lo < hi:
                 mid = (lo + hi + 1) // 2
-                if sum(self._blocks_for(s, mid, bs) for s in run) <= avail:
+                if self._stretch_blocks(mid, bs) <= avail:
                     lo = mid
                 else:
                     hi = mid - 1
             k = lo
         return k if k >= 2 else 0
 
-    @staticmethod
-    def _blocks_for(s: Seq, k: int, bs: int) -> int:
-        return max(0, -(-(s.computed + k) // bs) - s.blocks - s.shared_blocks)
+    def _stretch_blocks(self, k: int, bs: int) -> int:
+        need = 0
+        for s in self.running:
+            n = -(-(s.computed + k) // bs) - s.blocks - s.shared_blocks
+            if n > 0:
+                need += n
+        return need
 
     def advance_decodes(self, k: int, end_s: float) -> list[Seq]:
         """Apply k decode-only steps to every running sequence (the last ending at `end_s`); returns the
         sequences that finished at the k-th step. Token times are the simulator's business."""
-        bs = self.cfg.block_size
+        bs, pool = self.cfg.block_size, self.pool
         finished = []
         for s in self.running:
-            need = self._blocks_for(s, k, bs)
-            if not self.pool.take(need):  # decode_stretch guaranteed it
-                raise AssertionError("decode stretch ran out of blocks")
-            s.blocks += need
+            need = -(-(s.computed + k) // bs) - s.blocks - s.shared_blocks
+            if need > 0:
+                if not pool.take(need):  # decode_stretch guaranteed it
+                    raise AssertionError("decode stretch ran out of blocks")
+                s.blocks += need
             s.computed += k
             s.generated += k
             s.last_token_s = end_s
-            if s.done:
+            if s.generated >= s.output:
                 s.finish_s = end_s
                 finished.append(s)
         if finished:
-            self.running = [s for s in self.running if not s.done]
+            self.running = [s for s in self.running if s.generated < s.output]
             for s in finished:
                 self._release(s)
         return finished

@@ -89,9 +89,12 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
     else:
         requests = list(workload)
     seqs: list = []
-    itl_v: list[np.ndarray] = []
+    itl_v: list[np.ndarray] = []  # ITL samples of decode stretches (arrays, one weight per array)
     itl_w: list[np.ndarray] = []
     itl_t: list[np.ndarray] = []
+    stretches: list[tuple] = []  # (durations, end times, weight of the first, weight of the rest)
+    gap_v: list[float] = []  # ITL samples of single steps (one token each)
+    gap_t: list[float] = []
     ts: list[tuple] = []
     st = {"n_sys": 0, "area": 0.0, "t_last": 0.0, "rr": 0, "next_arrival": math.inf, "steps": 0, "events": 0,
           "backlog_since": None, "finished_total": 0, "finished_at_backlog": 0}
@@ -174,11 +177,6 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
                 st["next_arrival"] = min(st["next_arrival"], env.now + think)
                 yield env.timeout(think)
 
-    def record_itl(values: np.ndarray, weights: np.ndarray, times: np.ndarray | float) -> None:
-        if len(values):
-            itl_v.append(values)
-            itl_w.append(weights)
-            itl_t.append(np.broadcast_to(np.asarray(times, dtype=float), values.shape))
 
     def engine(rep: _Replica):
         sched = rep.sched
@@ -192,17 +190,25 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
             st["events"] += 1
             k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward else 0
             if k:
-                run = list(sched.running)
-                durs = decode_run_s(cost, tuple(s.computed for s in run), k)
+                run = sched.running
+                durs = decode_run_s(cost, [s.computed for s in run], k)
                 cum = np.cumsum(durs)
                 if len(run) < max_seqs and st["next_arrival"] < now + cum[-1]:
                     # stop at the end of the step during which the next request arrives
                     j = int(np.searchsorted(cum, st["next_arrival"] - now, side="left"))
                     k = j + 1
                 if k >= 2:
-                    first_end = now + cum[0]
-                    record_itl(np.array([first_end - s.last_token_s for s in run]), np.ones(len(run)), first_end)
-                    record_itl(durs[1:k], np.full(k - 1, float(len(run))), now + cum[1:k])
+                    # ITL of the first step: the step itself for sequences that emitted at `now` (nearly
+                    # all), the gap since their last token for the rest; then k-1 steps x every sequence.
+                    first_end = now + float(cum[0])
+                    same = 0
+                    for s in run:
+                        if s.last_token_s == now:
+                            same += 1
+                        else:
+                            gap_v.append(first_end - s.last_token_s)
+                            gap_t.append(first_end)
+                    stretches.append((durs[:k], now + cum[:k], same, len(run)))
                     yield env.timeout(float(cum[k - 1]))
                     st["steps"] += k
                     finish(sched.advance_decodes(k, env.now), rep)
@@ -226,11 +232,12 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
             prev = [(s, s.last_token_s) for s, _ in out.scheduled if s.generated > 0]
             yield env.timeout(cost.step_s(out.plan))
             st["steps"] += 1
-            emitted, done = sched.complete(out, env.now)
-            if prev:
-                em = set(map(id, emitted))
-                gaps = [env.now - t for s, t in prev if id(s) in em]
-                record_itl(np.array(gaps), np.ones(len(gaps)), env.now)
+            end = env.now
+            emitted, done = sched.complete(out, end)
+            for s, t in prev:
+                if s.last_token_s == end:  # it emitted a token in this step
+                    gap_v.append(end - t)
+                    gap_t.append(end)
             finish(done, rep)
             if cfg.timeseries:
                 ts.append((env.now, len(sched.waiting), len(sched.running), sched.pool.used, rep.idx))
@@ -270,9 +277,18 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
         cls=np.array([s.req.cls for s in seqs], dtype=np.int64),
         preemptions=np.array([s.preemptions for s in seqs], dtype=np.int64),
         replica=np.array([s.replica for s in seqs], dtype=np.int64))
-    result.itl_values = np.concatenate(itl_v) if itl_v else np.array([])
-    result.itl_weights = np.concatenate(itl_w) if itl_w else np.array([])
-    result.itl_times = np.concatenate(itl_t) if itl_t else np.array([])
+    for durs, ends, first_w, rest_w in stretches:
+        w = np.full(len(durs), float(rest_w))
+        w[0] = first_w
+        itl_v.append(durs)
+        itl_w.append(w)
+        itl_t.append(ends)
+    result.itl_values = np.concatenate([np.array(gap_v, dtype=float), *itl_v])
+    result.itl_weights = np.concatenate([np.ones(len(gap_v)), *itl_w])
+    result.itl_times = np.concatenate([np.array(gap_t, dtype=float), *itl_t])
+    keep = result.itl_weights > 0
+    result.itl_values, result.itl_weights, result.itl_times = (
+        result.itl_values[keep], result.itl_weights[keep], result.itl_times[keep])
     result.timeseries = np.array(ts, dtype=float) if ts else np.empty((0, 5))
     return result
 

@@ -81,3 +81,25 @@ def test_bad_card_file(tmp_path):
 def test_plan_context_past_max_model_len():
     r = run_cli("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", "200000")
     assert r.returncode == 1 and "--context 200000 exceeds max_model_len 131072" in r.stderr
+
+
+def test_simulate_cli_json_and_saturation():
+    import json
+
+    r = run_cli("simulate", "--model", "llama-3.1-8b", "--gpu", "h100", "--rate", "4", "--requests", "400", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["saturated"] is False and out["summary"]["n_requests"] == 360  # 10% warm-up excluded
+    assert out["step_cost_source"].startswith("roofline")
+    assert out["littles_law"]["L"] > 0
+    r = run_cli("simulate", "--model", "tiny", "--gpu", "h100", "--rate", "5000", "--requests", "200000",
+                "--max-num-seqs", "4", "--input-len", "2048", "--output-len", "512")
+    assert r.returncode == 0, r.stderr
+    assert "saturated: replica 0's queue reached" in r.stdout
+
+
+def test_simulate_cli_bad_input_is_one_line():
+    for args, msg in ((["--rate", "-1"], "rate_per_s"), (["--input-len", "abc", "--rate", "1"], "--input-len 'abc'"),
+                      (["--policy", "fifo", "--rate", "1"], "policy 'fifo'"), ([], "--rate is required")):
+        r = run_cli("simulate", "--model", "tiny", *args)
+        assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

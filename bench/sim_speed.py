@@ -1,0 +1,117 @@
+"""Simulator speed: simulated requests per wall-clock second on one core, with and without the decode
+fast path, their agreement on every metric, and peak memory for a 100,000-request run.
+
+    python bench/sim_speed.py            # the issue's workload: Llama-3.1-8B-class roofline step cost on an
+                                         # H100, 1024 in / 256 out, Poisson 4 req/s, batch cap 128, 10,000 requests
+
+A peer DES simulator does about 370 simulated req/s on this workload on this machine; the target is at least
+50x that (18,500/s). Prints a table and writes bench/results/sim_speed.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capacity.costs import RooflineCost  # noqa: E402
+from capacity.gpus import get_gpu  # noqa: E402
+from capacity.metrics import summarize  # noqa: E402
+from capacity.model_card import load_model_card  # noqa: E402
+from capacity.scheduler import make_scheduler  # noqa: E402
+from capacity.simulator import SimConfig, simulate  # noqa: E402
+from capacity.workload import Arrivals, WorkloadSpec, fixed  # noqa: E402
+
+PEER_REQ_PER_S = 370.0
+TARGET = 50 * PEER_REQ_PER_S
+
+
+def run(n: int, fast: bool, seed: int = 0):
+    card = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
+    cost = RooflineCost(card, get_gpu("h100-sxm"))
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=4.0), input_len=fixed(1024),
+                        output_len=fixed(256), num_requests=n)
+    sched = lambda: make_scheduler("continuous", max_num_seqs=128, max_num_batched_tokens=8192,  # noqa: E731
+                                   block_size=16, num_blocks=27_703)
+    t0 = time.perf_counter()
+    res = simulate(spec, cost, sched, np.random.default_rng(seed), SimConfig(fast_forward=fast, timeseries=False))
+    wall = time.perf_counter() - t0
+    return res, wall
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--requests", type=int, default=10_000)
+    ap.add_argument("--slow-requests", type=int, default=10_000, help="requests for the step-by-step comparison")
+    ap.add_argument("--memory-requests", type=int, default=100_000)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/sim_speed.json"))
+    ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:  # peak memory in a fresh process
+        res, wall = run(args.child, True)
+        print(json.dumps({"wall_s": wall, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                          "finished": int(np.isfinite(res.records.finish).sum())}))
+        return 0
+
+    fast, wall_fast = run(args.requests, True)
+    slow, wall_slow = run(args.slow_requests, False)
+    rng = np.random.default_rng(0)
+    sf = summarize(fast.records, fast.itl_values, fast.itl_weights, rng, ci=False)
+    if args.slow_requests == args.requests:
+        ss = summarize(slow.records, slow.itl_values, slow.itl_weights, rng, ci=False)
+        worst = 0.0
+        for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s"):
+            for stat in ("mean", "p50", "p90", "p95", "p99"):
+                a, b = getattr(sf, key)[stat], getattr(ss, key)[stat]
+                if b:
+                    worst = max(worst, abs(a / b - 1))
+        worst = max(worst, abs(sf.output_tokens_per_s / ss.output_tokens_per_s - 1))
+    else:
+        worst = float("nan")
+    child = subprocess.run([sys.executable, __file__, "--child", str(args.memory_requests)], capture_output=True,
+                           text=True, check=True)
+    mem = json.loads(child.stdout)
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="Simulator speed (one core): Llama-3.1-8B roofline on H100, 1024/256 tokens, Poisson 4 req/s, "
+                    "batch cap 128", title_justify="left")
+    for c in ("run", "requests", "engine events", "steps", "wall s", "sim req / wall s", "x peer (370/s)"):
+        t.add_column(c, justify="right" if c != "run" else "left")
+    rate_fast = args.requests / wall_fast
+    rate_slow = args.slow_requests / wall_slow
+    t.add_row("fast path", f"{args.requests:,}", f"{fast.events:,}", f"{fast.steps:,}", f"{wall_fast:.2f}",
+              f"{rate_fast:,.0f}", f"{rate_fast / PEER_REQ_PER_S:.0f}x")
+    t.add_row("step by step", f"{args.slow_requests:,}", f"{slow.events:,}", f"{slow.steps:,}", f"{wall_slow:.2f}",
+              f"{rate_slow:,.0f}", f"{rate_slow / PEER_REQ_PER_S:.0f}x")
+    t.add_row("fast path, memory run", f"{args.memory_requests:,}", "", "", f"{mem['wall_s']:.2f}",
+              f"{args.memory_requests / mem['wall_s']:,.0f}", "")
+    con = Console()
+    con.print(t)
+    con.print(f"target >= {TARGET:,.0f} sim req/s: {'met' if rate_fast >= TARGET else 'MISSED'}; "
+              f"worst fast-vs-step metric difference {worst:.2e} (limit 0.5%); peak RSS for "
+              f"{args.memory_requests:,} requests: {mem['maxrss_kib'] / 1024:.0f} MiB; "
+              f"p99 TTFT {sf.ttft_s['p99'] * 1e3:.1f} ms, p99 TPOT {sf.tpot_s['p99'] * 1e3:.2f} ms")
+    out = {"workload": "llama-3.1-8b roofline h100-sxm, 1024/256, poisson 4/s, max_num_seqs 128",
+           "requests": args.requests, "wall_s_fast": wall_fast, "sim_req_per_s_fast": rate_fast,
+           "wall_s_step_by_step": wall_slow, "sim_req_per_s_step_by_step": rate_slow,
+           "speedup_vs_peer": rate_fast / PEER_REQ_PER_S, "target_req_per_s": TARGET, "met": rate_fast >= TARGET,
+           "max_rel_metric_diff_fast_vs_step": worst, "events_fast": fast.events, "events_step": slow.events,
+           "peak_rss_mib_100k": mem["maxrss_kib"] / 1024, "memory_run_requests": args.memory_requests}
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(out, indent=1) + "\n")
+    con.print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
