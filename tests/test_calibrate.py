@@ -76,7 +76,10 @@ def test_calibrated_cost_on_grid_points_is_the_table(quick_profile, tiny):
     comp = raw.components(StepPlan(decode_contexts=(ctx,) * b))
     assert comp["decode_attn"] == pytest.approx(L * prof.decode_attn[1][1], rel=1e-9)
     i = prof.tokens.index(b)
-    assert comp["layers"] == pytest.approx(L * prof.linear["layer"][i] + prof.embed[i] + prof.lm_head[i], rel=1e-9)
+    # 1-D tables are made non-decreasing first (a point slower than a larger size takes that size's time)
+    mono = lambda col: min(col[i:])  # noqa: E731
+    assert comp["layers"] == pytest.approx(L * mono(prof.linear["layer"]) + mono(prof.embed) + mono(prof.lm_head),
+                                           rel=1e-9)
     c, k = prof.prefill_chunk[2], prof.prefill_cached[1]
     comp = raw.components(StepPlan(prefills=(PrefillChunk(c, k),)))
     assert comp["prefill_attn"] == pytest.approx(L * prof.prefill_attn[2][1], rel=1e-9)
