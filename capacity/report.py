@@ -99,3 +99,131 @@ def simulation_table(out: dict, console) -> None:
                   f"{out['littles_law']['lambda_W']:.2f}[/]")
     for n in out["notes"]:
         console.print(f"[dim]note: {n}[/]")
+
+
+# ---- the plan --------------------------------------------------------------------------------------------
+def plan_dict(p) -> dict:
+    import dataclasses
+
+    d = dataclasses.asdict(p)
+    d["slo"] = p.slo.model_dump()
+    d["units"] = "seconds, requests/s, tokens/s, USD"
+    return d
+
+
+def _ms(x, nd=0) -> str:
+    import math
+
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:,.{nd}f}"
+
+
+def plan_report(p, console, wall_s: float, ex) -> None:
+    from rich.table import Table
+
+    b = p.budget
+    pct = p.slo.percentile
+    console.print(f"[bold]Capacity plan: {p.model} on {p.gpu}[/], target {p.target_rate:g} req/s, SLO P{pct} TTFT <= "
+                  f"{p.slo.ttft_s * 1e3:.0f} ms and P{pct} TPOT <= {p.slo.tpot_s * 1e3:.0f} ms; step costs: {p.source}")
+    console.print(f"memory (tp={p.tp}, per rank): usable {b['usable_bytes'] / 2**30:.2f} GiB - weights "
+                  f"{b['weights_bytes'] / 2**30:.2f} - activations {b['activation_bytes'] / 2**30:.2f} - non-torch "
+                  f"{b['non_torch_bytes'] / 2**30:.2f} = KV {b['kv_budget_bytes'] / 2**30:.2f} GiB -> {b['kv_tokens']:,} "
+                  f"tokens; concurrency is limited by "
+                  f"{'max_num_seqs' if b['kv_tokens'] >= b['max_num_seqs'] * b['max_model_len'] else 'KV cache at max_model_len'}")
+
+    t = Table(title="Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail)",
+              title_justify="left")
+    for c in ("TP", "max req/s", "bracket", "saturation req/s", "replicas", "GPUs", "probes"):
+        t.add_column(c, justify="right")
+    for r in p.searches:
+        if r.max_rate <= 0:
+            t.add_row(str(r.tp), "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-",
+                      str(len(r.probes)))
+            continue
+        import math
+
+        reps = math.ceil(p.target_rate / r.max_rate)
+        t.add_row(str(r.tp), f"{r.max_rate:.2f}", f"{r.max_rate:.2f}-{r.failed_rate:.2f}", f"{r.capacity_rate:.2f}",
+                  str(reps), str(reps * r.tp), str(len(r.probes)))
+    console.print(t)
+
+    seqs = sorted({c.max_num_seqs for c in p.frontier})
+    lens = sorted({c.max_model_len for c in p.frontier})
+    by = {(c.max_num_seqs, c.max_model_len): c for c in p.frontier}
+    ft = Table(title=f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}); paged KV makes latency "
+                     f"independent of max_model_len, which decides what fits (x: does not fit; !: below the "
+                     f"workload's longest request)", title_justify="left")
+    for c in ("max_num_seqs", f"P{pct} TTFT ms [band]", f"P{pct} TPOT ms [band]", "peak tokens/s", "SLO"):
+        ft.add_column(c, justify="right")
+    for m in lens:
+        ft.add_column(f"{m // 1024}k" if m >= 1024 else str(m), justify="center")
+    for s in seqs:
+        cells = [by[(s, m)] for m in lens]
+        live = next((c for c in cells if c.feasible and c.p_ttft is not None), None)
+        marks = ["[dim]x[/]" if not c.feasible else ("!" if not c.covers_workload else "ok") for c in cells]
+        if live is None:
+            ft.add_row(str(s), "-", "-", "-", "[dim]does not fit[/]", *marks)
+            continue
+        sat = live.p_ttft is None or live.p_ttft == float("inf")
+        bt = f" [{_ms(live.p_ttft_band[0])}-{_ms(live.p_ttft_band[1])}]" if live.p_ttft_band else ""
+        bp = f" [{_ms(live.p_tpot_band[0], 1)}-{_ms(live.p_tpot_band[1], 1)}]" if live.p_tpot_band else ""
+        ok = any(c.meets_slo for c in cells)
+        ft.add_row(str(s), "[red]saturated[/]" if sat else _ms(live.p_ttft) + bt, "" if sat else _ms(live.p_tpot, 1) + bp,
+                   f"{live.capacity_tokens_per_s or 0:,.0f}", "[green]meets[/]" if ok else "[red]misses[/]", *marks)
+    console.print(ft)
+
+    v = p.verification
+    if p.recommended:
+        rc = p.recommended
+        console.print(f"[bold]Recommended[/]: tp={p.tp}, max_num_seqs={rc.max_num_seqs}, max_model_len={rc.max_model_len:,}; "
+                      f"{p.replicas} replica{'s' if p.replicas > 1 else ''} = [bold]{p.gpus} x {p.gpu}[/]"
+                      + (f", ${p.cost_per_million_tokens:.3f} per 1M output tokens" if p.cost_per_million_tokens else ""))
+    else:
+        console.print(f"[bold]Recommended[/]: engine defaults at tp={p.tp}; {p.replicas} replicas = {p.gpus} x {p.gpu}")
+    console.print(f"verification: {p.replicas} replicas at {v['rate_per_s']:g} req/s, fresh seeds {v['seeds']}: P{pct} TTFT "
+                  f"{_ms(v['p_ttft_s'])} ms, P{pct} TPOT {_ms(v['p_tpot_s'], 1)} ms -> "
+                  + ("[green]meets the SLO[/]" if v["passed"] else "[red]misses the SLO[/]"))
+    console.print(f"  {p.vllm_command}")
+    console.print(f"  {p.sglang_command}")
+    for line in p.tradeoffs:
+        console.print(f"- {line}")
+    for n in p.notes:
+        console.print(f"[dim]note: {n}[/]")
+    console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")
+
+
+def write_rows(rows: list[dict], path: str) -> None:
+    import csv
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".csv":
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with p.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()})
+    else:
+        p.write_text(json.dumps(rows, indent=1, default=float) + "\n")
+
+
+def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Sweep ({len(rows)} points); step costs: {rows[0]['source'] if rows else '-'}", title_justify="left")
+    for a in axes:
+        t.add_column(a)
+    for c in ("req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "tokens/s"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        vals = []
+        for a in axes:
+            v = r[a]
+            vals.append(str(v.get("value", v)) if isinstance(v, dict) else str(v))
+        sat = " [red]saturated[/]" if r["saturated"] else ""
+        t.add_row(*vals, f"{r['rate_per_s']:g}{sat}", _ms(r["ttft_p50_s"]), _ms(r["ttft_p99_s"]), _ms(r["tpot_p50_s"], 1),
+                  _ms(r["tpot_p99_s"], 1), f"{r['tokens_per_s']:,.0f}")
+    console.print(t)
+    console.print(f"[dim]{ex.misses} simulations run, {ex.hits} from the cache[/]")

@@ -13,7 +13,8 @@ durations come vectorised and exact from the cost model (`decode_run_s`). With `
 step is its own event; both must agree (tests and bench/sim_speed.py check it).
 
 Overload: if a replica's queue grows past `saturation_queue`, the run stops and reports "saturated" with
-the throughput the replicas sustained while backlogged (the capacity estimate). A run never goes forever:
+the throughput the replicas sustained while backlogged (the capacity estimate); a run too short for that
+is also "saturated" when more than `overload_fraction` of its requests are still queued at the last arrival. A run never goes forever:
 `max_sim_s` bounds simulated time.
 """
 from __future__ import annotations
@@ -40,6 +41,7 @@ class SimConfig:
     saturation_queue: int | None = None  # default: max(1000, 8 x max_num_seqs)
     max_sim_s: float = math.inf
     timeseries: bool = True
+    overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
 
     def __post_init__(self) -> None:
         if self.replicas <= 0:
@@ -161,6 +163,17 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
                 yield env.timeout(req.arrival_s - env.now)
             st["next_arrival"] = requests[i + 1].arrival_s if i + 1 < len(requests) else math.inf
             dispatch(req)
+        # End of arrivals: a stable system has a short queue now; an overloaded one has been piling up
+        # (lambda - mu) x T requests. More than `overload_fraction` of all arrivals still waiting = overloaded,
+        # which catches runs too short for the queue to reach `saturation_queue`.
+        waiting = sum(len(r.sched.waiting) for r in reps)
+        if waiting > cfg.overload_fraction * len(requests) and not result.saturated:
+            done = st["finished_total"]
+            cap = done / env.now if env.now > 0 else None
+            result.saturated = True
+            result.capacity_req_per_s = cap
+            result.saturation = (f"saturated: {waiting} of {len(requests)} requests were still queued when the last "
+                                 f"one arrived (t={env.now:.1f} s); about {cap:.3g} req/s were served")
 
     def user(u: int, spec: WorkloadSpec, issued: list[int]):
         while issued[0] < spec.num_requests:

@@ -104,8 +104,7 @@ class Arrivals(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Arrivals:
-        if self.kind in ("poisson", "gamma", "constant") and self.rate_per_s is None:
-            raise ValueError(f"{self.kind} arrivals need rate_per_s")
+        # rate_per_s may be left out of a planning scenario (the planner supplies it); generate() checks it
         if self.kind == "closed" and self.users is None:
             raise ValueError("closed-loop arrivals need users")
         return self
@@ -157,6 +156,8 @@ class WorkloadSpec(_Strict):
 
 
 def interarrival_gaps(arr: Arrivals, rng: np.random.Generator, n: int) -> np.ndarray:
+    if arr.rate_per_s is None:
+        raise ConfigError(f"arrivals.rate_per_s: {arr.kind} arrivals need a rate")
     mean = 1.0 / arr.rate_per_s
     if arr.kind == "poisson":
         return rng.exponential(mean, size=n)

@@ -18,6 +18,6 @@ def card():
 
 def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     """Run the real `capacity` entry point in a subprocess (exit codes and stderr as a user sees them)."""
-    env = dict(os.environ, COLUMNS="200")
+    env = dict(os.environ, COLUMNS="200", CAPACITY_CACHE_DIR="off")  # tests never read a stale result cache
     return subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)

@@ -41,8 +41,8 @@ def test_memory_table_and_inverse_human_output():
         assert needle in r.stdout
 
 
-def test_plan_runs_on_bundled_card():
-    r = run_cli("plan", "--model", "models/llama-3.1-8b.yaml", "--json")
+def test_fleet_runs_on_bundled_card():
+    r = run_cli("fleet", "--model", "models/llama-3.1-8b.yaml", "--json")
     assert r.returncode == 0, r.stderr
     rows = {row["gpu"]: row for row in json.loads(r.stdout)["rows"]}
     assert rows["h100-sxm"]["tp"] == 1 and rows["l4"]["tp"] in (1, 2)
@@ -78,8 +78,8 @@ def test_bad_card_file(tmp_path):
     assert len(r.stderr.strip().splitlines()) == 1
 
 
-def test_plan_context_past_max_model_len():
-    r = run_cli("plan", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", "200000")
+def test_fleet_context_past_max_model_len():
+    r = run_cli("fleet", "-m", "llama-3.1-8b", "--gpu", "h100-sxm", "--context", "200000")
     assert r.returncode == 1 and "--context 200000 exceeds max_model_len 131072" in r.stderr
 
 

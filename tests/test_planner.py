@@ -1,0 +1,181 @@
+"""The planner: its invariants (load, SLO, GPUs), its verification, executors and cache, and bad input."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from capacity.errors import CapacityError, ConfigError
+from capacity.planner import Planner, Scenario, SearchSpec, SimTask, SLOSpec, make_plan
+from capacity.sweep import PoolExecutor, SerialExecutor, grid, make_executor, parse_axis
+from capacity.workload import Arrivals, WorkloadSpec, fixed
+from tests.conftest import ROOT, run_cli
+
+SMALL = SearchSpec(seeds=2, requests=300, tolerance=0.1, max_num_seqs=[16, 64, 256], max_model_len=[4096, 131072],
+                   tp=[1, 2])
+WL = WorkloadSpec(input_len=fixed(1024), output_len=fixed(128))
+
+
+@pytest.fixture(scope="module")
+def card8b():
+    from capacity.model_card import load_model_card
+
+    return load_model_card(ROOT / "models/llama-3.1-8b.yaml")
+
+
+def scenario(**kw):
+    base = dict(model="llama-3.1-8b", gpu="h100-sxm", workload=WL, slo=SLOSpec(ttft_s=1.0, tpot_s=0.03),
+                target_rate_per_s=20.0, search=SMALL, price_per_gpu_hour=2.0)
+    base.update(kw)
+    return Scenario(**base)
+
+
+@pytest.fixture(scope="module")
+def plan(card8b):
+    return make_plan(scenario(), card8b, SerialExecutor(cache=False))
+
+
+def test_plan_is_consistent_and_its_recommendation_passes_a_fresh_simulation(plan):
+    assert plan.verification["passed"] and plan.verification["seeds"] == [1000, 1001]
+    assert plan.gpus == plan.tp * plan.replicas
+    assert plan.replicas == plan.verification["replicas"]
+    best = next(r for r in plan.searches if r.tp == plan.tp)
+    assert best.max_rate < best.failed_rate <= best.max_rate * 1.1 + 1e-9  # the bracket meets the tolerance
+    assert best.max_rate < best.capacity_rate * 1.05
+    assert plan.recommended is not None and plan.recommended.meets_slo
+    assert "--max-num-seqs" in plan.vllm_command and "--max-running-requests" in plan.sglang_command
+    # cost per 1M output tokens by hand: GPUs x $2/h / (20 req/s x 128 tokens x 3600 s) x 1e6
+    assert plan.cost_per_million_tokens == pytest.approx(plan.gpus * 2.0 / (20 * 128 * 3600) * 1e6)
+    assert any(t.startswith("max batch 16 -> 64") for t in plan.tradeoffs)
+    assert any("1k fewer prompt tokens" in t for t in plan.tradeoffs)
+
+
+def test_frontier_cells_fit_or_say_why(plan):
+    for c in plan.frontier:
+        assert c.feasible or c.why
+        if c.feasible:
+            assert c.kv_tokens > 0 and (c.max_model_len >= 1024 + 128) == c.covers_workload
+    # a bigger batch cap never lowers capacity much (within closed-loop noise)
+    caps = {c.max_num_seqs: c.capacity_tokens_per_s for c in plan.frontier if c.feasible}
+    assert caps[256] > caps[16]
+
+
+def _p99(card, rate, seeds=(0, 1, 2)):
+    from capacity.planner import run_task
+
+    wl = WL.model_copy(update={"arrivals": Arrivals(rate_per_s=rate), "num_requests": 600}).model_dump()
+    res = [run_task(SimTask(card.model_dump(), "h100-sxm", {"max_num_seqs": 64}, wl, s)) for s in seeds]
+    return np.mean([r["ttft"]["p99"] for r in res]), np.mean([r["tpot"]["p99"] for r in res])
+
+
+def test_more_load_never_lowers_p99(card8b):
+    rates = [2.0, 6.0, 12.0, 18.0]
+    ttft, tpot = zip(*[_p99(card8b, r) for r in rates])
+    assert list(tpot) == sorted(tpot)
+    assert all(b >= a * 0.97 for a, b in zip(ttft, ttft[1:]))  # P99 TTFT: monotone up to seed noise
+
+
+def test_looser_slo_never_lowers_the_max_rate(card8b):
+    ex = SerialExecutor(cache=False)
+    out = []
+    for slo in (SLOSpec(ttft_s=0.3, tpot_s=0.02), SLOSpec(ttft_s=1.0, tpot_s=0.03), SLOSpec(ttft_s=3.0, tpot_s=0.06)):
+        p = Planner(scenario(slo=slo), card8b, ex)
+        out.append(p.rate_search(p.engine_dict(1), 1, 256).max_rate)
+    assert out[0] <= out[1] * 1.1 and out[1] <= out[2] * 1.1
+
+
+def test_more_gpus_per_replica_never_raise_the_replicas(card8b):
+    ex = SerialExecutor(cache=False)
+    p = Planner(scenario(), card8b, ex)
+    r1 = p.rate_search(p.engine_dict(1), 1, 256)
+    r2 = p.rate_search(p.engine_dict(2), 2, 256)
+    assert math.ceil(40 / r2.max_rate) <= math.ceil(40 / r1.max_rate)
+
+
+# ---- executors and the cache ------------------------------------------------------------------------
+def _tasks(card8b, n=3):
+    wl = WL.model_copy(update={"arrivals": Arrivals(rate_per_s=5.0), "num_requests": 200}).model_dump()
+    return [SimTask(card8b.model_dump(), "h100-sxm", {}, wl, s) for s in range(n)]
+
+
+def test_pool_and_serial_agree_and_the_cache_serves_reruns(card8b, tmp_path):
+    tasks = _tasks(card8b)
+    a = SerialExecutor(cache=tmp_path).run(tasks)
+    pool = PoolExecutor(2, cache=False)
+    try:
+        b = pool.run(tasks)
+    finally:
+        pool.close()
+    assert [x["ttft"]["p99"] for x in a] == [x["ttft"]["p99"] for x in b]
+    again = SerialExecutor(cache=tmp_path)
+    assert again.run(tasks) == json.loads(json.dumps(a, default=float)) and again.hits == 3 and again.misses == 0
+
+
+def test_ray_executor_runs_on_a_local_ray(card8b):
+    pytest.importorskip("ray")  # the dev extra installs it; CI runs this on a local Ray
+    tasks = _tasks(card8b, 2)
+    ex = make_executor("ray", progress=False, cache=False)
+    got = ex.run(tasks)
+    want = SerialExecutor(cache=False).run(tasks)
+    assert [x["e2e"]["p99"] for x in got] == [x["e2e"]["p99"] for x in want]
+
+
+# ---- sweeps ------------------------------------------------------------------------------------------
+def test_sweep_grid_and_axis_parsing():
+    name, vals = parse_axis("engine.max_num_seqs=64,128")
+    assert name == "engine.max_num_seqs" and vals == [64, 128]
+    pts = grid({"engine": {}}, [(name, vals), ("gpu", ["h100-sxm", "h200"])])
+    assert len(pts) == 4 and pts[3][1] == {"engine": {"max_num_seqs": 128}, "gpu": "h200"}
+    with pytest.raises(ConfigError, match="grid is empty"):
+        grid({}, [])
+    with pytest.raises(ConfigError, match="expected FIELD=V1,V2"):
+        parse_axis("engine.max_num_seqs")
+
+
+def test_sweep_cli_prefill_sweep_writes_csv(tmp_path):
+    out = tmp_path / "s.csv"
+    r = run_cli("sweep", "-m", "llama-3.1-8b", "--prefill-sweep", "512,2048", "--rate", "4", "--requests", "200",
+                "--seeds", "1", "--executor", "serial", "--no-cache", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["rows"]
+    assert len(rows) == 2 and rows[1]["ttft_p50_s"] > rows[0]["ttft_p50_s"]  # longer prompts, longer TTFT
+    import csv
+
+    assert len(list(csv.DictReader(out.open()))) == 2
+
+
+# ---- bad input ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("args,msg", [
+    (["--slo-ttft-ms", "10", "--slo-tpot-ms", "50"], "contradict each other"),
+    (["--slo-ttft-ms", "5", "--slo-tpot-ms", "1"], "no feasible configuration"),
+    (["--target-rate", "-3"], "target_rate_per_s"),
+    (["--percentile", "97"], "slo.percentile"),
+])
+def test_plan_bad_input_is_one_line(args, msg):
+    r = run_cli("plan", "-m", "llama-3.1-8b", "--requests", "200", "--seeds", "1", "--executor", "serial",
+                "--no-cache", *args, timeout=300)
+    assert r.returncode == 1 and msg in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_scenario_file_errors(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text("model: llama-3.1-8b\ntarget_rate: 5\n")
+    r = run_cli("plan", "-m", str(p))
+    assert r.returncode == 1 and "target_rate: unknown field" in r.stderr
+    p.write_text("model: llama-3.1-8b\nsearch: {max_num_seqs: []}\n")
+    r = run_cli("plan", "-m", str(p))
+    assert r.returncode == 1 and "max_num_seqs: the grid is empty" in r.stderr
+
+
+def test_needs_more_gpus_than_allowed(card8b):
+    with pytest.raises(CapacityError, match="needs more than 2 GPUs"):
+        make_plan(scenario(target_rate_per_s=500.0, max_gpus=2, search=SMALL.model_copy(update={"tp": [1]})),
+                  card8b, SerialExecutor(cache=False))
+
+
+def test_example_scenario_loads():
+    from capacity.cli import load_scenario
+
+    sc, card = load_scenario(str(ROOT / "examples/scenario.yaml"), {})
+    assert card.name == "llama-3.1-8b" and sc.slo.ttft_s == 1.0 and sc.search.tp == [1, 2]
