@@ -285,6 +285,21 @@ def simulate(
 
 
 @app.command()
+def export(
+    xlsx: Annotated[str, typer.Option("--xlsx", help="Workbook to write (.xlsx); CSV and JSON land next to it")],
+    plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (`capacity plan --json`)")] = None,
+    sweep_file: Annotated[Optional[str], typer.Option("--sweep", help="Sweep rows JSON (`capacity sweep --out x.json`)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
+) -> None:
+    """Write the capacity-review workbook from a saved plan and/or sweep."""
+    from capacity.export import load_saved, write_review
+
+    plan_d, rows = load_saved(plan_file, sweep_file)
+    paths = write_review(xlsx, plan_d, rows, force=force)
+    typer.echo(f"wrote {', '.join(map(str, paths))}")
+
+
+@app.command()
 def calibrate(
     model: ModelOpt,
     device: Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N")] = "cpu",
@@ -437,6 +452,8 @@ def plan(
     executor: Annotated[str, typer.Option("--executor", help="pool, serial or ray")] = "pool",
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster (implies --executor ray)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the result cache")] = False,
+    xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook (+ CSV, JSON)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """The capacity plan: memory budget, max batch x max context frontier with P99 and capacity, max
@@ -465,6 +482,10 @@ def plan(
     if search:
         flags["search"] = search
     sc, card = load_scenario(model, flags)
+    if xlsx:
+        from capacity.export import check_destination
+
+        check_destination(xlsx, force)  # fail before minutes of simulation, not after
     ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
                        cache=not no_cache)
     t0 = time.perf_counter()
@@ -475,6 +496,12 @@ def plan(
     wall = time.perf_counter() - t0
     from capacity.report import plan_dict, plan_report
 
+    if xlsx:
+        from capacity.export import write_review
+
+        paths = write_review(xlsx, plan_dict(p), force=force)
+        if not json_out:
+            typer.echo(f"wrote {', '.join(map(str, paths))}")
     if json_out:
         typer.echo(json.dumps({**plan_dict(p), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses},
                               indent=2, default=float))

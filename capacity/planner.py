@@ -169,6 +169,7 @@ class Cell:
     capacity_tokens_per_s: float | None = None
     meets_slo: bool = False
     kv_tokens: int | None = None
+    stats: dict = field(default_factory=dict)  # metric -> stat -> mean over seeds (seconds)
 
 
 @dataclass
@@ -193,6 +194,10 @@ class Plan:
     budget: dict
     source: str
     notes: list[str] = field(default_factory=list)
+    memory_table: list[dict] = field(default_factory=list)
+    scenario: dict = field(default_factory=dict)
+    provenance: dict | None = None  # of the calibration profile, when one was used
+    tool_version: str = ""
 
 
 # ---- the plan ---------------------------------------------------------------------------------------
@@ -344,10 +349,20 @@ class Planner:
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
         eng = resolve(base_cfg, card, gpu)
+        from capacity import __version__
+        from capacity.memory import batch_context_table, default_batches, default_contexts
+
+        prov = None
+        if sc.profile:
+            from capacity.profile import load_profile
+
+            prov = load_profile(sc.profile).provenance.model_dump()
         return Plan(card.name, gpu.name, sc.slo, sc.target_rate_per_s, searches, tp, replicas, gpus, frontier,
                     per_replica, rec, rec_search, verification, trade, vllm, sglang, cost, rb.as_dict(),
                     step_cost(card, gpu.name, tp, sc.profile).source,
-                    self.notes + [f"engine defaults used: {', '.join(eng.defaults_used) or 'none'}"])
+                    self.notes + [f"engine defaults used: {', '.join(eng.defaults_used) or 'none'}"],
+                    batch_context_table(rb, default_batches(rb.max_num_seqs), default_contexts(rb.max_model_len)),
+                    {**sc.model_dump(), "model": card.model_dump()}, prov, __version__)
 
     def frontier(self, tp: int, rate: float, default_seqs: int) -> list[Cell]:
         from capacity.config_io import validate
@@ -398,12 +413,21 @@ class Planner:
                 else:
                     band_t = (min(r["ttft"][k] for r in res), max(r["ttft"][k] for r in res))
                     band_p = (min(r["tpot"].get(k, 0) for r in res), max(r["tpot"].get(k, 0) for r in res))
+            stats = {}
+            for metric in ("ttft", "tpot", "itl", "e2e"):
+                keys = set.intersection(*[set(r[metric]) for r in res]) - {"n"}
+                stats[metric] = {kk: _mean([r[metric][kk] for r in res]) for kk in sorted(keys)}
+                ci = [r["p99_ci"].get(metric) for r in res if r.get("p99_ci") and r["p99_ci"].get(metric)]
+                if ci and all(b[0] == b[0] for b in ci):
+                    stats[metric]["p99_ci_low"] = min(b[0] for b in ci)
+                    stats[metric]["p99_ci_high"] = max(b[1] for b in ci)
             for m in lens:
                 c = cells[(s, m)]
                 if not c.feasible:
                     continue
                 c.p_ttft, c.p_tpot = pt, pp
                 c.p_ttft_band, c.p_tpot_band = band_t, band_p
+                c.stats = stats
                 c.capacity_tokens_per_s = capr["tokens_per_s"]
                 c.meets_slo = ok and c.covers_workload
         return [cells[(s, m)] for s in seqs for m in lens]
@@ -489,7 +513,9 @@ def _max_len(l) -> int:
 
 
 def _ms(x: float | None, nd: int = 0) -> str:
-    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:.{nd}f} ms"
+    if x is None:
+        return "-"
+    return "saturated" if not math.isfinite(x) else f"{x * 1e3:.{nd}f} ms"
 
 
 def commands(card, b, tp: int, engine: dict) -> tuple[str, str]:
