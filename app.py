@@ -1,0 +1,334 @@
+"""What-if dashboard: `streamlit run app.py`.
+
+Thin on purpose: widgets -> a scenario -> the same functions the CLI uses (memory.budget, run_task /
+run_scenario, make_plan, export.write_review), cached by their inputs -> plotly figures. No formulas here.
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import plotly.graph_objects as go
+import streamlit as st
+
+from capacity.errors import CapacityError
+
+ROOT = Path(__file__).resolve().parent
+st.set_page_config(page_title="capacity: LLM serving what-if", layout="wide")
+
+
+# ---- cached computations (inputs are plain data, so the cache keys are exact) -------------------------
+@st.cache_data(show_spinner=False)
+def load_card(source: str, text: str | None):
+    from capacity.config_io import validate
+    from capacity.model_card import ModelCard, from_hf_config, load_model_card, resolve_model_path
+
+    if text is None:
+        return load_model_card(resolve_model_path(source)).model_dump()
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CapacityError(f"{source}: not valid YAML/JSON ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise CapacityError(f"{source}: expected a mapping of model-card fields")
+    if "model_type" in data or "architectures" in data:
+        return from_hf_config(data, name=Path(source).stem or "uploaded").model_dump()
+    return validate(ModelCard, data, source).model_dump()
+
+
+@st.cache_data(show_spinner=False)
+def memory_budget(card: dict, gpu: str, engine: dict):
+    from capacity.config_io import validate
+    from capacity.engine import EngineConfig
+    from capacity.gpus import get_gpu
+    from capacity.memory import batch_context_table, budget, default_batches, default_contexts
+    from capacity.model_card import ModelCard
+
+    b = budget(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"))
+    return b.as_dict(), batch_context_table(b, default_batches(b.max_num_seqs), default_contexts(b.max_model_len))
+
+
+@st.cache_data(show_spinner=False)
+def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, profile: str | None):
+    """One simulation with timelines (for the latency and timeline views)."""
+    from capacity.config_io import validate
+    from capacity.engine import EngineConfig
+    from capacity.gpus import get_gpu
+    from capacity.memory import budget
+    from capacity.model_card import ModelCard
+    from capacity.planner import step_cost
+    from capacity.scenario import run_scenario
+    from capacity.workload import WorkloadSpec
+
+    c = ModelCard.model_validate(card)
+    cfg = validate(EngineConfig, engine, "engine")
+    b = budget(c, get_gpu(gpu), cfg)
+    res = run_scenario(b, step_cost(c, get_gpu(gpu).name, cfg.tensor_parallel_size, profile),
+                       WorkloadSpec.model_validate(workload), seed=seed)
+    r = res.sim.records
+    return {"summary": res.summary.as_dict(), "ttft": (r.first_token - r.arrival).tolist(),
+            "e2e": (r.finish - r.arrival).tolist(),
+            "tpot": np.where(r.output_tokens > 1, (r.finish - r.first_token) / np.maximum(r.output_tokens - 1, 1),
+                             np.nan).tolist(),
+            "timeseries": res.sim.timeseries.tolist(), "saturated": res.sim.saturated, "saturation": res.sim.saturation,
+            "source": res.cost_source, "num_blocks": b.num_blocks}
+
+
+@st.cache_data(show_spinner=False)
+def sim_points(card: dict, gpu: str, engines: list[dict], workloads: list[dict], profile: str | None):
+    from capacity.planner import SimTask, run_task
+
+    return [run_task(SimTask(card, gpu, e, w, 0, profile=profile)) for e, w in zip(engines, workloads)]
+
+
+@st.cache_data(show_spinner=False)
+def full_plan(scenario: dict, card: dict):
+    from capacity.model_card import ModelCard
+    from capacity.planner import Scenario, make_plan
+    from capacity.report import plan_dict
+    from capacity.sweep import SerialExecutor
+
+    p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), SerialExecutor(cache=True))
+    return json.loads(json.dumps(plan_dict(p), default=float))
+
+
+# ---- inputs --------------------------------------------------------------------------------------------
+def sidebar():
+    from capacity.gpus import catalogue
+
+    sb = st.sidebar
+    sb.header("Model")
+    cards = sorted(p.stem for p in (ROOT / "models").glob("*.yaml"))
+    name = sb.selectbox("Bundled model card", cards, index=cards.index("llama-3.1-8b"))
+    upload = sb.file_uploader("...or upload a card YAML / HF config.json", type=["yaml", "yml", "json"])
+    pasted = sb.text_area("...or paste a card YAML", value="", height=80, key="pasted_card")
+    if upload is not None:
+        card = load_card(upload.name, upload.getvalue().decode("utf-8", errors="replace"))
+    elif pasted.strip():
+        card = load_card("pasted card", pasted)
+    else:
+        card = load_card(name, None)
+    sb.header("Hardware and engine")
+    gpus = list(catalogue())
+    gpu = sb.selectbox("GPU", gpus, index=gpus.index("h100-sxm"))
+    tp = sb.select_slider("Tensor parallel size", [1, 2, 4, 8], value=1)
+    weight = sb.selectbox("Weight dtype", ["as card", "bf16", "fp8", "int4"])
+    if weight != "as card":
+        card = {**card, "weight_dtype": weight, "quant_group_size": 128 if weight == "int4" else None}
+    kv = sb.selectbox("KV cache dtype", ["auto", "fp8"])
+    seqs = sb.select_slider("max_num_seqs (max batch)", [8, 16, 32, 64, 128, 256, 512, 1024], value=256, key="seqs")
+    max_len = sb.select_slider("max_model_len", [2048, 4096, 8192, 16384, 32768, 65536, 131072], value=8192,
+                               key="max_len")
+    mnbt = sb.select_slider("max_num_batched_tokens", [1024, 2048, 4096, 8192, 16384], value=8192)
+    util = sb.slider("gpu_memory_utilization", 0.5, 0.98, 0.9, 0.01)
+    block = sb.select_slider("block size", [16, 32, 64], value=16)
+    chunked = sb.checkbox("chunked prefill", value=True)
+    sb.header("Workload and SLOs")
+    rate = sb.slider("arrival rate (req/s)", 0.5, 64.0, 8.0, 0.5, key="rate")
+    arrival = sb.selectbox("arrival process", ["poisson", "gamma", "constant"])
+    cv = sb.slider("burstiness (gamma CV)", 0.5, 4.0, 2.0, 0.1) if arrival == "gamma" else 1.0
+    inp = sb.number_input("input tokens (mean)", 16, 131072, 1024, 64)
+    out = sb.number_input("output tokens (mean)", 1, 32768, 256, 16)
+    lengths = sb.selectbox("length distribution", ["fixed", "lognormal"])
+    requests = sb.select_slider("requests simulated", [300, 1000, 2000, 5000], value=1000)
+    ttft = sb.number_input("SLO P99 TTFT (ms)", 10, 60000, 1500, 50)
+    tpot = sb.number_input("SLO P99 TPOT (ms)", 1, 1000, 50, 1)
+    sb.header("Step costs and price")
+    profiles = ["roofline"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "calibrate/profiles").glob("*.json"))
+    source = sb.selectbox("step-cost source", profiles)
+    price = sb.number_input("price per GPU-hour (USD)", 0.0, 100.0, 2.5, 0.1)
+
+    engine = {"tensor_parallel_size": tp, "max_num_seqs": seqs, "max_model_len": max_len,
+              "max_num_batched_tokens": max(mnbt, seqs), "gpu_memory_utilization": util, "block_size": block,
+              "kv_cache_dtype": kv, "enable_chunked_prefill": chunked}
+    if not chunked:
+        engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], max_len)
+
+    def dist(mean):
+        return ({"kind": "fixed", "value": int(mean)} if lengths == "fixed"
+                else {"kind": "lognormal", "mean": float(mean), "cv": 0.8, "high": int(max_len)})
+
+    workload = {"arrivals": {"kind": arrival, "rate_per_s": rate, "cv": cv}, "input_len": dist(inp),
+                "output_len": dist(out), "num_requests": requests,
+                "classes": [{"slo_ttft_s": ttft / 1e3, "slo_tpot_s": tpot / 1e3}]}
+    return card, gpu, engine, workload, {"ttft_s": ttft / 1e3, "tpot_s": tpot / 1e3}, \
+        (None if source == "roofline" else str(ROOT / source)), price
+
+
+# ---- views ---------------------------------------------------------------------------------------------
+def memory_view(b: dict, table: list[dict]):
+    g = 2**30
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("KV tokens", f"{b['kv_tokens']:,}")
+    c2.metric("KV blocks", f"{b['num_blocks']:,}")
+    c3.metric("Weights (GiB/rank)", f"{b['weights_bytes'] / g:.2f}")
+    c4.metric("Max concurrency at max_model_len", f"{b['max_concurrency']:.1f}")
+    fig = go.Figure()
+    for name, key in (("weights", "weights_bytes"), ("activations", "activation_bytes"),
+                      ("non-torch", "non_torch_bytes"), ("CUDA graphs", "cuda_graph_bytes"), ("KV cache", "kv_budget_bytes")):
+        fig.add_bar(name=name, x=[b[key] / g], y=[b["gpu"]], orientation="h")
+    fig.update_layout(barmode="stack", height=220, xaxis_title="GiB per rank", margin=dict(t=10, b=10))
+    st.plotly_chart(fig, width="stretch")
+    st.caption("Batch x context: KV needed and whether it fits (paged blocks)")
+    st.dataframe([{"batch": r["batch"], "context": r["context"], "KV GiB": round(r["kv_bytes"] / g, 2),
+                   "share of KV": f"{r['kv_fraction']:.0%}", "fits": r["reason"]} for r in table],
+                 width="stretch", height=240)
+
+
+def tradeoff_view(card, gpu, engine, workload, slo, profile):
+    seqs = [16, 32, 64, 128, 256, 512]
+    lens = [4096, 8192, 32768, 131072]
+    engines = [{**engine, "max_num_seqs": s, "max_num_batched_tokens": max(engine["max_num_batched_tokens"], s)}
+               for s in seqs]
+    wl = {**workload, "num_requests": min(workload["num_requests"], 1000)}
+    with st.spinner("simulating max batch values..."):
+        res = sim_points(card, gpu, engines, [wl] * len(seqs), profile)
+    p99 = [(r["ttft"].get("p99"), r["tpot"].get("p99")) if not r["saturated"] else (None, None) for r in res]
+    fig = go.Figure()
+    fig.add_scatter(x=seqs, y=[None if t is None else t * 1e3 for t, _ in p99], name="P99 TTFT (ms)", mode="lines+markers")
+    fig.add_scatter(x=seqs, y=[None if p is None else p * 1e3 for _, p in p99], name="P99 TPOT (ms)",
+                    mode="lines+markers", yaxis="y2")
+    fig.update_layout(height=300, xaxis=dict(title="max_num_seqs", type="log", tickvals=seqs,
+                                             ticktext=[str(x) for x in seqs]), yaxis=dict(title="TTFT ms"),
+                      yaxis2=dict(title="TPOT ms", overlaying="y", side="right"), margin=dict(t=10))
+    st.plotly_chart(fig, width="stretch")
+    # heatmap: memory feasibility x SLO at this load
+    z, text = [], []
+    for s, r, (t, p) in zip(seqs, res, p99):
+        row, trow = [], []
+        for m in lens:
+            try:
+                memory_budget(card, gpu, {**engine, "max_num_seqs": s, "max_model_len": m,
+                                          "max_num_batched_tokens": max(engine["max_num_batched_tokens"], s)})
+                ok = t is not None and t <= slo["ttft_s"] and p <= slo["tpot_s"]
+                row.append(1 if ok else 0)
+                trow.append(f"{r['tokens_per_s']:,.0f} tok/s" if not r["saturated"] else "saturated")
+            except CapacityError:
+                row.append(-1)
+                trow.append("does not fit")
+        z.append(row)
+        text.append(trow)
+    hm = go.Figure(go.Heatmap(z=z, x=[f"{m:,}" for m in lens], y=[str(s) for s in seqs], text=text,
+                              texttemplate="%{text}", zmin=-1, zmax=1, showscale=False,
+                              colorscale=[[0, "#bbbbbb"], [0.5, "#f4a3a3"], [1, "#9fd9a8"]]))
+    hm.update_layout(height=320, xaxis_title="max_model_len", yaxis_title="max_num_seqs", margin=dict(t=10),
+                     xaxis=dict(type="category"), yaxis=dict(type="category"))
+    st.plotly_chart(hm, width="stretch")
+    # throughput vs P99 as load rises
+    rate = workload["arrivals"]["rate_per_s"]
+    rates = [rate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)]
+    with st.spinner("simulating load levels..."):
+        curve = sim_points(card, gpu, [engine] * len(rates),
+                           [{**wl, "arrivals": {**workload["arrivals"], "rate_per_s": x}} for x in rates], profile)
+    pts = [(c["tokens_per_s"], c["ttft"]["p99"] * 1e3) for c in curve if not c["saturated"] and c["ttft"].get("n")]
+    fig = go.Figure(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers",
+                               text=[f"{x:.2f} req/s" for x in rates[:len(pts)]]))
+    fig.update_layout(height=280, xaxis_title="output tokens/s", yaxis_title="P99 TTFT (ms)", margin=dict(t=10))
+    st.plotly_chart(fig, width="stretch")
+
+
+def latency_view(sim: dict):
+    s = sim["summary"]
+    if sim["saturated"]:
+        st.warning(sim["saturation"])
+    c1, c2, c3 = st.columns(3)
+    c1.metric("P99 TTFT (ms)", f"{s['ttft_s']['p99'] * 1e3:.1f}" if s["ttft_s"].get("n") else "-")
+    c2.metric("P99 TPOT (ms)", f"{s['tpot_s']['p99'] * 1e3:.2f}" if s["tpot_s"].get("n") else "-")
+    c3.metric("output tokens/s", f"{s['output_tokens_per_s']:,.0f}")
+    fig = go.Figure()
+    for key in ("ttft", "tpot", "e2e"):
+        x = np.sort(np.array(sim[key], dtype=float))
+        x = x[~np.isnan(x)] * 1e3
+        fig.add_scatter(x=x, y=np.arange(1, len(x) + 1) / max(1, len(x)), name=key.upper(), mode="lines")
+    fig.update_layout(height=300, xaxis=dict(title="ms", type="log"), yaxis_title="CDF", margin=dict(t=10))
+    st.plotly_chart(fig, width="stretch")
+    rows = []
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_wait_s", "queue wait")):
+        m = s[key]
+        if m.get("n"):
+            ci = s.get("p99_ci_s", {}).get(key[:-2])
+            rows.append({"metric": label, **{k: round(m[k] * 1e3, 2) for k in ("mean", "p50", "p90", "p95", "p99")},
+                         "P99 95% CI": f"{ci[0] * 1e3:.1f}-{ci[1] * 1e3:.1f}" if ci and ci[0] == ci[0] else ""})
+    st.dataframe(rows, width="stretch")
+    st.caption(f"{s['definitions']}; step costs: {sim['source']}")
+
+
+def timeline_view(sim: dict):
+    ts = np.array(sim["timeseries"])
+    if ts.size == 0:
+        st.info("no engine events recorded")
+        return
+    fig = go.Figure()
+    fig.add_scatter(x=ts[:, 0], y=ts[:, 1], name="queue (waiting)", mode="lines")
+    fig.add_scatter(x=ts[:, 0], y=ts[:, 2], name="running batch", mode="lines")
+    fig.add_scatter(x=ts[:, 0], y=ts[:, 3] / max(1, sim["num_blocks"]) * 100, name="KV used (%)", mode="lines",
+                    yaxis="y2")
+    fig.update_layout(height=340, xaxis_title="simulated time (s)", yaxis_title="requests",
+                      yaxis2=dict(title="KV %", overlaying="y", side="right", range=[0, 100]), margin=dict(t=10))
+    st.plotly_chart(fig, width="stretch")
+
+
+def plan_and_export(card, gpu, engine, workload, slo, profile, price):
+    st.write("The full plan searches the max sustainable rate, the frontier and the GPU count (about 10-30 s).")
+    scenario = {"model": card, "gpu": gpu, "engine": {k: v for k, v in engine.items()
+                                                      if k not in ("max_num_seqs", "max_model_len", "tensor_parallel_size")},
+                "workload": {k: v for k, v in workload.items() if k != "num_requests"},
+                "slo": {**slo, "percentile": 99}, "target_rate_per_s": workload["arrivals"]["rate_per_s"],
+                "price_per_gpu_hour": price or None, "profile": profile,
+                "search": {"seeds": 2, "requests": 600, "max_num_seqs": [32, 64, 128, 256, 512],
+                           "max_model_len": [4096, 8192, 32768, 131072], "tp": [1, 2]}}
+    if st.button("Run the plan", key="run_plan") or st.session_state.get("plan_done"):
+        st.session_state["plan_done"] = True
+        with st.spinner("planning..."):
+            p = full_plan(scenario, card)
+        rec = p["recommended"] or {}
+        c1, c2, c3 = st.columns(3)
+        c1.metric("GPUs needed", p["gpus"])
+        c2.metric("replicas x TP", f"{p['replicas']} x {p['tp']}")
+        c3.metric("USD per 1M output tokens", f"{p['cost_per_million_tokens']:.3f}" if p["cost_per_million_tokens"] else "-")
+        st.write(f"Recommended max_num_seqs={rec.get('max_num_seqs')}, max_model_len={rec.get('max_model_len')}; "
+                 f"verification {'passed' if p['verification']['passed'] else 'FAILED'}")
+        st.code(p["vllm_command"], language="bash")
+        for t in p["tradeoffs"]:
+            st.write("- " + t)
+        from capacity.export import write_review
+
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "capacity-review.xlsx"
+            write_review(path, p)
+            st.download_button("Download the XLSX review", path.read_bytes(), file_name="capacity-review.xlsx")
+        st.download_button("Download the plan JSON", json.dumps(p, indent=1), file_name="capacity-plan.json")
+
+
+def main():
+    st.title("capacity: what will this LLM deployment need, and what will users see?")
+    try:
+        card, gpu, engine, workload, slo, profile, price = sidebar()
+        b, table = memory_budget(card, gpu, engine)
+    except CapacityError as exc:
+        st.error(str(exc))
+        return
+    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "Plan & export"])
+    with tabs[0]:
+        memory_view(b, table)
+    try:
+        with st.spinner("simulating..."):
+            sim = simulate(card, gpu, engine, workload, 0, profile)
+        with tabs[1]:
+            tradeoff_view(card, gpu, engine, workload, slo, profile)
+        with tabs[2]:
+            latency_view(sim)
+        with tabs[3]:
+            timeline_view(sim)
+        with tabs[4]:
+            plan_and_export(card, gpu, engine, workload, slo, profile, price)
+    except CapacityError as exc:
+        st.error(str(exc))
+
+
+main()
