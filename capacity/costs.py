@@ -75,29 +75,33 @@ def decode_run_s(cost, contexts, k: int):
 @dataclass
 class LinearCost:
     """step = fixed_s + per_token_s x new tokens + per_key_s x keys attended (decode: context + 1; prefill:
-    cached + new). A transparent cost for hand-checked scheduler traces and queueing-theory tests."""
+    cached + new) + per_pair_s x (query tokens x keys) over the whole packed step (dense masked attention, as
+    some CPU engines run it). Transparent: hand-checked scheduler traces, queueing-theory tests, and the
+    engine model `capacity calibrate --from-run` fits to a measured run."""
 
     fixed_s: float = 0.0
     per_token_s: float = 0.0
     per_key_s: float = 0.0
+    per_pair_s: float = 0.0
     source: str = "linear test cost"
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         if plan.num_tokens == 0:
             return {"overhead": 0.0}
         keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
-        return {"overhead": self.fixed_s, "gemm": self.per_token_s * plan.num_tokens, "attention": self.per_key_s * keys}
+        return {"overhead": self.fixed_s, "gemm": self.per_token_s * plan.num_tokens,
+                "attention": self.per_key_s * keys + self.per_pair_s * plan.num_tokens * keys}
 
     def step_s(self, plan: StepPlan) -> float:
         return math.fsum(self.breakdown(plan).values())
 
-
-    def decode_run_s(self, contexts: tuple[int, ...], k: int):
+    def decode_run_s(self, contexts, k: int):
+        """Exact: keys grow by the batch size per step, so every term is linear in the step index."""
         import numpy as np
 
         b = len(contexts)
         f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
-        return f0 + self.per_key_s * b * np.arange(k)
+        return f0 + (self.per_key_s * b + self.per_pair_s * b * b) * np.arange(k)
 
 
 class RooflineParams(BaseModel):

@@ -166,10 +166,11 @@ def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Calla
         # End of arrivals: a stable system has a short queue now; an overloaded one has been piling up
         # (lambda - mu) x T requests. More than `overload_fraction` of all arrivals still waiting = overloaded,
         # which catches runs too short for the queue to reach `saturation_queue`.
+        # (Needs enough requests spread over time: a burst of a few requests at t=0 is not an overload.)
         waiting = sum(len(r.sched.waiting) for r in reps)
-        if waiting > cfg.overload_fraction * len(requests) and not result.saturated:
-            done = st["finished_total"]
-            cap = done / env.now if env.now > 0 else None
+        if (len(requests) >= 50 and env.now > 0 and waiting > cfg.overload_fraction * len(requests)
+                and not result.saturated):
+            cap = st["finished_total"] / env.now
             result.saturated = True
             result.capacity_req_per_s = cap
             result.saturation = (f"saturated: {waiting} of {len(requests)} requests were still queued when the last "
