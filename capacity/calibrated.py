@@ -75,6 +75,9 @@ class _Table2D:
             raise ConfigError(f"profile table {name}: no measured points")
         self.filled = int(np.isnan(grid).sum())
         grid = self._fill(grid)
+        # More work never takes less time: each point becomes the minimum over the points with at least as
+        # much of both coordinates (noise on a shared host would otherwise make interpolation non-monotone).
+        grid = np.minimum.accumulate(np.minimum.accumulate(grid[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]
         ax = (np.log(self.a), np.log1p(self.b))
         if len(a) > 1 and len(b) > 1:
             self._f = RegularGridInterpolator(ax, np.log(grid), method="linear")

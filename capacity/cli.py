@@ -424,7 +424,7 @@ def export(
 
 @app.command()
 def calibrate(
-    model: ModelOpt,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model card (not needed with --from-run)")] = None,
     device: Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N")] = "cpu",
     out: Annotated[Optional[str], typer.Option("--out", "-o", help="Profile JSON to write")] = None,
     tp: TpOpt = 1,
@@ -456,6 +456,8 @@ def calibrate(
                    f"per key {fitted.per_key_s * 1e9:.2f} ns, per pair {fitted.per_pair_s * 1e12:.2f} ps; "
                    f"median |error| on the fitted runs {info['median_abs_rel_err']:.1%}")
         return
+    if model is None:
+        raise CapacityError("--model is required (unless --from-run)")
     card = load_model_card(resolve_model_path(model))
     try:
         import torch  # noqa: F401

@@ -72,6 +72,7 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
             path = "/v1/completions"
         o.sent_s = time.perf_counter() - t0
         o.token_times = []
+        ended = False  # saw [DONE] or a finish_reason: the server meant to stop here
         try:
             async with asyncio.timeout(timeout_s):
                 async with aconnect_sse(client, "POST", url + path, json=body) as es:
@@ -85,6 +86,7 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
                         return
                     async for ev in es.aiter_sse():
                         if ev.data.strip() == "[DONE]":
+                            ended = True
                             break
                         try:
                             msg = json.loads(ev.data)
@@ -93,6 +95,7 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
                             return
                         now = time.perf_counter() - t0
                         for ch in msg.get("choices") or []:
+                            ended = ended or bool(ch.get("finish_reason"))
                             piece = ch.get("text")
                             if piece is None:
                                 piece = (ch.get("delta") or {}).get("content")
@@ -101,7 +104,10 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
                         if msg.get("usage"):
                             o.usage_prompt_tokens = msg["usage"].get("prompt_tokens")
                             o.usage_completion_tokens = msg["usage"].get("completion_tokens")
-            if o.token_times:
+            if o.token_times and not ended:
+                o.status, o.error = CONN_ERROR, (f"stream cut after {len(o.token_times)} of {o.max_tokens} tokens "
+                                                 "(no [DONE] or finish_reason)")
+            elif o.token_times:
                 o.first_token_s, o.finish_s = o.token_times[0], o.token_times[-1]
                 o.status = OK
             else:

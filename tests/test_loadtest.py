@@ -1,0 +1,171 @@
+"""The load generator against real processes on 127.0.0.1: a misbehaving SSE server (500s, connections closed
+mid-stream, stalls past the timeout, malformed lines, nobody listening) and a real engine (transformers
+continuous batching on CPU, tiny random Llama, word-level tokenizer). Every request is accounted for, runs
+finish within their bounds, lengths are exact on the real engine, and validate/fit run on its output."""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from capacity.loadtest import counts, run_load, summarize_run
+from capacity.workload import Request
+from tests.conftest import ROOT, run_cli
+
+pytest.importorskip("httpx_sse")  # in the dev extra: CI has it
+
+
+class FaultHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        mode, n = body["model"], body["max_tokens"]
+        if mode == "http500":
+            msg = b'{"error": "boom"}'
+            self.send_response(500)
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            self.wfile.write(msg)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        for i in range(n):
+            if mode == "close" and i == 2:
+                self.wfile.write(b'data: {"choices": [{"text": " w')  # half a line, then the socket goes away
+                self.wfile.flush()
+                self.connection.shutdown(socket.SHUT_RDWR)
+                return
+            if mode == "stall" and i == 1:
+                time.sleep(3)
+            if mode == "malformed" and i == 1:
+                self.wfile.write(b"data: {not json\n\n")
+                self.wfile.flush()
+                continue
+            self.wfile.write(f'data: {{"choices": [{{"text": " w{i}"}}]}}\n\n'.encode())
+            self.wfile.flush()
+            time.sleep(0.002)
+        self.wfile.write(b"data: [DONE]\n\n")
+        self.wfile.flush()
+
+
+@pytest.fixture(scope="module")
+def fault_server():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), FaultHandler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}"
+    srv.shutdown()
+
+
+def reqs(n=6, out=5):
+    return [Request(i, i * 0.01, 8, out) for i in range(n)]
+
+
+@pytest.mark.parametrize("mode,status", [("ok", "ok"), ("http500", "http_error"), ("close", "connection_error"),
+                                         ("stall", "timeout"), ("malformed", "malformed_stream")])
+def test_every_request_is_accounted_for(fault_server, mode, status):
+    t0 = time.perf_counter()
+    run = run_load(fault_server, mode, reqs(), timeout_s=1.0, max_duration_s=20, metrics=False)
+    assert time.perf_counter() - t0 < 20
+    assert counts(run) == {status: 6}
+    if mode == "ok":
+        assert all(r["output_tokens"] == 5 and len(r["token_times"]) == 5 for r in run["requests"])
+        s = summarize_run(run)
+        assert s["n_requests"] == 6 and s["ttft_s"]["p50"] > 0 and s["outcomes"] == {"ok": 6}
+    else:
+        assert all(r["error"] for r in run["requests"])
+
+
+def test_nobody_listening_and_the_run_bound():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    run = run_load(f"http://127.0.0.1:{port}", "x", reqs(4), timeout_s=2, max_duration_s=10, metrics=False)
+    assert counts(run) == {"connection_error": 4}
+
+
+def test_run_bound_cuts_a_long_run(fault_server):
+    t0 = time.perf_counter()
+    long = [Request(i, i * 0.5, 8, 3) for i in range(40)]  # would take 20 s to send them all
+    run = run_load(fault_server, "ok", long, timeout_s=5, max_duration_s=2.0, metrics=False)
+    assert time.perf_counter() - t0 < 6
+    c = counts(run)
+    assert sum(c.values()) == 40 and c.get("ok", 0) >= 3 and c.get("not_sent", 0) >= 30
+
+
+# ---- a real engine -----------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    pytest.importorskip("transformers")
+    if shutil.which("transformers", path=str(Path(sys.executable).parent)) is None:
+        pytest.skip("transformers CLI not installed")
+    from bench.engines.tiny_hf import build
+
+    d = build(str(ROOT / "models/tiny.yaml"), str(tmp_path_factory.mktemp("tinyhf")))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("transformers")), "serve", str(d),
+                             "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+                             "--cb-num-blocks", "256", "--cb-block-size", "16", "--cb-max-batch-tokens", "256"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        proc.kill()
+        pytest.fail("transformers serve did not start")
+    yield url, str(d)
+    proc.terminate()
+    proc.wait(timeout=30)
+
+
+def test_real_engine_exact_lengths_and_validation(engine, tmp_path):
+    url, model = engine
+    rng = np.random.default_rng(0)
+    t = np.cumsum(rng.exponential(1 / 4.0, 24))
+    run = run_load(url, model, [Request(i, float(t[i]), 48, 8) for i in range(24)], timeout_s=60, max_duration_s=120)
+    assert counts(run) == {"ok": 24}
+    assert {r["output_tokens"] for r in run["requests"]} == {8}
+    assert {r["usage_prompt_tokens"] for r in run["requests"]} == {48}  # one word = one token
+    s = summarize_run(run)
+    assert 0 < s["ttft_s"]["p50"] < s["e2e_s"]["p50"] and s["tpot_s"]["n"] == 24
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(run))
+    fit = tmp_path / "fit.json"
+    r = run_cli("calibrate", "--from-run", str(path), "--num-blocks", "256", "--block-size", "16",
+                "--max-batch-tokens", "256", "--out", str(fit), timeout=300)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("validate", "--run", str(path), "--fit", str(fit), "--json")
+    assert r.returncode == 0, r.stderr
+    rows = {f"{x['metric']} {x['stat']}": x for x in json.loads(r.stdout)["rows"]}
+    assert abs(rows["TPOT p50"]["rel_err"]) < 0.5  # a broken model is off by far more; the bench reports accuracy
+
+
+def test_bad_run_files_are_one_line(tmp_path):
+    p = tmp_path / "x.json"
+    p.write_text('{"requests": []}')
+    r = run_cli("validate", "--run", str(p), "--fit", str(p))
+    assert r.returncode == 1 and "no successful request" in r.stderr
+    p.write_text("[1, 2")
+    r = run_cli("validate", "--run", str(p), "--fit", str(p))
+    assert r.returncode == 1 and "not valid JSON" in r.stderr
