@@ -16,6 +16,7 @@ import streamlit as st
 from capacity.errors import CapacityError
 
 ROOT = Path(__file__).resolve().parent
+MAX_UPLOAD_BYTES = 1_000_000  # a card or config.json is a few KB
 st.set_page_config(page_title="capacity: LLM serving what-if", layout="wide")
 
 
@@ -27,6 +28,8 @@ def load_card(source: str, text: str | None):
 
     if text is None:
         return load_model_card(resolve_model_path(source)).model_dump()
+    if len(text) > MAX_UPLOAD_BYTES:
+        raise CapacityError(f"{source}: {len(text):,} bytes is more than the {MAX_UPLOAD_BYTES:,} a model card may be")
     import yaml
 
     try:

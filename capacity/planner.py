@@ -104,7 +104,13 @@ class SimTask:
 
         from capacity import __version__
 
-        blob = json.dumps({**self.__dict__, "v": __version__}, sort_keys=True, default=str)
+        d = {**self.__dict__, "v": __version__}
+        if self.profile:  # the profile's contents, not just its name, decide the result
+            from pathlib import Path
+
+            p = Path(self.profile)
+            d["profile_sha256"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "missing"
+        blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -205,7 +206,8 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
 
 def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Request]:
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
-    name from the spec). Rows are sorted by time; time is shifted so the first arrival is at 0."""
+    name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
+    otherwise); time is shifted so the first arrival is at 0."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"trace {p}: file not found")
@@ -222,6 +224,7 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Reque
                     raise ConfigError(f"trace {p}: line {i}: not valid JSON ({exc.msg})") from None
     names = {k.name: i for i, k in enumerate(spec.classes)} if spec else {"default": 0}
     out = []
+    prev = -math.inf
     for i, r in enumerate(rows, 1):
         try:
             t, a, b = float(r["timestamp"]), int(r["input_tokens"]), int(r["output_tokens"])
@@ -229,6 +232,12 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Reque
             raise ConfigError(f"trace {p}: row {i}: needs numeric timestamp, input_tokens, output_tokens ({exc})") from None
         if a <= 0 or b <= 0 or not np.isfinite(t):
             raise ConfigError(f"trace {p}: row {i}: token counts must be > 0 and time finite (got {a}, {b}, {t})")
+        if t < 0:
+            raise ConfigError(f"trace {p}: row {i}: timestamp {t} is negative")
+        if t < prev:
+            raise ConfigError(f"trace {p}: row {i}: timestamp {t} is before the previous row's {prev} "
+                              "(a trace must be in time order)")
+        prev = t
         c = names.get(r.get("class", "default"), None)
         if c is None:
             raise ConfigError(f"trace {p}: row {i}: class {r.get('class')!r} is not one of {sorted(names)}")
@@ -236,7 +245,6 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Reque
         out.append(Request(i - 1, t, a, b, c, prio))
     if not out:
         raise ConfigError(f"trace {p}: no rows")
-    out.sort(key=lambda q: q.arrival_s)
     t0 = out[0].arrival_s
     for i, q in enumerate(out):
         q.arrival_s -= t0

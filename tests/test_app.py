@@ -72,3 +72,9 @@ def test_bad_card_is_an_error_box():
     assert errs and "num_layers: Input should be greater than 0 (got -3)" in errs[0] and "foo: unknown field" in errs[0]
     at.text_area(key="pasted_card").input("- just\n- a list\n").run()
     assert "expected a mapping" in at.error[0].value
+
+
+def test_oversized_paste_is_refused():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at.text_area(key="pasted_card").input("num_layers: 4\n" + "#" * 1_100_000).run()
+    assert not at.exception and "more than the 1,000,000" in at.error[0].value

@@ -46,8 +46,8 @@ def test_same_seed_same_workload():
 
 
 def test_trace_round_trip_jsonl_and_csv(tmp_path):
-    rows = [{"timestamp": 10.5, "input_tokens": 100, "output_tokens": 20, "class": "default"},
-            {"timestamp": 10.0, "input_tokens": 50, "output_tokens": 5}]
+    rows = [{"timestamp": 10.0, "input_tokens": 50, "output_tokens": 5},
+            {"timestamp": 10.5, "input_tokens": 100, "output_tokens": 20, "class": "default"}]
     p = tmp_path / "t.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in rows))
     reqs = load_trace(p, WorkloadSpec())
@@ -61,7 +61,11 @@ def test_trace_round_trip_jsonl_and_csv(tmp_path):
                                       ('{"timestamp": 1, "input_tokens": 0, "output_tokens": 3}', "must be > 0"),
                                       ('{"timestamp": 1, "input_tokens": 5}', "needs numeric timestamp"),
                                       ('{"timestamp": 1, "input_tokens": 5, "output_tokens": 3, "class": "vip"}',
-                                       "class 'vip' is not one of")])
+                                       "class 'vip' is not one of"),
+                                      ('{"timestamp": -1, "input_tokens": 5, "output_tokens": 3}', "row 1: timestamp -1.0 is negative"),
+                                      ('{"timestamp": 2, "input_tokens": 5, "output_tokens": 3}\n'
+                                       '{"timestamp": 1, "input_tokens": 5, "output_tokens": 3}',
+                                       "row 2: timestamp 1.0 is before the previous row's 2.0")])
 def test_bad_traces_name_the_row(tmp_path, text, msg):
     p = tmp_path / "bad.jsonl"
     p.write_text(text)
