@@ -43,6 +43,19 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
     return data
 
 
+def read_json(path: str | Path, what: str = "file") -> Any:
+    """Parse a JSON file; a missing file or bad JSON is one ConfigError naming the path and the line."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"{p}: {what} not found")
+    try:
+        return json.loads(p.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{p}: not a {what} (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{p}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
+
+
 def format_validation_error(exc: ValidationError, source: str) -> str:
     """'source: field.path: message (got value)' for each error, joined by '; '."""
     parts = []

@@ -54,13 +54,10 @@ def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | No
     for f, kind in ((plan_file, "plan"), (sweep_file, "sweep")):
         if not f:
             continue
+        from capacity.config_io import read_json
+
         p = Path(f)
-        if not p.is_file():
-            raise CapacityError(f"{p}: file not found")
-        try:
-            data = json.loads(p.read_text())
-        except json.JSONDecodeError as exc:
-            raise CapacityError(f"{p}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+        data = read_json(p, f"{kind} file")
         if kind == "plan":
             plan = data.get("plan", data) if isinstance(data, dict) else None
             if not isinstance(plan, dict) or "frontier" not in plan or "budget" not in plan:

@@ -27,13 +27,10 @@ METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "
 
 
 def load_run(path: str | Path) -> dict:
+    from capacity.config_io import read_json
+
     p = Path(path)
-    if not p.is_file():
-        raise CapacityError(f"{p}: run file not found")
-    try:
-        run = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise CapacityError(f"{p}: not valid JSON at line {exc.lineno}: {exc.msg}") from None
+    run = read_json(p, "run file")
     if not isinstance(run, dict) or not isinstance(run.get("requests"), list):
         raise CapacityError(f"{p}: not a load-test run (no requests list): write one with `capacity loadtest`")
     if not any(r.get("status") == "ok" for r in run["requests"]):
@@ -114,11 +111,10 @@ def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sour
 
 
 def load_fit(path: str | Path) -> tuple[LinearCost, dict]:
+    from capacity.config_io import read_json
+
     p = Path(path)
-    try:
-        d = json.loads(p.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise CapacityError(f"{p}: cannot read the engine fit ({exc})") from None
-    if d.get("kind") != "engine_fit" or d.get("schema_version") != 1:
+    d = read_json(p, "engine fit")
+    if not isinstance(d, dict) or d.get("kind") != "engine_fit" or d.get("schema_version") != 1:
         raise CapacityError(f"{p}: not an engine fit of schema_version 1 (write one with `capacity calibrate --from-run`)")
     return LinearCost(**d["cost"], source=f"engine fit {p}"), d["scheduler"]
