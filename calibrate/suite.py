@@ -273,6 +273,38 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     passes = passes or (1 if dev.startswith("cuda") or quick else 3)
     results: dict[tuple, list[float]] = {}
     spreads: dict[tuple, list[float]] = {}
+    done: dict[tuple, int] = {}  # passes completed per job (a point that ran out of memory is done too)
+    # Resume: an interrupted run leaves `<out>.partial.json`; a rerun with the same model, device, grid and
+    # settings continues from it and measures only what is missing. Written atomically after each point.
+    import hashlib
+
+    ident = json.dumps({"shape": model_shape(card), "device": dev, "tp": tp, "quick": quick, "seed": seed,
+                        "passes": passes, "threads": torch.get_num_threads(), "grid": grid.__dict__,
+                        "max_context": max_context}, sort_keys=True, default=str)
+    ident = hashlib.sha256(ident.encode()).hexdigest()[:16]
+    partial = Path(str(out) + ".partial.json") if out is not None else None
+    if partial is not None and partial.is_file():
+        try:
+            saved = json.loads(partial.read_text())
+        except json.JSONDecodeError:
+            saved = {}
+        if saved.get("ident") == ident:
+            for k, v in saved["results"].items():
+                results[tuple(json.loads(k))] = v
+            for k, v in saved["spreads"].items():
+                spreads[tuple(json.loads(k))] = v
+            for k, v in saved["done"].items():
+                done[tuple(json.loads(k))] = v
+
+    def checkpoint() -> None:
+        if partial is None:
+            return
+        tmp = partial.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ident": ident, "results": {json.dumps(k): v for k, v in results.items()},
+                                   "spreads": {json.dumps(k): v for k, v in spreads.items()},
+                                   "done": {json.dumps(k): v for k, v in done.items()}}))
+        tmp.replace(partial)
+
     from contextlib import nullcontext
 
     bar = _progress() if progress else None
@@ -284,6 +316,10 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
             # after the fit steps came out 12% slower) must not line up with one table or one step set.
             for idx in order_rng.permutation(len(jobs)):
                 key, desc, make = jobs[idx]
+                if done.get(key, 0) > p_:  # measured before an interruption
+                    if bar:
+                        bar.update(task, advance=1)
+                    continue
                 try:
                     fn = make()
                     t = measure(fn, dev, min_time_s=(3 * mt if key[0] == "step" else mt))
@@ -293,6 +329,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
                 if t is not None:
                     results.setdefault(key, []).append(t.median_s)
                     spreads.setdefault(key, []).append(t.spread)
+                done[key] = done.get(key, 0) + 1
+                checkpoint()
                 if bar:
                     bar.update(task, advance=1, description=f"{desc} ({p_ + 1}/{passes})")
 
@@ -341,6 +379,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     profile = fit_profile(profile, card)
     if out is not None:
         write_profile(profile, out)
+        if partial is not None:
+            partial.unlink(missing_ok=True)
     return profile
 
 

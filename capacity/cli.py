@@ -352,6 +352,9 @@ def loadtest(
                 if out and run:
                     Path(out if v is None else f"{Path(out).with_suffix('')}.{sweep[0]}{v}.json").write_text(
                         json.dumps(run, default=float) + "\n")
+        if run["meta"].get("interrupted"):
+            typer.echo(f"interrupted: {counts(run)}; partial results "
+                       + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
         run["summary"] = summarize_run(run)
         if v is not None:
             run["sweep"] = {sweep[0] + "_tokens": v}

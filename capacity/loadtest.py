@@ -127,11 +127,13 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
 
 
 async def _run(url: str, model: str, requests: list[Request], *, users: int | None, think_s: float,
-               timeout_s: float, max_duration_s: float, endpoint: str, metrics: bool, progress) -> tuple[list[Outcome], list]:
+               timeout_s: float, max_duration_s: float, endpoint: str, metrics: bool, progress,
+               holder: dict) -> tuple[list[Outcome], list]:
     import httpx
 
     outs = [Outcome(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     scrapes: list = []
+    holder.update(outs=outs, scrapes=scrapes)  # what an interrupted run still returns
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits) as client:
         t0 = time.perf_counter()
@@ -203,11 +205,22 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
     """Run the load and return the run record (JSON-ready)."""
     url = url.rstrip("/")
     started = time.time()
-    outs, scrapes = asyncio.run(_run(url, model, requests, users=users, think_s=think_s, timeout_s=timeout_s,
-                                     max_duration_s=max_duration_s, endpoint=endpoint, metrics=metrics,
-                                     progress=progress))
+    holder: dict = {}
+    interrupted = False
+    try:
+        outs, scrapes = asyncio.run(_run(url, model, requests, users=users, think_s=think_s, timeout_s=timeout_s,
+                                         max_duration_s=max_duration_s, endpoint=endpoint, metrics=metrics,
+                                         progress=progress, holder=holder))
+    except KeyboardInterrupt:  # Ctrl-C: keep what was measured, account for the rest
+        interrupted = True
+        outs, scrapes = holder.get("outs", []), holder.get("scrapes", [])
+        for o in outs:
+            if o.status == NOT_SENT and not math.isnan(o.sent_s):
+                o.status, o.error = TIMEOUT, "interrupted before it finished"
+                o.output_tokens = len(o.token_times)
     return {"meta": {"url": url, "model": model, "endpoint": endpoint, "started_unix": started,
-                     "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s},
+                     "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s,
+                     "interrupted": interrupted},
             "requests": [asdict(o) for o in outs], "metrics": scrapes}
 
 

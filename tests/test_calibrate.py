@@ -218,3 +218,33 @@ def test_shipped_tiny_cpu_profile_loads_and_matches_the_card(tiny):
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # inside the grid: no extrapolation warning
         assert cost.step_s(StepPlan(prefills=(PrefillChunk(512, 1024),), decode_contexts=(900,) * 16)) > 0
+
+
+def test_interrupted_calibration_resumes(tiny, tmp_path, monkeypatch):
+    """Ctrl-C midway leaves a checkpoint; the rerun measures only what is missing, then removes it."""
+    import calibrate.timing as timing
+    from calibrate.suite import run_suite
+
+    real = timing.measure
+    calls = {"n": 0}
+
+    def counting(*a, **k):
+        calls["n"] += 1
+        if calls.get("stop") == calls["n"]:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(timing, "measure", counting)
+    run_suite(tiny, "cpu", tmp_path / "full.json", quick=True, threads=1, progress=False)
+    total = calls["n"]
+    out = tmp_path / "p.json"
+    calls.update(n=0, stop=25)
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(tiny, "cpu", out, quick=True, threads=1, progress=False)
+    partial = tmp_path / "p.json.partial.json"
+    assert partial.is_file() and not out.exists()
+    assert len(json.loads(partial.read_text())["done"]) == 24
+    calls.update(n=0, stop=None)
+    prof = run_suite(tiny, "cpu", out, quick=True, threads=1, progress=False)
+    assert calls["n"] == total - 24
+    assert out.is_file() and not partial.exists() and prof.fit is not None

@@ -169,3 +169,21 @@ def test_bad_run_files_are_one_line(tmp_path):
     p.write_text("[1, 2")
     r = run_cli("validate", "--run", str(p), "--fit", str(p))
     assert r.returncode == 1 and "not valid JSON" in r.stderr
+
+
+def test_ctrl_c_saves_partial_results(fault_server, tmp_path):
+    import signal
+
+    out = tmp_path / "run.json"
+    env = dict(os.environ, CAPACITY_CACHE_DIR="off")
+    proc = subprocess.Popen([sys.executable, "-c", "from capacity.cli import main; main()", "loadtest", "--url",
+                             fault_server, "--model", "ok", "--rate", "2", "--arrival", "constant", "--requests", "40",
+                             "--input-len", "8", "--output-len", "3", "--out", str(out)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+    time.sleep(4)  # a few requests done, most not sent
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "interrupted" in err, err
+    run = json.loads(out.read_text())
+    c = counts(run)
+    assert run["meta"]["interrupted"] and sum(c.values()) == 40 and c.get("ok", 0) >= 2 and c.get("not_sent", 0) >= 20
