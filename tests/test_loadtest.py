@@ -26,11 +26,13 @@ pytest.importorskip("httpx_sse")  # in the dev extra: CI has it
 
 class FaultHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    served = 0  # requests seen, all modes (the Ctrl-C test waits on it)
 
     def log_message(self, *a):
         pass
 
     def do_POST(self):
+        FaultHandler.served += 1
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         mode, n = body["model"], body["max_tokens"]
         if mode == "http500":
@@ -180,10 +182,14 @@ def test_ctrl_c_saves_partial_results(fault_server, tmp_path):
                              fault_server, "--model", "ok", "--rate", "2", "--arrival", "constant", "--requests", "40",
                              "--input-len", "8", "--output-len", "3", "--out", str(out)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
-    time.sleep(4)  # a few requests done, most not sent
+    start = FaultHandler.served
+    for _ in range(600):  # interrupt once the load is really running (not during start-up imports)
+        if FaultHandler.served - start >= 3:
+            break
+        time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
-    assert "interrupted" in err, err
+    assert "interrupted" in err, (proc.returncode, err)
     run = json.loads(out.read_text())
     c = counts(run)
     assert run["meta"]["interrupted"] and sum(c.values()) == 40 and c.get("ok", 0) >= 2 and c.get("not_sent", 0) >= 20
