@@ -181,7 +181,9 @@ def test_ctrl_c_saves_partial_results(fault_server, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "from capacity.cli import main; main()", "loadtest", "--url",
                              fault_server, "--model", "ok", "--rate", "2", "--arrival", "constant", "--requests", "40",
                              "--input-len", "8", "--output-len", "3", "--out", str(out)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            # a shell's background jobs inherit SIGINT as ignored; a user's terminal does not
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     start = FaultHandler.served
     for _ in range(600):  # interrupt once the load is really running (not during start-up imports)
         if FaultHandler.served - start >= 3:
