@@ -100,7 +100,7 @@ class Layer:
         import torch
 
         def w(*shape):
-            return (torch.randn(*shape, generator=gen, device=device, dtype=torch.float32) * 0.02).to(dtype)
+            return torch.randn(*shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
 
         self.s, self.moe = s, moe
         h, d = s.hidden, s.head_dim
@@ -232,8 +232,8 @@ class DecoderStack:
         for i in range(self.distinct_layers):
             self.layers.append(Layer(s, card, moe=i >= n_dense and card.moe is not None, dtype=self.dtype,
                                      device=device, gen=gen))
-        self.embed_w = (torch.randn(s.vocab, s.hidden, generator=gen, device=device) * 0.02).to(self.dtype)
-        self.lm_w = (torch.randn(s.hidden, s.vocab, generator=gen, device=device) * 0.02).to(self.dtype)
+        self.embed_w = torch.randn(s.vocab, s.hidden, generator=gen, device=device, dtype=self.dtype).mul_(0.02)
+        self.lm_w = torch.randn(s.hidden, s.vocab, generator=gen, device=device, dtype=self.dtype).mul_(0.02)
         self.norm_w = torch.ones(s.hidden, device=device, dtype=self.dtype)
         # rope tables over every position a step may touch
         inv = 1.0 / (10000 ** (torch.arange(0, s.head_dim, 2, device=device).float() / s.head_dim))
@@ -269,13 +269,13 @@ class DecoderStack:
         ids = torch.randint(0, s.vocab, (n,), generator=g, device=dev)
         pos = [torch.arange(k, k + c) for c, k in prefills] + [torch.tensor(decodes, dtype=torch.long)]
         pos_t = torch.cat(pos).to(dev) if n else torch.zeros(0, dtype=torch.long, device=dev)
-        prefill_kv = [torch.randn(2, s.kv_heads, k + c, s.head_dim, generator=g, device=dev, dtype=torch.float32).to(dt)
+        prefill_kv = [torch.randn(2, s.kv_heads, k + c, s.head_dim, generator=g, device=dev, dtype=dt)
                       for c, k in prefills]
         decode_kv = decode_mask = decode_pos = None
         if decodes:
             t = max(decodes) + 1
             decode_kv = torch.randn(2, len(decodes), s.kv_heads, t, s.head_dim, generator=g, device=dev,
-                                    dtype=torch.float32).to(dt)
+                                    dtype=dt)
             decode_pos = torch.tensor(decodes, device=dev)
             decode_mask = (torch.arange(t, device=dev)[None, :] <= decode_pos[:, None])[:, None, None, :]
         sample_rows = [sum(c for c, _ in prefills[:i + 1]) - 1 for i in range(len(prefills))]

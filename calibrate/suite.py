@@ -36,6 +36,8 @@ class Grid:
     fit_steps: int
     holdout_steps: int
     min_time_s: float
+    max_step_tokens: int | None = None  # whole random steps stay at or below this (default: tokens[-1])
+    max_kv_tokens: int | None = None  # decode points/steps with batch x (context + 1) above this are not run
 
 
 def _pow2(lo: int, hi: int) -> list[int]:
@@ -59,9 +61,14 @@ def default_grid(device: str, quick: bool, max_context: int) -> Grid:
                  decode_batch=[1, 4, 16], decode_context=[16, 256], fit_steps=6, holdout_steps=4, min_time_s=0.005)
     elif cuda:
         g = Grid(tokens=_dense_grid(1, 16384), prefill_chunk=[1, 16, 64, 128, 256, 512, 1024, 2048, 4096, 8192],
-                 prefill_cached=[0, 512, 1024, 2048, 4096, 8192, 16384, 32768], decode_batch=_pow2(1, 512),
+                 prefill_cached=[0, 512, 1024, 2048, 4096, 8192, 16384, 32768], decode_batch=_pow2(1, 1024),
                  decode_context=[16, 128, 512, 1024, 2048, 4096, 8192, 16384, 32768], fit_steps=40,
-                 holdout_steps=40, min_time_s=0.01)
+                 holdout_steps=40, min_time_s=0.01, max_step_tokens=8192,
+                 max_kv_tokens=4_000_000)
+        # Tables reach 16k tokens and 1024 decodes (vLLM's `serve` defaults on H100/H200 are 8192 batched
+        # tokens and 1024 sequences); whole steps stop at 8192 tokens, the budget engines run with. Decode
+        # batches stop at 4M KV tokens (padded): an 8B model on a 141 GB GPU holds under 1M; the corners
+        # past that (1024 x 32k would be 137 GB of KV) are filled from their neighbours by KV bytes read.
     else:
         g = Grid(tokens=_dense_grid(1, 2048), prefill_chunk=_dense_grid(1, 2048),
                  prefill_cached=[0, 32, 64, 128, 256, 512, 1024, 2048, 3072], decode_batch=_pow2(1, 256),
@@ -73,14 +80,15 @@ def default_grid(device: str, quick: bool, max_context: int) -> Grid:
     ctx = [x for x in g.decode_context if x + 1 <= max_context]
     if not (cached and chunks and ctx):
         raise ConfigError(f"max context {max_context} is too small for a calibration grid")
-    return Grid(g.tokens, chunks, cached, g.decode_batch, ctx, g.fit_steps, g.holdout_steps, g.min_time_s)
+    return Grid(g.tokens, chunks, cached, g.decode_batch, ctx, g.fit_steps, g.holdout_steps, g.min_time_s,
+                g.max_step_tokens, g.max_kv_tokens)
 
 
 def random_steps(grid: Grid, count: int, seed: int, max_context: int) -> list[tuple[list[tuple[int, int]], list[int]]]:
     """Mixed step shapes inside the grid: 0-3 prefill chunks (sizes and cached lengths log-uniform) and
     0..max-batch decodes with log-uniform contexts; every step has at least one token."""
     rng = np.random.default_rng(seed)
-    max_tokens, max_chunk = grid.tokens[-1], grid.prefill_chunk[-1]
+    max_tokens, max_chunk = grid.max_step_tokens or grid.tokens[-1], grid.prefill_chunk[-1]
     max_cached, max_ctx = grid.prefill_cached[-1], grid.decode_context[-1]
     out = []
     while len(out) < count:
@@ -98,7 +106,8 @@ def random_steps(grid: Grid, count: int, seed: int, max_context: int) -> list[tu
             lo = math.log(grid.decode_context[0])
             decodes = [int(round(math.exp(rng.uniform(lo, math.log(max_ctx))))) for _ in range(b)]
         n = sum(c for c, _ in prefills) + len(decodes)
-        if 0 < n <= max_tokens:
+        kv = len(decodes) * (max(decodes) + 1) if decodes else 0
+        if 0 < n <= max_tokens and (grid.max_kv_tokens is None or kv <= grid.max_kv_tokens):
             out.append((prefills, decodes))
     return out
 
@@ -163,7 +172,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     g = torch.Generator(device=dev).manual_seed(seed + 1)
 
     def rnd(*shape):
-        return torch.randn(*shape, generator=g, device=dev, dtype=torch.float32).to(dt)
+        return torch.randn(*shape, generator=g, device=dev, dtype=dt)
 
     dense = next((l for l in stack.layers if not l.moe), None)
     moe = next((l for l in stack.layers if l.moe), None)
@@ -174,7 +183,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
             stack.forward(warm)
     fit_steps = random_steps(grid, grid.fit_steps, seed + 100, max_context)
     hold_steps = random_steps(grid, grid.holdout_steps, seed + 200, max_context)
-    families = ["qkv", "o", "elementwise"] + (["gate_up", "down"] if dense or (moe and s.shared_intermediate) else [])
+    families = ["qkv", "o"] + (["elementwise"] if dense else [])
+    families += ["gate_up", "down"] if dense or (moe and s.shared_intermediate) else []
     if moe:
         families += ["router", "elementwise_moe"]
     # Whole non-attention layer bodies, in context: isolated ops miss what interleaving costs (caches,
@@ -254,6 +264,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
                 jobs.append((("prefill", i, j), f"prefill c={c} k={k_}", prefill_job(c, k_)))
     for i, b in enumerate(grid.decode_batch):
         for j, ctx in enumerate(grid.decode_context):
+            if grid.max_kv_tokens is not None and b * (ctx + 1) > grid.max_kv_tokens:
+                continue  # left null: filled from measured neighbours by KV bytes read
             jobs.append((("decode", i, j), f"decode b={b} ctx={ctx}", decode_job(b, ctx)))
 
     def step_job(pf, dc, i):

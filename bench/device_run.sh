@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The whole GPU session as one prepared command (the device runner gives 15 minutes in all):
+#   1. device ceilings (bf16 matmul, copy) -> bench/results/gpu_peaks-<gpu>.json
+#   2. tests/test_devices.py on the GPU (kernels vs reference attention, quick suite, CUDA-graph replay)
+#   3. full calibration of each model -> calibrate/profiles/<model>-<gpu>.json (time-boxed per model; an
+#      interrupted one leaves <profile>.partial.json, which a rerun resumes)
+#   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>-<gpu>.json
+# Everything lands in $OUT/results.tar.gz (re-packed after every stage, so a cut-off run still returns what
+# it finished), with the log and nvidia-smi output beside it. Analysis runs afterwards on any machine:
+#   python bench/step_accuracy.py --model llama-3.1-8b --profile calibrate/profiles/llama-3.1-8b-h200.json ...
+#   python bench/step_shapes.py report --measured bench/results/step_shapes-llama-3.1-8b-h200.json ...
+#
+# Device machine (python3 holds CUDA torch; wheels for missing packages travel in .whl/):
+#   bash bench/device_run.sh
+# The same script on a CPU, end to end, in about two minutes:
+#   DEVICE=cpu QUICK=1 MODELS=tiny SHAPES_MODEL=tiny NO_WHEELS=1 OUT=/tmp/devout PY=.venv/bin/python \
+#     bash bench/device_run.sh
+set -uo pipefail
+cd "$(dirname "$0")/.."
+DEVICE=${DEVICE:-cuda:0}
+OUT=${OUT:-/tmp/device-out}
+PY=${PY:-python3}
+MODELS=${MODELS:-llama-3.1-8b mixtral-8x7b}
+BUDGETS=(${BUDGETS:-230 170})       # seconds of calibration per model, in MODELS order
+SHAPES_MODEL=${SHAPES_MODEL:-llama-3.1-8b}
+QUICK=${QUICK:-}
+mkdir -p "$OUT" calibrate/profiles bench/results
+exec > >(tee -a "$OUT/device_run.log") 2>&1
+stamp() { echo "## $(date -u +%T) $*"; }
+stamp "start device=$DEVICE models=$MODELS quick=${QUICK:-no}"
+export PYTHONPATH=$PWD
+if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then  # packages the device image lacks
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:$PWD || echo "wheel install failed; trying without"
+fi
+export PYTHONUNBUFFERED=1 CAPACITY_CACHE_DIR=off
+if command -v nvidia-smi >/dev/null; then
+  { nvidia-smi; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,clocks.max.mem,power.limit \
+      --format=csv; } > "$OUT/nvidia-smi.txt" 2>&1
+  cat "$OUT/nvidia-smi.txt"
+fi
+"$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
+TAG=$("$PY" - "$DEVICE" <<'PY'
+import sys, torch
+from capacity.gpus import match_gpu
+d = sys.argv[1]
+if d.startswith("cuda") and torch.cuda.is_available():
+    i = int(d.split(":")[1]) if ":" in d else 0
+    print(match_gpu(torch.cuda.get_device_name(i), torch.cuda.get_device_properties(i).total_memory) or "gpu")
+else:
+    print("cpu")
+PY
+) || { echo "cannot import capacity/torch"; exit 3; }
+QARG=()
+SMALL=()
+if [ -n "$QUICK" ]; then TAG="${TAG}-quick"; QARG=(--quick); SMALL=(--small); fi
+stamp "tag=$TAG"
+pack() {
+  tar czf "$OUT/results.tar.gz.tmp" $(ls calibrate/profiles/*-"$TAG".json calibrate/profiles/*-"$TAG".json.partial.json \
+    bench/results/*-"$TAG".json 2>/dev/null) 2>/dev/null && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+  stamp "packed: $(tar tzf "$OUT/results.tar.gz" 2>/dev/null | tr '\n' ' ')"
+}
+
+stamp "1/4 peaks"
+if [ -n "$QUICK" ]; then PK=(--size 512 --copy-mib 64); else PK=(); fi
+timeout 60 "$PY" bench/gpu_peaks.py --device "$DEVICE" "${PK[@]}" --out "bench/results/gpu_peaks-$TAG.json"
+pack
+
+stamp "2/4 tests/test_devices.py"
+timeout 120 "$PY" -m pytest -o addopts= -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -15
+
+stamp "3/4 calibration"
+i=0
+for m in $MODELS; do
+  budget=${BUDGETS[$i]:-${BUDGETS[-1]}}
+  i=$((i + 1))
+  stamp "calibrate $m (budget ${budget}s)"
+  start=$(date +%s)
+  timeout --signal=INT --kill-after=20 "$budget" "$PY" -c "from capacity.cli import main; main()" calibrate \
+    --model "$m" --device "$DEVICE" --out "calibrate/profiles/$m-$TAG.json" "${QARG[@]}"
+  stamp "$m: rc=$? after $(( $(date +%s) - start )) s"
+  pack
+  if [ "$m" = "$SHAPES_MODEL" ]; then
+    stamp "4/4 step shapes $m"
+    timeout --signal=INT --kill-after=10 75 "$PY" bench/step_shapes.py measure --model "$m" --device "$DEVICE" \
+      --out "bench/results/step_shapes-$m-$TAG.json" "${SMALL[@]}"
+    pack
+  fi
+done
+stamp done

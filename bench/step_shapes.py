@@ -1,0 +1,181 @@
+"""Ten named engine-step shapes: measured on the real decoder stack vs the calibrated profile vs the roofline.
+
+    # on the GPU: measure (eager, then replayed as one CUDA graph where capture works)
+    python bench/step_shapes.py measure --model llama-3.1-8b --device cuda:0 --out bench/results/step_shapes-llama-3.1-8b-h200.json
+    # anywhere: compare a measurement file with a profile and the roofline of the measured GPU
+    python bench/step_shapes.py report --measured bench/results/step_shapes-llama-3.1-8b-h200.json \
+        --profile calibrate/profiles/llama-3.1-8b-h200.json
+    # the same code end to end on a CPU
+    python bench/step_shapes.py measure --model tiny --device cpu --out /tmp/shapes.json --small
+
+Shapes (NEW+CACHED for a prefill chunk, DxB@C for B decodes at context C) are chosen to cover what a
+serving engine runs: single-stream decode, mid and large decode batches, long-context decode, whole
+prompts, a chunk with a cached prefix, and chunked-prefill mixes. The CUDA-graph column shows how much of
+an eager step is CPU launch time that engines (vLLM's cudagraph capture) do not pay; the profile is
+measured eagerly, so this is the size of that bias. The report prints a table and writes JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (name, prefills [(new, cached)], decodes [(batch, context)])
+SHAPES = [
+    ("decode 1 @ 1k", [], [(1, 1024)]),
+    ("decode 16 @ 2k", [], [(16, 2048)]),
+    ("decode 64 @ 2k", [], [(64, 2048)]),
+    ("decode 256 @ 1k", [], [(256, 1024)]),
+    ("decode 128 @ 8k", [], [(128, 8192)]),
+    ("prefill 512", [(512, 0)], []),
+    ("prefill 2048", [(2048, 0)], []),
+    ("prefill 8192", [(8192, 0)], []),
+    ("chunk 2048 + 6144 cached", [(2048, 6144)], []),
+    ("chunk 1024 + decode 128 @ 2k", [(1024, 0)], [(128, 2048)]),
+]
+SMALL = [(n, [(max(1, c // 32), k // 32) for c, k in p], [(max(1, b // 8), max(16, x // 32)) for b, x in d])
+         for n, p, d in SHAPES]
+
+
+def expand(decodes):
+    return [x for b, x in decodes for _ in range(b)]
+
+
+def measure_cmd(args) -> int:
+    import torch
+
+    from calibrate.stack import DecoderStack, resolve_device
+    from calibrate.suite import device_info
+    from calibrate.timing import measure
+    from capacity.model_card import load_model_card, resolve_model_path
+
+    card = load_model_card(resolve_model_path(args.model))
+    dev = resolve_device(args.device)
+    shapes = SMALL if args.small else SHAPES
+    max_ctx = max([c + k for _, p, _ in shapes for c, k in p] + [x + 1 for _, _, d in shapes for _, x in d])
+    stack = DecoderStack(card, dev, max_context=max(max_ctx, 2))
+    rows = []
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        out.write_text(json.dumps({"model": card.name, "device": device_info(dev), "distinct_layers":
+                                   stack.distinct_layers, "rows": rows}, indent=1) + "\n")
+
+    with torch.inference_mode():
+        for name, pf, dc in shapes:
+            st = stack.prepare(pf, expand(dc))
+            t = measure(lambda: stack.forward(st), dev, min_time_s=0.05, min_repeats=5)
+            rows.append({"shape": name, "prefills": pf, "decodes": dc,
+                         "eager_s": t.median_s if t else None, "eager_spread": t.spread if t else None})
+            print(f"{name:<32} eager {t.median_s * 1e3 if t else float('nan'):9.3f} ms", flush=True)
+            del st
+        save()
+        if dev.startswith("cuda") and not args.no_graphs:
+            # Separate loop after the eager numbers are saved: a failed capture cannot cost them.
+            for row in rows:
+                st = stack.prepare(row["prefills"], expand(row["decodes"]))
+                try:
+                    side = torch.cuda.Stream(dev)
+                    side.wait_stream(torch.cuda.current_stream(dev))
+                    with torch.cuda.stream(side):
+                        for _ in range(3):
+                            stack.forward(st)
+                    torch.cuda.current_stream(dev).wait_stream(side)
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph):
+                        stack.forward(st)
+                    t = measure(graph.replay, dev, min_time_s=0.05, min_repeats=5)
+                    row["graph_s"] = t.median_s if t else None
+                    print(f"{row['shape']:<32} graph {row['graph_s'] * 1e3:9.3f} ms", flush=True)
+                    del graph
+                except Exception as exc:  # noqa: BLE001 -- record why a shape could not be captured
+                    row["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                    print(f"{row['shape']:<32} graph capture failed: {row['graph_error']}", flush=True)
+                del st
+                torch.cuda.synchronize(dev)
+                save()
+    save()
+    print(f"wrote {out}")
+    return 0
+
+
+def report_cmd(args) -> int:
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from calibrate.suite import to_plan
+    from capacity.calibrated import CalibratedCost
+    from capacity.costs import RooflineCost
+    from capacity.gpus import get_gpu
+    from capacity.model_card import load_model_card, resolve_model_path
+    from capacity.profile import load_profile
+
+    m = json.loads(Path(args.measured).read_text())
+    card = load_model_card(resolve_model_path(args.model or m["model"]))
+    gpu_name = args.gpu or m["device"].get("gpu")
+    if not gpu_name:
+        raise SystemExit("the measurement has no recognised GPU; pass --gpu for the roofline")
+    roof = RooflineCost(card, get_gpu(gpu_name), 1)
+    cal = CalibratedCost(load_profile(args.profile), card, tp=1, profile_path=args.profile) if args.profile else None
+    t = Table(title=f"{card.name} on {m['device'].get('device_name')}: whole steps (ms)", title_justify="left")
+    for c in ("shape", "measured eager", "CUDA graph", "profile", "roofline", "profile err", "roofline err"):
+        t.add_column(c, justify="left" if c == "shape" else "right")
+    rows = []
+    for r in m["rows"]:
+        plan = to_plan(r["prefills"], expand(r["decodes"]))
+        meas = r.get("eager_s")
+        pr = cal.step_s(plan) if cal else None
+        rf = roof.step_s(plan)
+        row = {**r, "profile_s": pr, "roofline_s": rf,
+               "profile_rel_err": pr / meas - 1 if pr and meas else None,
+               "roofline_rel_err": rf / meas - 1 if meas else None,
+               "roofline_rel_err_vs_graph": rf / r["graph_s"] - 1 if r.get("graph_s") else None}
+        rows.append(row)
+
+        def ms(x):
+            return f"{x * 1e3:.3f}" if x else "-"
+        t.add_row(r["shape"], ms(meas), ms(r.get("graph_s")), ms(pr), ms(rf),
+                  f"{row['profile_rel_err']:+.1%}" if row["profile_rel_err"] is not None else "-",
+                  f"{row['roofline_rel_err']:+.1%}" if row["roofline_rel_err"] is not None else "-")
+    con = Console(width=140)
+    con.print(t)
+    summary = {}
+    for key in ("profile_rel_err", "roofline_rel_err", "roofline_rel_err_vs_graph"):
+        v = [abs(r[key]) for r in rows if r[key] is not None]
+        if v:
+            summary[key] = {"median_abs": float(np.median(v)), "max_abs": float(np.max(v))}
+            con.print(f"{key}: median |error| {summary[key]['median_abs']:.1%}, max {summary[key]['max_abs']:.1%}")
+    dest = Path(args.out or str(Path(args.measured).with_suffix("")) + "-report.json")
+    dest.write_text(json.dumps({"measured": args.measured, "profile": args.profile, "gpu": gpu_name,
+                                "rows": rows, "summary": summary}, indent=1) + "\n")
+    con.print(f"wrote {dest}")
+    return 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure")
+    m.add_argument("--model", required=True)
+    m.add_argument("--device", default="cuda:0")
+    m.add_argument("--out", required=True)
+    m.add_argument("--small", action="store_true", help="shapes scaled down (CPU smoke run)")
+    m.add_argument("--no-graphs", action="store_true")
+    r = sub.add_parser("report")
+    r.add_argument("--measured", required=True)
+    r.add_argument("--profile")
+    r.add_argument("--model")
+    r.add_argument("--gpu")
+    r.add_argument("--out")
+    args = ap.parse_args()
+    return measure_cmd(args) if args.cmd == "measure" else report_cmd(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The calibration stack's kernels are right on every device this machine has (the CPU always; a CUDA GPU
+when there is one): the padded, batched decode attention and the cached prefill chunk match plain
+per-sequence attention, and on a GPU the quick suite writes a profile tagged with the GPU and a whole step
+replayed as a CUDA graph samples the same tokens as the eager step. On a machine without CUDA the GPU-only
+tests are skipped; `bench/device_run.sh` runs this file on the GPU."""
+import math
+
+import pytest
+
+from tests.conftest import MODELS
+
+torch = pytest.importorskip("torch")
+CUDA = torch.cuda.is_available()
+DEVICES = ["cpu"] + (["cuda:0"] if CUDA else [])
+needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    from capacity.model_card import load_model_card
+
+    return load_model_card(MODELS / "tiny.yaml")
+
+
+def reference_attention(q, k, v, q_positions):
+    """Plain softmax attention in float64: q [n, Hq, d], k/v [T, Hk, d]; query i sees keys 0..q_positions[i]."""
+    hq, hk = q.shape[1], k.shape[1]
+    qf, kf, vf = q.double(), k.double().repeat_interleave(hq // hk, dim=1), v.double().repeat_interleave(hq // hk, dim=1)
+    scores = torch.einsum("nhd,thd->hnt", qf, kf) / math.sqrt(q.shape[-1])
+    t = torch.arange(k.shape[0], device=q.device)
+    scores = scores.masked_fill(t[None, None, :] > q_positions[None, :, None], float("-inf"))
+    return torch.einsum("hnt,thd->nhd", scores.softmax(-1), vf).reshape(q.shape[0], -1)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_padded_decode_attention_matches_per_sequence_attention(dev, tiny):
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, dev, max_context=256)
+    s = stack.s
+    g = torch.Generator(device=dev).manual_seed(3)
+    contexts = [5, 40, 17]  # each sequence's position; padded to the longest
+    st = stack.prepare([], contexts, gen_seed=1)
+    kv = st["decode_kv"]
+    b = len(contexts)
+    q = torch.randn(b, s.q_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    kn = torch.randn(b, s.kv_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    vn = torch.randn(b, s.kv_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    with torch.inference_mode():
+        out = stack.attention_decode(q, kn, vn, kv, st["decode_pos"], st["decode_mask"])
+        for i, pos in enumerate(contexts):
+            k_i, v_i = kv[0, i, :, :pos + 1].transpose(0, 1), kv[1, i, :, :pos + 1].transpose(0, 1)
+            assert torch.equal(k_i[pos], kn[i]) and torch.equal(v_i[pos], vn[i])  # the new token was written
+            ref = reference_attention(q[i:i + 1], k_i, v_i, torch.tensor([pos], device=dev))
+            assert torch.allclose(out[i].double(), ref[0], atol=3e-2, rtol=3e-2), (dev, i)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_cached_prefill_chunk_matches_causal_attention_over_prefix(dev, tiny):
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, dev, max_context=256)
+    s = stack.s
+    g = torch.Generator(device=dev).manual_seed(4)
+    c, cached = 12, 30
+    kv = torch.randn(2, s.kv_heads, cached + c, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    q = torch.randn(c, s.q_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    kn = torch.randn(c, s.kv_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    vn = torch.randn(c, s.kv_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    with torch.inference_mode():
+        out = stack.attention_prefill(q, kn, vn, kv, cached)
+    k_all, v_all = kv[0].transpose(0, 1), kv[1].transpose(0, 1)
+    assert torch.equal(k_all[cached:], kn) and torch.equal(v_all[cached:], vn)
+    ref = reference_attention(q, k_all, v_all, torch.arange(cached, cached + c, device=dev))
+    assert torch.allclose(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+@needs_cuda
+def test_quick_suite_on_the_gpu_writes_a_profile_for_that_gpu(tiny, tmp_path):
+    from calibrate.suite import run_suite
+    from capacity.gpus import match_gpu
+    from capacity.profile import load_profile
+
+    out = tmp_path / "tiny-gpu.json"
+    run_suite(tiny, "cuda:0", out, quick=True, progress=False, command="pytest")
+    prof = load_profile(out)
+    expected = match_gpu(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
+    assert prof.provenance.device == "cuda:0" and prof.provenance.gpu == expected
+    assert prof.provenance.cuda_version == torch.version.cuda
+    vals = [v for row in prof.linear.values() for v in row] + [v for row in prof.decode_attn for v in row]
+    assert vals and all(v is not None and 0 < v < 1.0 for v in vals)
+    assert prof.fit is not None and len([st for st in prof.steps if st.role == "holdout"]) >= 3
+
+
+@needs_cuda
+def test_cuda_graph_replay_of_a_step_samples_what_the_eager_step_samples(tiny):
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, "cuda:0", max_context=512)
+    st = stack.prepare([(64, 0), (16, 100)], [30, 200, 7, 90], gen_seed=2)
+    with torch.inference_mode():
+        eager = stack.forward(st).clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            stack.forward(st)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = stack.forward(st)
+        graph.replay()
+        torch.cuda.synchronize()
+    assert torch.equal(static_out, eager)
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_quick_suite_for_a_moe_card_fills_the_moe_tables(dev, tmp_path):
+    """Every MoE code path of the stack (router, per-expert loop, MoE layer bodies) runs and is usable."""
+    import warnings
+
+    from calibrate.suite import run_suite, to_plan
+    from capacity.calibrated import CalibratedCost
+    from capacity.model_card import load_model_card
+
+    card = load_model_card(MODELS / "tiny-moe.yaml")
+    prof = run_suite(card, dev, tmp_path / "moe.json", quick=True, progress=False, command="pytest")
+    assert "elementwise" not in prof.linear  # no dense layer: its table is not measured
+    for fam in ("router", "elementwise_moe", "layer_moe"):
+        assert all(v is not None and v > 0 for v in prof.linear[fam]), fam
+    assert prof.expert and all(v is not None and v > 0 for v in prof.expert)
+    cost = CalibratedCost(prof, card, tp=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        small, big = cost.step_s(to_plan([(8, 0)], [])), cost.step_s(to_plan([(256, 0)], [16] * 16))
+    assert 0 < small < big
