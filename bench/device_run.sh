@@ -13,7 +13,7 @@
 # Device machine (python3 holds CUDA torch; wheels for missing packages travel in .whl/):
 #   bash bench/device_run.sh
 # The same script on a CPU, end to end, in about two minutes:
-#   DEVICE=cpu QUICK=1 MODELS=tiny SHAPES_MODEL=tiny NO_WHEELS=1 OUT=/tmp/devout PY=.venv/bin/python \
+#   DEVICE=cpu QUICK=1 MODELS=tiny SHAPES_MODELS=tiny NO_WHEELS=1 OUT=/tmp/devout PY=.venv/bin/python \
 #     bash bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,8 +22,10 @@ OUT=${OUT:-/tmp/device-out}
 PY=${PY:-python3}
 MODELS=${MODELS:-llama-3.1-8b mixtral-8x7b}
 BUDGETS=(${BUDGETS:-230 170})       # seconds of calibration per model, in MODELS order
-SHAPES_MODEL=${SHAPES_MODEL:-llama-3.1-8b}
+SHAPES_MODELS=${SHAPES_MODELS:-llama-3.1-8b}
 QUICK=${QUICK:-}
+STAGES=${STAGES:-peaks tests calibrate shapes}  # a rerun can name fewer
+has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT" calibrate/profiles bench/results
 exec > >(tee -a "$OUT/device_run.log") 2>&1
 stamp() { echo "## $(date -u +%T) $*"; }
@@ -61,16 +63,19 @@ pack() {
   stamp "packed: $(tar tzf "$OUT/results.tar.gz" 2>/dev/null | tr '\n' ' ')"
 }
 
-stamp "1/4 peaks"
-if [ -n "$QUICK" ]; then PK=(--size 512 --copy-mib 64); else PK=(); fi
-timeout 60 "$PY" bench/gpu_peaks.py --device "$DEVICE" "${PK[@]}" --out "bench/results/gpu_peaks-$TAG.json"
-pack
-
-stamp "2/4 tests/test_devices.py"
-timeout 120 "$PY" -m pytest -o addopts= -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -15
-
+if has peaks; then
+  stamp "1/4 peaks"
+  if [ -n "$QUICK" ]; then PK=(--size 512 --copy-mib 64); else PK=(); fi
+  timeout 60 "$PY" bench/gpu_peaks.py --device "$DEVICE" "${PK[@]}" --out "bench/results/gpu_peaks-$TAG.json"
+  pack
+fi
+if has tests; then
+  stamp "2/4 tests/test_devices.py"
+  timeout 120 "$PY" -m pytest -o addopts= -q -p no:cacheprovider tests/test_devices.py 2>&1 | tail -15
+fi
 stamp "3/4 calibration"
 i=0
+has calibrate || MODELS=""
 for m in $MODELS; do
   budget=${BUDGETS[$i]:-${BUDGETS[-1]}}
   i=$((i + 1))
@@ -80,11 +85,12 @@ for m in $MODELS; do
     --model "$m" --device "$DEVICE" --out "calibrate/profiles/$m-$TAG.json" "${QARG[@]}"
   stamp "$m: rc=$? after $(( $(date +%s) - start )) s"
   pack
-  if [ "$m" = "$SHAPES_MODEL" ]; then
-    stamp "4/4 step shapes $m"
-    timeout --signal=INT --kill-after=10 75 "$PY" bench/step_shapes.py measure --model "$m" --device "$DEVICE" \
-      --out "bench/results/step_shapes-$m-$TAG.json" "${SMALL[@]}"
-    pack
-  fi
+done
+has shapes || SHAPES_MODELS=""
+for m in $SHAPES_MODELS; do
+  stamp "4/4 step shapes $m"
+  timeout --signal=INT --kill-after=10 90 "$PY" bench/step_shapes.py measure --model "$m" --device "$DEVICE" \
+    --out "bench/results/step_shapes-$m-$TAG.json" "${SMALL[@]}"
+  pack
 done
 stamp done

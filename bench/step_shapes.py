@@ -75,7 +75,11 @@ def measure_cmd(args) -> int:
             print(f"{name:<32} eager {t.median_s * 1e3 if t else float('nan'):9.3f} ms", flush=True)
             del st
         save()
-        if dev.startswith("cuda") and not args.no_graphs:
+        if card.moe is not None:
+            rows_note = "MoE routing reads expert counts on the host, which graph capture forbids: eager only"
+            for row in rows:
+                row["graph_error"] = rows_note
+        elif dev.startswith("cuda") and not args.no_graphs:
             # Separate loop after the eager numbers are saved: a failed capture cannot cost them.
             for row in rows:
                 st = stack.prepare(row["prefills"], expand(row["decodes"]))

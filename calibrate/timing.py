@@ -39,6 +39,43 @@ def is_oom(exc: BaseException) -> bool:
     return isinstance(exc, torch.OutOfMemoryError) or "out of memory" in str(exc).lower()
 
 
+def cuda_graph(fn: Callable[[], object], device: str, warmup: int = 3) -> Callable[[], object]:
+    """Capture one call of `fn` into a CUDA graph and return its replay (what engines such as vLLM run for
+    decode steps: no per-kernel CPU launch cost). Warm-up runs on a side stream first, as capture requires
+    (allocator and library handles settle outside the graph). Raises whatever capture raises, e.g. for
+    code that synchronises with the host (MoE routing that reads expert counts)."""
+    import torch
+
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn()
+    return graph.replay  # the bound method keeps the graph (and its memory pool) alive
+
+
+def maybe_graph(fn: Callable[[], object], device: str, enabled: bool,
+                capture: Callable | None = None) -> tuple[Callable[[], object], bool]:
+    """(`fn` as a graph replay, False) when enabled and capture works; (`fn`, True) when capture failed and
+    the eager call is timed instead; (`fn`, False) when not enabled. Out-of-memory is re-raised."""
+    if not enabled:
+        return fn, False
+    try:
+        return (capture or cuda_graph)(fn, device), False
+    except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager timing
+        if is_oom(exc):
+            raise
+        if device.startswith("cuda"):
+            import torch
+
+            torch.cuda.synchronize(device)
+        return fn, True
+
+
 def measure(fn: Callable[[], object], device: str, *, warmup: int = 2, min_repeats: int = 5,
             max_repeats: int = 200, min_time_s: float = 0.02) -> Timing | None:
     """Time `fn()`; None if it runs out of device memory."""

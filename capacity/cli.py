@@ -292,6 +292,7 @@ def calibrate(
     quick: Annotated[bool, typer.Option("--quick", help="Small grids (seconds): for tests and smoke runs")] = False,
     threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (recorded)")] = None,
     max_context: Annotated[Optional[int], typer.Option("--max-context", help="Largest context to measure")] = None,
+    cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--eager", help="Time CUDA graph replays (default: on for CUDA and cards without MoE)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and step shapes")] = 0,
     from_run: Annotated[Optional[list[str]], typer.Option("--from-run", help="Fit engine terms to measured runs instead")] = None,
     num_blocks: Annotated[int, typer.Option("--num-blocks", help="--from-run: the engine's KV blocks")] = 512,
@@ -332,6 +333,7 @@ def calibrate(
         raise CapacityError(f"--max-context: must be >= 2 (got {max_context})")
     dest = Path(out) if out else Path("calibrate/profiles") / f"{card.name}-{device.replace(':', '')}.json"
     prof = run_suite(card, device, dest, tp=tp, quick=quick, threads=threads, max_context=max_context, seed=seed,
+                     cuda_graphs=cuda_graphs,
                      command="capacity calibrate " + " ".join(sys.argv[2:]))
     hold = [st for st in prof.steps if st.role == "holdout"]
     typer.echo(f"wrote {dest}: {prof.provenance.device_name}, {len(prof.steps)} whole steps "

@@ -72,6 +72,7 @@ class Provenance(_Strict):
     host: str = ""
     command: str = ""
     quick: bool = False
+    cuda_graphs: bool = False  # timed as replays of captured CUDA graphs (what engines run), not eagerly
     notes: list[str] = []
 
 

@@ -87,6 +87,7 @@ def test_quick_suite_on_the_gpu_writes_a_profile_for_that_gpu(tiny, tmp_path):
     expected = match_gpu(torch.cuda.get_device_name(0), torch.cuda.get_device_properties(0).total_memory)
     assert prof.provenance.device == "cuda:0" and prof.provenance.gpu == expected
     assert prof.provenance.cuda_version == torch.version.cuda
+    assert prof.provenance.cuda_graphs and not any("could not be captured" in n for n in prof.provenance.notes)
     vals = [v for row in prof.linear.values() for v in row] + [v for row in prof.decode_attn for v in row]
     assert vals and all(v is not None and 0 < v < 1.0 for v in vals)
     assert prof.fit is not None and len([st for st in prof.steps if st.role == "holdout"]) >= 3
@@ -125,6 +126,7 @@ def test_quick_suite_for_a_moe_card_fills_the_moe_tables(dev, tmp_path):
     card = load_model_card(MODELS / "tiny-moe.yaml")
     prof = run_suite(card, dev, tmp_path / "moe.json", quick=True, progress=False, command="pytest")
     assert "elementwise" not in prof.linear  # no dense layer: its table is not measured
+    assert not prof.provenance.cuda_graphs  # routing syncs with the host: timed eagerly on every device
     for fam in ("router", "elementwise_moe", "layer_moe"):
         assert all(v is not None and v > 0 for v in prof.linear[fam]), fam
     assert prof.expert and all(v is not None and v > 0 for v in prof.expert)
@@ -133,3 +135,34 @@ def test_quick_suite_for_a_moe_card_fills_the_moe_tables(dev, tmp_path):
         warnings.simplefilter("ignore")
         small, big = cost.step_s(to_plan([(8, 0)], [])), cost.step_s(to_plan([(256, 0)], [16] * 16))
     assert 0 < small < big
+
+
+def test_graph_capture_falls_back_to_eager_and_never_hides_out_of_memory():
+    from calibrate.timing import maybe_graph
+
+    def fn():
+        return 1
+
+    def capture_ok(f, dev):
+        return lambda: ("replay", f())
+
+    def capture_fails(f, dev):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    def capture_oom(f, dev):
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    assert maybe_graph(fn, "cpu", False, capture_ok) == (fn, False)
+    replay, fell_back = maybe_graph(fn, "cpu", True, capture_ok)
+    assert replay() == ("replay", 1) and not fell_back
+    assert maybe_graph(fn, "cpu", True, capture_fails) == (fn, True)
+    with pytest.raises(torch.OutOfMemoryError):
+        maybe_graph(fn, "cpu", True, capture_oom)
+
+
+def test_cuda_graphs_on_a_cpu_is_a_clear_error(tiny):
+    from calibrate.suite import run_suite
+    from capacity.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="--cuda-graphs: needs a CUDA device"):
+        run_suite(tiny, "cpu", None, quick=True, progress=False, cuda_graphs=True)
