@@ -100,6 +100,14 @@ def full_plan(scenario: dict, card: dict):
 
 
 # ---- inputs --------------------------------------------------------------------------------------------
+@st.cache_data(show_spinner=False)
+def matching_profiles(model: str, gpu: str) -> list[str]:
+    """Names of the bundled profiles measured for this model on this GPU (others would be refused)."""
+    from capacity.profile import bundled_profiles
+
+    return [name for name, _, _ in bundled_profiles(model, gpu)]
+
+
 def sidebar():
     from capacity.gpus import catalogue
 
@@ -141,8 +149,9 @@ def sidebar():
     ttft = sb.number_input("SLO P99 TTFT (ms)", 10, 60000, 1500, 50)
     tpot = sb.number_input("SLO P99 TPOT (ms)", 1, 1000, 50, 1)
     sb.header("Step costs and price")
-    profiles = ["roofline"] + sorted(str(p.relative_to(ROOT)) for p in (ROOT / "calibrate/profiles").glob("*.json"))
-    source = sb.selectbox("step-cost source", profiles)
+    profiles = ["roofline"] + matching_profiles(card.get("name", ""), gpu)
+    source = sb.selectbox("step-cost source", profiles,
+                          help="the roofline, or a bundled profile measured for this model on this GPU")
     price = sb.number_input("price per GPU-hour (USD)", 0.0, 100.0, 2.5, 0.1)
 
     engine = {"tensor_parallel_size": tp, "max_num_seqs": seqs, "max_model_len": max_len,
@@ -159,7 +168,7 @@ def sidebar():
                 "output_len": dist(out), "num_requests": requests,
                 "classes": [{"slo_ttft_s": ttft / 1e3, "slo_tpot_s": tpot / 1e3}]}
     return card, gpu, engine, workload, {"ttft_s": ttft / 1e3, "tpot_s": tpot / 1e3}, \
-        (None if source == "roofline" else str(ROOT / source)), price
+        (None if source == "roofline" else str(ROOT / "calibrate/profiles" / f"{source}.json")), price
 
 
 # ---- views ---------------------------------------------------------------------------------------------

@@ -398,11 +398,67 @@ def make_step_cost(card, gpu: str | None, tp: int, profile: str | None, allow_mi
     if profile is None:
         return RooflineCost(card, get_gpu(gpu or "h100-sxm"), tp)
     from capacity.calibrated import CalibratedCost
-    from capacity.profile import load_profile
+    from capacity.profile import load_profile, resolve_profile
 
+    profile = resolve_profile(profile)
     prof = load_profile(profile)
     gpu_name = get_gpu(gpu).name if gpu else None
     return CalibratedCost(prof, card, gpu=gpu_name, tp=tp, allow_mismatch=allow_mismatch, profile_path=profile)
+
+
+@app.command()
+def profiles(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Only profiles of this model card")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="Only profiles measured on this GPU")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List the bundled calibration profiles (calibrate/profiles): model, device, torch/CUDA, eager or CUDA
+    graphs, and held-out whole-step accuracy. Pass a name to --profile of plan, simulate, step-cost."""
+    import warnings
+
+    import numpy as np
+
+    from calibrate.suite import to_plan
+    from capacity.calibrated import CalibratedCost
+    from capacity.gpus import get_gpu
+    from capacity.model_card import load_model_card, resolve_model_path
+    from capacity.profile import bundled_profiles
+
+    rows = []
+    for name, path, prof in bundled_profiles(model, get_gpu(gpu).name if gpu else None):
+        pv = prof.provenance
+        err = None
+        hold = [st for st in prof.steps if st.role == "holdout"]
+        try:
+            card = load_model_card(resolve_model_path(prof.model.name))
+            cost = CalibratedCost(prof, card, tp=prof.tp, profile_path=str(path))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                err = float(np.median([abs(cost.step_s(to_plan(st.prefills, st.decodes)) / st.measured_s - 1)
+                                       for st in hold])) if hold else None
+        except CapacityError:
+            pass
+        rows.append({"name": name, "path": str(path), "model": prof.model.name, "gpu": pv.gpu,
+                     "device_name": pv.device_name, "torch": pv.torch_version, "cuda": pv.cuda_version,
+                     "cuda_graphs": pv.cuda_graphs, "date": pv.date, "holdout_steps": len(hold),
+                     "holdout_median_abs_err": err})
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="Bundled calibration profiles (use the name with --profile)", title_justify="left")
+    for col in ("name", "model", "device", "torch / CUDA", "timing", "held-out median |err|", "date"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["name"], r["model"], r["device_name"], f"{r['torch']} / {r['cuda'] or '-'}",
+                  "CUDA graphs" if r["cuda_graphs"] else "eager",
+                  f"{r['holdout_median_abs_err']:.1%} of {r['holdout_steps']}" if r["holdout_median_abs_err"] is not None else "-",
+                  r["date"][:10])
+    Console().print(t)
+    if not rows:
+        typer.echo("no bundled profile matches" + (f" --model {model}" if model else "") + (f" --gpu {gpu}" if gpu else ""))
 
 
 @app.command()

@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.workload import Arrivals, WorkloadSpec
@@ -78,8 +78,20 @@ class Scenario(_Strict):
     target_rate_per_s: PosFloat = 10.0
     price_per_gpu_hour: PosFloat | None = None
     max_gpus: Annotated[int, Field(gt=0)] = 4096  # refuse plans that need more than this
-    profile: str | None = None
+    profile: str | None = None  # a profile file, or the name of a bundled one (`capacity profiles`)
     search: SearchSpec = SearchSpec()
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_path(cls, v: str | None) -> str | None:
+        from capacity.profile import resolve_profile
+
+        if v is None:
+            return v
+        try:
+            return resolve_profile(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
 
 
 # ---- simulation tasks --------------------------------------------------------------------------------

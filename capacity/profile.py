@@ -204,3 +204,37 @@ def check_profile(profile: Profile, card: ModelCard, tp: int = 1, gpu: str | Non
     if not allow_mismatch:
         raise ConfigError(msg + " (pass --allow-profile-mismatch to use it anyway)")
     warnings.warn(msg + " (used anyway: --allow-profile-mismatch)", ProfileMismatchWarning, stacklevel=2)
+
+
+# ---- profiles shipped with the repository ------------------------------------------------------------
+BUNDLED_DIR = Path(__file__).resolve().parents[1] / "calibrate" / "profiles"
+
+
+def bundled_profiles(model: str | None = None, gpu: str | None = None) -> list[tuple[str, Path, Profile]]:
+    """(name, path, profile) of every readable profile in calibrate/profiles, optionally only those measured
+    for `model` on catalogue GPU `gpu`. Interrupted runs (*.partial.json) are not profiles."""
+    out = []
+    for f in sorted(BUNDLED_DIR.glob("*.json")) if BUNDLED_DIR.is_dir() else []:
+        if f.name.endswith(".partial.json"):
+            continue
+        try:
+            prof = load_profile(f)
+        except ConfigError:
+            continue
+        if (model is None or prof.model.name == model) and (gpu is None or prof.provenance.gpu == gpu):
+            out.append((f.stem, f, prof))
+    return out
+
+
+def resolve_profile(name_or_path: str) -> str:
+    """A profile file path as given, or the name of a bundled profile (`llama-3.1-8b-h200`) as its path."""
+    p = Path(name_or_path)
+    if p.is_file():
+        return str(p)
+    if p.name == name_or_path:  # a bare name: look among the bundled profiles
+        cand = BUNDLED_DIR / (name_or_path if name_or_path.endswith(".json") else name_or_path + ".json")
+        if cand.is_file():
+            return str(cand)
+    names = ", ".join(n for n, _, _ in bundled_profiles()) or "none"
+    raise ConfigError(f"profile {name_or_path!r}: no such file and no bundled profile of that name "
+                      f"(bundled: {names}; `capacity profiles` lists them)")

@@ -78,3 +78,29 @@ def test_oversized_paste_is_refused():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
     at.text_area(key="pasted_card").input("num_layers: 4\n" + "#" * 1_100_000).run()
     assert not at.exception and "more than the 1,000,000" in at.error[0].value
+
+
+def test_step_cost_sources_are_the_profiles_for_this_model_and_gpu():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    src = next(s for s in at.sidebar.selectbox if s.label == "step-cost source")
+    assert src.options == ["roofline"]  # llama-3.1-8b on the default h100-sxm: no bundled profile
+    at.sidebar.selectbox[1].set_value("h200").run()
+    src = next(s for s in at.sidebar.selectbox if s.label == "step-cost source")
+    assert src.options == ["roofline", "llama-3.1-8b-h200-eager", "llama-3.1-8b-h200"]
+    src.set_value("llama-3.1-8b-h200").run()
+    assert not at.exception, [e.value for e in at.exception]
+
+    from capacity.calibrated import CalibratedCost
+    from capacity.model_card import load_model_card
+    from capacity.profile import load_profile
+    from capacity.scenario import run_scenario
+    from capacity.workload import WorkloadSpec
+
+    path = ROOT / "calibrate/profiles/llama-3.1-8b-h200.json"
+    card = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
+    wl = WorkloadSpec.model_validate({"arrivals": {"kind": "poisson", "rate_per_s": 8.0, "cv": 1.0},
+                                      "input_len": {"kind": "fixed", "value": 1024},
+                                      "output_len": {"kind": "fixed", "value": 256}, "num_requests": 1000,
+                                      "classes": [{"slo_ttft_s": 1.5, "slo_tpot_s": 0.05}]})
+    res = run_scenario(_budget("h200"), CalibratedCost(load_profile(path), card, gpu="h200"), wl, seed=0)
+    assert metrics(at)["P99 TPOT (ms)"] == f"{res.summary.tpot_s['p99'] * 1e3:.2f}"
