@@ -299,6 +299,7 @@ def calibrate(
     block_size: Annotated[int, typer.Option("--block-size", help="--from-run: the engine's block size")] = 16,
     max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="--from-run: token budget per step")] = 512,
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="--from-run: max sequences per step")] = 512,
+    attention: Annotated[str, typer.Option("--attention", help="--from-run: per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
 ) -> None:
     """Measure step costs with real torch kernels on a device and write a profile (needs torch:
     `pip install torch==2.13.0`); or, with --from-run, fit an engine's step-cost terms to measured runs."""
@@ -311,11 +312,13 @@ def calibrate(
 
         sched = {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_batch_tokens,
                  "max_num_seqs": max_seqs}
-        fitted, info = fit_engine([load_run(r) for r in from_run], sched)
+        fitted, info = fit_engine([load_run(r) for r in from_run], sched, attention=attention)
         dest = Path(out or "engine-fit.json")
         save_fit(dest, fitted, info, sched, list(from_run))
         typer.echo(f"wrote {dest}: fixed {fitted.fixed_s * 1e3:.3f} ms, per token {fitted.per_token_s * 1e6:.2f} us, "
-                   f"per key {fitted.per_key_s * 1e9:.2f} ns, per pair {fitted.per_pair_s * 1e12:.2f} ps; "
+                   f"per sequence {fitted.per_seq_s * 1e6:.2f} us, "
+                   f"per key {fitted.per_key_s * 1e9:.2f} ns, per pair {fitted.per_pair_s * 1e12:.2f} ps, "
+                   f"front end {info['frontend_s'] * 1e3:.2f} ms; "
                    f"median |error| on the fitted runs {info['median_abs_rel_err']:.1%}")
         return
     if model is None:

@@ -119,8 +119,8 @@ def validate(
     from capacity.validate import compare, load_fit, load_run, sim_summary, simulate_run
 
     run = load_run(run_file)
-    cost, sched = load_fit(fit)
-    rows = compare(summarize_run(run), sim_summary(simulate_run(run, cost, sched)))
+    cost, sched, frontend_s = load_fit(fit)
+    rows = compare(summarize_run(run), sim_summary(simulate_run(run, cost, sched, frontend_s=frontend_s)))
     if json_out:
         typer.echo(json.dumps({"rows": rows, "source": cost.source}, indent=2, default=float))
         return

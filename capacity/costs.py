@@ -74,23 +74,39 @@ def decode_run_s(cost, contexts, k: int):
 
 @dataclass
 class LinearCost:
-    """step = fixed_s + per_token_s x new tokens + per_key_s x keys attended (decode: context + 1; prefill:
-    cached + new) + per_pair_s x (query tokens x keys) over the whole packed step (dense masked attention, as
-    some CPU engines run it). Transparent: hand-checked scheduler traces, queueing-theory tests, and the
-    engine model `capacity calibrate --from-run` fits to a measured run."""
+    """step = fixed_s + per_token_s x new tokens + per_seq_s x sequences in the step + per_key_s x keys
+    attended (decode: context + 1; prefill: cached + new) + per_pair_s x attention pairs. Pairs depend on the
+    attention kernel: "packed" is one dense masked attention over the whole packed step (query tokens x
+    keys: what transformers' continuous batching runs on a CPU); "per_sequence" is causal attention per
+    prefill chunk, new x (cached + (new + 1) / 2) (paged/varlen kernels: vLLM, SGLang), with decodes
+    counted by their keys. per_seq_s is work per scheduled sequence (sampling, output processing,
+    streaming), which separates a decode token's cost from a prefill token's. Transparent: hand-checked
+    scheduler traces, queueing-theory tests, and the engine model `capacity calibrate --from-run` fits to
+    measured runs."""
 
     fixed_s: float = 0.0
     per_token_s: float = 0.0
     per_key_s: float = 0.0
     per_pair_s: float = 0.0
     source: str = "linear test cost"
+    per_seq_s: float = 0.0
+    attention: Literal["packed", "per_sequence"] = "packed"
+
+    def __post_init__(self) -> None:
+        if self.attention not in ("packed", "per_sequence"):
+            raise ValueError(f"attention: must be packed or per_sequence (got {self.attention!r})")
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         if plan.num_tokens == 0:
             return {"overhead": 0.0}
         keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
-        return {"overhead": self.fixed_s, "gemm": self.per_token_s * plan.num_tokens,
-                "attention": self.per_key_s * keys + self.per_pair_s * plan.num_tokens * keys}
+        if self.attention == "packed":
+            pairs = plan.num_tokens * keys
+        else:
+            pairs = sum(p.new_tokens * (p.cached_tokens + (p.new_tokens + 1) / 2) for p in plan.prefills)
+        seqs = len(plan.prefills) + len(plan.decode_contexts)
+        return {"overhead": self.fixed_s + self.per_seq_s * seqs, "gemm": self.per_token_s * plan.num_tokens,
+                "attention": self.per_key_s * keys + self.per_pair_s * pairs}
 
     def step_s(self, plan: StepPlan) -> float:
         return math.fsum(self.breakdown(plan).values())
@@ -101,7 +117,8 @@ class LinearCost:
 
         b = len(contexts)
         f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
-        return f0 + (self.per_key_s * b + self.per_pair_s * b * b) * np.arange(k)
+        pair_growth = self.per_pair_s * b * b if self.attention == "packed" else 0.0
+        return f0 + (self.per_key_s * b + pair_growth) * np.arange(k)
 
 
 class RooflineParams(BaseModel):

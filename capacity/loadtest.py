@@ -150,7 +150,8 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
                     now = time.perf_counter() - t0
                     row = {"t": now}
                     for fam in text_string_to_metric_families(r.text):
-                        if any(k in fam.name for k in ("num_requests_running", "num_requests_waiting", "cache_usage")):
+                        if any(k in fam.name for k in ("num_requests_running", "num_requests_waiting", "cache_usage",
+                                                       "num_preemptions")):
                             for s in fam.samples:
                                 row[s.name] = row.get(s.name, 0.0) + s.value
                     scrapes.append(row)

@@ -8,7 +8,9 @@ by (priority, arrival) with the priority policy). A prefill longer than the rema
 (chunked prefill) or waits (without it). KV lives in paged blocks (`block_size` tokens) from a pool of
 `num_blocks`; when a running sequence needs a block and none is free, the newest running sequence (with
 priority: the least important, then newest) is preempted by recompute: its blocks are freed and it goes back
-to the front of the queue with `computed = 0`. Optional prefix caching: a shared-prefix group's full blocks,
+to the front of the queue with `computed = 0`. A waiting sequence is admitted only when its whole remaining
+input fits in free blocks (vLLM 0.32's default `scheduler_reserve_full_isl`), not just its first chunk, and
+no sequence is admitted in a step that had to preempt. Optional prefix caching: a shared-prefix group's full blocks,
 once computed, are kept (ref-counted, evictable LRU when unused) and skipped by later requests of the group.
 
 Static batching is the classic server: collect up to `max_batch` requests or wait at most `max_wait_s` for
@@ -121,6 +123,10 @@ class ContinuousConfig:
     prefix_caching: bool = False
     priority: bool = False  # order waiting by (priority, arrival) and preempt the least important first
     max_model_len: int | None = None
+    # Admit a waiting sequence only if its whole remaining input (prompt, plus outputs to recompute after a
+    # preemption) fits in free blocks, not just this step's chunk: vLLM's `scheduler_reserve_full_isl`
+    # (default on in vLLM 0.32), which keeps chunked prefill from over-admitting and thrashing the cache.
+    reserve_full_input: bool = True
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
@@ -271,7 +277,11 @@ class ContinuousScheduler:
                 if not cfg.chunked_prefill and num_new < remaining:
                     break
                 need = self._blocks_needed(seq, num_new)
-                if not self.pool.take(need):
+                if cfg.reserve_full_input and self._blocks_needed(seq, remaining) > self.pool.available():
+                    ok = False
+                else:
+                    ok = self.pool.take(need)
+                if not ok:
                     if seq.shared_blocks:
                         self._release(seq)
                         seq.computed = 0

@@ -155,7 +155,7 @@ def test_real_engine_exact_lengths_and_validation(engine, tmp_path):
     path.write_text(json.dumps(run))
     fit = tmp_path / "fit.json"
     r = run_cli("calibrate", "--from-run", str(path), "--num-blocks", "256", "--block-size", "16",
-                "--max-batch-tokens", "256", "--out", str(fit), timeout=300)
+                "--max-batch-tokens", "256", "--attention", "packed", "--out", str(fit), timeout=300)
     assert r.returncode == 0, r.stderr
     r = run_cli("validate", "--run", str(path), "--fit", str(fit), "--json")
     assert r.returncode == 0, r.stderr

@@ -151,3 +151,24 @@ def test_oversized_request_is_rejected_not_hung():
     res, _ = run([req(0, 50, 10), req(1, 4, 1)], max_model_len=32, num_blocks=100)
     assert res.rejected == [(0, "prompt + output = 60 tokens exceeds max_model_len 32")]
     assert len(res.records) == 1 and not math.isnan(res.records.finish[0])
+
+
+@pytest.mark.parametrize("reserve", [True, False])
+def test_admission_reserves_the_whole_prompt_as_vllm_does(reserve):
+    """10 blocks of 4 tokens. A (prompt 20 -> 5 blocks) runs; B's prompt of 24 tokens needs 6 blocks in all
+    but only 4 for its first 16-token chunk. With the full-input reserve (vLLM's scheduler_reserve_full_isl)
+    B waits for blocks instead of starting a prefill it cannot finish; without it, B starts."""
+    s = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=16, block_size=4, num_blocks=10,
+                                             reserve_full_input=reserve))
+    a = s.add(req(0, 20, 2))
+    st = s.schedule(0.0)
+    assert st.plan == StepPlan((PrefillChunk(16, 0, False),))  # budget 16: A's first chunk, 4 blocks
+    s.complete(st, 1.0)
+    s.add(req(1, 24, 2))
+    st = s.schedule(1.0)
+    # A's last 4 prompt tokens (block 5); 12 budget left; 5 blocks free; B needs 6 for its whole prompt
+    if reserve:
+        assert st.plan == StepPlan((PrefillChunk(4, 16, True),)) and len(s.waiting) == 1
+    else:
+        assert st.plan == StepPlan((PrefillChunk(4, 16, True), PrefillChunk(12, 0, False))) and not s.waiting
+    assert a.computed == 16
