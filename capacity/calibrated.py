@@ -39,6 +39,9 @@ class OffGridWarning(UserWarning):
     """A calibrated lookup fell outside the measured grid and was extrapolated."""
 
 
+_MEMO_MAX = 1 << 16  # entries per table: bounded memory however long a simulation runs
+
+
 class _Table1D:
     def __init__(self, name: str, xs: list[int], ys: list[float | None]) -> None:
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
@@ -50,6 +53,7 @@ class _Table1D:
         # is lowered to the next larger size's time (running minimum from the large end).
         self.y = np.minimum.accumulate(np.array([p[1] for p in pts], dtype=float)[::-1])[::-1]
         self._f = PchipInterpolator(np.log(self.x), np.log(self.y)) if len(pts) > 1 else None
+        self._memo: dict[float, float] = {}  # in-grid lookups repeat (the same batch sizes step after step)
 
     def __call__(self, x: float, miss: Counter) -> float:
         if x <= 0:
@@ -61,7 +65,12 @@ class _Table1D:
         if x < lo:  # below the smallest measurement the time is flat (launch-bound)
             miss[self.name] += 1
             return float(self.y[0])
-        return float(np.exp(self._f(math.log(x)))) if self._f is not None else float(self.y[0])
+        v = self._memo.get(x)
+        if v is None:
+            v = float(np.exp(self._f(math.log(x)))) if self._f is not None else float(self.y[0])
+            if len(self._memo) < _MEMO_MAX:
+                self._memo[x] = v
+        return v
 
 
 class _Table2D:
@@ -78,6 +87,7 @@ class _Table2D:
         # More work never takes less time: each point becomes the minimum over the points with at least as
         # much of both coordinates (noise on a shared host would otherwise make interpolation non-monotone).
         grid = np.minimum.accumulate(np.minimum.accumulate(grid[::-1, ::-1], axis=0), axis=1)[::-1, ::-1]
+        self._memo: dict[tuple[float, float], float] = {}
         ax = (np.log(self.a), np.log1p(self.b))
         if len(a) > 1 and len(b) > 1:
             self._f = RegularGridInterpolator(ax, np.log(grid), method="linear")
@@ -106,7 +116,11 @@ class _Table2D:
         if (ca, cb) != (a, b):
             miss[self.name] += 1
         if self._f is not None:
-            t = float(np.exp(self._f((math.log(ca), math.log1p(cb)))))
+            t = self._memo.get((ca, cb))
+            if t is None:
+                t = float(np.exp(self._f((math.log(ca), math.log1p(cb)))))
+                if len(self._memo) < _MEMO_MAX:
+                    self._memo[(ca, cb)] = t
         else:
             i = int(np.abs(self.a - ca).argmin())
             j = int(np.abs(self.b - cb).argmin())
@@ -272,7 +286,12 @@ class CalibratedCost:
                           "extrapolated by roofline work scaling from the grid edge", OffGridWarning, stacklevel=3)
 
     def step_s(self, plan: StepPlan) -> float:
-        return math.fsum(self.breakdown(plan).values())
+        """The sum of `breakdown` without its GEMM/elementwise split (the simulator's hot path)."""
+        if plan.num_tokens == 0:
+            return 0.0
+        comp, sc = self.components(plan), self.scales
+        return math.fsum((sc.get("layers", 1.0) * comp["layers"], sc.get("prefill_attn", 1.0) * comp["prefill_attn"],
+                          sc.get("decode_attn", 1.0) * comp["decode_attn"], comp["communication"], self.overhead_s))
 
     def decode_run_s(self, contexts: tuple[int, ...], k: int) -> np.ndarray:
         """k decode-only steps of the same batch, contexts growing by one per step: everything but decode

@@ -53,3 +53,19 @@ def test_step_cost_by_profile_name_and_refusal_on_another_gpu():
     assert r.returncode != 0 and "h200" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("step-cost", "--model", "mistral-7b", "--profile", "llama-3.1-8b-h200", "--decode", "1x10")
     assert r.returncode != 0 and "llama-3.1-8b" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fast_step_cost_equals_its_breakdown_and_is_stable_under_the_memo():
+    import math
+
+    from calibrate.suite import to_plan
+    from capacity.calibrated import CalibratedCost
+    from capacity.model_card import load_model_card, resolve_model_path
+
+    (_, path, prof), = [x for x in bundled_profiles(model="llama-3.1-8b", gpu="h200") if x[0] == "llama-3.1-8b-h200"]
+    cost = CalibratedCost(prof, load_model_card(resolve_model_path("llama-3.1-8b")), gpu="h200")
+    plans = [to_plan(st.prefills, st.decodes) for st in prof.steps]
+    first = [cost.step_s(p) for p in plans]
+    assert [cost.step_s(p) for p in plans] == first  # memoised lookups return what was computed
+    for p, t in zip(plans, first):
+        assert t == pytest.approx(math.fsum(cost.breakdown(p).values()), rel=1e-12)
