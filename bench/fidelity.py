@@ -90,10 +90,11 @@ def wait_healthy(proc: subprocess.Popen, port: int, what: str, tries: int = 480)
     raise RuntimeError(f"{what} did not become healthy")
 
 
-def start_vllm(python: str, model_dir: str, port: int, log: Path) -> subprocess.Popen:
+def start_vllm(python: str, model_dir: str, port: int, log: Path, pin: str | None = None) -> subprocess.Popen:
     """vLLM's OpenAI server on the CPU with the KV cache, block size, token budget and batch cap of
-    VLLM_ENGINE; prefix caching off (prompts are distinct anyway); one OpenMP thread."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind",
+    VLLM_ENGINE; prefix caching off (prompts are distinct anyway); one OpenMP thread, bound to CPU `pin`
+    when given (the model's compute then does not share its core with the load client)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND=pin or "nobind",
                VLLM_CPU_KVCACHE_SPACE="1")
     e = VLLM_ENGINE
     cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model_dir, "--host", "127.0.0.1",
@@ -158,6 +159,8 @@ def main() -> int:
     ap.add_argument("--model-dir", default="/tmp/capacity-tiny-hf")
     ap.add_argument("--out")
     ap.add_argument("--from-runs", help="re-fit and predict from a saved <out>-runs.json.gz instead of measuring")
+    ap.add_argument("--pin", action="store_true",
+                    help="vLLM: bind the engine's compute thread to the last CPU and this client to the others")
     args = ap.parse_args()
     from bench.engines.tiny_hf import build
 
@@ -175,7 +178,15 @@ def main() -> int:
     if vllm:
         if not Path(args.vllm_python).is_file():
             raise SystemExit(f"--vllm-python {args.vllm_python}: not found (see this script's docstring)")
-        proc = start_vllm(args.vllm_python, args.model_dir, port, out_path.with_suffix(".server.log"))
+        pin = None
+        if args.pin:
+            cpus = sorted(os.sched_getaffinity(0))
+            if len(cpus) < 2:
+                raise SystemExit("--pin needs at least 2 CPUs")
+            pin = str(cpus[-1])
+        proc = start_vllm(args.vllm_python, args.model_dir, port, out_path.with_suffix(".server.log"), pin)
+        if pin is not None:  # after the start: vLLM's own processes keep every CPU
+            os.sched_setaffinity(0, set(cpus[:-1]))  # this process: the load client (and later the fit)
     else:
         proc = start_server(args.model_dir, port)
     url = f"http://127.0.0.1:{port}"
