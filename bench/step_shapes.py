@@ -75,7 +75,7 @@ def measure_cmd(args) -> int:
             print(f"{name:<32} eager {t.median_s * 1e3 if t else float('nan'):9.3f} ms", flush=True)
             del st
         save()
-        if card.moe is not None:
+        if not stack.capturable:
             rows_note = "MoE routing reads expert counts on the host, which graph capture forbids: eager only"
             for row in rows:
                 row["graph_error"] = rows_note

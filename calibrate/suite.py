@@ -157,20 +157,20 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
               cuda_graphs: bool | None = None) -> Profile:
     """Measure every table for `card` on `device`, fit, validate and (optionally) write the profile.
 
-    `cuda_graphs` (default: on for CUDA devices and cards without MoE layers) times every op-table point
+    `cuda_graphs` (default: on for CUDA devices when the stack can be captured) times every op-table point
     and whole step as the replay of a captured CUDA graph, as serving engines run their steps; eager
     timing on a GPU is dominated by Python launch time for small steps (measured on an H200, Llama-3.1-8B,
     one decode at 1k context: 19.3 ms eager vs 7.5 ms replayed). MoE routing reads expert counts on the
-    host, which capture forbids, so MoE cards are timed eagerly (a point whose capture fails falls back to
-    eager timing, and the profile counts those in its notes)."""
+    host, which capture forbids; on a GPU whose torch runs `torch._grouped_mm` (and agrees with the loop)
+    the stack routes on the device and runs the experts as two grouped GEMMs, which can be captured; else
+    MoE cards are timed eagerly (a point whose capture fails falls back to eager timing, and the profile
+    counts those in its notes)."""
     import torch
 
     from calibrate.stack import DecoderStack, resolve_device
     from calibrate.timing import maybe_graph, measure
 
     device = resolve_device(device)
-    if cuda_graphs is None:
-        cuda_graphs = device.startswith("cuda") and card.moe is None
     if cuda_graphs and not device.startswith("cuda"):
         raise ConfigError(f"--cuda-graphs: needs a CUDA device (got --device {device})")
     if threads is not None:
@@ -180,6 +180,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     max_context = min(max_context or card.max_position_embeddings, card.max_position_embeddings)
     grid = default_grid(device, quick, max_context)
     stack = DecoderStack(card, device, tp=tp, seed=seed, max_context=max_context)
+    if cuda_graphs is None:  # graphs when the stack can be captured (dense, or MoE with grouped GEMMs)
+        cuda_graphs = device.startswith("cuda") and stack.capturable
     s, dt, dev = stack.s, stack.dtype, device
     g = torch.Generator(device=dev).manual_seed(seed + 1)
 
@@ -230,7 +232,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
                 gu = rnd(n, 2 * width) if width else None
                 return lambda: target.elementwise(x, q, k, cos, sin, gu)
             if f == "router":
-                return lambda: moe.route(r)
+                return (lambda: moe.route_on_device(r)) if stack.moe_impl == "grouped" else (lambda: moe.route(r))
             if f in ("layer", "layer_moe"):
                 target = dense if f == "layer" else moe
 
@@ -391,7 +393,10 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
                         if eager_fallbacks else ""))
     elif dev.startswith("cuda"):
         notes.append("eager mode (no CUDA graphs): small steps include Python launch time"
-                     + ("; MoE routing synchronises with the host, which graph capture forbids" if card.moe else ""))
+                     + ("; MoE routing synchronises with the host, which graph capture forbids"
+                        if card.moe and not stack.capturable else ""))
+    if card.moe is not None:
+        notes.append(f"MoE experts: {'two grouped GEMMs (torch._grouped_mm), routing on the device' if stack.moe_impl == 'grouped' else 'a per-expert loop (expert counts read on the host)'}")
     shape = model_shape(card)
     data = {
         "schema_version": SCHEMA_VERSION,

@@ -459,9 +459,10 @@ def profiles(
                   "CUDA graphs" if r["cuda_graphs"] else "eager",
                   f"{r['holdout_median_abs_err']:.1%} of {r['holdout_steps']}" if r["holdout_median_abs_err"] is not None else "-",
                   r["date"][:10])
-    Console().print(t)
     if not rows:
         typer.echo("no bundled profile matches" + (f" --model {model}" if model else "") + (f" --gpu {gpu}" if gpu else ""))
+        return
+    Console().print(t)
 
 
 @app.command()
