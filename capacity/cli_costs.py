@@ -180,8 +180,9 @@ def profiles(
     from rich.table import Table
 
     t = Table(title="Bundled calibration profiles (use the name with --profile)", title_justify="left")
-    for col in ("name", "model", "device", "torch / CUDA", "timing", "held-out median |err|", "date"):
-        t.add_column(col)
+    t.add_column("name", no_wrap=True)  # what --profile takes: never truncated
+    for col in ("model", "device", "torch / CUDA", "timing", "held-out median |err|", "date"):
+        t.add_column(col, overflow="fold")
     for r in rows:
         t.add_row(r["name"], r["model"], r["device_name"], f"{r['torch']} / {r['cuda'] or '-'}",
                   "CUDA graphs" if r["cuda_graphs"] else "eager",
