@@ -50,7 +50,7 @@ def measure_cmd(args) -> int:
 
     from calibrate.stack import DecoderStack, resolve_device
     from calibrate.suite import device_info
-    from calibrate.timing import measure
+    from calibrate.timing import cuda_graph, measure
     from capacity.model_card import load_model_card, resolve_model_path
 
     card = load_model_card(resolve_model_path(args.model))
@@ -84,19 +84,11 @@ def measure_cmd(args) -> int:
             for row in rows:
                 st = stack.prepare(row["prefills"], expand(row["decodes"]))
                 try:
-                    side = torch.cuda.Stream(dev)
-                    side.wait_stream(torch.cuda.current_stream(dev))
-                    with torch.cuda.stream(side):
-                        for _ in range(3):
-                            stack.forward(st)
-                    torch.cuda.current_stream(dev).wait_stream(side)
-                    graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph):
-                        stack.forward(st)
-                    t = measure(graph.replay, dev, min_time_s=0.05, min_repeats=5)
+                    replay = cuda_graph(lambda: stack.forward(st), dev)  # the calibration suite's capture
+                    t = measure(replay, dev, min_time_s=0.05, min_repeats=5)
                     row["graph_s"] = t.median_s if t else None
                     print(f"{row['shape']:<32} graph {row['graph_s'] * 1e3:9.3f} ms", flush=True)
-                    del graph
+                    del replay
                 except Exception as exc:  # noqa: BLE001 -- record why a shape could not be captured
                     row["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                     print(f"{row['shape']:<32} graph capture failed: {row['graph_error']}", flush=True)
