@@ -23,8 +23,8 @@ st.set_page_config(page_title="capacity: LLM serving what-if", layout="wide")
 # ---- cached computations (inputs are plain data, so the cache keys are exact) -------------------------
 @st.cache_data(show_spinner=False)
 def load_card(source: str, text: str | None):
-    from capacity.config_io import validate
-    from capacity.model_card import ModelCard, from_hf_config, load_model_card, resolve_model_path
+    from capacity.files import validate
+    from capacity.model.card import ModelCard, from_hf_config, load_model_card, resolve_model_path
 
     if text is None:
         return load_model_card(resolve_model_path(source)).model_dump()
@@ -45,11 +45,11 @@ def load_card(source: str, text: str | None):
 
 @st.cache_data(show_spinner=False)
 def memory_budget(card: dict, gpu: str, engine: dict):
-    from capacity.config_io import validate
-    from capacity.engine import EngineConfig
-    from capacity.gpus import get_gpu
-    from capacity.memory import batch_context_table, budget, default_batches, default_contexts
-    from capacity.model_card import ModelCard
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.memory import batch_context_table, budget, default_batches, default_contexts
+    from capacity.files import validate
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
 
     b = budget(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"))
     return b.as_dict(), batch_context_table(b, default_batches(b.max_num_seqs), default_contexts(b.max_model_len))
@@ -57,59 +57,54 @@ def memory_budget(card: dict, gpu: str, engine: dict):
 
 @st.cache_data(show_spinner=False)
 def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, profile: str | None):
-    """One simulation with timelines (for the latency and timeline views)."""
-    from capacity.config_io import validate
-    from capacity.engine import EngineConfig
-    from capacity.gpus import get_gpu
-    from capacity.memory import budget
-    from capacity.model_card import ModelCard
-    from capacity.planner import step_cost
-    from capacity.scenario import run_scenario
+    """One simulation with timelines (for the latency and timeline views), through the run pipeline."""
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
     from capacity.workload import WorkloadSpec
 
-    c = ModelCard.model_validate(card)
-    cfg = validate(EngineConfig, engine, "engine")
-    b = budget(c, get_gpu(gpu), cfg)
-    res = run_scenario(b, step_cost(c, get_gpu(gpu).name, cfg.tensor_parallel_size, profile),
-                       WorkloadSpec.model_validate(workload), seed=seed)
+    dep = Deployment(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"),
+                     profile=profile)
+    res = run(dep, WorkloadSpec.model_validate(workload), RunOptions(seed=seed))
     r = res.sim.records
     return {"summary": res.summary.as_dict(), "ttft": (r.first_token - r.arrival).tolist(),
             "e2e": (r.finish - r.arrival).tolist(),
             "tpot": np.where(r.output_tokens > 1, (r.finish - r.first_token) / np.maximum(r.output_tokens - 1, 1),
                              np.nan).tolist(),
             "timeseries": res.sim.timeseries.tolist(), "saturated": res.sim.saturated, "saturation": res.sim.saturation,
-            "source": res.cost_source, "num_blocks": b.num_blocks}
+            "source": res.cost_source, "num_blocks": res.budget.num_blocks}
 
 
 @st.cache_data(show_spinner=False)
 def sim_points(card: dict, gpu: str, engines: list[dict], workloads: list[dict], profile: str | None):
-    from capacity.planner import SimTask, run_task
+    from capacity.plan.tasks import SimTask, run_task
 
     return [run_task(SimTask(card, gpu, e, w, 0, profile=profile)) for e, w in zip(engines, workloads)]
 
 
 @st.cache_data(show_spinner=False)
 def full_plan(scenario: dict, card: dict):
-    from capacity.model_card import ModelCard
-    from capacity.planner import Scenario, make_plan
-    from capacity.report import plan_dict
-    from capacity.sweep import SerialExecutor
+    from capacity.model.card import ModelCard
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, make_plan
 
     p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), SerialExecutor(cache=True))
-    return json.loads(json.dumps(plan_dict(p), default=float))
+    return json.loads(json.dumps(p.as_dict(), default=float))
 
 
 # ---- inputs --------------------------------------------------------------------------------------------
 @st.cache_data(show_spinner=False)
 def matching_profiles(model: str, gpu: str) -> list[str]:
     """Names of the bundled profiles measured for this model on this GPU (others would be refused)."""
-    from capacity.profile import bundled_profiles
+    from capacity.cost.profile import bundled_profiles
 
     return [name for name, _, _ in bundled_profiles(model, gpu)]
 
 
 def sidebar():
-    from capacity.gpus import catalogue
+    from capacity.model.gpus import catalogue
 
     sb = st.sidebar
     sb.header("Model")
@@ -199,7 +194,7 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile):
     wl = {**workload, "num_requests": min(workload["num_requests"], 1000)}
     with st.spinner("simulating max batch values..."):
         res = sim_points(card, gpu, engines, [wl] * len(seqs), profile)
-    p99 = [(r["ttft"].get("p99"), r["tpot"].get("p99")) if not r["saturated"] else (None, None) for r in res]
+    p99 = [(r.ttft.p99, r.tpot.p99) if not r.saturated else (None, None) for r in res]
     fig = go.Figure()
     fig.add_scatter(x=seqs, y=[None if t is None else t * 1e3 for t, _ in p99], name="P99 TTFT (ms)", mode="lines+markers")
     fig.add_scatter(x=seqs, y=[None if p is None else p * 1e3 for _, p in p99], name="P99 TPOT (ms)",
@@ -218,7 +213,7 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile):
                                           "max_num_batched_tokens": max(engine["max_num_batched_tokens"], s)})
                 ok = t is not None and t <= slo["ttft_s"] and p <= slo["tpot_s"]
                 row.append(1 if ok else 0)
-                trow.append(f"{r['tokens_per_s']:,.0f} tok/s" if not r["saturated"] else "saturated")
+                trow.append(f"{r.tokens_per_s:,.0f} tok/s" if not r.saturated else "saturated")
             except CapacityError:
                 row.append(-1)
                 trow.append("does not fit")
@@ -236,7 +231,7 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile):
     with st.spinner("simulating load levels..."):
         curve = sim_points(card, gpu, [engine] * len(rates),
                            [{**wl, "arrivals": {**workload["arrivals"], "rate_per_s": x}} for x in rates], profile)
-    pts = [(c["tokens_per_s"], c["ttft"]["p99"] * 1e3) for c in curve if not c["saturated"] and c["ttft"].get("n")]
+    pts = [(c.tokens_per_s, c.ttft.p99 * 1e3) for c in curve if not c.saturated and c.ttft.n]
     fig = go.Figure(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers",
                                text=[f"{x:.2f} req/s" for x in rates[:len(pts)]]))
     fig.update_layout(height=280, xaxis_title="output tokens/s", yaxis_title="P99 TTFT (ms)", margin=dict(t=10))
@@ -308,7 +303,7 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
         st.code(p["vllm_command"], language="bash")
         for t in p["tradeoffs"]:
             st.write("- " + t)
-        from capacity.export import write_review
+        from capacity.io.export import write_review
 
         with tempfile.TemporaryDirectory() as d:
             path = Path(d) / "capacity-review.xlsx"
@@ -325,6 +320,11 @@ def main():
     except CapacityError as exc:
         st.error(str(exc))
         return
+    with st.expander("Scenario behind these numbers (what the library receives)"):
+        # the exact inputs of capacity.pipeline.run / capacity.engine.memory.budget: paste into a script or a
+        # scenario file to get the same numbers from the CLI or the library
+        st.code(json.dumps({"scenario": {"model": card, "gpu": gpu, "engine": engine, "workload": workload,
+                                         "profile": profile, "seed": 0}}, indent=1), language="json")
     tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "Plan & export"])
     with tabs[0]:
         memory_view(b, table)

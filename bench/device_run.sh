@@ -44,7 +44,7 @@ fi
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version())"
 TAG=$("$PY" - "$DEVICE" <<'PY'
 import sys, torch
-from capacity.gpus import match_gpu
+from capacity.model.gpus import match_gpu
 d = sys.argv[1]
 if d.startswith("cuda") and torch.cuda.is_available():
     i = int(d.split(":")[1]) if ":" in d else 0

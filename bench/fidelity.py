@@ -36,8 +36,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from capacity.loadtest import counts, run_load, summarize_run  # noqa: E402
-from capacity.validate import compare, fit_engine, sim_summary, simulate_run  # noqa: E402
+from capacity.truth.fit import compare, fit_engine, sim_summary, simulate_run  # noqa: E402
+from capacity.truth.loadtest import counts, run_load, summarize_run  # noqa: E402
 from capacity.workload import Arrivals, Lengths, WorkloadSpec, fixed, generate  # noqa: E402
 
 ENGINE = {"num_blocks": 256, "block_size": 16, "max_num_batched_tokens": 256, "max_num_seqs": 256}

@@ -35,9 +35,9 @@ def main() -> int:
     from rich.table import Table
 
     from calibrate.stack import RankShapes
-    from capacity.gpus import get_gpu
-    from capacity.model_card import load_model_card, resolve_model_path
-    from capacity.profile import load_profile
+    from capacity.cost.profile import load_profile
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
 
     prof = load_profile(args.profile)
     if not prof.provenance.gpu:

@@ -33,14 +33,14 @@ def main() -> int:
     from calibrate.stack import resolve_device
     from calibrate.suite import device_info
     from calibrate.timing import measure
-    from capacity.gpus import get_gpu
+    from capacity.model.gpus import get_gpu
 
     dev = resolve_device(args.device)
     info = device_info(dev)
     n = args.size
     a = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=dev, dtype=torch.bfloat16)
-    t_mm = measure(lambda: a @ b, dev, warmup=3, min_repeats=10, min_time_s=0.2)
+    t_mm = measure(lambda a=a, b=b: a @ b, dev, warmup=3, min_repeats=10, min_time_s=0.2)
     flops = 2.0 * n ** 3 / t_mm.median_s
     del a, b
     elems = args.copy_mib * 2**20 // 2

@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from capacity.model_card import load_model_card  # noqa: E402
-from capacity.planner import Scenario, SearchSpec, make_plan  # noqa: E402
-from capacity.sweep import PoolExecutor  # noqa: E402
+from capacity.model.card import load_model_card  # noqa: E402
+from capacity.plan.executors import PoolExecutor  # noqa: E402
+from capacity.plan.planner import Scenario, SearchSpec, make_plan  # noqa: E402
 
 
 def timed(search: SearchSpec, workers: int) -> tuple[float, int, int]:

@@ -3,6 +3,8 @@ fast path, their agreement on every metric, and peak memory for a 100,000-reques
 
     python bench/sim_speed.py            # the issue's workload: Llama-3.1-8B-class roofline step cost on an
                                          # H100, 1024 in / 256 out, Poisson 4 req/s, batch cap 128, 10,000 requests
+    python bench/sim_speed.py --against 033dba8   # this tree vs an earlier commit, alternating runs in one
+                                                  # process each, same workload: prints the speed ratio
 
 A peer DES simulator does about 370 simulated req/s on this workload on this machine; the target is at least
 50x that (18,500/s). Prints a table and writes bench/results/sim_speed.json.
@@ -22,12 +24,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from capacity.costs import RooflineCost  # noqa: E402
-from capacity.gpus import get_gpu  # noqa: E402
-from capacity.metrics import summarize  # noqa: E402
-from capacity.model_card import load_model_card  # noqa: E402
-from capacity.scheduler import make_scheduler  # noqa: E402
-from capacity.simulator import SimConfig, simulate  # noqa: E402
+from capacity.cost.roofline import RooflineCost  # noqa: E402
+from capacity.model.card import load_model_card  # noqa: E402
+from capacity.model.gpus import get_gpu  # noqa: E402
+from capacity.sched import make_scheduler  # noqa: E402
+from capacity.sim.metrics import summarize  # noqa: E402
+from capacity.sim.simulator import SimConfig, simulate  # noqa: E402
 from capacity.workload import Arrivals, WorkloadSpec, fixed  # noqa: E402
 
 PEER_REQ_PER_S = 370.0
@@ -39,12 +41,89 @@ def run(n: int, fast: bool, seed: int = 0):
     cost = RooflineCost(card, get_gpu("h100-sxm"))
     spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=4.0), input_len=fixed(1024),
                         output_len=fixed(256), num_requests=n)
-    sched = lambda: make_scheduler("continuous", max_num_seqs=128, max_num_batched_tokens=8192,  # noqa: E731
+    sched = lambda: make_scheduler("continuous", max_num_seqs=128, max_num_batched_tokens=8192,
                                    block_size=16, num_blocks=27_703)
     t0 = time.perf_counter()
     res = simulate(spec, cost, sched, np.random.default_rng(seed), SimConfig(fast_forward=fast, timeseries=False))
     wall = time.perf_counter() - t0
     return res, wall
+
+
+AB_CHILD = r"""
+import json, sys, time
+tree, n, fast, reps = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
+sys.path.insert(0, tree)
+import numpy as np
+try:  # the layout since the run-pipeline restructuring
+    from capacity.cost.roofline import RooflineCost
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.sched import make_scheduler
+    from capacity.sim.simulator import SimConfig, simulate
+except ImportError:  # the flat layout before it
+    from capacity.costs import RooflineCost
+    from capacity.gpus import get_gpu
+    from capacity.model_card import load_model_card
+    from capacity.scheduler import make_scheduler
+    from capacity.simulator import SimConfig, simulate
+from capacity.workload import Arrivals, WorkloadSpec, fixed
+assert __import__("capacity").__file__.startswith(tree), "imported the wrong tree"
+card = load_model_card(tree + "/models/llama-3.1-8b.yaml")
+cost = RooflineCost(card, get_gpu("h100-sxm"))
+spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=4.0), input_len=fixed(1024), output_len=fixed(256),
+                    num_requests=n)
+walls = []
+for _ in range(reps):
+    sched = lambda: make_scheduler("continuous", max_num_seqs=128, max_num_batched_tokens=8192, block_size=16,
+                                   num_blocks=27_703)
+    t0 = time.perf_counter()
+    res = simulate(spec, cost, sched, np.random.default_rng(0), SimConfig(fast_forward=fast, timeseries=False))
+    walls.append(time.perf_counter() - t0)
+print(json.dumps({"wall_s": min(walls), "steps": res.steps, "finish_sum": float(np.nansum(res.records.finish))}))
+"""
+
+
+def against(rev: str, n: int, rounds: int) -> int:
+    """This tree vs `rev` on the same workload: alternating child processes, best of 3 runs each, per mode."""
+    import tempfile
+
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    with tempfile.TemporaryDirectory() as d:
+        base = Path(d) / "base"
+        base.mkdir()
+        archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], capture_output=True, check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True)
+        trees = {"base": str(base), "head": str(ROOT)}
+        best: dict[tuple[str, str], float] = {}
+        check: dict[tuple[str, str], tuple] = {}
+        for _ in range(rounds):
+            for mode, fast, count in (("fast path", "1", n), ("step by step", "0", max(1, n // 4))):
+                for name, tree in trees.items():
+                    out = subprocess.run([sys.executable, "-c", AB_CHILD, tree, str(count), fast, "3"],
+                                         capture_output=True, text=True, check=True)
+                    r = json.loads(out.stdout)
+                    best[(name, mode)] = min(best.get((name, mode), float("inf")), r["wall_s"])
+                    check[(name, mode)] = (r["steps"], r["finish_sum"])
+        cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
+                    if ln.startswith("model name")), "unknown CPU")
+        t = Table(title=f"Simulator speed, this tree vs {rev} ({cpu}; best of {3 * rounds} alternating runs)",
+                  title_justify="left")
+        for c in ("mode", f"{rev} s", "this tree s", "ratio (>1: faster now)", "same result"):
+            t.add_column(c, justify="right" if c != "mode" else "left")
+        out = {"against": rev, "cpu": cpu, "rows": []}
+        for mode in ("fast path", "step by step"):
+            a, b = best[("base", mode)], best[("head", mode)]
+            same = check[("base", mode)] == check[("head", mode)]
+            t.add_row(mode, f"{a:.3f}", f"{b:.3f}", f"{a / b:.3f}", "yes" if same else "NO")
+            out["rows"].append({"mode": mode, "base_s": a, "head_s": b, "speed_ratio": a / b, "same_result": same})
+        con.print(t)
+        path = ROOT / "bench/results/sim_speed_ab.json"
+        path.write_text(json.dumps(out, indent=1) + "\n")
+        con.print(f"wrote {path}")
+    return 0
 
 
 def main() -> int:
@@ -54,7 +133,11 @@ def main() -> int:
     ap.add_argument("--memory-requests", type=int, default=100_000)
     ap.add_argument("--out", default=str(ROOT / "bench/results/sim_speed.json"))
     ap.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    ap.add_argument("--against", metavar="REV", help="compare with this git revision, alternating runs")
+    ap.add_argument("--rounds", type=int, default=3, help="--against: alternating rounds")
     args = ap.parse_args()
+    if args.against:
+        return against(args.against, args.requests, args.rounds)
     if args.child:  # peak memory in a fresh process
         res, wall = run(args.child, True)
         print(json.dumps({"wall_s": wall, "maxrss_kib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,

@@ -21,9 +21,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from capacity.calibrated import CalibratedCost  # noqa: E402
-from capacity.model_card import load_model_card, resolve_model_path  # noqa: E402
-from capacity.profile import load_profile  # noqa: E402
+from capacity.cost.calibrated import CalibratedCost  # noqa: E402
+from capacity.cost.profile import load_profile  # noqa: E402
+from capacity.model.card import load_model_card, resolve_model_path  # noqa: E402
 
 
 def describe(st) -> str:
@@ -55,9 +55,10 @@ def main() -> int:
         source = args.write_profile or "(measured now)"
     cost = CalibratedCost(prof, card, tp=prof.tp, allow_mismatch=False, profile_path=str(source))
 
-    from calibrate.suite import to_plan
     from rich.console import Console
     from rich.table import Table
+
+    from capacity.cost.profile import to_plan
 
     rows = []
     for st in prof.steps:

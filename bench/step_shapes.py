@@ -51,7 +51,7 @@ def measure_cmd(args) -> int:
     from calibrate.stack import DecoderStack, resolve_device
     from calibrate.suite import device_info
     from calibrate.timing import cuda_graph, measure
-    from capacity.model_card import load_model_card, resolve_model_path
+    from capacity.model.card import load_model_card, resolve_model_path
 
     card = load_model_card(resolve_model_path(args.model))
     dev = resolve_device(args.device)
@@ -69,7 +69,7 @@ def measure_cmd(args) -> int:
     with torch.inference_mode():
         for name, pf, dc in shapes:
             st = stack.prepare(pf, expand(dc))
-            t = measure(lambda: stack.forward(st), dev, min_time_s=0.05, min_repeats=5)
+            t = measure(lambda st=st: stack.forward(st), dev, min_time_s=0.05, min_repeats=5)
             rows.append({"shape": name, "prefills": pf, "decodes": dc,
                          "eager_s": t.median_s if t else None, "eager_spread": t.spread if t else None})
             print(f"{name:<32} eager {t.median_s * 1e3 if t else float('nan'):9.3f} ms", flush=True)
@@ -84,12 +84,12 @@ def measure_cmd(args) -> int:
             for row in rows:
                 st = stack.prepare(row["prefills"], expand(row["decodes"]))
                 try:
-                    replay = cuda_graph(lambda: stack.forward(st), dev)  # the calibration suite's capture
+                    replay = cuda_graph(lambda st=st: stack.forward(st), dev)  # the calibration suite's capture
                     t = measure(replay, dev, min_time_s=0.05, min_repeats=5)
                     row["graph_s"] = t.median_s if t else None
                     print(f"{row['shape']:<32} graph {row['graph_s'] * 1e3:9.3f} ms", flush=True)
                     del replay
-                except Exception as exc:  # noqa: BLE001 -- record why a shape could not be captured
+                except Exception as exc:
                     row["graph_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
                     print(f"{row['shape']:<32} graph capture failed: {row['graph_error']}", flush=True)
                 del st
@@ -105,12 +105,11 @@ def report_cmd(args) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from calibrate.suite import to_plan
-    from capacity.calibrated import CalibratedCost
-    from capacity.costs import RooflineCost
-    from capacity.gpus import get_gpu
-    from capacity.model_card import load_model_card, resolve_model_path
-    from capacity.profile import load_profile
+    from capacity.cost.calibrated import CalibratedCost
+    from capacity.cost.profile import load_profile, to_plan
+    from capacity.cost.roofline import RooflineCost
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
 
     m = json.loads(Path(args.measured).read_text())
     card = load_model_card(resolve_model_path(args.model or m["model"]))

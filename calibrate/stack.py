@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from capacity.errors import ConfigError
-from capacity.model_card import ModelCard
+from capacity.model.card import ModelCard
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
@@ -288,7 +288,7 @@ class DecoderStack:
     def _probe_grouped(self) -> str:
         import torch
 
-        layer = next(l for l in self.layers if l.moe)
+        layer = next(x for x in self.layers if x.moe)
         if not hasattr(torch, "_grouped_mm"):
             return "loop"
         try:

@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from calibrate.grid import default_grid, random_steps
+from capacity.cost.profile import SCHEMA_VERSION, Profile, model_shape, shape_fingerprint, to_plan
 from capacity.errors import ConfigError
-from capacity.model_card import ModelCard
-from capacity.profile import SCHEMA_VERSION, Profile, model_shape, shape_fingerprint
+from capacity.model.card import ModelCard
 
 
 def device_info(device: str) -> dict:
     import torch
 
-    from capacity.gpus import match_gpu
+    from capacity.model.gpus import match_gpu
 
     info = {"device": device, "torch_version": torch.__version__, "cpu_threads": torch.get_num_threads()}
     if device.startswith("cuda"):
@@ -101,8 +101,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     def rnd(*shape):
         return torch.randn(*shape, generator=g, device=dev, dtype=dt)
 
-    dense = next((l for l in stack.layers if not l.moe), None)
-    moe = next((l for l in stack.layers if l.moe), None)
+    dense = next((x for x in stack.layers if not x.moe), None)
+    moe = next((x for x in stack.layers if x.moe), None)
     # Process warm-up: thread pools, oneDNN/cuBLAS kernel selection for the first shapes.
     with torch.inference_mode():
         warm = stack.prepare([(min(64, max_context), 0)], [min(64, max_context - 1)] * 4)
@@ -314,7 +314,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     data = {
         "schema_version": SCHEMA_VERSION,
         "provenance": {**info, "dtype": card.dtype,
-                       "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                       "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                        "host": socket.gethostname(), "command": command or " ".join(sys.argv), "quick": quick,
                        "cuda_graphs": cuda_graphs,
                        "notes": notes},
@@ -369,8 +369,8 @@ def fit_profile(profile: Profile, card: ModelCard) -> Profile:
     benchmark should say so rather than the fit hiding it. Components a card never exercises keep scale 1."""
     from scipy.optimize import least_squares
 
-    from capacity.calibrated import CalibratedCost
-    from capacity.profile import FIT_COMPONENTS
+    from capacity.cost.calibrated import CalibratedCost
+    from capacity.cost.profile import FIT_COMPONENTS
 
     fit_steps = [st for st in profile.steps if st.role == "fit"]
     if len(fit_steps) < len(FIT_COMPONENTS) + 1:
@@ -396,12 +396,6 @@ def fit_profile(profile: Profile, card: ModelCard) -> Profile:
     fit = {"scales": scales, "overhead_s": float(res.x[k]), "median_abs_rel_err": float(np.median(err)),
            "n_fit": len(fit_steps)}
     return Profile.model_validate({**profile.model_dump(), "fit": fit})
-
-
-def to_plan(prefills, decodes):
-    from capacity.costs import PrefillChunk, StepPlan
-
-    return StepPlan(tuple(PrefillChunk(int(c), int(k)) for c, k in prefills), tuple(int(d) for d in decodes))
 
 
 def write_profile(profile: Profile, out: Path) -> None:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 
 @dataclass(frozen=True)
@@ -66,7 +66,7 @@ def maybe_graph(fn: Callable[[], object], device: str, enabled: bool,
         return fn, False
     try:
         return (capture or cuda_graph)(fn, device), False
-    except Exception as exc:  # noqa: BLE001 -- any capture failure falls back to eager timing
+    except Exception as exc:
         if is_oom(exc):
             raise
         if device.startswith("cuda"):

@@ -6,7 +6,7 @@ MiB = 1024**2
 GB = 1e9
 
 # Bytes per element of each storage format. Sub-byte formats are fractional; their group scales are
-# counted separately by capacity.weights.
+# counted separately by capacity.model.weights.
 DTYPE_BYTES: dict[str, float] = {
     "fp32": 4.0,
     "bf16": 2.0,

@@ -11,7 +11,7 @@ MODELS = ROOT / "models"
 
 @pytest.fixture
 def card():
-    from capacity.model_card import load_model_card
+    from capacity.model.card import load_model_card
 
     return lambda name: load_model_card(MODELS / f"{name}.yaml")
 

@@ -1,18 +1,55 @@
-"""The dashboard through Streamlit's AppTest: the numbers it shows are the planner's and simulator's for
-the same scenario, edits update them, and a bad card is an error box, not a trace."""
+"""The dashboard through Streamlit's AppTest: the numbers it shows are the library's for the scenario it says it
+ran (read from the app, never copied into this test), edits update them, settings reach the run pipeline, and a
+bad card is an error box, not a trace. Widgets are found by their label, not their position."""
+import json
+
 import pytest
 
 from tests.conftest import ROOT
 
 pytest.importorskip("streamlit")  # in the dev extra: CI has it
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
-DEFAULT_ENGINE = {"tensor_parallel_size": 1, "max_num_seqs": 256, "max_model_len": 8192, "max_num_batched_tokens": 8192,
-                  "gpu_memory_utilization": 0.9, "block_size": 16, "kv_cache_dtype": "auto", "enable_chunked_prefill": True}
+from streamlit.testing.v1 import AppTest
 
 
 def metrics(at) -> dict:
     return {m.label: m.value for m in at.metric}
+
+
+def widget(at, kind: str, label: str):
+    found = [w for w in getattr(at.sidebar, kind) if w.label == label]
+    assert len(found) == 1, f"no single {kind} labelled {label!r}"
+    return found[0]
+
+
+def shown_scenario(at) -> dict:
+    """The scenario the app says its numbers come from (its 'Scenario behind these numbers' block)."""
+    blocks = [c.value for c in at.code if c.value.lstrip().startswith('{\n "scenario"')]
+    assert len(blocks) == 1
+    return json.loads(blocks[0])["scenario"]
+
+
+def library(sc: dict):
+    """The same scenario through the library: the memory budget and the run pipeline."""
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.memory import budget
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.workload import WorkloadSpec
+
+    dep = Deployment(ModelCard.model_validate(sc["model"]), get_gpu(sc["gpu"]),
+                     EngineConfig.model_validate(sc["engine"]), profile=sc["profile"])
+    b = budget(dep.card, dep.gpu, dep.engine)
+    return b, run(dep, WorkloadSpec.model_validate(sc["workload"]), RunOptions(seed=sc["seed"]))
+
+
+def assert_shows_library(at) -> None:
+    b, res = library(shown_scenario(at))
+    m = metrics(at)
+    assert m["KV tokens"] == f"{b.kv_tokens:,}" and m["KV blocks"] == f"{b.num_blocks:,}"
+    assert m["Max concurrency at max_model_len"] == f"{b.max_concurrency:.1f}"
+    assert m["P99 TTFT (ms)"] == f"{res.summary.ttft_s.p99 * 1e3:.1f}"
+    assert m["P99 TPOT (ms)"] == f"{res.summary.tpot_s.p99 * 1e3:.2f}"
 
 
 @pytest.fixture(scope="module")
@@ -22,46 +59,35 @@ def app():
     return at
 
 
-def _budget(gpu, **over):
-    from capacity.config_io import validate
-    from capacity.engine import EngineConfig
-    from capacity.gpus import get_gpu
-    from capacity.memory import budget
-    from capacity.model_card import load_model_card
-
-    return budget(load_model_card(ROOT / "models/llama-3.1-8b.yaml"), get_gpu(gpu),
-                  validate(EngineConfig, {**DEFAULT_ENGINE, **over}, "engine"))
-
-
 def test_default_numbers_equal_the_library(app):
-    m = metrics(app)
-    b = _budget("h100-sxm")
-    assert m["KV tokens"] == f"{b.kv_tokens:,}" and m["KV blocks"] == f"{b.num_blocks:,}"
-
-    from capacity.costs import RooflineCost
-    from capacity.gpus import get_gpu
-    from capacity.model_card import load_model_card
-    from capacity.scenario import run_scenario
-    from capacity.workload import WorkloadSpec
-
-    wl = WorkloadSpec.model_validate({"arrivals": {"kind": "poisson", "rate_per_s": 8.0, "cv": 1.0},
-                                      "input_len": {"kind": "fixed", "value": 1024},
-                                      "output_len": {"kind": "fixed", "value": 256}, "num_requests": 1000,
-                                      "classes": [{"slo_ttft_s": 1.5, "slo_tpot_s": 0.05}]})
-    res = run_scenario(b, RooflineCost(load_model_card(ROOT / "models/llama-3.1-8b.yaml"), get_gpu("h100-sxm")), wl,
-                       seed=0)
-    assert m["P99 TTFT (ms)"] == f"{res.summary.ttft_s['p99'] * 1e3:.1f}"
-    assert m["P99 TPOT (ms)"] == f"{res.summary.tpot_s['p99'] * 1e3:.2f}"
+    assert_shows_library(app)
 
 
 def test_editing_widgets_updates_the_numbers(app):
-    app.sidebar.selectbox[1].set_value("h200").run()  # the GPU
-    assert not app.exception
-    b = _budget("h200")
-    assert metrics(app)["KV tokens"] == f"{b.kv_tokens:,}"
-    app.sidebar.select_slider(key="max_len").set_value(32768).run()
-    b = _budget("h200", max_model_len=32768)
-    assert metrics(app)["Max concurrency at max_model_len"] == f"{b.max_concurrency:.1f}"
+    before = metrics(app)["KV tokens"]
+    gpu = widget(app, "selectbox", "GPU")
+    other = next(o for o in gpu.options if o not in (gpu.value, "l4", "t4", "a10g"))  # one that fits an 8B model
+    gpu.set_value(other).run()
+    assert not app.exception, [e.value for e in app.exception]
+    assert shown_scenario(app)["gpu"] == other and metrics(app)["KV tokens"] != before
+    assert_shows_library(app)
+    ctx = widget(app, "select_slider", "max_model_len")
+    ctx.set_value(next(o for o in ctx.options if int(o) != ctx.value and int(o) >= 16384)).run()
+    assert_shows_library(app)
+
+
+def test_chunked_prefill_setting_reaches_the_simulation():
+    """The dashboard offers chunked prefill: switching it off must change what is simulated (it used to be
+    ignored), and the numbers must still be the library's for that scenario."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    box = next(w for w in at.sidebar.checkbox if w.label == "chunked prefill")
+    assert box.value is True
+    on = shown_scenario(at)
+    box.set_value(False).run()
+    assert not at.exception, [e.value for e in at.exception]
+    off = shown_scenario(at)
+    assert on["engine"]["enable_chunked_prefill"] is True and off["engine"]["enable_chunked_prefill"] is False
+    assert_shows_library(at)
 
 
 def test_bad_card_is_an_error_box():
@@ -81,26 +107,17 @@ def test_oversized_paste_is_refused():
 
 
 def test_step_cost_sources_are_the_profiles_for_this_model_and_gpu():
+    from capacity.cost.profile import bundled_profiles
+
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
-    src = next(s for s in at.sidebar.selectbox if s.label == "step-cost source")
-    assert src.options == ["roofline"]  # llama-3.1-8b on the default h100-sxm: no bundled profile
-    at.sidebar.selectbox[1].set_value("h200").run()
-    src = next(s for s in at.sidebar.selectbox if s.label == "step-cost source")
-    assert src.options == ["roofline", "llama-3.1-8b-h200-eager", "llama-3.1-8b-h200"]
-    src.set_value("llama-3.1-8b-h200").run()
+    model = shown_scenario(at)["model"]["name"]
+    for gpu in ("h100-sxm", "h200"):
+        widget(at, "selectbox", "GPU").set_value(gpu).run()
+        src = widget(at, "selectbox", "step-cost source")
+        assert src.options == ["roofline"] + [name for name, _, _ in bundled_profiles(model, gpu)]
+    assert len(src.options) > 1  # the bundled H200 profiles of the default model
+    src.set_value(src.options[-1]).run()
     assert not at.exception, [e.value for e in at.exception]
-
-    from capacity.calibrated import CalibratedCost
-    from capacity.model_card import load_model_card
-    from capacity.profile import load_profile
-    from capacity.scenario import run_scenario
-    from capacity.workload import WorkloadSpec
-
-    path = ROOT / "calibrate/profiles/llama-3.1-8b-h200.json"
-    card = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
-    wl = WorkloadSpec.model_validate({"arrivals": {"kind": "poisson", "rate_per_s": 8.0, "cv": 1.0},
-                                      "input_len": {"kind": "fixed", "value": 1024},
-                                      "output_len": {"kind": "fixed", "value": 256}, "num_requests": 1000,
-                                      "classes": [{"slo_ttft_s": 1.5, "slo_tpot_s": 0.05}]})
-    res = run_scenario(_budget("h200"), CalibratedCost(load_profile(path), card, gpu="h200"), wl, seed=0)
-    assert metrics(at)["P99 TPOT (ms)"] == f"{res.summary.tpot_s['p99'] * 1e3:.2f}"
+    sc = shown_scenario(at)
+    assert sc["profile"] and sc["profile"].endswith(src.options[-1] + ".json")
+    assert_shows_library(at)

@@ -137,11 +137,11 @@ def test_slider_updates_the_page(server, browser, tmp_path):
 
 
 def _kv_tokens(util: float) -> int:
-    from capacity.config_io import validate
-    from capacity.engine import EngineConfig
-    from capacity.gpus import get_gpu
-    from capacity.memory import budget
-    from capacity.model_card import load_model_card
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.memory import budget
+    from capacity.files import validate
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
 
     eng = {"tensor_parallel_size": 1, "max_num_seqs": 256, "max_model_len": 8192, "max_num_batched_tokens": 8192,
            "gpu_memory_utilization": util, "block_size": 16, "kv_cache_dtype": "auto", "enable_chunked_prefill": True}

@@ -1,11 +1,12 @@
 """The measured profiles shipped in calibrate/profiles: provenance, how they are found by name, held-out
 accuracy of the calibrated model on their own whole-step timings, and refusal on another GPU or model."""
 import json
+from pathlib import Path
 
 import pytest
 
+from capacity.cost.profile import bundled_profiles, resolve_profile
 from capacity.errors import ConfigError
-from capacity.profile import bundled_profiles, resolve_profile
 from tests.conftest import ROOT, run_cli
 
 
@@ -33,13 +34,13 @@ def test_profiles_command_lists_them_with_held_out_accuracy():
 
 
 def test_a_profile_is_found_by_name_and_a_wrong_name_lists_the_bundled_ones():
-    assert resolve_profile("llama-3.1-8b-h200") == str(ROOT / "calibrate/profiles/llama-3.1-8b-h200.json")
+    assert Path(resolve_profile("llama-3.1-8b-h200")).resolve() == (ROOT / "calibrate/profiles/llama-3.1-8b-h200.json").resolve()
     with pytest.raises(ConfigError, match=r"profile 'llama-h100': no such file .*bundled: .*llama-3.1-8b-h200"):
         resolve_profile("llama-h100")
-    from capacity.planner import Scenario
+    from capacity.plan.planner import Scenario
 
     sc = Scenario.model_validate({"model": "llama-3.1-8b", "gpu": "h200", "profile": "llama-3.1-8b-h200"})
-    assert sc.profile.endswith("calibrate/profiles/llama-3.1-8b-h200.json")
+    assert sc.profile.endswith("profiles/llama-3.1-8b-h200.json")
 
 
 def test_step_cost_by_profile_name_and_refusal_on_another_gpu():
@@ -58,9 +59,9 @@ def test_step_cost_by_profile_name_and_refusal_on_another_gpu():
 def test_fast_step_cost_equals_its_breakdown_and_is_stable_under_the_memo():
     import math
 
-    from calibrate.suite import to_plan
-    from capacity.calibrated import CalibratedCost
-    from capacity.model_card import load_model_card, resolve_model_path
+    from capacity.cost.calibrated import CalibratedCost
+    from capacity.cost.profile import to_plan
+    from capacity.model.card import load_model_card, resolve_model_path
 
     (_, path, prof), = [x for x in bundled_profiles(model="llama-3.1-8b", gpu="h200") if x[0] == "llama-3.1-8b-h200"]
     cost = CalibratedCost(prof, load_model_card(resolve_model_path("llama-3.1-8b")), gpu="h200")

@@ -3,14 +3,13 @@ and every bad-input path named in the issue (unknown device, CUDA without CUDA, 
 schema version, another model)."""
 import json
 import warnings
-from pathlib import Path
 
 import pytest
 
-from capacity.calibrated import CalibratedCost, OffGridWarning
-from capacity.costs import PrefillChunk, StepPlan
+from capacity.cost.calibrated import CalibratedCost, OffGridWarning
+from capacity.cost.profile import SCHEMA_VERSION, ProfileMismatchWarning, load_profile
+from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.profile import SCHEMA_VERSION, Profile, ProfileMismatchWarning, load_profile
 from tests.conftest import MODELS, ROOT, run_cli
 
 torch = pytest.importorskip("torch")  # the dev extra installs torch==2.13.0; CI has it
@@ -18,7 +17,7 @@ torch = pytest.importorskip("torch")  # the dev extra installs torch==2.13.0; CI
 
 @pytest.fixture(scope="module")
 def tiny():
-    from capacity.model_card import load_model_card
+    from capacity.model.card import load_model_card
 
     return load_model_card(MODELS / "tiny.yaml")
 
@@ -75,11 +74,11 @@ def test_calibrated_cost_on_grid_points_is_the_table(quick_profile, tiny):
     b, ctx = prof.decode_batch[1], prof.decode_context[1]
     comp = raw.components(StepPlan(decode_contexts=(ctx,) * b))
     # 2-D tables are made monotone too: a point is the minimum over points with at least as much of both
-    quad = lambda t, i, j: min(v for row in t[i:] for v in row[j:] if v is not None)  # noqa: E731
+    quad = lambda t, i, j: min(v for row in t[i:] for v in row[j:] if v is not None)
     assert comp["decode_attn"] == pytest.approx(L * quad(prof.decode_attn, 1, 1), rel=1e-9)
     i = prof.tokens.index(b)
     # 1-D tables are made non-decreasing first (a point slower than a larger size takes that size's time)
-    mono = lambda col: min(col[i:])  # noqa: E731
+    mono = lambda col: min(col[i:])
     assert comp["layers"] == pytest.approx(L * mono(prof.linear["layer"]) + mono(prof.embed) + mono(prof.lm_head),
                                            rel=1e-9)
     c, k = prof.prefill_chunk[2], prof.prefill_cached[1]
@@ -101,7 +100,8 @@ def test_fitted_cost_applies_scales_and_overhead(quick_profile, tiny):
 
 def test_fit_recovers_known_scales(quick_profile, tiny):
     """Replace measured step times by a known law and check the fit finds it."""
-    from calibrate.suite import fit_profile, to_plan
+    from calibrate.suite import fit_profile
+    from capacity.cost.profile import to_plan
 
     prof, _ = quick_profile
     raw = CalibratedCost(prof.model_copy(update={"fit": None}), tiny, use_fit=False)

@@ -16,9 +16,9 @@ def test_help_does_not_import_torch():
 
 
 def test_memory_json_matches_library(card):
-    from capacity import memory as mem
-    from capacity.engine import EngineConfig
-    from capacity.gpus import get_gpu
+    from capacity.engine import memory as mem
+    from capacity.engine.config import EngineConfig
+    from capacity.model.gpus import get_gpu
 
     r = run_cli("memory", "--model", "models/llama-3.1-8b.yaml", "--gpu", "h100-sxm", "--tp", "2",
                 "--kv-dtype", "fp8", "--max-model-len", "16384", "--json")
@@ -100,6 +100,6 @@ def test_simulate_cli_json_and_saturation():
 
 def test_simulate_cli_bad_input_is_one_line():
     for args, msg in ((["--rate", "-1"], "rate_per_s"), (["--input-len", "abc", "--rate", "1"], "--input-len 'abc'"),
-                      (["--policy", "fifo", "--rate", "1"], "policy 'fifo'"), ([], "--rate is required")):
+                      (["--policy", "fifo", "--rate", "1"], "policy: Input should be 'continuous', 'priority', 'sjf' or 'static' (got 'fifo')"), ([], "--rate is required")):
         r = run_cli("simulate", "--model", "tiny", *args)
         assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

@@ -1,9 +1,10 @@
 """Roofline step cost: hand-computed limits (memory-bound decode, compute-bound prefill) and invariants."""
 import pytest
 
-from capacity.costs import PrefillChunk, RooflineCost, RooflineParams, StepPlan
-from capacity.gpus import get_gpu
-from capacity.weights import weight_bytes_per_rank
+from capacity.cost.roofline import RooflineCost, RooflineParams
+from capacity.cost.step import PrefillChunk, StepPlan
+from capacity.model.gpus import get_gpu
+from capacity.model.weights import weight_bytes_per_rank
 
 NO_FIXED = RooflineParams(kernel_launch_s=0.0, step_overhead_s=0.0, allreduce_latency_s=0.0)
 

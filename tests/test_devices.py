@@ -17,7 +17,7 @@ needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA device on this machine
 
 @pytest.fixture(scope="module")
 def tiny():
-    from capacity.model_card import load_model_card
+    from capacity.model.card import load_model_card
 
     return load_model_card(MODELS / "tiny.yaml")
 
@@ -78,8 +78,8 @@ def test_cached_prefill_chunk_matches_causal_attention_over_prefix(dev, tiny):
 @needs_cuda
 def test_quick_suite_on_the_gpu_writes_a_profile_for_that_gpu(tiny, tmp_path):
     from calibrate.suite import run_suite
-    from capacity.gpus import match_gpu
-    from capacity.profile import load_profile
+    from capacity.cost.profile import load_profile
+    from capacity.model.gpus import match_gpu
 
     out = tmp_path / "tiny-gpu.json"
     run_suite(tiny, "cuda:0", out, quick=True, progress=False, command="pytest")
@@ -119,9 +119,10 @@ def test_quick_suite_for_a_moe_card_fills_the_moe_tables(dev, tmp_path):
     """Every MoE code path of the stack (router, per-expert loop, MoE layer bodies) runs and is usable."""
     import warnings
 
-    from calibrate.suite import run_suite, to_plan
-    from capacity.calibrated import CalibratedCost
-    from capacity.model_card import load_model_card
+    from calibrate.suite import run_suite
+    from capacity.cost.calibrated import CalibratedCost
+    from capacity.cost.profile import to_plan
+    from capacity.model.card import load_model_card
 
     card = load_model_card(MODELS / "tiny-moe.yaml")
     prof = run_suite(card, dev, tmp_path / "moe.json", quick=True, progress=False, command="pytest")
@@ -175,7 +176,7 @@ def test_cuda_graphs_on_a_cpu_is_a_clear_error(tiny):
 def test_grouped_gemm_moe_equals_the_per_expert_loop(dev):
     """The capturable MoE path (on-device routing, two grouped GEMMs) computes what the loop computes."""
     from calibrate.stack import DecoderStack
-    from capacity.model_card import load_model_card
+    from capacity.model.card import load_model_card
 
     if not hasattr(torch, "_grouped_mm"):
         pytest.skip(f"torch {torch.__version__} has no _grouped_mm")

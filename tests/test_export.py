@@ -1,4 +1,5 @@
-"""The capacity-review workbook, read back with openpyxl; formulas recomputed by LibreOffice when present."""
+"""The capacity-review workbook, read back with openpyxl; formulas recomputed by LibreOffice when present. Cells
+are found by their labels, never by address, and expected values come from the plan itself."""
 import json
 import shutil
 import subprocess
@@ -6,7 +7,7 @@ import subprocess
 import pytest
 
 from capacity.errors import CapacityError
-from capacity.export import SHEETS, tables, write_review
+from capacity.io.export import SHEETS, tables, write_review
 from tests.conftest import ROOT, run_cli
 
 openpyxl = pytest.importorskip("openpyxl")  # in the dev extra: CI has it
@@ -16,16 +17,30 @@ GiB = 2**30
 
 @pytest.fixture(scope="module")
 def plan():
-    from capacity.model_card import load_model_card
-    from capacity.planner import Scenario, SearchSpec, make_plan
-    from capacity.report import plan_dict
-    from capacity.sweep import SerialExecutor
+    from capacity.model.card import load_model_card
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, SearchSpec, make_plan
+    from capacity.workload import WorkloadSpec
 
-    sc = Scenario(model="llama-3.1-8b", price_per_gpu_hour=2.5, target_rate_per_s=12.0,
+    # two classes with different output lengths: the workbook's cost must use the plan's class-weighted mean
+    wl = WorkloadSpec.model_validate({"classes": [{"name": "chat", "weight": 3},
+                                                  {"name": "long", "weight": 1,
+                                                   "output_len": {"kind": "fixed", "value": 1024}}]})
+    sc = Scenario(model="llama-3.1-8b", price_per_gpu_hour=2.5, target_rate_per_s=12.0, workload=wl,
                   search=SearchSpec(seeds=2, requests=300, max_num_seqs=[16, 64, 256], max_model_len=[4096, 131072],
                                     tp=[1]))
     p = make_plan(sc, load_model_card(ROOT / "models/llama-3.1-8b.yaml"), SerialExecutor(cache=False))
-    return json.loads(json.dumps(plan_dict(p), default=float))  # exactly what `plan --json` would save
+    return json.loads(json.dumps(p.as_dict(), default=float))  # exactly what `plan --json` would save
+
+
+def row_of(ws, label: str) -> int:
+    rows = [c.row for c in ws["A"] if c.value == label]
+    assert len(rows) == 1, f"{ws.title}: no single row labelled {label!r}"
+    return rows[0]
+
+
+def value(ws, label: str):
+    return ws.cell(row_of(ws, label), 2).value
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +69,9 @@ def test_values_equal_the_json_plan_and_are_numbers(book, plan):
     assert s["GPUs"] == plan["gpus"] and s["Replicas"] == plan["replicas"] and s["Tensor parallel size"] == plan["tp"]
     assert s["Target rate (requests/s)"] == 12.0 and s["SLO P99 TTFT (ms)"] == pytest.approx(1500)
     assert s["Verified P99 TTFT (ms)"] == pytest.approx(plan["verification"]["p_ttft_s"] * 1e3)
-    assert s["Price per GPU-hour (USD) - edit me"] == 2.5 and s["Cost per hour (USD)"] == "=B7*B10"
+    assert s["Price per GPU-hour (USD) - edit me"] == 2.5 and str(s["Cost per hour (USD)"]).startswith("=")
+    # the cost's denominator is the plan's class-weighted mean output length, not the base distribution's
+    assert s["Mean output tokens per request"] == pytest.approx(plan["mean_output_tokens"]) == 0.75 * 256 + 0.25 * 1024
     rows = list(wb["Frontier"].iter_rows(min_row=2, max_col=10, values_only=True))
     assert len(rows) == len(plan["frontier"])
     for row, cell in zip(rows, plan["frontier"]):
@@ -90,7 +107,7 @@ def test_never_overwrites_and_writes_atomically(plan, tmp_path, monkeypatch):
         write_review(path, plan)
     assert path.read_bytes() == before
 
-    import capacity.export as ex
+    import capacity.io.export as ex
 
     def boom(*a, **k):
         raise RuntimeError("disk full")
@@ -114,19 +131,23 @@ def _recalc(src, outdir):
 def test_formulas_recompute_in_libreoffice(book, plan, tmp_path):
     wb = _recalc(book, tmp_path / "a")
     s = wb["Summary"]
-    rate, out_tokens, gpus = 12.0, 256, plan["gpus"]
-    assert s["B11"].value == pytest.approx(gpus * 2.5)
-    assert s["B13"].value == pytest.approx(gpus * 2.5 / (rate * out_tokens * 3600) * 1e6)
-    assert s["B16"].value == pytest.approx(1500 - plan["verification"]["p_ttft_s"] * 1e3)
+    rate, gpus = plan["target_rate"], plan["gpus"]
+    assert value(s, "Cost per hour (USD)") == pytest.approx(gpus * 2.5)
+    assert value(s, "Cost per 1M output tokens (USD)") == pytest.approx(plan["cost_per_million_tokens"])
+    assert value(s, "Cost per 1M output tokens (USD)") == pytest.approx(
+        gpus * 2.5 / (rate * plan["mean_output_tokens"] * 3600) * 1e6)
+    assert value(s, "TTFT margin (ms)") == pytest.approx(1500 - plan["verification"]["p_ttft_s"] * 1e3)
     m = wb["Memory"]
-    assert m["B8"].value == pytest.approx(plan["budget"]["kv_budget_bytes"] / GiB)
+    derived = next(r for r in m.iter_rows(values_only=True) if r[0] and str(r[0]).startswith("KV budget re-derived"))
+    assert derived[1] == pytest.approx(plan["budget"]["kv_budget_bytes"] / GiB)
     # a reviewer edits the price: the cost follows
     wb2 = openpyxl.load_workbook(book)
-    wb2["Summary"]["B10"] = 4.0
+    ws = wb2["Summary"]
+    ws.cell(row_of(ws, "Price per GPU-hour (USD) - edit me"), 2).value = 4.0
     edited = tmp_path / "edited.xlsx"
     wb2.save(edited)
     s = _recalc(edited, tmp_path / "b")["Summary"]
-    assert s["B13"].value == pytest.approx(gpus * 4.0 / (rate * out_tokens * 3600) * 1e6)
+    assert value(s, "Cost per 1M output tokens (USD)") == pytest.approx(plan["cost_per_million_tokens"] * 4.0 / 2.5)
 
 
 def test_export_cli_from_a_saved_plan(plan, tmp_path):

@@ -2,7 +2,7 @@
 import pytest
 
 from capacity.errors import ConfigError
-from capacity.gpus import catalogue, get_gpu
+from capacity.model.gpus import catalogue, get_gpu
 from capacity.units import GiB
 
 REQUIRED = ["a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "b200", "l40s", "l4", "a10g", "rtx-4090",

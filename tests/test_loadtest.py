@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from capacity.loadtest import counts, run_load, summarize_run
+from capacity.truth.loadtest import counts, run_load, summarize_run
 from capacity.workload import Request
 from tests.conftest import ROOT, run_cli
 

@@ -3,12 +3,13 @@ import math
 
 import pytest
 
-from capacity import memory as mem
-from capacity.engine import EngineConfig, cudagraph_capture_sizes
+from capacity.engine import memory as mem
+from capacity.engine.config import EngineConfig
+from capacity.engine.vllm import cudagraph_capture_sizes
 from capacity.errors import ConfigError, DoesNotFit
-from capacity.gpus import GPU, get_gpu
+from capacity.model.gpus import GPU, get_gpu
+from capacity.model.weights import weight_bytes_per_rank
 from capacity.units import GiB
-from capacity.weights import weight_bytes_per_rank
 
 
 def custom_gpu(total_gib: float) -> GPU:

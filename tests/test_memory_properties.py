@@ -2,11 +2,11 @@
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from capacity import memory as mem
-from capacity.engine import EngineConfig
+from capacity.engine import memory as mem
+from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError
-from capacity.gpus import get_gpu
-from capacity.model_card import ModelCard
+from capacity.model.card import ModelCard
+from capacity.model.gpus import get_gpu
 
 
 @st.composite

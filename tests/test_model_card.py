@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from capacity.engine.memory import kv_bytes_per_token
 from capacity.errors import ConfigError
-from capacity.memory import kv_bytes_per_token
-from capacity.model_card import load_model_card
+from capacity.model.card import load_model_card
 
 from .conftest import MODELS, ROOT
 

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from capacity.errors import CapacityError, ConfigError
-from capacity.planner import Planner, Scenario, SearchSpec, SimTask, SLOSpec, make_plan
-from capacity.sweep import PoolExecutor, SerialExecutor, grid, make_executor, parse_axis
+from capacity.plan.executors import PoolExecutor, SerialExecutor, make_executor
+from capacity.plan.planner import Planner, Scenario, SearchSpec, SimTask, SLOSpec, make_plan
+from capacity.plan.sweep import grid, parse_axis
 from capacity.workload import Arrivals, WorkloadSpec, fixed
 from tests.conftest import ROOT, run_cli
 
@@ -18,7 +19,7 @@ WL = WorkloadSpec(input_len=fixed(1024), output_len=fixed(128))
 
 @pytest.fixture(scope="module")
 def card8b():
-    from capacity.model_card import load_model_card
+    from capacity.model.card import load_model_card
 
     return load_model_card(ROOT / "models/llama-3.1-8b.yaml")
 
@@ -36,9 +37,9 @@ def plan(card8b):
 
 
 def test_plan_is_consistent_and_its_recommendation_passes_a_fresh_simulation(plan):
-    assert plan.verification["passed"] and plan.verification["seeds"] == [1000, 1001]
+    assert plan.verification.passed and plan.verification.seeds == [1000, 1001]
     assert plan.gpus == plan.tp * plan.replicas
-    assert plan.replicas == plan.verification["replicas"]
+    assert plan.replicas == plan.verification.replicas
     best = next(r for r in plan.searches if r.tp == plan.tp)
     assert best.max_rate < best.failed_rate <= best.max_rate * 1.1 + 1e-9  # the bracket meets the tolerance
     assert best.max_rate < best.capacity_rate * 1.05
@@ -61,11 +62,11 @@ def test_frontier_cells_fit_or_say_why(plan):
 
 
 def _p99(card, rate, seeds=(0, 1, 2)):
-    from capacity.planner import run_task
+    from capacity.plan.planner import run_task
 
     wl = WL.model_copy(update={"arrivals": Arrivals(rate_per_s=rate), "num_requests": 600}).model_dump()
     res = [run_task(SimTask(card.model_dump(), "h100-sxm", {"max_num_seqs": 64}, wl, s)) for s in seeds]
-    return np.mean([r["ttft"]["p99"] for r in res]), np.mean([r["tpot"]["p99"] for r in res])
+    return np.mean([r.ttft.p99 for r in res]), np.mean([r.tpot.p99 for r in res])
 
 
 def test_more_load_never_lowers_p99(card8b):
@@ -80,15 +81,15 @@ def test_looser_slo_never_lowers_the_max_rate(card8b):
     out = []
     for slo in (SLOSpec(ttft_s=0.3, tpot_s=0.02), SLOSpec(ttft_s=1.0, tpot_s=0.03), SLOSpec(ttft_s=3.0, tpot_s=0.06)):
         p = Planner(scenario(slo=slo), card8b, ex)
-        out.append(p.rate_search(p.engine_dict(1), 1, 256).max_rate)
+        out.append(p.rate_search(p.engine(1), 1, 256).max_rate)
     assert out[0] <= out[1] * 1.1 and out[1] <= out[2] * 1.1
 
 
 def test_more_gpus_per_replica_never_raise_the_replicas(card8b):
     ex = SerialExecutor(cache=False)
     p = Planner(scenario(), card8b, ex)
-    r1 = p.rate_search(p.engine_dict(1), 1, 256)
-    r2 = p.rate_search(p.engine_dict(2), 2, 256)
+    r1 = p.rate_search(p.engine(1), 1, 256)
+    r2 = p.rate_search(p.engine(2), 2, 256)
     assert math.ceil(40 / r2.max_rate) <= math.ceil(40 / r1.max_rate)
 
 
@@ -106,9 +107,9 @@ def test_pool_and_serial_agree_and_the_cache_serves_reruns(card8b, tmp_path):
         b = pool.run(tasks)
     finally:
         pool.close()
-    assert [x["ttft"]["p99"] for x in a] == [x["ttft"]["p99"] for x in b]
+    assert [x.ttft.p99 for x in a] == [x.ttft.p99 for x in b]
     again = SerialExecutor(cache=tmp_path)
-    assert again.run(tasks) == json.loads(json.dumps(a, default=float)) and again.hits == 3 and again.misses == 0
+    assert again.run(tasks) == a and again.hits == 3 and again.misses == 0  # typed results read back equal
 
 
 def test_ray_executor_runs_on_a_local_ray(card8b):
@@ -117,7 +118,7 @@ def test_ray_executor_runs_on_a_local_ray(card8b):
     ex = make_executor("ray", progress=False, cache=False)
     got = ex.run(tasks)
     want = SerialExecutor(cache=False).run(tasks)
-    assert [x["e2e"]["p99"] for x in got] == [x["e2e"]["p99"] for x in want]
+    assert [x.e2e.p99 for x in got] == [x.e2e.p99 for x in want]
 
 
 # ---- sweeps ------------------------------------------------------------------------------------------

@@ -1,10 +1,8 @@
 """Reliability: bad input through the real CLI (one line, exit 1, names the field and value), property-based
 loaders, determinism, the result cache (keys, corruption, interruption). docs/reliability.md lists every case
 and the test that backs it."""
-import json
 import math
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -72,12 +70,13 @@ junk = st.one_of(st.integers(-10**13, 10**13), st.floats(allow_nan=True, allow_i
 def test_any_field_value_is_valid_or_a_clear_error(field, value):
     """Replace one field of a valid card by anything: either a valid card whose memory budget keeps its
     invariants, or a ConfigError naming that field; never another exception."""
-    from capacity.config_io import validate
-    from capacity.engine import EngineConfig
-    from capacity.gpus import get_gpu
-    from capacity.memory import budget
-    from capacity.model_card import ModelCard
     import yaml
+
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.memory import budget
+    from capacity.files import validate
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
 
     data = yaml.safe_load(TINY)
     data[field] = value
@@ -106,8 +105,8 @@ def test_same_scenario_and_seed_give_byte_identical_json():
 
 # ---- the cache -----------------------------------------------------------------------------------------------
 def _tasks(n=4, profile=None):
-    from capacity.model_card import load_model_card
-    from capacity.planner import SimTask
+    from capacity.model.card import load_model_card
+    from capacity.plan.planner import SimTask
     from capacity.workload import Arrivals, WorkloadSpec
 
     card = load_model_card(ROOT / "models/tiny.yaml").model_dump()
@@ -134,7 +133,7 @@ def test_cache_key_covers_version_and_profile_contents(tmp_path):
 
 
 def test_corrupted_cache_entry_is_recomputed(tmp_path):
-    from capacity.sweep import SerialExecutor
+    from capacity.plan.executors import SerialExecutor
 
     tasks = _tasks(2)
     first = SerialExecutor(cache=tmp_path).run(tasks)
@@ -142,12 +141,12 @@ def test_corrupted_cache_entry_is_recomputed(tmp_path):
     ex = SerialExecutor(cache=tmp_path)
     again = ex.run(tasks)
     assert ex.hits == 1 and ex.misses == 1
-    assert again[0]["ttft"]["p99"] == pytest.approx(first[0]["ttft"]["p99"])
+    assert again[0].ttft.p99 == pytest.approx(first[0].ttft.p99)
 
 
 def test_interrupted_sweep_keeps_a_consistent_cache_and_resumes(tmp_path, monkeypatch):
-    import capacity.planner as planner
-    from capacity.sweep import SerialExecutor
+    import capacity.plan.executors as planner  # where the executors look run_task up
+    from capacity.plan.executors import SerialExecutor
 
     tasks = _tasks(4)
     real = planner.run_task
@@ -166,7 +165,7 @@ def test_interrupted_sweep_keeps_a_consistent_cache_and_resumes(tmp_path, monkey
     monkeypatch.setattr(planner, "run_task", real)
     ex = SerialExecutor(cache=tmp_path)
     out = ex.run(tasks)
-    assert ex.hits == 2 and ex.misses == 2 and all(o["ttft"]["n"] > 0 for o in out)
+    assert ex.hits == 2 and ex.misses == 2 and all(o.ttft.n > 0 for o in out)
 
 
 def test_yaml_is_loaded_safely(tmp_path):

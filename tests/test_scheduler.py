@@ -6,10 +6,10 @@ import math
 import numpy as np
 import pytest
 
-from capacity.costs import LinearCost, PrefillChunk, StepPlan
+from capacity.cost.step import LinearCost, PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.scheduler import ContinuousConfig, ContinuousScheduler, StaticConfig, StaticScheduler, make_scheduler
-from capacity.simulator import SimConfig, simulate
+from capacity.sched import ContinuousConfig, ContinuousScheduler, StaticConfig, make_scheduler
+from capacity.sim.simulator import SimConfig, simulate
 from capacity.workload import Request
 
 COST = LinearCost(fixed_s=1.0, per_token_s=0.1)
@@ -44,7 +44,7 @@ def test_continuous_chunked_prefill_trace():
     st = s.schedule(4.4)
     assert st.plan == StepPlan((PrefillChunk(2, 0, True),)) and c.first_scheduled_s == 4.4
     s.complete(st, 5.6)
-    assert c.finish_s == 5.6 and not s.has_work and s.pool.used == 0
+    assert c.finish_s == 5.6 and not s.has_work and s.kv_blocks_used == 0
 
 
 def test_same_trace_through_the_simulator():
@@ -63,13 +63,13 @@ def test_preemption_by_recompute_of_the_newest():
     s = ContinuousScheduler(ContinuousConfig(max_num_seqs=4, max_num_batched_tokens=100, block_size=2, num_blocks=4))
     a, b = s.add(req(0, 3, 3)), s.add(req(1, 3, 3))
     s.complete(s.schedule(0), 1.6)  # both prefills: 2 blocks each, pool empty
-    assert s.pool.free == 0
+    assert s.kv.num_free_blocks == 0
     s.complete(s.schedule(1.6), 2.8)  # decodes at context 3 fit in the held blocks
     st = s.schedule(2.8)  # A needs a 3rd block: B (newest) is preempted, its 2 blocks freed
     assert st.preempted == [b] and b.computed == 0 and b.preemptions == 1
     assert st.plan == StepPlan((), (4,))  # no admission in a step that preempted
     _, done = s.complete(st, 3.9)
-    assert done == [a] and s.pool.free == 4
+    assert done == [a] and s.kv.num_free_blocks == 4
     st = s.schedule(3.9)  # B recomputes prompt + its 2 outputs = 5 tokens, and samples its 3rd token
     assert st.plan == StepPlan((PrefillChunk(5, 0, True),))
     _, done = s.complete(st, 5.4)
@@ -112,12 +112,12 @@ def test_prefix_caching_skips_cached_blocks():
                                              num_blocks=100, prefix_caching=True))
     a = s.add(req(0, 20, 1, group=7, prefix=10))
     s.complete(s.schedule(0), 1)  # A computes all 20; its 2 full prefix blocks (8 tokens) join the cache
-    assert s.pool.cached[7] == 2
+    assert s.kv.cached_prefix_blocks(7) == 2
     b = s.add(req(1, 30, 1, group=7, prefix=10))
     st = s.schedule(1)
     assert b.computed == 8 and st.plan == StepPlan((PrefillChunk(22, 8, True),))
     s.complete(st, 2)
-    assert s.pool.used == 2 and s.pool.evictable == 2  # only the cached prefix stays, evictable when unused
+    assert s.kv_blocks_used == 2 and s.kv.num_evictable_blocks == 2  # only the cached prefix stays, evictable when unused
     assert a.finish_s == 1
 
 

@@ -1,15 +1,15 @@
 """The simulator against closed-form queueing results, Little's law, the fast path against step-by-step,
 static batching's batch-size/P99 trade-off, saturation, closed loops and routing."""
-import math
 
 import numpy as np
 import pytest
 
-from capacity.costs import LinearCost, RooflineCost
-from capacity.gpus import get_gpu
-from capacity.metrics import summarize
-from capacity.scheduler import make_scheduler
-from capacity.simulator import SimConfig, littles_law, simulate
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.step import LinearCost
+from capacity.model.gpus import get_gpu
+from capacity.sched import make_scheduler
+from capacity.sim.metrics import summarize
+from capacity.sim.simulator import SimConfig, littles_law, simulate
 from capacity.workload import Arrivals, Request, WorkloadSpec, fixed
 
 
@@ -62,7 +62,7 @@ def roofline(card):
 
 @pytest.fixture(scope="module")
 def card():
-    from capacity.model_card import load_model_card
+    from capacity.model.card import load_model_card
     from tests.conftest import MODELS
 
     return lambda name: load_model_card(MODELS / f"{name}.yaml")
@@ -103,7 +103,7 @@ def test_fast_forward_agrees_with_step_by_step(roofline):
     assert fast.steps == slow.steps
     for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s"):
         for stat in ("mean", "p50", "p90", "p99"):
-            assert getattr(sf, key)[stat] == pytest.approx(getattr(ss, key)[stat], rel=5e-3, abs=1e-9), (key, stat)
+            assert getattr(sf, key).stat(stat) == pytest.approx(getattr(ss, key).stat(stat), rel=5e-3, abs=1e-9), (key, stat)
     assert sf.output_tokens_per_s == pytest.approx(ss.output_tokens_per_s, rel=5e-3)
     np.testing.assert_allclose(fast.records.finish, slow.records.finish, rtol=1e-9)
 
@@ -117,11 +117,11 @@ def test_static_batching_p99_rises_with_batch_size(roofline):
                         output_len=fixed(64), num_requests=400)
     p99 = []
     for b in (1, 4, 16):
-        res = simulate(spec, roofline, lambda: make_scheduler("static", max_batch=b, max_wait_s=30.0),
+        res = simulate(spec, roofline, lambda b=b: make_scheduler("static", max_batch=b, max_wait_s=30.0),
                        np.random.default_rng(5))
         assert not res.saturated
         s = summarize(res.records, res.itl_values, res.itl_weights, np.random.default_rng(0), ci=False)
-        p99.append(s.ttft_s["p99"])
+        p99.append(s.ttft_s.p99)
     assert p99[0] < p99[1] < p99[2]
     assert p99[2] > 10.0  # ~15 arrivals at 1/s before a batch of 16 starts
 
@@ -160,7 +160,7 @@ def test_least_outstanding_beats_round_robin_on_skewed_lengths():
     n = 4000
     t = np.cumsum(rng.exponential(1 / 150.0, n))
     toks = np.where(rng.random(n) < 0.1, 50, 1)  # service 0.5 s or 0.01 s
-    reqs = lambda: [Request(i, float(t[i]), int(toks[i]), 1) for i in range(n)]  # noqa: E731
+    reqs = lambda: [Request(i, float(t[i]), int(toks[i]), 1) for i in range(n)]
     waits = {}
     for router in ("round_robin", "least_outstanding"):
         res = simulate(reqs(), LinearCost(per_token_s=0.01), one_at_a_time, np.random.default_rng(0),

@@ -5,8 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from capacity.costs import LinearCost
-from capacity.validate import compare, fit_engine, load_fit, per_request, save_fit, sim_summary, simulate_run
+from capacity.cost.step import LinearCost
+from capacity.truth.fit import compare, fit_engine, load_fit, per_request, save_fit, sim_summary, simulate_run
 
 SCHED = {"num_blocks": 128, "block_size": 32, "max_num_batched_tokens": 256, "max_num_seqs": 32}
 TRUTH = LinearCost(2.0e-3, 6.0e-5, 3.0e-8, 4.0e-10, per_seq_s=1.0e-4)
@@ -58,7 +58,7 @@ def test_fit_recovers_the_front_end_and_predicts_another_workload(tmp_path, atte
 
 
 def test_attention_kinds_count_pairs_as_their_kernels_do():
-    from capacity.costs import PrefillChunk, StepPlan
+    from capacity.cost.step import PrefillChunk, StepPlan
 
     plan = StepPlan((PrefillChunk(4, 10),), (99, 9))  # 4 new on 10 cached; decodes at 99 and 9
     packed = LinearCost(per_pair_s=1.0, attention="packed").step_s(plan)

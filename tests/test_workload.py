@@ -74,7 +74,7 @@ def test_bad_traces_name_the_row(tmp_path, text, msg):
 
 
 def test_invalid_specs_are_rejected_by_field():
-    from capacity.config_io import validate
+    from capacity.files import validate
 
     with pytest.raises(ConfigError, match="arrivals.rate_per_s"):
         validate(WorkloadSpec, {"arrivals": {"kind": "poisson", "rate_per_s": -2}}, "w.yaml")

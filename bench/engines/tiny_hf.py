@@ -22,7 +22,7 @@ def build(card_path: str, out: str, seed: int = 0) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    from capacity.model_card import load_model_card, resolve_model_path
+    from capacity.model.card import load_model_card, resolve_model_path
 
     card = load_model_card(resolve_model_path(card_path))
     out_dir = Path(out)

@@ -1,7 +1,6 @@
 """Record the golden outputs (see cases.py). Run from the repository root: python -m tests.golden.record [NAME...]"""
 import json
 import sys
-from pathlib import Path
 
 from tests.conftest import ROOT, run_cli
 from tests.golden.cases import CASES

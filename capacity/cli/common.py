@@ -1,0 +1,94 @@
+"""Shared pieces of the `capacity` command line: the typer app, option types, and the helpers that turn flags
+into typed configuration. Command modules import this; nothing here imports a command module."""
+from __future__ import annotations
+
+import math
+from typing import Annotated, Optional
+
+import typer
+
+from capacity.errors import CapacityError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Predict GPU memory, concurrency and GPU count for LLM serving (vLLM-faithful).")
+
+ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model card YAML, HF config.json, or bundled card name")]
+GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="GPU catalogue name (see `capacity gpus`) or GPU YAML")]
+TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size")]
+KvOpt = Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")]
+WOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Override weight format: bf16, fp16, fp8, int8, int4")]
+GroupOpt = Annotated[Optional[int], typer.Option("--quant-group-size", help="Group size for int4 (default 128)")]
+UtilOpt = Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")]
+LenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="Max context (default: the model's)")]
+SeqOpt = Annotated[Optional[int], typer.Option("--max-num-seqs", help="Max batch (default: vLLM's rule)")]
+MnbtOpt = Annotated[Optional[int], typer.Option("--max-num-batched-tokens", help="Token budget per step")]
+BlockOpt = Annotated[Optional[int], typer.Option("--block-size", help="KV block size in tokens")]
+EagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs")]
+NoChunkOpt = Annotated[bool, typer.Option("--no-chunked-prefill", help="Disable chunked prefill")]
+ContigOpt = Annotated[bool, typer.Option("--contiguous", help="Contiguous (non-paged) KV reservation")]
+GraphInOpt = Annotated[bool, typer.Option("--cuda-graphs-in-budget",
+                                          help="As VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1")]
+ActOpt = Annotated[Optional[float], typer.Option("--activation-gib", help="Measured activation peak, GiB")]
+NtOpt = Annotated[Optional[float], typer.Option("--non-torch-gib", help="Measured non-torch memory, GiB")]
+CgOpt = Annotated[Optional[float], typer.Option("--cuda-graph-gib", help="Measured CUDA-graph memory, GiB")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+
+
+def load_card(model: str, weight_dtype: str | None = None, group: int | None = None):
+    """A model card from a path, a bundled name or a config.json, with an optional weight-format override."""
+    from capacity.model.card import load_model_card, resolve_model_path
+
+    card = load_model_card(resolve_model_path(model))
+    if weight_dtype is not None:
+        card = card.with_overrides(weight_dtype=weight_dtype,
+                                   quant_group_size=group or (128 if weight_dtype == "int4" else None))
+    return card
+
+
+def engine_config(source: str = "options", **fields):
+    """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+
+    return validate(EngineConfig, {k: v for k, v in fields.items() if v is not None}, source)
+
+
+def _scenario(model, gpu, tp, kv_dtype, weight_dtype, group, util, max_model_len, max_num_seqs, mnbt, block,
+              eager, no_chunk, contiguous, graphs_in, act_gib, nt_gib, cg_gib):
+    from capacity.model.gpus import get_gpu
+    from capacity.units import GiB
+
+    card = load_card(model, weight_dtype, group)
+    for name, val in (("--activation-gib", act_gib), ("--non-torch-gib", nt_gib), ("--cuda-graph-gib", cg_gib)):
+        if val is not None and (val < 0 or not math.isfinite(val)):
+            raise CapacityError(f"{name}: must be a finite number >= 0 (got {val})")
+    cfg = engine_config(
+        tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=util,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
+        block_size=block, enforce_eager=eager, enable_chunked_prefill=not no_chunk,
+        paged_kv=not contiguous, cuda_graphs_in_budget=graphs_in,
+        activation_bytes=None if act_gib is None else act_gib * GiB,
+        non_torch_bytes=None if nt_gib is None else nt_gib * GiB,
+        cuda_graph_bytes=None if cg_gib is None else cg_gib * GiB)
+    return card, get_gpu(gpu), cfg
+
+
+def _lengths(flag: str, value: str):
+    """'1024' (fixed), '128-2048' (uniform), 'lognormal:MEAN:CV'."""
+    from capacity.files import validate
+    from capacity.workload import Lengths
+
+    v = value.strip().lower()
+    try:
+        if v.startswith("lognormal:"):
+            _, mean, cv = v.split(":")
+            data = {"kind": "lognormal", "mean": float(mean), "cv": float(cv)}
+        elif "-" in v:
+            lo, hi = v.split("-")
+            data = {"kind": "uniform", "low": int(lo), "high": int(hi)}
+        else:
+            data = {"kind": "fixed", "value": int(v)}
+    except ValueError:
+        raise CapacityError(f"{flag} {value!r}: expected N, LOW-HIGH or lognormal:MEAN:CV") from None
+    return validate(Lengths, data, flag)
+

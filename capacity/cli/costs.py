@@ -1,0 +1,178 @@
+"""`capacity calibrate`, `capacity step-cost` and `capacity profiles`: measured step costs and their use."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Annotated, Optional
+
+import typer
+
+from capacity.cli.common import JsonOpt, ModelOpt, TpOpt, app
+from capacity.errors import CapacityError
+
+
+@app.command()
+def calibrate(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Model card (not needed with --from-run)")] = None,
+    device: Annotated[str, typer.Option("--device", help="torch device: cpu, cuda, cuda:N")] = "cpu",
+    out: Annotated[Optional[str], typer.Option("--out", "-o", help="Profile JSON to write")] = None,
+    tp: TpOpt = 1,
+    quick: Annotated[bool, typer.Option("--quick", help="Small grids (seconds): for tests and smoke runs")] = False,
+    threads: Annotated[Optional[int], typer.Option("--threads", help="CPU threads for torch (recorded)")] = None,
+    max_context: Annotated[Optional[int], typer.Option("--max-context", help="Largest context to measure")] = None,
+    cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--eager", help="Time CUDA graph replays (default: on for CUDA and cards without MoE)")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for weights and step shapes")] = 0,
+    from_run: Annotated[Optional[list[str]], typer.Option("--from-run", help="Fit engine terms to measured runs instead")] = None,
+    num_blocks: Annotated[int, typer.Option("--num-blocks", help="--from-run: the engine's KV blocks")] = 512,
+    block_size: Annotated[int, typer.Option("--block-size", help="--from-run: the engine's block size")] = 16,
+    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="--from-run: token budget per step")] = 512,
+    max_seqs: Annotated[int, typer.Option("--max-seqs", help="--from-run: max sequences per step")] = 512,
+    attention: Annotated[str, typer.Option("--attention", help="--from-run: per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
+) -> None:
+    """Measure step costs with real torch kernels on a device and write a profile (needs torch:
+    `pip install torch==2.13.0`); or, with --from-run, fit an engine's step-cost terms to measured runs."""
+    from pathlib import Path
+
+    from capacity.model.card import load_model_card, resolve_model_path
+
+    if from_run:
+        from capacity.truth.fit import fit_engine, load_run, save_fit
+
+        sched = {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_batch_tokens,
+                 "max_num_seqs": max_seqs}
+        fitted, info = fit_engine([load_run(r) for r in from_run], sched, attention=attention)
+        dest = Path(out or "engine-fit.json")
+        save_fit(dest, fitted, info, sched, list(from_run))
+        typer.echo(f"wrote {dest}: fixed {fitted.fixed_s * 1e3:.3f} ms, per token {fitted.per_token_s * 1e6:.2f} us, "
+                   f"per sequence {fitted.per_seq_s * 1e6:.2f} us, "
+                   f"per key {fitted.per_key_s * 1e9:.2f} ns, per pair {fitted.per_pair_s * 1e12:.2f} ps, "
+                   f"front end {info['frontend_s'] * 1e3:.2f} ms; "
+                   f"median |error| on the fitted runs {info['median_abs_rel_err']:.1%}")
+        return
+    if model is None:
+        raise CapacityError("--model is required (unless --from-run)")
+    card = load_model_card(resolve_model_path(model))
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        raise CapacityError("calibration needs torch: pip install torch==2.13.0") from None
+    from calibrate.suite import run_suite
+
+    if tp < 1:
+        raise CapacityError(f"--tp: must be >= 1 (got {tp})")
+    if max_context is not None and max_context < 2:
+        raise CapacityError(f"--max-context: must be >= 2 (got {max_context})")
+    dest = Path(out) if out else Path(f"{card.name}-{device.replace(':', '')}.json")
+    prof = run_suite(card, device, dest, tp=tp, quick=quick, threads=threads, max_context=max_context, seed=seed,
+                     cuda_graphs=cuda_graphs,
+                     command="capacity calibrate " + " ".join(sys.argv[2:]))
+    hold = [st for st in prof.steps if st.role == "holdout"]
+    typer.echo(f"wrote {dest}: {prof.provenance.device_name}, {len(prof.steps)} whole steps "
+               f"({len(hold)} held out), fit median error {prof.fit.median_abs_rel_err:.1%}; "
+               "check held-out accuracy with: python bench/step_accuracy.py --profile " + str(dest))
+
+
+@app.command("step-cost")
+def step_cost(
+    model: ModelOpt,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default: the profile's device, or h100-sxm)")] = None,
+    tp: TpOpt = 1,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile JSON (default: roofline)")] = None,
+    prefill: Annotated[Optional[list[str]], typer.Option("--prefill", help="NEW[:CACHED] tokens of a prefill chunk (repeat)")] = None,
+    decode: Annotated[Optional[list[str]], typer.Option("--decode", help="BATCHxCONTEXT decoding sequences (repeat)")] = None,
+    allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
+    from capacity.cost.step import PrefillChunk, StepPlan
+    from capacity.model.card import load_model_card, resolve_model_path
+
+    card = load_model_card(resolve_model_path(model))
+    pre = []
+    for item in prefill or []:
+        parts = item.split(":")
+        if len(parts) > 2 or not all(p.isdigit() for p in parts) or int(parts[0]) == 0:
+            raise CapacityError(f"--prefill {item!r}: expected NEW[:CACHED] with NEW > 0, e.g. 512:1024")
+        pre.append(PrefillChunk(int(parts[0]), int(parts[1]) if len(parts) == 2 else 0))
+    dec: list[int] = []
+    for item in decode or []:
+        parts = item.lower().split("x")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) == 0:
+            raise CapacityError(f"--decode {item!r}: expected BATCHxCONTEXT with BATCH > 0, e.g. 32x2048")
+        dec += [int(parts[1])] * int(parts[0])
+    plan_ = StepPlan(tuple(pre), tuple(dec))
+    longest = max([p.new_tokens + p.cached_tokens for p in pre] + [d + 1 for d in dec] + [0])
+    if longest > card.max_position_embeddings:
+        raise CapacityError(f"a sequence of {longest} tokens exceeds {card.name}'s max_position_embeddings "
+                            f"({card.max_position_embeddings})")
+    if plan_.num_tokens == 0:
+        raise CapacityError("give at least one --prefill or --decode")
+    from capacity.cost.factory import make_step_cost
+
+    cost = make_step_cost(card, gpu, tp, profile=profile, allow_mismatch=allow_profile_mismatch)
+    parts = cost.breakdown(plan_)
+    total = sum(parts.values())
+    if json_out:
+        typer.echo(json.dumps({"step_s": total, "breakdown_s": parts, "source": cost.source,
+                               "tokens": plan_.num_tokens}, indent=2))
+        return
+    typer.echo(f"step: {total * 1e3:.3f} ms for {plan_.num_tokens} tokens ({len(pre)} prefill chunks, "
+               f"{len(dec)} decodes); source: {cost.source}")
+    for k, v in parts.items():
+        typer.echo(f"  {k:<14}{v * 1e3:10.3f} ms")
+
+
+@app.command()
+def profiles(
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Only profiles of this model card")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="Only profiles measured on this GPU")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """List the bundled calibration profiles (calibrate/profiles): model, device, torch/CUDA, eager or CUDA
+    graphs, and held-out whole-step accuracy. Pass a name to --profile of plan, simulate, step-cost."""
+    import warnings
+
+    import numpy as np
+
+    from capacity.cost.calibrated import CalibratedCost
+    from capacity.cost.profile import bundled_profiles, to_plan
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
+
+    rows = []
+    for name, path, prof in bundled_profiles(model, get_gpu(gpu).name if gpu else None):
+        pv = prof.provenance
+        err = None
+        hold = [st for st in prof.steps if st.role == "holdout"]
+        try:
+            card = load_model_card(resolve_model_path(prof.model.name))
+            cost = CalibratedCost(prof, card, tp=prof.tp, profile_path=str(path))
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                err = float(np.median([abs(cost.step_s(to_plan(st.prefills, st.decodes)) / st.measured_s - 1)
+                                       for st in hold])) if hold else None
+        except CapacityError:
+            pass
+        rows.append({"name": name, "path": str(path), "model": prof.model.name, "gpu": pv.gpu,
+                     "device_name": pv.device_name, "torch": pv.torch_version, "cuda": pv.cuda_version,
+                     "cuda_graphs": pv.cuda_graphs, "date": pv.date, "holdout_steps": len(hold),
+                     "holdout_median_abs_err": err})
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="Bundled calibration profiles (use the name with --profile)", title_justify="left")
+    t.add_column("name", no_wrap=True)  # what --profile takes: never truncated
+    for col in ("model", "device", "torch / CUDA", "timing", "held-out median |err|", "date"):
+        t.add_column(col, overflow="fold")
+    for r in rows:
+        t.add_row(r["name"], r["model"], r["device_name"], f"{r['torch']} / {r['cuda'] or '-'}",
+                  "CUDA graphs" if r["cuda_graphs"] else "eager",
+                  f"{r['holdout_median_abs_err']:.1%} of {r['holdout_steps']}" if r["holdout_median_abs_err"] is not None else "-",
+                  r["date"][:10])
+    if not rows:
+        typer.echo("no bundled profile matches" + (f" --model {model}" if model else "") + (f" --gpu {gpu}" if gpu else ""))
+        return
+    Console().print(t)

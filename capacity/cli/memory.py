@@ -1,0 +1,211 @@
+"""`capacity memory`, `capacity fleet`, `capacity gpus`, `capacity models`: the VRAM budget and the catalogues."""
+from __future__ import annotations
+
+import json
+import math
+from typing import Annotated, Optional
+
+import typer
+
+from capacity.cli.common import (
+    ActOpt,
+    BlockOpt,
+    CgOpt,
+    ContigOpt,
+    EagerOpt,
+    GpuOpt,
+    GraphInOpt,
+    GroupOpt,
+    JsonOpt,
+    KvOpt,
+    LenOpt,
+    MnbtOpt,
+    ModelOpt,
+    NoChunkOpt,
+    NtOpt,
+    SeqOpt,
+    TpOpt,
+    UtilOpt,
+    WOpt,
+    _scenario,
+    app,
+)
+from capacity.errors import CapacityError
+
+
+@app.command()
+def memory(
+    model: ModelOpt, gpu: GpuOpt = "h100-sxm", tp: TpOpt = 1, kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None,
+    quant_group_size: GroupOpt = None, gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
+    max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
+    enforce_eager: EagerOpt = False, no_chunked_prefill: NoChunkOpt = False, contiguous: ContigOpt = False,
+    cuda_graphs_in_budget: GraphInOpt = False, activation_gib: ActOpt = None, non_torch_gib: NtOpt = None,
+    cuda_graph_gib: CgOpt = None,
+    target_concurrency: Annotated[Optional[int], typer.Option(
+        "--target-concurrency", help="Also solve: smallest utilisation/TP and largest max_model_len for this many sequences")] = None,
+    at_context: Annotated[int, typer.Option("--at-context", help="Context (tokens) for --target-concurrency")] = 4096,
+    json_out: JsonOpt = False,
+) -> None:
+    """VRAM budget per rank (weights, activations, non-torch, CUDA graphs, KV), blocks, concurrency, and
+    the batch x context table, as vLLM would reserve it at start-up."""
+    from capacity.engine import memory as mem
+
+    card, g, cfg = _scenario(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, gpu_memory_utilization,
+                             max_model_len, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager,
+                             no_chunked_prefill, contiguous, cuda_graphs_in_budget, activation_gib, non_torch_gib,
+                             cuda_graph_gib)
+    b = mem.budget(card, g, cfg)
+    table = mem.batch_context_table(b, mem.default_batches(b.max_num_seqs), mem.default_contexts(b.max_model_len))
+    inverse = None
+    if target_concurrency is not None:
+        if target_concurrency <= 0 or at_context <= 0:
+            raise CapacityError(f"--target-concurrency and --at-context must be > 0 (got {target_concurrency}, {at_context})")
+        inverse = {"concurrency": target_concurrency, "context": at_context}
+        for key, fn in (("min_gpu_memory_utilization", lambda: mem.min_gpu_memory_utilization(card, g, cfg, target_concurrency, at_context)),
+                        ("min_tp", lambda: mem.min_tp(card, g, cfg, target_concurrency, at_context)),
+                        ("max_model_len", lambda: mem.max_model_len_for(card, g, cfg, target_concurrency))):
+            try:
+                inverse[key] = fn()
+            except CapacityError as exc:  # an answer of "impossible" is a result here, shown with its reason
+                inverse[key] = None
+                inverse[key + "_why"] = str(exc)
+    if json_out:
+        out = {"budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"}
+        if inverse:
+            out["inverse"] = inverse
+        typer.echo(json.dumps(out, indent=2, default=float))
+        return
+    from rich.console import Console
+
+    from capacity.io.report import memory_tables
+
+    console = Console()
+    memory_tables(b, table, console)
+    if inverse:
+        for key in ("min_gpu_memory_utilization", "min_tp", "max_model_len"):
+            val = inverse[key]
+            console.print(f"{key} for {target_concurrency} x {at_context if key != 'max_model_len' else 'max_model_len'} tokens: "
+                          + (str(val) if val is not None else f"[red]none[/] ({inverse[key + '_why']})"))
+
+
+@app.command()
+def fleet(
+    model: ModelOpt,
+    gpu: Annotated[Optional[list[str]], typer.Option("--gpu", "-g", help="GPUs to compare (repeat); default all")] = None,
+    context: Annotated[int, typer.Option("--context", help="Typical tokens per sequence (prompt + output)")] = 4096,
+    concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences that must be in flight at once")] = 256,
+    kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, gpu_memory_utilization: UtilOpt = 0.9,
+    max_model_len: LenOpt = None, json_out: JsonOpt = False,
+) -> None:
+    """Memory-only fleet sizing across GPUs: for each GPU, the smallest TP that serves the model, its KV
+    capacity, and the replicas and GPUs needed to hold `concurrency` sequences of `context` tokens (no
+    latency: `capacity plan` adds the simulator)."""
+    from capacity.engine import memory as mem
+    from capacity.model.gpus import catalogue
+
+    if context <= 0 or concurrency <= 0:
+        raise CapacityError(f"--context and --concurrency must be > 0 (got {context}, {concurrency})")
+    names = gpu or list(catalogue())
+    rows = []
+    card = None
+    for name in names:
+        card, g, cfg = _scenario(model, name, 1, kv_dtype, weight_dtype, None, gpu_memory_utilization,
+                                 max_model_len, None, None, None, False, False, False, False, None, None, None)
+        row = {"gpu": g.name, "usable_memory_basis": g.usable_memory_basis}
+        for tp in mem.TP_CHOICES:
+            try:
+                b = mem.budget(card, g, cfg.model_copy(update={"tensor_parallel_size": tp}))
+            except CapacityError as exc:
+                row["why_not_smaller_tp"] = str(exc)
+                continue
+            if context > b.max_model_len:
+                raise CapacityError(f"--context {context} exceeds max_model_len {b.max_model_len} of {card.name}")
+            seqs = min(b.concurrency_at(context), b.max_num_seqs)
+            if seqs == 0:
+                row["why_not_smaller_tp"] = f"tp={tp}: not one sequence of {context} tokens fits the KV cache"
+                continue
+            replicas = math.ceil(concurrency / seqs)
+            row.update(tp=tp, weights_gib=b.weights_bytes / 2**30, kv_tokens=b.kv_tokens, seqs_per_replica=seqs,
+                       kv_limited=seqs < b.max_num_seqs, replicas=replicas, gpus=tp * replicas,
+                       max_model_len=b.max_model_len)
+            break
+        else:
+            row["tp"] = None
+        rows.append(row)
+    if json_out:
+        typer.echo(json.dumps({"model": card.name, "context": context, "concurrency": concurrency, "rows": rows,
+                               "latency": "not part of this memory-only view: see `capacity plan`"}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"Memory plan: {card.name}, {concurrency} sequences of {context:,} tokens in flight",
+              title_justify="left")
+    for col in ("GPU", "TP", "weights GiB/rank", "KV tokens/replica", "seqs/replica", "limited by", "replicas", "GPUs"):
+        t.add_column(col, justify="right" if col not in ("GPU", "limited by") else "left")
+    for r in sorted(rows, key=lambda r: (r["tp"] is None, r.get("gpus") or 0)):
+        if r["tp"] is None:
+            t.add_row(r["gpu"], "-", "", "", "", "[red]does not fit at tp<=16[/]", "", "")
+            continue
+        t.add_row(r["gpu"] + ("*" if r["usable_memory_basis"] == "estimate" else ""), str(r["tp"]),
+                  f"{r['weights_gib']:.1f}", f"{r['kv_tokens']:,}", str(r["seqs_per_replica"]),
+                  "KV cache" if r["kv_limited"] else "max_num_seqs", str(r["replicas"]), str(r["gpus"]))
+    console = Console()
+    console.print(t)
+    console.print("[dim]* usable memory of this GPU is an estimate (no engine log seen). Latency (TTFT/TPOT/P99) "
+                  "is not part of this memory-only view: `capacity plan` simulates it.[/]")
+
+
+
+@app.command()
+def gpus(json_out: JsonOpt = False) -> None:
+    """List the GPU catalogue (SI units inside; GiB and TB/s shown)."""
+    from capacity.model.gpus import catalogue
+
+    cat = catalogue()
+    if json_out:
+        typer.echo(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="GPU catalogue (dense tensor rates)")
+    for col in ("name", "usable GiB", "basis", "HBM TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "link GB/s/dir"):
+        t.add_column(col)
+    for g in cat.values():
+        t.add_row(g.name, f"{g.usable_memory_bytes / 2**30:.2f}", g.usable_memory_basis, f"{g.mem_bw_bytes_per_s / 1e12:.2f}",
+                  f"{(g.bf16_flops or 0) / 1e12:.0f}", f"{(g.fp8_flops or 0) / 1e12:.0f}" if g.fp8_flops else "-",
+                  f"{g.interconnect_bytes_per_s / 1e9:.0f}")
+    Console().print(t)
+
+
+@app.command()
+def models(json_out: JsonOpt = False) -> None:
+    """List bundled model cards with their parameter counts and KV bytes per token."""
+    from capacity.engine.memory import kv_bytes_per_token
+    from capacity.model.card import MODELS_DIR, load_model_card
+
+    rows = []
+    for p in sorted(MODELS_DIR.glob("*.yaml")):
+        try:
+            c = load_model_card(p)
+        except CapacityError:
+            continue  # scenario files live here too
+        rows.append({"card": p.stem, "params": c.params, "kv_bytes_per_token": kv_bytes_per_token(c, c.dtype),
+                     "weights": c.weight_format, "moe": c.moe is not None, "mla": c.mla is not None})
+    if json_out:
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="Bundled model cards")
+    for col in ("card", "params (B)", "KV B/token", "weights", "kind"):
+        t.add_column(col)
+    for r in rows:
+        kind = "MLA+MoE" if r["mla"] and r["moe"] else "MoE" if r["moe"] else "dense"
+        t.add_row(r["card"], f"{r['params'] / 1e9:.2f}", f"{r['kv_bytes_per_token']:,.0f}", r["weights"], kind)
+    Console().print(t)
+
+
+# The planning, step-cost and ground-truth commands live in their own modules; importing them registers them

@@ -1,0 +1,215 @@
+"""`capacity plan`, `capacity sweep` and `capacity export`: scenario files, the planner, sweeps, the review workbook."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from capacity.cli.common import JsonOpt, _lengths, app
+
+
+def load_scenario(path: str, flags: dict):
+    """A scenario file (has `model:`) or a model card (then flags fill the scenario)."""
+    from capacity.files import read_mapping, validate
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.plan.scenario import Scenario
+
+    p = resolve_model_path(path)
+    data = read_mapping(p)
+    if "model" in data and "num_layers" not in data:
+        sc = validate(Scenario, data, str(p))
+        model = sc.model
+        if isinstance(model, dict):
+            from capacity.model.card import ModelCard
+
+            card = validate(ModelCard, model, f"{p}: model")
+        else:
+            mp = (p.parent / model) if not Path(model).is_absolute() and (p.parent / model).is_file() else model
+            card = load_model_card(resolve_model_path(str(mp)))
+        over = {k: v for k, v in flags.items() if v is not None}
+        if over:  # only what the file set, so that the engine's "not given" (e.g. a searched TP) survives
+            sc = validate(Scenario, _merge(sc.model_dump(exclude_unset=True), over), str(p) + " + flags")
+        return sc, card
+    card = load_model_card(p)
+    data = _merge({"model": str(p)}, {k: v for k, v in flags.items() if v is not None})
+    return validate(Scenario, data, "options"), card
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@app.command()
+def plan(
+    model: Annotated[str, typer.Option("--model", "-m", help="Scenario YAML (see examples/) or a model card")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default h100-sxm)")] = None,
+    rate: Annotated[Optional[float], typer.Option("--target-rate", help="Requests/s the service must sustain")] = None,
+    input_len: Annotated[Optional[str], typer.Option("--input-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = None,
+    output_len: Annotated[Optional[str], typer.Option("--output-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = None,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="TTFT SLO (default 1500)")] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="TPOT SLO (default 50)")] = None,
+    percentile: Annotated[Optional[int], typer.Option("--percentile", help="SLO percentile: 90, 95 or 99")] = None,
+    price: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="For cost per 1M output tokens")] = None,
+    tp: Annotated[Optional[int], typer.Option("--tp", help="Fix TP (default: searched)")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (tp=1)")] = None,
+    seeds: Annotated[Optional[int], typer.Option("--seeds", help="Simulations per probe")] = None,
+    requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per simulation")] = None,
+    executor: Annotated[str, typer.Option("--executor", help="pool, serial or ray")] = "pool",
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster (implies --executor ray)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the result cache")] = False,
+    xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook (+ CSV, JSON)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """The capacity plan: memory budget, max batch x max context frontier with P99 and capacity, max
+    sustainable rate under the SLOs, TP/replicas/GPUs for the target rate with cost, a verified recommended
+    `vllm serve` configuration, and trade-offs."""
+    import time
+
+    from capacity.plan.executors import make_executor
+    from capacity.plan.planner import make_plan
+
+    flags: dict = {"gpu": gpu, "target_rate_per_s": rate, "price_per_gpu_hour": price, "profile": profile}
+    slo = {k: v for k, v in (("ttft_s", slo_ttft_ms and slo_ttft_ms / 1e3), ("tpot_s", slo_tpot_ms and slo_tpot_ms / 1e3),
+                             ("percentile", percentile)) if v is not None}
+    if slo:
+        flags["slo"] = slo
+    wl = {}
+    if input_len:
+        wl["input_len"] = _lengths("--input-len", input_len).model_dump()
+    if output_len:
+        wl["output_len"] = _lengths("--output-len", output_len).model_dump()
+    if wl:
+        flags["workload"] = wl
+    if tp is not None:
+        flags["engine"] = {"tensor_parallel_size": tp}
+    search = {k: v for k, v in (("seeds", seeds), ("requests", requests)) if v is not None}
+    if search:
+        flags["search"] = search
+    sc, card = load_scenario(model, flags)
+    if xlsx:
+        from capacity.io.export import check_destination
+
+        check_destination(xlsx, force)  # fail before minutes of simulation, not after
+    ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
+                       cache=not no_cache)
+    t0 = time.perf_counter()
+    try:
+        p = make_plan(sc, card, ex)
+    finally:
+        ex.close()
+    wall = time.perf_counter() - t0
+    from capacity.io.report import plan_report
+
+    if xlsx:
+        from capacity.io.export import write_review
+
+        paths = write_review(xlsx, p, force=force)
+        if not json_out:
+            typer.echo(f"wrote {', '.join(map(str, paths))}")
+    if json_out:
+        typer.echo(json.dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses},
+                              indent=2, default=float))
+        return
+    from rich.console import Console
+
+    plan_report(p, Console(), wall, ex)
+
+
+@app.command()
+def sweep(
+    model: Annotated[str, typer.Option("--model", "-m", help="Scenario YAML or model card")],
+    vary: Annotated[Optional[list[str]], typer.Option("--vary", help="FIELD=V1,V2,... (repeat for a grid)")] = None,
+    prefill_sweep: Annotated[Optional[str], typer.Option("--prefill-sweep", help="Input lengths at fixed output, e.g. 512,1024,4096")] = None,
+    decode_sweep: Annotated[Optional[str], typer.Option("--decode-sweep", help="Output lengths at fixed input")] = None,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="Arrival rate (default: the scenario's target)")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g")] = None,
+    seeds: Annotated[int, typer.Option("--seeds")] = 2,
+    requests: Annotated[int, typer.Option("--requests")] = 1000,
+    executor: Annotated[str, typer.Option("--executor", help="pool, serial or ray")] = "pool",
+    ray: Annotated[bool, typer.Option("--ray", help="Run on a local Ray")] = False,
+    ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster address")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache")] = False,
+    out: Annotated[Optional[str], typer.Option("--out", help="Write results as JSON or CSV")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Simulate a grid over any scenario fields (dotted paths) and tabulate P50/P99 TTFT, TPOT and tokens/s."""
+    from capacity.files import validate
+    from capacity.plan.executors import make_executor
+    from capacity.plan.scenario import Scenario
+    from capacity.plan.sweep import grid, parse_axis
+    from capacity.plan.tasks import SimTask
+
+    axes = [parse_axis(v) for v in vary or []]
+    if prefill_sweep:
+        axes.append(parse_axis(f"workload.input_len={prefill_sweep}"))
+        axes[-1] = ("workload.input_len", [{"kind": "fixed", "value": v} for v in axes[-1][1]])
+    if decode_sweep:
+        axes.append(parse_axis(f"workload.output_len={decode_sweep}"))
+        axes[-1] = ("workload.output_len", [{"kind": "fixed", "value": v} for v in axes[-1][1]])
+    sc, card = load_scenario(model, {"gpu": gpu})
+    base = sc.model_dump(exclude_unset=True)
+    base["model"] = card.model_dump()
+    points = grid(base, axes)
+    tasks, meta = [], []
+    from capacity.model.card import ModelCard
+    from capacity.workload import Arrivals
+
+    for point, data in points:
+        s2 = validate(Scenario, data, f"sweep point {point}")
+        c2 = validate(ModelCard, s2.model, f"sweep point {point}: model")
+        r = rate or s2.target_rate_per_s
+        wl = s2.workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=r), "num_requests": requests})
+        eng = s2.engine.model_dump(mode="json")
+        for sd in range(seeds):
+            tasks.append(SimTask(c2.model_dump(), s2.gpu_name, eng, wl.model_dump(), sd, 1, "round_robin", s2.profile))
+        meta.append((point, r))
+    ex = make_executor("ray" if (ray or ray_address) else executor, ray_address=ray_address,
+                       progress=not json_out, cache=not no_cache)
+    try:
+        res = ex.run(tasks)
+    finally:
+        ex.close()
+    rows = []
+    for j, (point, r) in enumerate(meta):
+        rr = res[j * seeds:(j + 1) * seeds]
+        def avg(key, stat, rr=rr):
+            vals = [x.metric(key).stat(stat) for x in rr if x.metric(key).n]
+            return sum(vals) / len(vals) if vals else None
+        rows.append({**point, "rate_per_s": r, "saturated": any(x.saturated for x in rr),
+                     "ttft_p50_s": avg("ttft", "p50"), "ttft_p99_s": avg("ttft", "p99"),
+                     "tpot_p50_s": avg("tpot", "p50"), "tpot_p99_s": avg("tpot", "p99"),
+                     "tokens_per_s": sum(x.tokens_per_s for x in rr) / len(rr), "source": rr[0].source,
+                     "kv_blocks": rr[0].kv_blocks, "preemptions": sum(x.preemptions for x in rr) / len(rr)})
+    if out:
+        from capacity.io.report import write_rows
+
+        write_rows(rows, out)
+    if json_out:
+        typer.echo(json.dumps({"rows": rows, "cache_hits": ex.hits, "simulations": ex.misses}, indent=2, default=float))
+        return
+    from rich.console import Console
+
+    from capacity.io.report import sweep_table
+
+    sweep_table(rows, [a for a, _ in axes], Console(), ex)
+
+
+@app.command()
+def export(
+    xlsx: Annotated[str, typer.Option("--xlsx", help="Workbook to write (.xlsx); CSV and JSON land next to it")],
+    plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (`capacity plan --json`)")] = None,
+    sweep_file: Annotated[Optional[str], typer.Option("--sweep", help="Sweep rows JSON (`capacity sweep --out x.json`)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
+) -> None:
+    """Write the capacity-review workbook from a saved plan and/or sweep."""
+    from capacity.io.export import load_saved, write_review
+
+    plan_d, rows = load_saved(plan_file, sweep_file)
+    paths = write_review(xlsx, plan_d, rows, force=force)
+    typer.echo(f"wrote {', '.join(map(str, paths))}")

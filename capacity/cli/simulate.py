@@ -1,0 +1,110 @@
+"""`capacity simulate`: one simulated deployment through the run pipeline, percentiles and throughput."""
+from __future__ import annotations
+
+import json
+from typing import Annotated, Optional
+
+import typer
+
+from capacity.cli.common import (
+    BlockOpt,
+    EagerOpt,
+    GroupOpt,
+    JsonOpt,
+    KvOpt,
+    LenOpt,
+    MnbtOpt,
+    ModelOpt,
+    NoChunkOpt,
+    SeqOpt,
+    TpOpt,
+    UtilOpt,
+    WOpt,
+    _lengths,
+    app,
+    engine_config,
+    load_card,
+)
+from capacity.errors import CapacityError
+
+
+@app.command()
+def simulate(
+    model: ModelOpt, gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default h100-sxm, or the profile's)")] = None,
+    tp: TpOpt = 1,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated step-cost profile (default: roofline)")] = None,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="Arrival rate, requests/s (all replicas)")] = None,
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to simulate")] = 2000,
+    input_len: Annotated[str, typer.Option("--input-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = "1024",
+    output_len: Annotated[str, typer.Option("--output-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = "256",
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson, gamma, constant, closed")] = "poisson",
+    cv: Annotated[float, typer.Option("--cv", help="Gamma arrivals: coefficient of variation (burstiness)")] = 1.0,
+    users: Annotated[Optional[int], typer.Option("--users", help="Closed loop: concurrent users")] = None,
+    think_s: Annotated[float, typer.Option("--think-s", help="Closed loop: mean think time, s")] = 0.0,
+    workload: Annotated[Optional[str], typer.Option("--workload", help="Workload YAML/JSON (overrides the flags above)")] = None,
+    policy: Annotated[str, typer.Option("--policy", help="continuous, priority, sjf or static")] = "continuous",
+    replicas: Annotated[int, typer.Option("--replicas", help="Replicas behind the router")] = 1,
+    router: Annotated[str, typer.Option("--router", help="round_robin or least_outstanding")] = "round_robin",
+    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Static batching: batch size")] = None,
+    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Static batching: batching window")] = 0.0,
+    prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching",
+                                                 help="Reuse shared-prefix KV blocks")] = False,
+    frontend_ms: Annotated[float, typer.Option("--frontend-ms", help="Front-end latency before the engine (in TTFT)")] = 0.0,
+    slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="SLO on TTFT for goodput")] = None,
+    slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="SLO on TPOT for goodput")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    warmup: Annotated[float, typer.Option("--warmup", help="Fraction of first requests excluded from metrics")] = 0.1,
+    no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="One event per step (slow; for checks)")] = False,
+    kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
+    gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
+    max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
+    no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
+    allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
+    from capacity.cost.factory import DEFAULT_GPU, profile_gpu
+    from capacity.files import read_mapping, validate
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.workload import Arrivals, RequestClass, WorkloadSpec
+
+    card = load_card(model, weight_dtype, quant_group_size)
+    g = get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU))
+    cfg = engine_config(
+        tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
+        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
+        block_size=block_size, enable_chunked_prefill=not no_chunked_prefill, enforce_eager=enforce_eager,
+        enable_prefix_caching=prefix_caching, policy=policy, static_max_batch=max_batch,
+        static_max_wait_s=max_wait_ms / 1e3)
+    if workload:
+        spec = validate(WorkloadSpec, read_mapping(workload), workload)
+    else:
+        if requests <= 0:
+            raise CapacityError(f"--requests: must be > 0 (got {requests})")
+        arr = {"kind": arrival, "cv": cv, "think_s": think_s}
+        if arrival == "closed":
+            arr["users"] = users
+        else:
+            if rate is None:
+                raise CapacityError("--rate is required for open-loop arrivals (or use --arrival closed --users N)")
+            arr["rate_per_s"] = rate
+        cls = RequestClass(slo_ttft_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
+                           slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
+        spec = WorkloadSpec(arrivals=validate(Arrivals, arr, "arrival options"), input_len=_lengths("--input-len", input_len),
+                            output_len=_lengths("--output-len", output_len), num_requests=requests, classes=[cls])
+    if frontend_ms < 0:
+        raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
+    dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
+                     replicas=replicas, router=router, frontend_s=frontend_ms / 1e3)  # type: ignore[arg-type]
+    res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward))
+    out = res.as_dict()
+    out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
+    if json_out:
+        typer.echo(json.dumps(out, indent=2, default=float))
+        return
+    from rich.console import Console
+
+    from capacity.io.report import simulation_table
+
+    simulation_table(out, Console())

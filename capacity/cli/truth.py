@@ -1,0 +1,137 @@
+"""`capacity loadtest` and `capacity validate`: measuring a real server and comparing it with the simulator."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from capacity.cli.common import JsonOpt, _lengths, app
+from capacity.errors import CapacityError
+
+
+@app.command()
+def loadtest(
+    url: Annotated[str, typer.Option("--url", help="Server base URL, e.g. http://127.0.0.1:8000")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name the server expects")],
+    rate: Annotated[Optional[float], typer.Option("--rate", help="Open-loop arrival rate, req/s")] = None,
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to send")] = 100,
+    input_len: Annotated[str, typer.Option("--input-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = "128",
+    output_len: Annotated[str, typer.Option("--output-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = "32",
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson, gamma, constant")] = "poisson",
+    cv: Annotated[float, typer.Option("--cv", help="Gamma CV")] = 1.0,
+    trace: Annotated[Optional[str], typer.Option("--trace", help="Replay a JSONL/CSV trace with exact timestamps")] = None,
+    users: Annotated[Optional[int], typer.Option("--users", help="Closed loop: concurrent users (instead of --rate)")] = None,
+    think_s: Annotated[float, typer.Option("--think-s")] = 0.0,
+    prefill_sweep: Annotated[Optional[str], typer.Option("--prefill-sweep", help="Input lengths at the fixed output length")] = None,
+    decode_sweep: Annotated[Optional[str], typer.Option("--decode-sweep", help="Output lengths at the fixed input length")] = None,
+    endpoint: Annotated[str, typer.Option("--endpoint", help="completions or chat")] = "completions",
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per-request timeout")] = 60.0,
+    max_duration_s: Annotated[float, typer.Option("--max-duration-s", help="Bound on the whole run")] = 600.0,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    out: Annotated[Optional[str], typer.Option("--out", help="Run JSON to write (partial results on interrupt)")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Load-test an OpenAI-compatible server; report the simulator's metrics (vllm bench serve conventions)."""
+    import numpy as np
+
+    from capacity.truth.loadtest import counts, run_load, summarize_run
+    from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
+
+    if requests <= 0 or timeout_s <= 0 or max_duration_s <= 0:
+        raise CapacityError("--requests, --timeout-s and --max-duration-s must be > 0")
+    if endpoint not in ("completions", "chat"):
+        raise CapacityError(f"--endpoint {endpoint!r}: use completions or chat")
+    li, lo = _lengths("--input-len", input_len), _lengths("--output-len", output_len)
+    if trace:
+        reqs = load_trace(trace)[:requests]
+    else:
+        if users is None and rate is None:
+            raise CapacityError("give --rate (open loop), --users (closed loop) or --trace")
+        arr = Arrivals(kind=arrival, rate_per_s=rate or 1.0, cv=cv)
+        reqs = generate(WorkloadSpec(arrivals=arr, input_len=li, output_len=lo, num_requests=requests),
+                        np.random.default_rng(seed))
+    sweep = None
+    if prefill_sweep or decode_sweep:
+        vals = [int(v) for v in (prefill_sweep or decode_sweep).split(",")]
+        sweep = ("input" if prefill_sweep else "output", vals)
+    runs = []
+    for v in (sweep[1] if sweep else [None]):
+        rr = [dataclasses.replace(r) for r in reqs]
+        if v is not None:
+            for r in rr:
+                if sweep[0] == "input":
+                    r.prompt_tokens = v
+                else:
+                    r.output_tokens = v
+        from rich.progress import Progress
+
+        with Progress(transient=True, disable=json_out) as bar:
+            task = bar.add_task(f"load {'' if v is None else f'({sweep[0]} {v}) '}", total=len(rr))
+            run = {}
+            try:
+                run = run_load(url, model, rr, users=users, think_s=think_s, timeout_s=timeout_s,
+                               max_duration_s=max_duration_s, endpoint=endpoint,
+                               progress=lambda task=task: bar.advance(task))
+            finally:
+                if out and run:
+                    Path(out if v is None else f"{Path(out).with_suffix('')}.{sweep[0]}{v}.json").write_text(
+                        json.dumps(run, default=float) + "\n")
+        if run["meta"].get("interrupted"):
+            typer.echo(f"interrupted: {counts(run)}; partial results "
+                       + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
+        run["summary"] = summarize_run(run)
+        if v is not None:
+            run["sweep"] = {sweep[0] + "_tokens": v}
+        runs.append(run)
+        if out:
+            Path(out if v is None else f"{Path(out).with_suffix('')}.{sweep[0]}{v}.json").write_text(
+                json.dumps(run, default=float) + "\n")
+    if json_out:
+        typer.echo(json.dumps([{"summary": r["summary"], **({"sweep": r["sweep"]} if "sweep" in r else {})}
+                               for r in runs] if sweep else {"summary": runs[0]["summary"]}, indent=2, default=float))
+        return
+    from rich.console import Console
+
+    from capacity.io.report import simulation_table
+
+    con = Console()
+    for r in runs:
+        s = r["summary"]
+        simulation_table({"summary": s, "model": model, "replicas": 1, "gpu": url, "tp": "-", "policy": "measured",
+                          "step_cost_source": "measured by capacity loadtest", "saturated": False, "saturation": "",
+                          "offered_rate_per_s": rate, "warmup_requests_excluded": 0, "preemptions": "-",
+                          "kv_blocks_per_replica": 0, "block_size": 0, "littles_law": {"L": float("nan"), "lambda_W": float("nan")},
+                          "notes": []}, con)
+        con.print(f"outcomes: {counts(r)}" + (f"  ({r['sweep']})" if "sweep" in r else ""))
+
+
+@app.command()
+def validate(
+    run_file: Annotated[str, typer.Option("--run", help="A run JSON from `capacity loadtest --out`")],
+    fit: Annotated[str, typer.Option("--fit", help="Engine fit JSON from `capacity calibrate --from-run`")],
+    json_out: JsonOpt = False,
+) -> None:
+    """Replay a measured run (same arrivals and lengths) through the simulator and compare percentiles."""
+    from capacity.truth.fit import compare, load_fit, load_run, sim_summary, simulate_run
+    from capacity.truth.loadtest import summarize_run
+
+    run = load_run(run_file)
+    cost, sched, frontend_s = load_fit(fit)
+    rows = compare(summarize_run(run), sim_summary(simulate_run(run, cost, sched, frontend_s=frontend_s)))
+    if json_out:
+        typer.echo(json.dumps({"rows": rows, "source": cost.source}, indent=2, default=float))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"Predicted vs measured: {run_file} (step costs: {cost.source})", title_justify="left")
+    for c in ("metric", "stat", "measured ms", "predicted ms", "error"):
+        t.add_column(c, justify="left" if c in ("metric", "stat") else "right")
+    for r in rows:
+        scale = 1 if r["metric"] == "output tokens/s" else 1e3
+        t.add_row(r["metric"], r["stat"], f"{r['measured_s'] * scale:,.1f}", f"{r['predicted_s'] * scale:,.1f}",
+                  f"{r['rel_err']:+.1%}")
+    Console().print(t)

@@ -1,0 +1,51 @@
+"""The one cost factory: (model card, GPU, TP size, KV dtype, profile) -> the step cost a run uses.
+
+A step-cost source is either used or refused, never silently swapped: with a profile, the calibrated cost
+is built for exactly this model shape, GPU and TP size, or the profile is refused with one line saying
+why (`--allow-profile-mismatch` turns a mismatch into a warning). A profile measured with the model's own
+KV dtype is refused for another KV dtype (fp8/int8 KV reads half the bytes in attention, which the profile
+did not measure). Without a profile, the roofline of the GPU's datasheet, with the KV dtype's bytes.
+"""
+from __future__ import annotations
+
+import warnings
+
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.step import StepCost
+from capacity.errors import ConfigError
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU, get_gpu
+
+DEFAULT_GPU = "h100-sxm"
+
+
+def profile_gpu(profile: str) -> str:
+    """The catalogue GPU a profile (file or bundled name) was measured on."""
+    from capacity.cost.profile import load_profile, resolve_profile
+
+    return load_profile(resolve_profile(profile)).provenance.gpu
+
+
+def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dtype: str | None = None,
+                   profile: str | None = None, allow_mismatch: bool = False) -> StepCost:
+    """The step cost for one replica (see module docstring). `gpu` None: the profile's own GPU, or h100-sxm.
+    `kv_dtype`: the resolved KV cache dtype (None or "auto": the card's dtype)."""
+    kv = None if kv_dtype in (None, "auto") else kv_dtype
+    if profile is None:
+        g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or DEFAULT_GPU)
+        return RooflineCost(card, g, tp, kv_dtype=kv)
+    from capacity.cost.calibrated import CalibratedCost
+    from capacity.cost.profile import load_profile, profile_label, resolve_profile
+
+    path = resolve_profile(profile)
+    prof = load_profile(path)
+    label = profile_label(path)
+    if kv is not None and kv != card.dtype:
+        msg = (f"{label}: measured with {card.dtype} KV; kv_cache_dtype {kv} reads fewer bytes in attention than "
+               "the profile measured: use the roofline (no --profile) or --allow-profile-mismatch")
+        if not allow_mismatch:
+            raise ConfigError(msg)
+        warnings.warn(msg.split(": use the roofline")[0] + " (used anyway: attention is costed at the measured dtype)",
+                      stacklevel=2)
+    gpu_name = gpu.name if isinstance(gpu, GPU) else (get_gpu(gpu).name if gpu else None)
+    return CalibratedCost(prof, card, gpu=gpu_name, tp=tp, allow_mismatch=allow_mismatch, profile_path=label)

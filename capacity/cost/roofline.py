@@ -1,0 +1,231 @@
+"""Step cost: the time of one engine step, from a roofline over the GPU's datasheet figures.
+
+A step processes prefill chunks (new tokens on top of tokens already cached) and decode sequences
+(one new token each, at their context length), possibly mixed (chunked prefill). Every operator costs
+    max(flops / (peak x efficiency), bytes / (bandwidth x efficiency)) + launch cost
+per layer: the GEMMs (QKV, O, MLP or the routed experts actually touched), attention (prefill ~ chunk x
+context FLOPs; decode ~ KV bytes read), norms/rope, the TP all-reduces, then the LM head and sampler for
+the sequences that emit a token, and a fixed per-step engine overhead. Efficiencies are data
+(`RooflineParams`), never literals in the formulas. A calibrated implementation with the same
+`step_s(plan)` interface will interpolate measured tables (calibrate/).
+
+Attention has two modes: "ideal" (each sequence attends to its own context: FlashAttention/paged
+kernels on GPU) and "dense_packed" (one masked attention over the whole packed step, cost ~ total query
+tokens x total keys: what some engines do on CPU) so the model can represent the kernel actually run.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity.cost.step import StepPlan
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU
+from capacity.model.weights import weight_bytes_per_rank
+from capacity.units import DTYPE_BYTES
+
+Eff = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+Secs = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class RooflineParams(BaseModel):
+    """Achievable fractions of datasheet peaks and fixed costs. Defaults are typical of H100-class
+    serving engines (dense GEMM ~70% of peak, attention ~50%, streaming ~80% of HBM bandwidth)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm_flops_eff: Eff = 0.70
+    attn_flops_eff: Eff = 0.50
+    mem_bw_eff: Eff = 0.80
+    comm_bw_eff: Eff = 0.70
+    kernel_launch_s: Secs = 4e-6  # per kernel, paid once per op per layer
+    allreduce_latency_s: Secs = 8e-6  # per all-reduce, on top of the bandwidth term
+    step_overhead_s: Secs = 2e-3  # scheduler, input preparation, detokenisation per step
+    sampler_bytes_per_logit: NonNeg = 12.0  # fp32 logits, softmax, noise: read+write passes per logit
+    attention: Literal["ideal", "dense_packed"] = "ideal"
+
+
+@dataclass
+class RooflineCost:
+    """Roofline step cost for one model on one GPU at one TP size (per rank; ranks run in lockstep)."""
+
+    card: ModelCard
+    gpu: GPU
+    tp: int = 1
+    kv_dtype: str | None = None
+    params: RooflineParams = field(default_factory=RooflineParams)
+
+    def __post_init__(self) -> None:
+        self.kv_dtype = self.kv_dtype or self.card.dtype
+        self.source = f"roofline ({self.gpu.name} datasheet x efficiencies)"
+        w = weight_bytes_per_rank(self.card, self.tp)
+        L = self.card.num_layers
+        # Per-layer weight bytes of each GEMM family on this rank.
+        attn_names = ("q_proj", "kv_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
+        self._attn_w = sum(w.get(n, 0.0) for n in attn_names) / L
+        self._dense_w = (w.get("mlp_gate_up", 0.0) + w.get("mlp_down", 0.0)) / max(1, self.card.num_dense_layers)
+        moe_layers = max(1, self.card.num_moe_layers)
+        self._shared_w = (w.get("shared_gate_up", 0.0) + w.get("shared_down", 0.0)) / moe_layers
+        e = self.card.moe.num_experts if self.card.moe else 1
+        self._expert_w = (w.get("experts_gate_up", 0.0) + w.get("experts_down", 0.0)) / (moe_layers * e)
+        self._lm_w = w.get("lm_head", w["embed_tokens"])
+        self._b = DTYPE_BYTES[self.card.dtype]
+        self._peak = self.gpu.peak_flops(self.card.dtype)
+        # Memo tables: the simulator asks for the same token counts and chunks over and over.
+        self._terms_memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
+        self._chunk_memo: dict[tuple[int, int], float] = {}
+        c = self.card
+        heads = c.num_attention_heads // self.tp
+        qk, v = (c.head_dim_, c.head_dim_) if c.mla is None else (c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim,
+                                                                  c.mla.v_head_dim)
+        self._per_key_flops = 2 * heads * (qk + v)  # QK^T and PV per (query, key) pair
+        self._kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype]
+        p = self.params
+        # ideal decode attention of one layer = keys x this + launch (both roofline terms scale with keys)
+        self._decode_s_per_key = max(self._per_key_flops / (self._peak * p.attn_flops_eff),
+                                     self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
+
+    # ---- primitives -----------------------------------------------------------------------------
+    def _op(self, flops: float, bytes_: float, eff: float) -> float:
+        p = self.params
+        return max(flops / (self._peak * eff), bytes_ / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff)) + p.kernel_launch_s
+
+    def _gemm(self, tokens: int, weight_bytes: float, act_width: float, quantized: bool = True) -> float:
+        """A GEMM family over `tokens` rows: 2 FLOPs per weight element per token; reads its weights once
+        and `act_width` activation elements per token (inputs + outputs)."""
+        elems = self._elems(weight_bytes) if quantized else weight_bytes / self._b
+        flops = 2.0 * tokens * elems
+        return self._op(flops, weight_bytes + tokens * act_width * self._b, self.params.gemm_flops_eff)
+
+    def _elems(self, weight_bytes: float) -> float:
+        """Number of weight elements a GEMM family multiplies (its FLOPs per token / 2)."""
+        return weight_bytes / DTYPE_BYTES[self.card.weight_format]
+
+    # ---- per-layer pieces -----------------------------------------------------------------------
+    def _attention_s(self, plan: StepPlan) -> float:
+        c = self.card
+        heads = c.num_attention_heads // self.tp
+        if c.mla is None:
+            qk_dim = v_dim = c.head_dim_
+        else:
+            qk_dim, v_dim = c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim, c.mla.v_head_dim
+        kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype]
+        per_key_flops = 2 * heads * (qk_dim + v_dim)  # QK^T and PV per (query, key) pair
+        if self.params.attention == "dense_packed":
+            q_tok = plan.num_tokens
+            keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
+            return self._op(q_tok * keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff)
+        t = 0.0
+        for p in plan.prefills:  # causal: the i-th new token sees cached + i keys
+            pairs = p.new_tokens * (p.cached_tokens + (p.new_tokens + 1) / 2)
+            t += self._op(pairs * per_key_flops, (p.cached_tokens + p.new_tokens) * kv_tok, self.params.attn_flops_eff)
+        if plan.decode_contexts:  # one batched decode kernel: streams every sequence's KV once
+            keys = sum(d + 1 for d in plan.decode_contexts)
+            t += self._op(keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff)
+        return t
+
+    def _mlp_s(self, tokens: int, moe_layer: bool) -> float:
+        c = self.card
+        h = c.hidden_size
+        if not moe_layer:
+            return self._gemm(tokens, self._dense_w, 2 * h + 3 * c.intermediate_size / self.tp)
+        moe = c.moe
+        e, k = moe.num_experts, moe.experts_per_token
+        touched = e * (1 - (1 - k / e) ** tokens)  # expected distinct experts hit by `tokens` tokens
+        flops = 2.0 * tokens * k * self._elems(self._expert_w)
+        bytes_ = touched * self._expert_w + tokens * k * 2 * h * self._b
+        t = self._op(flops, bytes_, self.params.gemm_flops_eff)
+        t += self._op(2.0 * tokens * h * e, e * h * self._b, self.params.gemm_flops_eff)  # router
+        if self._shared_w:
+            t += self._gemm(tokens, self._shared_w, 2 * h + 3 * moe.shared_intermediate / self.tp)
+        return t
+
+    def _allreduce_s(self, tokens: int) -> float:
+        if self.tp == 1:
+            return 0.0
+        p = self.params
+        bytes_ = tokens * self.card.hidden_size * self._b
+        ring = 2 * (self.tp - 1) / self.tp * bytes_ / (self.gpu.interconnect_bytes_per_s * p.comm_bw_eff)
+        return 2 * (ring + p.allreduce_latency_s)  # after attention and after the MLP
+
+    # ---- the step -------------------------------------------------------------------------------
+    def _terms(self, n: int, s: int) -> tuple[float, float, float, float]:
+        """(gemm, norms, communication, sampling) of a step with n tokens of which s sample: memoised."""
+        key = (n, s)
+        got = self._terms_memo.get(key)
+        if got is None:
+            b = self._breakdown_full(StepPlan(), n, s)  # attention excluded: it depends on the plan
+            got = self._terms_memo[key] = (b["gemm"], b["norms"], b["communication"], b["sampling"])
+        return got
+
+    def _chunk_s(self, new: int, cached: int) -> float:
+        got = self._chunk_memo.get((new, cached))
+        if got is None:
+            pairs = new * (cached + (new + 1) / 2)  # causal: the i-th new token sees cached + i keys
+            got = self._chunk_memo[(new, cached)] = self._op(
+                pairs * self._per_key_flops, (cached + new) * self._kv_tok, self.params.attn_flops_eff)
+        return got
+
+    def decode_step_s(self, batch: int, keys: int) -> float:
+        """A decode-only step of `batch` sequences reading `keys` keys in total (sum of context + 1)."""
+        gemm, norms, comm, samp = self._terms(batch, batch)
+        attn = self.card.num_layers * (keys * self._decode_s_per_key + self.params.kernel_launch_s)
+        return gemm + norms + comm + samp + attn + self.params.step_overhead_s
+
+    def breakdown(self, plan: StepPlan) -> dict[str, float]:
+        n = plan.num_tokens
+        if n == 0:
+            return {"overhead": 0.0}
+        if self.params.attention != "ideal":
+            return self._breakdown_full(plan, n, plan.num_sampled)
+        gemm, norms, comm, samp = self._terms(n, plan.num_sampled)
+        attn = sum(self._chunk_s(p.new_tokens, p.cached_tokens) for p in plan.prefills)
+        if plan.decode_contexts:
+            keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
+            attn += keys * self._decode_s_per_key + self.params.kernel_launch_s
+        return {"gemm": gemm, "attention": self.card.num_layers * attn, "norms": norms, "communication": comm,
+                "sampling": samp, "overhead": self.params.step_overhead_s}
+
+    def _breakdown_full(self, plan: StepPlan, n: int, s: int) -> dict[str, float]:
+        c = self.card
+        h = c.hidden_size
+        gemm_attn = self._gemm(n, self._attn_w, 4 * h)
+        attn = self._attention_s(plan)
+        norms = self._op(0.0, 6 * n * h * self._b, 1.0) * 2  # two RMSNorms (+rope) of read/write passes
+        mlp = (c.num_dense_layers * self._mlp_s(n, False) if c.num_dense_layers else 0.0) + (
+            c.num_moe_layers * self._mlp_s(n, True) if c.num_moe_layers else 0.0)
+        lm = self._gemm(s, self._lm_w, h + c.vocab_size / self.tp, quantized=False) if s else 0.0
+        sampler = self._op(0.0, s * c.vocab_size * self.params.sampler_bytes_per_logit, 1.0) if s else 0.0
+        return {
+            "gemm": c.num_layers * gemm_attn + mlp + lm,
+            "attention": c.num_layers * attn,
+            "norms": c.num_layers * norms,
+            "communication": c.num_layers * self._allreduce_s(n),
+            "sampling": sampler,
+            "overhead": self.params.step_overhead_s,
+        }
+
+    def step_s(self, plan: StepPlan) -> float:
+        return math.fsum(self.breakdown(plan).values())
+
+    def decode_run_s(self, contexts: tuple[int, ...], k: int):
+        """k decode-only steps of the same batch: every term but attention depends on the batch size only,
+        and attention is max(flops, bytes) of quantities both proportional to the keys read (ideal) or to
+        batch x keys (dense_packed), which grow by one per sequence per step. So the duration is exactly
+        linear in the step index: two evaluations give all k."""
+        import numpy as np
+
+        b = len(contexts)
+        keys0 = sum(contexts) + b
+        if self.params.attention == "ideal":
+            f0 = self.decode_step_s(b, keys0)
+            return f0 + (self.card.num_layers * self._decode_s_per_key * b) * np.arange(k)
+        f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
+        if k == 1:
+            return np.array([f0])
+        f1 = self.step_s(StepPlan(decode_contexts=tuple(c + 1 for c in contexts)))
+        return f0 + (f1 - f0) * np.arange(k)

@@ -1,0 +1,50 @@
+"""Engine models: one object per serving engine that owns its defaults, its start-up memory accounting, its
+scheduling behaviour and its launch command (`EngineModel`). vLLM v1 is the first (`vllm.py`); a second engine
+is a new module with the same methods and one line in `ENGINES`.
+
+`EngineConfig` (config.py) is the one typed configuration every door uses; `MemoryBudget` (budget.py) the
+shape of the memory answer; `memory.py` the questions built on a budget (tables, inverse queries).
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from capacity.engine.budget import MemoryBudget, SchedLimits
+from capacity.engine.config import EngineConfig, ResolvedEngine
+from capacity.engine.vllm import VllmV1
+from capacity.errors import ConfigError
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU
+
+
+class EngineModel(Protocol):
+    name: str
+
+    def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
+        """Every knob the configuration leaves to the engine, filled in as the engine would."""
+
+    def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
+        """The start-up memory accounting: weights, activation peak, non-torch, graphs, KV blocks."""
+
+    def default_max_num_batched_tokens(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> int: ...
+
+    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
+        """A builder of one replica's scheduler (the engine's scheduling rules for this configuration)."""
+
+    def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str: ...
+
+    def launch_notes(self, cfg: EngineConfig) -> list[str]: ...
+
+
+ENGINES: dict[str, EngineModel] = {"vllm": VllmV1()}
+
+
+def get_engine(name: str) -> EngineModel:
+    try:
+        return ENGINES[name]
+    except KeyError:
+        raise ConfigError(f"engine {name!r}: use {', '.join(ENGINES)}") from None
+
+
+__all__ = ["ENGINES", "EngineConfig", "EngineModel", "MemoryBudget", "ResolvedEngine", "SchedLimits", "get_engine"]

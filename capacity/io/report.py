@@ -1,0 +1,234 @@
+"""Rendering of results for people (rich tables) and machines (JSON-ready dicts). No computation here."""
+from __future__ import annotations
+
+from typing import Any
+
+from capacity.engine.memory import MemoryBudget
+from capacity.units import GiB
+
+
+def _g(x: float) -> str:
+    return f"{x / GiB:.2f}"
+
+
+def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
+    from rich.table import Table
+
+    est = set(b.estimates)
+    t = Table(title=f"VRAM budget per rank: {b.model} on {b.gpu}, tp={b.tp}", title_justify="left")
+    t.add_column("term")
+    t.add_column("GiB", justify="right")
+    t.add_column("basis")
+    t.add_row("GPU total (as the engine sees it)", _g(b.total_bytes), "catalogue usable_memory_bytes")
+    t.add_row(f"usable = total x {b.gpu_memory_utilization}", _g(b.usable_bytes), "gpu_memory_utilization")
+    t.add_row("- weights", _g(b.weights_bytes), "computed from the card (exact shapes)")
+    t.add_row("- activation peak (profiling pass)", _g(b.activation_bytes),
+              "estimate" if "activation" in est else "given")
+    t.add_row("- non-torch memory", _g(b.non_torch_bytes), "estimate" if "non_torch" in est else "given")
+    graph_basis = ("off (enforce_eager)" if not b.cuda_graph_bytes else
+                   ("estimate" if "cuda_graphs" in est else "given")
+                   + (", inside budget" if b.cuda_graphs_in_budget else ", outside budget (vLLM default)"))
+    t.add_row(("- " if b.cuda_graphs_in_budget else "  ") + "CUDA graphs", _g(b.cuda_graph_bytes), graph_basis)
+    t.add_row("= KV cache budget", _g(b.kv_budget_bytes), "")
+    t.add_row("outside budget (CUDA context + graphs)", _g(b.outside_budget_bytes), "estimate")
+    console.print(t)
+    kv = Table(title="KV cache", title_justify="left", show_header=False)
+    kv.add_row("KV bytes per token (per rank)", f"{b.kv_bytes_per_token:,.0f} B ({b.kv_dtype})")
+    kv.add_row("block size", f"{b.block_size} tokens")
+    kv.add_row("GPU blocks", f"{b.num_blocks:,}")
+    kv.add_row("KV tokens", f"{b.kv_tokens:,}")
+    kv.add_row(f"max concurrency at max_model_len {b.max_model_len:,}", f"{b.max_concurrency:.2f}x")
+    kv.add_row("contiguous (non-paged) sequences at max_model_len", f"{b.contiguous_max_seqs}")
+    kv.add_row("engine knobs", f"max_num_seqs {b.max_num_seqs}, max_num_batched_tokens {b.max_num_batched_tokens}"
+               + (f" (defaults: {', '.join(b.defaults_used)})" if b.defaults_used else ""))
+    console.print(kv)
+    contexts = sorted({r["context"] for r in table})
+    bt = Table(title=f"Batch x context: KV GiB needed ({'paged' if b.paged_kv else 'contiguous'}); "
+               "red = does not fit", title_justify="left")
+    bt.add_column("batch \\ context")
+    for c in contexts:
+        bt.add_column(f"{c:,}", justify="right")
+    by = {}
+    for r in table:
+        by.setdefault(r["batch"], {})[r["context"]] = r
+    for batch, cells in by.items():
+        row = []
+        for c in contexts:
+            r = cells[c]
+            txt = _g(r["kv_bytes"])
+            row.append(f"[green]{txt}[/]" if r["fits"] else f"[red]{txt} x[/]")
+        bt.add_row(str(batch), *row)
+    console.print(bt)
+    for w in b.warnings:
+        console.print(f"[yellow]warning:[/] {w}")
+    console.print("[dim]Estimates: activation = vLLM's profiling forward pass + dummy sampler; non-torch and "
+                  "CUDA-graph terms from typical vLLM logs. Override with --activation-gib/--non-torch-gib/"
+                  "--cuda-graph-gib when you have measured values.[/]")
+
+
+def simulation_table(out: dict, console) -> None:
+    """Percentiles (ms) of a simulated scenario, throughput, and where the step costs came from."""
+    from rich.table import Table
+
+    s = out["summary"]
+    if out["saturated"]:
+        console.print(f"[bold red]{out['saturation']}[/] (offered {out['offered_rate_per_s']} req/s): the "
+                      "percentiles below describe an overloaded system that was stopped early")
+    t = Table(title=f"Simulated {out['model']} on {out['replicas']} x {out['gpu']} (tp={out['tp']}), "
+                    f"{out['policy']} batching, {s['n_requests']} measured requests", title_justify="left")
+    cols = ["metric (ms)", "mean", "p50", "p90", "p95", "p99", "p99 95% CI"]
+    for c in cols:
+        t.add_column(c, justify="left" if c.startswith("metric") else "right")
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_wait_s", "queue wait")):
+        m = s[key]
+        if not m.get("n"):
+            t.add_row(label, *["-"] * 6)
+            continue
+        ci = s.get("p99_ci_s", {}).get(key.replace("_s", ""))
+        ci_txt = f"{ci[0] * 1e3:.1f}-{ci[1] * 1e3:.1f}" if ci and ci[0] == ci[0] else ""
+        t.add_row(label, *(f"{m[k] * 1e3:.1f}" for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
+    console.print(t)
+    console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
+                  f"over {s['window_s']:.1f} s simulated; step costs: {out['step_cost_source']}")
+    if s.get("goodput_req_per_s") is not None:
+        console.print(f"goodput: {s['goodput_req_per_s']:.3f} requests/s meet every SLO ({s['slo_attainment']:.1%})")
+    console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "
+                  f"{out['preemptions']} preemptions; KV {out['kv_blocks_per_replica']:,} blocks x {out['block_size']} "
+                  f"tokens per replica; Little's law L={out['littles_law']['L']:.2f} vs lambda*W="
+                  f"{out['littles_law']['lambda_W']:.2f}[/]")
+    for n in out["notes"]:
+        console.print(f"[dim]note: {n}[/]")
+
+
+# ---- the plan --------------------------------------------------------------------------------------------
+def plan_dict(p) -> dict:
+    """The plan's JSON form (kept for callers of the earlier API: `Plan.as_dict()`)."""
+    return p.as_dict()
+
+
+def _ms(x, nd=0) -> str:
+    import math
+
+    return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:,.{nd}f}"
+
+
+def plan_report(p, console, wall_s: float, ex) -> None:
+    from rich.table import Table
+
+    b = p.budget
+    pct = p.slo.percentile
+    console.print(f"[bold]Capacity plan: {p.model} on {p.gpu}[/], target {p.target_rate:g} req/s, SLO P{pct} TTFT <= "
+                  f"{p.slo.ttft_s * 1e3:.0f} ms and P{pct} TPOT <= {p.slo.tpot_s * 1e3:.0f} ms; step costs: {p.source}")
+    limit = "max_num_seqs" if b.kv_tokens >= b.max_num_seqs * b.max_model_len else "KV cache at max_model_len"
+    console.print(f"memory of the recommended configuration (tp={p.tp}, max_num_seqs {b.max_num_seqs}, max_model_len "
+                  f"{b.max_model_len:,}, max_num_batched_tokens {b.max_num_batched_tokens}), per rank: usable "
+                  f"{b.usable_bytes / 2**30:.2f} GiB - weights {b.weights_bytes / 2**30:.2f} - activations "
+                  f"{b.activation_bytes / 2**30:.2f} - non-torch {b.non_torch_bytes / 2**30:.2f} = KV "
+                  f"{b.kv_budget_bytes / 2**30:.2f} GiB -> {b.kv_tokens:,} tokens; concurrency is limited by {limit}")
+    if p.budget_config:
+        console.print(f"[dim]  (the activation peak depends on max_num_seqs and the token budget: `{p.budget_config}` "
+                      "prints this same budget)[/]", soft_wrap=True)
+
+    t = Table(title="Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail)",
+              title_justify="left")
+    for c in ("TP", "max req/s", "bracket", "saturation req/s", "replicas", "GPUs", "probes", "step costs"):
+        t.add_column(c, justify="right" if c != "step costs" else "left")
+    for r in p.searches:
+        if r.max_rate <= 0:
+            t.add_row(str(r.tp), "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-",
+                      str(len(r.probes)), _src(r.source))
+            continue
+        import math
+
+        reps = math.ceil(p.target_rate / r.max_rate)
+        t.add_row(str(r.tp), f"{r.max_rate:.2f}", f"{r.max_rate:.2f}-{r.failed_rate:.2f}", f"{r.capacity_rate:.2f}",
+                  str(reps), str(reps * r.tp), str(len(r.probes)), _src(r.source))
+    console.print(t)
+
+    seqs = sorted({c.max_num_seqs for c in p.frontier})
+    lens = sorted({c.max_model_len for c in p.frontier})
+    by = {(c.max_num_seqs, c.max_model_len): c for c in p.frontier}
+    ft = Table(title=f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}); paged KV makes latency "
+                     f"independent of max_model_len, which decides what fits (x: does not fit; !: below the "
+                     f"workload's longest request)", title_justify="left")
+    for c in ("max_num_seqs", f"P{pct} TTFT ms [band]", f"P{pct} TPOT ms [band]", "peak tokens/s", "SLO"):
+        ft.add_column(c, justify="right")
+    for m in lens:
+        ft.add_column(f"{m // 1024}k" if m >= 1024 else str(m), justify="center")
+    for s in seqs:
+        cells = [by[(s, m)] for m in lens]
+        live = next((c for c in cells if c.feasible and c.p_ttft is not None), None)
+        marks = ["[dim]x[/]" if not c.feasible else ("!" if not c.covers_workload else "ok") for c in cells]
+        if live is None:
+            ft.add_row(str(s), "-", "-", "-", "[dim]does not fit[/]", *marks)
+            continue
+        sat = live.p_ttft is None or live.p_ttft == float("inf")
+        bt = f" [{_ms(live.p_ttft_band[0])}-{_ms(live.p_ttft_band[1])}]" if live.p_ttft_band else ""
+        bp = f" [{_ms(live.p_tpot_band[0], 1)}-{_ms(live.p_tpot_band[1], 1)}]" if live.p_tpot_band else ""
+        ok = any(c.meets_slo for c in cells)
+        ft.add_row(str(s), "[red]saturated[/]" if sat else _ms(live.p_ttft) + bt, "" if sat else _ms(live.p_tpot, 1) + bp,
+                   f"{live.capacity_tokens_per_s or 0:,.0f}", "[green]meets[/]" if ok else "[red]misses[/]", *marks)
+    console.print(ft)
+
+    v = p.verification
+    if p.recommended:
+        rc = p.recommended
+        console.print(f"[bold]Recommended[/]: tp={p.tp}, max_num_seqs={rc.max_num_seqs}, max_model_len={rc.max_model_len:,}; "
+                      f"{p.replicas} replica{'s' if p.replicas > 1 else ''} = [bold]{p.gpus} x {p.gpu}[/]"
+                      + (f", ${p.cost_per_million_tokens:.3f} per 1M output tokens" if p.cost_per_million_tokens else ""))
+    else:
+        console.print(f"[bold]Recommended[/]: engine defaults at tp={p.tp}; {p.replicas} replicas = {p.gpus} x {p.gpu}")
+    console.print(f"verification: {p.replicas} replicas at {v.rate_per_s:g} req/s, fresh seeds {v.seeds}: P{pct} TTFT "
+                  f"{_ms(v.p_ttft_s)} ms, P{pct} TPOT {_ms(v.p_tpot_s, 1)} ms -> "
+                  + ("[green]meets the SLO[/]" if v.passed else "[red]misses the SLO[/]"))
+    console.print(f"  {p.vllm_command}", soft_wrap=True, markup=False, highlight=False)
+    console.print(f"  {p.sglang_command}", soft_wrap=True, markup=False, highlight=False)
+    for line in p.tradeoffs:
+        console.print(f"- {line}")
+    for n in p.notes:
+        console.print(f"[dim]note: {n}[/]")
+    console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")
+
+
+def _src(source: str) -> str:
+    """A step-cost source, short enough for a table cell (the full text is in the JSON)."""
+    return source.split(" (")[0].replace("calibrated profile ", "profile ")
+
+
+def write_rows(rows: list[dict], path: str) -> None:
+    import csv
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    if p.suffix == ".csv":
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        with p.open("w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=keys)
+            w.writeheader()
+            for r in rows:
+                w.writerow({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()})
+    else:
+        p.write_text(json.dumps(rows, indent=1, default=float) + "\n")
+
+
+def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
+    from rich.table import Table
+
+    t = Table(title=f"Sweep ({len(rows)} points); step costs: {rows[0]['source'] if rows else '-'}", title_justify="left")
+    for a in axes:
+        t.add_column(a)
+    for c in ("req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "tokens/s"):
+        t.add_column(c, justify="right")
+    for r in rows:
+        vals = []
+        for a in axes:
+            v = r[a]
+            vals.append(str(v.get("value", v)) if isinstance(v, dict) else str(v))
+        sat = " [red]saturated[/]" if r["saturated"] else ""
+        t.add_row(*vals, f"{r['rate_per_s']:g}{sat}", _ms(r["ttft_p50_s"]), _ms(r["ttft_p99_s"]), _ms(r["tpot_p50_s"], 1),
+                  _ms(r["tpot_p99_s"], 1), f"{r['tokens_per_s']:,.0f}")
+    console.print(t)
+    console.print(f"[dim]{ex.misses} simulations run, {ex.hits} from the cache[/]")

@@ -1,0 +1,100 @@
+"""GPU catalogue: datasheet figures in SI units, shipped as capacity/data/gpus.yaml.
+
+`usable_memory_bytes` is what the engine sees (torch.cuda.mem_get_info's total, e.g. 79.2 GiB on an
+"80 GB" H100), not the marketing size: vLLM multiplies *that* by gpu_memory_utilization. Its basis is
+recorded ("observed" in a real log, or "estimate"). Users can pass their own GPU YAML with the same
+fields (`capacity memory --gpu my-gpu.yaml`).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from capacity.errors import ConfigError
+from capacity.files import read_mapping, validate
+
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+CATALOGUE = Path(__file__).resolve().parents[1] / "data" / "gpus.yaml"
+
+
+class GPU(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    datasheet_name: str | None = None
+    aliases: list[str] = []
+    arch: str = ""
+    memory_bytes: PosFloat  # marketing size (1 GB = 1e9 B)
+    usable_memory_bytes: PosFloat  # total the engine sees (mem_get_info)
+    usable_memory_basis: Literal["observed", "estimate"] = "estimate"
+    usable_memory_note: str = ""
+    mem_bw_bytes_per_s: PosFloat  # peak DRAM bandwidth
+    bf16_flops: PosFloat | None = None  # dense tensor-core peak, FLOP/s
+    fp16_flops: PosFloat | None = None
+    fp8_flops: PosFloat | None = None
+    int8_ops: PosFloat | None = None
+    interconnect_bytes_per_s: PosFloat  # GPU-to-GPU, per direction
+    interconnect: str = "pcie"
+    tdp_w: PosFloat | None = None
+    source: str = ""
+    confidence: str = ""
+
+    def peak_flops(self, dtype: str) -> float:
+        value = {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "int8": self.int8_ops}.get(
+            dtype
+        )
+        if value is None:
+            raise ConfigError(f"gpu {self.name}: no dense {dtype} tensor rate in the catalogue (the part lacks it)")
+        return value
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> dict[str, GPU]:
+    data = yaml.safe_load(CATALOGUE.read_text())
+    return {name: GPU(name=name, **spec) for name, spec in data["gpus"].items()}
+
+
+def _normalise(s: str) -> str:
+    return s.strip().lower().replace("_", "-").replace(" ", "-")
+
+
+def get_gpu(name_or_path: str) -> GPU:
+    """A catalogue name or alias (case-insensitive), or the path of a user GPU YAML."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml", ".json") or p.is_file():
+        data = read_mapping(p)
+        data.setdefault("name", p.stem)
+        return validate(GPU, data, str(p))
+    key = _normalise(name_or_path)
+    for gpu in catalogue().values():
+        if key == gpu.name or key in (_normalise(a) for a in gpu.aliases) or key == _normalise(gpu.datasheet_name or ""):
+            return gpu
+    raise ConfigError(f"gpu {name_or_path!r} is not in the catalogue; known: {', '.join(catalogue())} (or pass a GPU YAML)")
+
+
+def match_gpu(device_name: str, total_memory_bytes: float | None = None) -> str | None:
+    """Catalogue name for a device as torch names it ('NVIDIA H100 80GB HBM3', 'NVIDIA A100-SXM4-40GB'),
+    or None. The family token must appear in the name; PCIe-vs-SXM and memory size break ties."""
+    words = set(_normalise(device_name).replace("-", " ").split())
+    joined = _normalise(device_name)
+    best: tuple[float, str] | None = None
+    for gpu in catalogue().values():
+        family = gpu.name.split("-")[0]  # h100, a100, rtx, l40s, ...
+        if gpu.name == "rtx-4090":
+            ok = "4090" in words
+        else:
+            ok = family in words or family in joined.split("-")
+        if not ok:
+            continue
+        score = 0.0
+        if ("pcie" in joined) != ("pcie" in gpu.name):
+            score += 1e15
+        if total_memory_bytes:
+            score += abs(gpu.usable_memory_bytes - total_memory_bytes)
+        if best is None or score < best[0]:
+            best = (score, gpu.name)
+    return best[1] if best else None

@@ -1,0 +1,148 @@
+"""Weight inventory: every tensor group of a card, its parameter count, and its bytes per TP rank.
+
+Sharding follows vLLM's tensor parallelism: column/row-parallel linears split by tp; K/V projections
+split by KV head but never below one head per rank (replicated beyond that); embedding and LM head
+split by (padded) vocabulary; norms, routers and MLA's down-projections replicated; experts split along
+their intermediate dimension (TP-sharded MoE, no expert parallelism).
+Quantised formats apply to linear layers only (embeddings, LM head, norms and routers stay in the
+compute dtype) and their scales are counted: per output channel (fp8/int8 without groups), square
+blocks of quant_group_size (fp8/int8 with groups, DeepSeek-V3 style), or fp16 scale + 4-bit zero per
+group of quant_group_size inputs (int4 AWQ/GPTQ).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from capacity.model.card import ModelCard
+from capacity.units import DTYPE_BYTES
+
+Shard = Literal["column", "row", "kv", "vocab", "replicated"]
+VOCAB_PADDING = 64  # vLLM pads the vocabulary to a multiple of 64 before splitting it across ranks
+
+
+@dataclass(frozen=True)
+class TensorGroup:
+    name: str
+    count: int  # how many copies (layers x experts)
+    rows: int  # output features (1 for norms and biases)
+    cols: int  # input features
+    shard: Shard
+    quantized: bool  # stored in the card's weight format (linear layers) or the compute dtype
+
+    @property
+    def params(self) -> int:
+        return self.count * self.rows * self.cols
+
+
+def tensor_groups(card: ModelCard) -> list[TensorGroup]:
+    h, L, hd = card.hidden_size, card.num_layers, card.head_dim_
+    nq, nkv = card.num_attention_heads, card.num_kv_heads
+    g: list[TensorGroup] = [TensorGroup("embed_tokens", 1, card.vocab_size, h, "vocab", False)]
+    if not card.tie_word_embeddings:
+        g.append(TensorGroup("lm_head", 1, card.vocab_size, h, "vocab", False))
+    g.append(TensorGroup("final_norm", 1, 1, h, "replicated", False))
+    g.append(TensorGroup("layer_norms", L, 2, h, "replicated", False))
+
+    if card.mla is None:
+        g += [
+            TensorGroup("q_proj", L, nq * hd, h, "column", True),
+            TensorGroup("kv_proj", L, 2 * nkv * hd, h, "kv", True),
+            TensorGroup("o_proj", L, h, nq * hd, "row", True),
+        ]
+        if card.attention_bias:
+            g += [
+                TensorGroup("q_bias", L, 1, nq * hd, "column", False),
+                TensorGroup("kv_bias", L, 1, 2 * nkv * hd, "kv", False),
+            ]
+        if card.qk_norm:
+            g.append(TensorGroup("qk_norm", L, 2, hd, "replicated", False))
+    else:
+        m = card.mla
+        qk_hd = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank is None:
+            g.append(TensorGroup("q_proj", L, nq * qk_hd, h, "column", True))
+        else:
+            g += [
+                TensorGroup("q_a_proj", L, m.q_lora_rank, h, "replicated", True),
+                TensorGroup("q_a_norm", L, 1, m.q_lora_rank, "replicated", False),
+                TensorGroup("q_b_proj", L, nq * qk_hd, m.q_lora_rank, "column", True),
+            ]
+        g += [
+            TensorGroup("kv_a_proj", L, m.kv_lora_rank + m.qk_rope_head_dim, h, "replicated", True),
+            TensorGroup("kv_a_norm", L, 1, m.kv_lora_rank, "replicated", False),
+            TensorGroup("kv_b_proj", L, nq * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, "column", True),
+            TensorGroup("o_proj", L, h, nq * m.v_head_dim, "row", True),
+        ]
+
+    dense_layers = card.num_dense_layers
+    if dense_layers:
+        g += [
+            TensorGroup("mlp_gate_up", dense_layers, 2 * card.intermediate_size, h, "column", True),
+            TensorGroup("mlp_down", dense_layers, h, card.intermediate_size, "row", True),
+        ]
+    if card.moe is not None:
+        moe, ml = card.moe, card.num_moe_layers
+        e, mi = moe.num_experts, moe.moe_intermediate_size
+        g += [
+            TensorGroup("router", ml, e, h, "replicated", False),
+            TensorGroup("experts_gate_up", ml * e, 2 * mi, h, "column", True),
+            TensorGroup("experts_down", ml * e, h, mi, "row", True),
+        ]
+        if moe.shared_intermediate:
+            si = moe.shared_intermediate
+            g += [
+                TensorGroup("shared_gate_up", ml, 2 * si, h, "column", True),
+                TensorGroup("shared_down", ml, h, si, "row", True),
+            ]
+    return g
+
+
+def count_params(card: ModelCard) -> int:
+    """Total parameters (tied embeddings counted once), as model cards publish them."""
+    return sum(t.params for t in tensor_groups(card))
+
+
+def _elements_per_rank(t: TensorGroup, card: ModelCard, tp: int) -> tuple[int, int]:
+    """(rows, cols) of this group's tensor on one rank."""
+    if t.shard == "column":
+        return math.ceil(t.rows / tp), t.cols
+    if t.shard == "row":
+        return t.rows, math.ceil(t.cols / tp)
+    if t.shard == "kv":
+        per_rank_heads = max(1, card.num_kv_heads // tp)
+        return t.rows * per_rank_heads // card.num_kv_heads, t.cols
+    if t.shard == "vocab":
+        padded = math.ceil(t.rows / VOCAB_PADDING) * VOCAB_PADDING
+        return math.ceil(padded / tp), t.cols
+    return t.rows, t.cols
+
+
+def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None) -> float:
+    if fmt in ("bf16", "fp16"):
+        return 0.0
+    if fmt == "int4":
+        # AWQ/GPTQ: one fp16 scale and one packed 4-bit zero point per group of `group` inputs per output
+        return rows * math.ceil(cols / group) * (2 + 0.5)
+    if group:  # fp8/int8 block quantisation: one fp32 scale per group x group block
+        return math.ceil(rows / group) * math.ceil(cols / group) * 4
+    return rows * 4  # one fp32 scale per output channel
+
+
+def weight_bytes_per_rank(card: ModelCard, tp: int = 1) -> dict[str, float]:
+    """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven)."""
+    fmt, cdt = card.weight_format, card.dtype
+    out: dict[str, float] = {}
+    for t in tensor_groups(card):
+        rows, cols = _elements_per_rank(t, card, tp)
+        if t.quantized and fmt != cdt:
+            b = t.count * (rows * cols * DTYPE_BYTES[fmt] + _scale_bytes(rows, cols, fmt, card.quant_group_size))
+        else:
+            b = t.count * rows * cols * DTYPE_BYTES[cdt]
+        out[t.name] = b
+    # vLLM's rotary embedding keeps a cos/sin cache of max_position_embeddings x rotary_dim in the compute
+    # dtype, allocated while loading and so reported inside "model weights take ..." (32 MiB for Llama-3.1).
+    rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else card.head_dim_
+    out["rope_cache"] = card.max_position_embeddings * rotary_dim * DTYPE_BYTES[cdt]
+    return out

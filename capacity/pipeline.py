@@ -1,0 +1,155 @@
+"""The one run path: deployment -> memory -> cost -> scheduler -> simulator -> typed result.
+
+`capacity simulate`, the planner's tasks, the dashboard and `capacity validate` all go through here, so they
+cannot disagree about how a question becomes a simulation:
+
+1. memory: the deployment's engine model reserves the budget (KV blocks, resolved knobs) for its GPU;
+2. cost: the one cost factory gives the step cost (roofline or a calibrated profile, used or refused);
+3. scheduler: the engine model builds each replica's scheduler from the configuration and the budget;
+4. simulator: replicas behind a router, optional front-end delay, the exact fast path;
+5. result: a typed `RunResult` (summary with percentiles and intervals, the budget, the source, notes).
+
+`prepare()` does 1-3 once (the dashboard and the planner reuse it); `simulate_requests()` is step 4 for a
+caller that brings its own scheduler limits and cost (the engine fit of `capacity calibrate --from-run`).
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+
+from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine
+from capacity.engine.config import EngineConfig
+from capacity.errors import CapacityError
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU
+from capacity.sim.metrics import SLO, Summary, summarize
+from capacity.sim.simulator import SimConfig, SimResult, littles_law, simulate
+from capacity.workload import Request, WorkloadSpec
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """What runs: a model on a GPU type with one engine configuration and one step-cost source, `replicas`
+    copies behind a router, and the front end's latency before it."""
+
+    card: ModelCard
+    gpu: GPU
+    engine: EngineConfig = EngineConfig()
+    profile: str | None = None  # a calibrated profile (file or bundled name); None: the roofline
+    allow_profile_mismatch: bool = False
+    replicas: int = 1
+    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    frontend_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    seed: int = 0
+    warmup_fraction: float = 0.1  # share of the first requests left out of the metrics
+    fast_forward: bool = True
+    ci: bool = True  # bootstrap intervals for P99
+    max_sim_s: float = math.inf
+    timeseries: bool = True
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.warmup_fraction < 1:
+            raise CapacityError(f"warmup fraction: must be in [0, 1) (got {self.warmup_fraction})")
+
+
+@dataclass
+class Prepared:
+    """Steps 1-3 of the run path, resolved once for a deployment."""
+
+    engine_model: EngineModel
+    budget: MemoryBudget
+    cost: object  # a StepCost
+    make_scheduler: Callable[[], object]
+
+    @property
+    def cost_source(self) -> str:
+        return getattr(self.cost, "source", type(self.cost).__name__)
+
+
+def prepare(dep: Deployment) -> Prepared:
+    from capacity.cost.factory import make_step_cost
+
+    em = get_engine(dep.engine.engine)
+    b = em.budget(dep.card, dep.gpu, dep.engine)
+    cost = make_step_cost(dep.card, dep.gpu, b.tp, kv_dtype=b.kv_dtype, profile=dep.profile,
+                          allow_mismatch=dep.allow_profile_mismatch)
+    return Prepared(em, b, cost, em.scheduler_factory(dep.engine, SchedLimits.of(b)))
+
+
+@dataclass
+class RunResult:
+    """One simulated run, typed; `as_dict()` is its JSON form (`capacity simulate --json`)."""
+
+    summary: Summary
+    sim: SimResult
+    budget: MemoryBudget
+    engine: EngineConfig
+    cost_source: str
+    warmup_requests: int
+    offered_rate_per_s: float | None
+    little: tuple[float, float] = (0.0, 0.0)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def policy(self) -> str:
+        return self.engine.policy
+
+    def as_dict(self) -> dict:
+        s, b = self.sim, self.budget
+        return {
+            "summary": self.summary.as_dict(), "policy": self.policy, "step_cost_source": self.cost_source,
+            "saturated": s.saturated, "saturation": s.saturation, "capacity_req_per_s": s.capacity_req_per_s,
+            "offered_rate_per_s": self.offered_rate_per_s, "rejected": len(s.rejected),
+            "rejected_examples": s.rejected[:3], "warmup_requests_excluded": self.warmup_requests,
+            "simulated_s": s.end_s, "steps": s.steps, "engine_events": s.events, "preemptions": s.preemptions,
+            "littles_law": {"L": self.little[0], "lambda_W": self.little[1]},
+            "kv_blocks_per_replica": b.num_blocks, "block_size": b.block_size,
+            "max_num_seqs": b.max_num_seqs, "max_num_batched_tokens": b.max_num_batched_tokens,
+            "max_model_len": b.max_model_len, "notes": self.notes, "units": "seconds, tokens",
+            "engine": self.engine.model_dump(mode="json"),
+        }
+
+
+def simulate_requests(make_scheduler: Callable[[], object], cost, workload: WorkloadSpec | list[Request],
+                      opts: RunOptions = RunOptions(), *, replicas: int = 1, router: str = "round_robin",
+                      frontend_s: float = 0.0) -> SimResult:
+    """Step 4 alone: simulate with a given scheduler builder and cost."""
+    cfg = SimConfig(replicas=replicas, router=router, fast_forward=opts.fast_forward,  # type: ignore[arg-type]
+                    max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=frontend_s)
+    return simulate(workload, cost, make_scheduler, np.random.default_rng(opts.seed), cfg)  # type: ignore[arg-type]
+
+
+def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),
+        prepared: Prepared | None = None) -> RunResult:
+    """The whole path (see module docstring)."""
+    p = prepared or prepare(dep)
+    rng = np.random.default_rng(opts.seed)
+    cfg = SimConfig(replicas=dep.replicas, router=dep.router, fast_forward=opts.fast_forward,
+                    max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s)
+    sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
+    rec = sim.records
+    n_warm = int(len(rec) * opts.warmup_fraction)
+    measured = rec.subset(np.arange(len(rec)) >= n_warm)
+    # ITL samples are per token, not per request: the warm-up excludes tokens emitted before the first
+    # measured request arrived.
+    t0 = measured.arrival.min() if len(measured) else 0.0
+    m = sim.itl_times >= t0
+    slos = [SLO(c.slo_ttft_s, c.slo_tpot_s) for c in workload.classes]
+    summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci)
+    notes = []
+    if sim.rejected:
+        notes.append(f"{len(sim.rejected)} requests rejected: {sim.rejected[0][1]}")
+    b = p.budget
+    if b.estimates:
+        notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
+    notes += p.engine_model.launch_notes(dep.engine)
+    return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, workload.arrivals.rate_per_s,
+                     littles_law(sim), notes)

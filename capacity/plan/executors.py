@@ -1,0 +1,164 @@
+"""Running many simulations: executors (serial, local process pool, Ray) behind one `run(tasks)` call, a disk
+cache keyed by each task's hash (re-runs, the dashboard and exports are instant; a stopped sweep resumes), and
+a progress bar with ETA on stderr.
+
+Tasks are `capacity.plan.tasks.SimTask` (plain data) and results `TaskResult` (typed); the cache holds the
+result's JSON form, and an entry that does not read back as a result is recomputed, never trusted.
+Ray is imported only by `RayExecutor` (`pip install 'capacity[ray]'`); `--ray` starts a local Ray,
+`--ray-address` joins a cluster. A failed task is an error for the whole run, never a silently missing point.
+"""
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from capacity.errors import CapacityError, ConfigError
+from capacity.plan.tasks import SimTask, TaskResult, run_task
+
+CACHE_ENV = "CAPACITY_CACHE_DIR"
+
+
+def cache_dir() -> Path | None:
+    v = os.environ.get(CACHE_ENV, str(Path.home() / ".cache" / "capacity"))
+    return None if v in ("", "0", "off") else Path(v)
+
+
+class Executor:
+    """Base: cache lookups, progress, and a `_map` the subclasses implement."""
+
+    def __init__(self, progress: bool = False, cache: Path | None | bool = True) -> None:
+        self.progress = progress
+        self.cache = cache_dir() if cache is True else (cache or None)
+        self.hits = self.misses = 0
+
+    def _get(self, key: str) -> TaskResult | None:
+        if self.cache is None:
+            return None
+        p = self.cache / f"{key}.json"
+        if p.is_file():
+            try:
+                return TaskResult.from_json(json.loads(p.read_text()))
+            except (OSError, ValueError, KeyError, TypeError):
+                return None  # a torn write from a killed run, or an entry of another version: recompute
+        return None
+
+    def _put(self, key: str, value: TaskResult) -> None:
+        if self.cache is None:
+            return
+        try:
+            self.cache.mkdir(parents=True, exist_ok=True)
+            tmp = self.cache / f"{key}.json.tmp{os.getpid()}"
+            tmp.write_text(json.dumps(value.to_json(), default=float))
+            tmp.replace(self.cache / f"{key}.json")
+        except OSError:
+            pass  # the cache is an optimisation: an unwritable or full cache directory costs only speed
+
+    def run(self, tasks: list[SimTask]) -> list[TaskResult]:
+        keys = [t.key() for t in tasks]
+        out: list[TaskResult | None] = [self._get(k) for k in keys]
+        todo = [i for i, v in enumerate(out) if v is None]
+        self.hits += len(tasks) - len(todo)
+        self.misses += len(todo)
+        if todo:
+            for i, res in self._map([tasks[i] for i in todo], todo):
+                out[i] = res
+                self._put(keys[i], res)
+        return out  # type: ignore[return-value]
+
+    def _map(self, tasks: list[SimTask], idx: list[int]) -> Iterable[tuple[int, TaskResult]]:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+def _bar(total: int, enabled: bool):
+    from contextlib import nullcontext
+
+    if not enabled or total < 2:
+        return nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    return Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
+                    TimeRemainingColumn(), transient=True, console=Console(stderr=True))
+
+
+class SerialExecutor(Executor):
+    def _map(self, tasks, idx):
+        with _bar(len(tasks), self.progress) as bar:
+            t = bar.add_task("", total=len(tasks)) if bar else None
+            for i, task in zip(idx, tasks):
+                yield i, run_task(task)
+                if bar:
+                    bar.advance(t)
+
+
+class PoolExecutor(Executor):
+    """A local process pool (the default): one simulation per core."""
+
+    def __init__(self, workers: int | None = None, **kw) -> None:
+        super().__init__(**kw)
+        self.workers = workers or os.cpu_count() or 1
+        self._pool = None
+
+    def _map(self, tasks, idx):
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        if len(tasks) == 1 or self.workers == 1:
+            yield from SerialExecutor(progress=False, cache=False)._map(tasks, idx)
+            return
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers)
+        with _bar(len(tasks), self.progress) as bar:
+            t = bar.add_task("", total=len(tasks)) if bar else None
+            futs = {self._pool.submit(run_task, task): i for i, task in zip(idx, tasks)}
+            for f in as_completed(futs):
+                yield futs[f], f.result()  # re-raises the task's own error
+                if bar:
+                    bar.advance(t)
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+
+class RayExecutor(Executor):
+    """Ray tasks: `address=None` starts a local Ray; "auto" or ray://host:port joins a cluster."""
+
+    def __init__(self, address: str | None = None, **kw) -> None:
+        super().__init__(**kw)
+        try:
+            import ray
+        except ImportError:
+            raise CapacityError("Ray is not installed: pip install 'capacity[ray]'") from None
+        if not ray.is_initialized():
+            ray.init(address=address, include_dashboard=False, log_to_driver=False, ignore_reinit_error=True)
+        self._ray = ray
+        self._remote = ray.remote(run_task)
+
+    def _map(self, tasks, idx):
+        refs = {self._remote.remote(task): i for i, task in zip(idx, tasks)}
+        pending = list(refs)
+        with _bar(len(tasks), self.progress) as bar:
+            t = bar.add_task("", total=len(tasks)) if bar else None
+            while pending:
+                done, pending = self._ray.wait(pending, num_returns=1)
+                for r in done:
+                    yield refs[r], self._ray.get(r)
+                    if bar:
+                        bar.advance(t)
+
+
+def make_executor(kind: str = "pool", *, ray_address: str | None = None, progress: bool = True,
+                  cache: bool = True, workers: int | None = None) -> Executor:
+    if kind == "serial":
+        return SerialExecutor(progress=progress, cache=cache)
+    if kind == "pool":
+        return PoolExecutor(workers, progress=progress, cache=cache)
+    if kind == "ray":
+        return RayExecutor(ray_address, progress=progress, cache=cache)
+    raise ConfigError(f"executor {kind!r}: use serial, pool or ray")

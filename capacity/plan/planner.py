@@ -1,0 +1,420 @@
+"""The planner: what to configure, how many GPUs, and what P99 users will see.
+
+Given a scenario (model, GPU, engine configuration, workload shape, SLOs, target rate, price), `make_plan`:
+1. finds, for each TP size that fits, the **max sustainable rate per replica** under the SLOs by bisection
+   on the arrival rate. Each probe runs `seeds` simulations with common random numbers (the same seeds at
+   every rate, so noise does not make the search zig-zag); a probe passes when the mean over seeds of the
+   SLO percentile meets the SLO and no run saturated. The search stops when hi/lo <= 1 + tolerance and
+   reports the bracket, never a single number pretending to be exact;
+2. picks the TP with the fewest GPUs for the target rate (ties: smaller TP) and the replicas it needs;
+3. simulates the **frontier** max_num_seqs x max_model_len at each replica's share of the target rate:
+   memory feasibility per cell (the budget), P99 TTFT / TPOT with a bootstrap band, and the cell's capacity
+   (tokens/s with the batch kept full, from a closed loop); cells whose max_model_len cannot hold the
+   workload's longest request are marked;
+4. recommends the feasible cell with the highest capacity that meets the SLOs at that load, re-runs the rate
+   search for it, and **verifies** it with a fresh simulation (new seeds) of all replicas at the full target
+   rate; if verification fails it adds a replica and says so;
+5. derives trade-off statements from the frontier and the input-length sensitivity of TTFT.
+
+Every simulation of one configuration uses one engine configuration (`cell_engine`): the frontier cell, its
+rate search, the verification, the memory budget shown and the launch command are the same engine, with
+the engine's own default token budget for that GPU unless the scenario sets one. A calibrated profile is
+used for every row or refused: the TP search is restricted to the profile's TP size, and a profile for
+another model or GPU is an error before anything runs.
+
+Simulations are independent tasks (`capacity.plan.tasks`): plain data in, a typed result out, so they run in
+a process pool (default), on Ray, or serially, and cache on disk by their hash.
+"""
+from __future__ import annotations
+
+import math
+
+from capacity.engine.config import EngineConfig
+from capacity.errors import CapacityError, ConfigError, DoesNotFit
+from capacity.plan.results import Cell, MetricStats, Plan, RateSearch, Verification
+from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
+from capacity.plan.tasks import SimTask, TaskResult, run_task
+from capacity.workload import Arrivals, Lengths, WorkloadSpec
+
+__all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
+
+
+def _mean(xs: list[float]) -> float:
+    return sum(xs) / len(xs)
+
+
+class Planner:
+    def __init__(self, sc: Scenario, card, executor) -> None:
+        from capacity.model.gpus import get_gpu
+
+        self.sc, self.card, self.ex = sc, card, executor
+        self.card_dict = card.model_dump()
+        self.gpu = get_gpu(sc.gpu_name)
+        self.notes: list[str] = []
+        self.sources: dict[int, str] = {}  # tp -> step-cost source
+
+    # ---- one engine configuration per question ---------------------------------------------------------
+    def engine(self, tp: int, **over) -> EngineConfig:
+        """The scenario's engine configuration at this TP size with `over` set (None values: unchanged)."""
+        upd = {"tensor_parallel_size": tp, **{k: v for k, v in over.items() if v is not None}}
+        return self.sc.engine.model_copy(update=upd)
+
+    def cell_engine(self, tp: int, max_num_seqs: int | None = None, max_model_len: int | None = None) -> EngineConfig:
+        """The configuration of a frontier cell, its rate search, its verification and its launch command: the
+        scenario's token budget if it sets one, else the engine's default on this GPU, raised to max_num_seqs
+        when that is larger (vLLM refuses a token budget below the batch cap)."""
+        e = self.engine(tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+        if max_num_seqs is not None:
+            from capacity.engine import get_engine
+
+            mnbt = e.max_num_batched_tokens or get_engine(e.engine).default_max_num_batched_tokens(e, self.card, self.gpu)
+            if mnbt < max_num_seqs:
+                e = e.model_copy(update={"max_num_batched_tokens": max_num_seqs})
+        return e
+
+    def budget(self, engine: EngineConfig):
+        from capacity.engine.memory import budget
+
+        return budget(self.card, self.gpu, engine)
+
+    def check_source(self, tp: int) -> str:
+        """Build the step cost once for this TP: a profile that cannot serve it is refused here, in one line."""
+        if tp not in self.sources:
+            from capacity.cost.factory import make_step_cost
+
+            kv = self.sc.engine.kv_cache_dtype
+            self.sources[tp] = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile).source
+        return self.sources[tp]
+
+    # one probe = `seeds` simulations at one rate
+    def _tasks(self, engine: EngineConfig, rate: float | None, seeds: range, replicas: int = 1,
+               closed_users: int | None = None, requests: int | None = None, ci: bool = False,
+               router: str = "round_robin", workload: WorkloadSpec | None = None) -> list[SimTask]:
+        wl = workload or self.sc.workload
+        n = requests or self.sc.search.requests
+        if closed_users is not None:
+            arr = Arrivals(kind="closed", users=closed_users)
+        else:
+            base = wl.arrivals
+            arr = Arrivals(kind=base.kind if base.kind in ("poisson", "gamma", "constant") else "poisson",
+                           rate_per_s=rate, cv=base.cv)
+        w = wl.model_copy(update={"arrivals": arr, "num_requests": n}).model_dump()
+        e = engine.model_dump(mode="json")
+        return [SimTask(self.card_dict, self.gpu.name, e, w, s, replicas, router, self.sc.profile,
+                        self.sc.search.warmup_fraction, ci) for s in seeds]
+
+    def _judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
+        k = self.sc.slo.key
+        if any(r.saturated or not r.ttft.n for r in results):
+            return False, math.inf, math.inf
+        pt = _mean([r.ttft.stat(k) for r in results])
+        pp = _mean([r.tpot.stat(k) if r.tpot.n else 0.0 for r in results])
+        return pt <= self.sc.slo.ttft_s and pp <= self.sc.slo.tpot_s, pt, pp
+
+    def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
+        """Throughput with the batch kept full: a closed loop of 2 x max_num_seqs users, no think time."""
+        users = max(2, 2 * max_num_seqs)
+        return self.ex.run(self._tasks(engine, None, range(1), closed_users=users,
+                                       requests=max(self.sc.search.requests, 2 * users)))[0]
+
+    def rate_search(self, engine: EngineConfig, tp: int, max_num_seqs: int) -> RateSearch:
+        sp = self.sc.search
+        seeds = range(sp.seeds)
+        cap = self.capacity(engine, max_num_seqs)
+        cap_rate = cap.requests_per_s
+        if not cap_rate or not math.isfinite(cap_rate):
+            raise CapacityError(f"could not measure a capacity at tp={tp} (no request finished)")
+        lo_rate = cap_rate * 0.02
+        ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, lo_rate, seeds)))
+        b = self.budget(engine)
+        rs = RateSearch(tp, 0.0, lo_rate, cap_rate, [(lo_rate, ok, pt, pp)], (pt, pp), cap.source,
+                        b.max_num_seqs, b.max_num_batched_tokens)
+        if not ok:
+            return rs  # even a trickle misses the SLO: infeasible
+        lo, hi = lo_rate, cap_rate * 1.05
+        while hi / lo > 1 + sp.tolerance:
+            mid = math.sqrt(lo * hi)
+            ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, mid, seeds)))
+            rs.probes.append((mid, ok, pt, pp))
+            lo, hi = (mid, hi) if ok else (lo, mid)
+        rs.max_rate, rs.failed_rate = lo, hi
+        return rs
+
+    def tp_sizes(self) -> list[int]:
+        """The TP sizes to search: the scenario's fixed one, or the search grid; with a profile, only the TP
+        size it was measured at (a profile is never replaced by the roofline for some rows)."""
+        sc = self.sc
+        tps = [sc.fixed_tp] if sc.fixed_tp else list(sc.search.tp)
+        if sc.profile is None:
+            return tps
+        from capacity.cost.profile import load_profile, profile_label
+
+        ptp = load_profile(sc.profile).tp
+        if sc.fixed_tp and sc.fixed_tp != ptp:
+            raise ConfigError(f"profile {profile_label(sc.profile)} was measured at tp={ptp}, the scenario fixes "
+                              f"tp={sc.fixed_tp}: use a profile measured at tp={sc.fixed_tp}, or no profile (the roofline)")
+        self.check_source(ptp)  # another model or GPU: refused now, before anything is simulated
+        if tps != [ptp]:
+            self.notes.append(f"tp searched only at {ptp}: the profile {profile_label(sc.profile)} was measured "
+                              f"there (other TP sizes would need the roofline; run without --profile for them)")
+        return [ptp]
+
+    def make(self) -> Plan:
+        sc, card, gpu = self.sc, self.card, self.gpu
+        tps = self.tp_sizes()
+        searches: list[RateSearch] = []
+        fit_errors = []
+        for tp in tps:
+            done = [r for r in searches if r.max_rate > 0]
+            if done and tp >= min(r.tp * math.ceil(sc.target_rate_per_s / r.max_rate) for r in done):
+                self.notes.append(f"tp={tp} not searched: it cannot use fewer GPUs than the best found")
+                continue
+            try:
+                e = self.engine(tp)
+                b = self.budget(e)
+            except (DoesNotFit, ConfigError) as exc:
+                fit_errors.append(f"tp={tp}: {exc}")
+                continue
+            self.check_source(tp)  # a profile that cannot serve this TP is an error, not a silent roofline
+            searches.append(self.rate_search(e, tp, b.max_num_seqs))
+        if not searches:
+            raise DoesNotFit(f"no feasible configuration of {card.name} on {gpu.name}: " + "; ".join(fit_errors))
+        usable = [r for r in searches if r.max_rate > 0]
+        if not usable:
+            r0 = searches[0]
+            unl = r0.unloaded or (math.inf, math.inf)
+            raise CapacityError(
+                f"no feasible configuration: even at {r0.probes[0][0]:.3g} req/s per replica, P{sc.slo.percentile} "
+                f"TTFT is {unl[0] * 1e3:.0f} ms and TPOT {unl[1] * 1e3:.1f} ms at tp={r0.tp} "
+                f"(SLO {sc.slo.ttft_s * 1e3:.0f} ms / {sc.slo.tpot_s * 1e3:.1f} ms)")
+
+        def gpus_for(r: RateSearch) -> int:
+            return r.tp * math.ceil(sc.target_rate_per_s / r.max_rate)
+
+        best = min(usable, key=lambda r: (gpus_for(r), r.tp))
+        if gpus_for(best) > sc.max_gpus:
+            raise CapacityError(
+                f"target {sc.target_rate_per_s:g} req/s needs more than {sc.max_gpus} GPUs (max_gpus): the best is "
+                f"tp={best.tp} at {best.max_rate:.3g} req/s per replica = {gpus_for(best)} x {gpu.name}")
+        tp = best.tp
+        replicas = math.ceil(sc.target_rate_per_s / best.max_rate)
+        per_replica = sc.target_rate_per_s / replicas
+        base_cfg = self.engine(tp)
+        frontier = self.frontier(tp, per_replica)
+        rec = self.recommend(frontier)
+        rec_engine = self.cell_engine(tp, rec.max_num_seqs, rec.max_model_len) if rec else base_cfg
+        rec_search = None
+        if rec is not None:
+            rec_search = self.rate_search(rec_engine, tp, rec.max_num_seqs)
+            if rec_search.max_rate > 0:
+                replicas = min(replicas, math.ceil(sc.target_rate_per_s / rec_search.max_rate))
+        verification = self.verify(rec_engine, replicas)
+        if not verification.passed:
+            for _ in range(3):
+                replicas += 1
+                self.notes.append(f"verification at the target rate failed; trying {replicas} replicas")
+                verification = self.verify(rec_engine, replicas)
+                if verification.passed:
+                    break
+        rb = self.budget(rec_engine)
+        gpus = tp * replicas
+        mean_out = sc.workload.mean_output_tokens
+        cost = None
+        if sc.price_per_gpu_hour:
+            cost = gpus * sc.price_per_gpu_hour / (sc.target_rate_per_s * mean_out * 3600) * 1e6
+        from capacity.engine import get_engine
+        from capacity.engine.sglang import launch_command as sglang_command
+
+        em = get_engine(rec_engine.engine)
+        vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb)
+        self.notes += em.launch_notes(rec_engine)
+        trade = self.tradeoffs(frontier, rec)
+        trade += self.sensitivity(rec_engine, per_replica)
+        eng = em.resolve(base_cfg, card, gpu)
+        from capacity import __version__
+        from capacity.engine.memory import batch_context_table, default_batches, default_contexts
+
+        prov = None
+        if sc.profile:
+            from capacity.cost.profile import load_profile
+
+            prov = load_profile(sc.profile).provenance.model_dump()
+        scenario = {**sc.model_dump(), "model": card.model_dump(), "gpu": gpu.name}
+        return Plan(card.name, gpu.name, sc.slo, sc.target_rate_per_s, searches, tp, replicas, gpus, frontier,
+                    per_replica, rec, rec_search, verification, trade, vllm, sglang, cost, rb,
+                    self.check_source(tp),
+                    self.notes + [f"engine defaults used: {', '.join(eng.defaults_used) or 'none'}"],
+                    batch_context_table(rb, default_batches(rb.max_num_seqs), default_contexts(rb.max_model_len)),
+                    scenario, prov, __version__, mean_out, memory_command(card, gpu.name, rec_engine))
+
+    def frontier(self, tp: int, rate: float) -> list[Cell]:
+        sc = self.sc
+        longest = self._longest_request()
+        seqs = sorted(set(sc.search.max_num_seqs))
+        lens = sorted(x for x in set(sc.search.max_model_len) if x <= self.card.max_position_embeddings)
+        if not lens:
+            raise ConfigError(f"search.max_model_len: no value <= the model's max_position_embeddings "
+                              f"({self.card.max_position_embeddings})")
+        cells: dict[tuple[int, int], Cell] = {}
+        # one simulated configuration per group of cells that resolve to the same engine (KV blocks, token
+        # budget): with paged KV, max_model_len only decides which requests are admitted
+        groups: dict[tuple[int, int, int], list[int]] = {}
+        for s in seqs:
+            for m in lens:
+                try:
+                    b = self.budget(self.cell_engine(tp, s, m))
+                    cells[(s, m)] = Cell(s, m, True, covers_workload=m >= longest, kv_tokens=b.kv_tokens,
+                                         max_num_batched_tokens=b.max_num_batched_tokens, kv_blocks=b.num_blocks)
+                    groups.setdefault((s, b.num_blocks, b.max_num_batched_tokens), []).append(m)
+                except (DoesNotFit, ConfigError) as exc:
+                    cells[(s, m)] = Cell(s, m, False, why=str(exc))
+        sims: dict[tuple[int, int, int], tuple[list[SimTask], SimTask]] = {}
+        for key, ms in groups.items():
+            s = key[0]
+            eng = self.cell_engine(tp, s, max(ms))
+            load = self._tasks(eng, rate, range(sc.search.seeds), ci=True)
+            cap = self._tasks(eng, None, range(1), closed_users=max(2, 2 * s), requests=max(sc.search.requests, 4 * s))
+            sims[key] = (load, cap[0])
+        flat = [t for load, cap in sims.values() for t in (*load, cap)]
+        out = iter(self.ex.run(flat))
+        k = sc.slo.key
+        for key, (load, _) in sims.items():
+            res = [next(out) for _ in load]
+            capr = next(out)
+            ok, pt, pp = self._judge(res)
+            band_t = band_p = None
+            if not any(r.saturated for r in res):
+                # the band: union of the seeds' bootstrap 95% intervals for P99, or the spread across seeds
+                bt = [r.p99_ci.get("ttft") for r in res if r.p99_ci]
+                bp = [r.p99_ci.get("tpot") for r in res if r.p99_ci]
+                if k == "p99" and bt and all(b is not None and b[0] == b[0] for b in bt + bp):
+                    band_t = (min(b[0] for b in bt), max(b[1] for b in bt))  # type: ignore[index]
+                    band_p = (min(b[0] for b in bp), max(b[1] for b in bp))  # type: ignore[index]
+                else:
+                    band_t = (min(r.ttft.stat(k) for r in res), max(r.ttft.stat(k) for r in res))
+                    band_p = (min(r.tpot.stat(k) or 0 for r in res), max(r.tpot.stat(k) or 0 for r in res))
+            stats = {metric: _metric_stats([r.metric(metric) for r in res],
+                                           [r.p99_ci.get(metric) for r in res if r.p99_ci])
+                     for metric in ("ttft", "tpot", "itl", "e2e")}
+            for m in groups[key]:
+                c = cells[(key[0], m)]
+                c.p_ttft, c.p_tpot = pt, pp
+                c.p_ttft_band, c.p_tpot_band = band_t, band_p
+                c.stats = stats
+                c.capacity_tokens_per_s = capr.tokens_per_s
+                c.preemptions = _mean([r.preemptions for r in res])
+                c.meets_slo = ok and c.covers_workload
+        return [cells[(s, m)] for s in seqs for m in lens]
+
+    def _longest_request(self) -> int:
+        wl = self.sc.workload
+        out = 0
+        for c in range(len(wl.classes)):
+            li, lo = wl.class_lengths(c)
+            out = max(out, _max_len(li) + _max_len(lo))
+        return out
+
+    def recommend(self, frontier: list[Cell]) -> Cell | None:
+        good = [c for c in frontier if c.meets_slo]
+        if not good:
+            self.notes.append("no frontier cell meets the SLOs at the per-replica load; keeping the engine defaults")
+            return None
+        # most capacity; then the smallest max_model_len that covers the workload (leaves the KV to batches)
+        return max(good, key=lambda c: (round(c.capacity_tokens_per_s or 0, 6), -c.max_model_len))
+
+    def verify(self, engine: EngineConfig, replicas: int) -> Verification:
+        sp = self.sc.search
+        seeds = range(1000, 1000 + sp.seeds)
+        res = self.ex.run(self._tasks(engine, self.sc.target_rate_per_s, seeds, replicas=replicas,
+                                      requests=max(sp.requests, 200 * replicas), router="least_outstanding"))
+        ok, pt, pp = self._judge(res)
+        return Verification(ok, replicas, pt, pp, list(seeds), self.sc.target_rate_per_s)
+
+    def tradeoffs(self, frontier: list[Cell], rec: Cell | None) -> list[str]:
+        m = rec.max_model_len if rec else max((c.max_model_len for c in frontier if c.feasible), default=None)
+        row = [c for c in frontier if c.max_model_len == m and c.feasible and c.p_ttft is not None]
+        out = []
+        p = self.sc.slo.percentile
+        for a, b in zip(row, row[1:]):
+            if not (a.capacity_tokens_per_s and b.capacity_tokens_per_s):
+                continue
+            gain = b.capacity_tokens_per_s / a.capacity_tokens_per_s - 1
+            out.append(f"max batch {a.max_num_seqs} -> {b.max_num_seqs}: {gain:+.0%} peak tokens/s "
+                       f"({a.capacity_tokens_per_s:,.0f} -> {b.capacity_tokens_per_s:,.0f}), P{p} TTFT "
+                       f"{_ms(a.p_ttft)} -> {_ms(b.p_ttft)}, P{p} TPOT {_ms(a.p_tpot, 1)} -> {_ms(b.p_tpot, 1)} "
+                       f"at the per-replica load")
+        return out
+
+    def sensitivity(self, engine: EngineConfig, rate: float) -> list[str]:
+        """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
+        wl = self.sc.workload
+        li = wl.input_len
+        if li.kind != "fixed" or li.value is None:
+            return []
+        d = 1024 if li.value > 1024 else li.value // 2
+        if d <= 0:
+            return []
+        shorter = wl.model_copy(update={"input_len": li.model_copy(update={"value": li.value - d})})
+        seeds = range(self.sc.search.seeds)
+        a = self.ex.run(self._tasks(engine, rate, seeds))
+        b = self.ex.run(self._tasks(engine, rate, seeds, workload=shorter))
+        k = self.sc.slo.key
+        if any(r.saturated for r in a + b):
+            return []
+        mean_a, mean_b = _mean([r.ttft.mean for r in a]), _mean([r.ttft.mean for r in b])
+        pa, pb = _mean([r.ttft.stat(k) for r in a]), _mean([r.ttft.stat(k) for r in b])
+        per_k = 1024 / d
+        return [f"each 1k fewer prompt tokens ({li.value} -> {li.value - d} measured) saves "
+                f"{(mean_a - mean_b) * per_k * 1e3:.0f} ms mean TTFT and {(pa - pb) * per_k * 1e3:.0f} ms "
+                f"P{self.sc.slo.percentile} TTFT at the per-replica load"]
+
+
+def _metric_stats(dists: list, cis: list) -> MetricStats:
+    keys = ("mean", "p50", "p90", "p95", "p99")
+    have = [d for d in dists if d.n]
+    vals = {kk: _mean([d.stat(kk) for d in have]) if have and len(have) == len(dists) else None for kk in keys}
+    st = MetricStats(**vals)
+    cis = [c for c in cis if c is not None]
+    if cis and all(c[0] == c[0] for c in cis):
+        st.p99_ci_low, st.p99_ci_high = min(c[0] for c in cis), max(c[1] for c in cis)
+    return st
+
+
+def _max_len(lengths: Lengths) -> int:
+    if lengths.kind == "fixed":
+        return int(lengths.value or 0)
+    if lengths.kind == "uniform":
+        return int(lengths.high or 0)
+    if lengths.kind == "empirical":
+        return max(lengths.values or [0])
+    if lengths.high:
+        return lengths.high
+    return int((lengths.mean or 0) * (1 + 3 * (lengths.cv or 0)))  # lognormal without a cap: mean + 3 sd
+
+
+def _ms(x: float | None, nd: int = 0) -> str:
+    if x is None:
+        return "-"
+    return "saturated" if not math.isfinite(x) else f"{x * 1e3:.{nd}f} ms"
+
+
+def memory_command(card, gpu: str, e: EngineConfig) -> str:
+    """The `capacity memory` invocation that prints the budget of configuration `e` (the plan's budget)."""
+    parts = [f"capacity memory -m {card.name} -g {gpu} --tp {e.tensor_parallel_size}"]
+    for flag, v in (("--max-num-seqs", e.max_num_seqs), ("--max-model-len", e.max_model_len),
+                    ("--max-num-batched-tokens", e.max_num_batched_tokens), ("--block-size", e.block_size)):
+        if v is not None:
+            parts.append(f"{flag} {v}")
+    if e.kv_cache_dtype != "auto":
+        parts.append(f"--kv-dtype {e.kv_cache_dtype}")
+    if e.gpu_memory_utilization != 0.9:
+        parts.append(f"--gpu-memory-utilization {e.gpu_memory_utilization}")
+    if not e.enable_chunked_prefill:
+        parts.append("--no-chunked-prefill")
+    if e.enforce_eager:
+        parts.append("--enforce-eager")
+    return " ".join(parts)
+
+
+def make_plan(sc: Scenario, card, executor) -> Plan:
+    return Planner(sc, card, executor).make()

@@ -1,0 +1,98 @@
+"""The planning scenario: what a `capacity plan` answers for (model, GPU, engine configuration, workload,
+SLOs, target rate, price) and how hard it searches. One strict pydantic model, from YAML or CLI flags."""
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from capacity.engine.config import EngineConfig
+from capacity.errors import ConfigError
+from capacity.workload import WorkloadSpec
+
+PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLOSpec(_Strict):
+    ttft_s: PosFloat = 1.5
+    tpot_s: PosFloat = 0.05
+    percentile: Literal[50, 90, 95, 99] = 99
+
+    @model_validator(mode="after")
+    def _check(self) -> SLOSpec:
+        if self.ttft_s < self.tpot_s:
+            raise ValueError(f"ttft_s ({self.ttft_s}) is below tpot_s ({self.tpot_s}): a first token cannot come "
+                             "faster than one decode step, so these SLOs contradict each other")
+        return self
+
+    @property
+    def key(self) -> str:
+        return f"p{self.percentile}"
+
+
+class SearchSpec(_Strict):
+    seeds: Annotated[int, Field(ge=1, le=20)] = 2
+    requests: Annotated[int, Field(ge=100)] = 1000
+    tolerance: Annotated[float, Field(gt=0, le=0.5)] = 0.08
+    max_num_seqs: list[Annotated[int, Field(gt=0)]] = [16, 32, 64, 128, 256, 512, 1024]
+    max_model_len: list[Annotated[int, Field(gt=0)]] = [2048, 4096, 8192, 16384, 32768, 65536, 131072]
+    tp: list[Annotated[int, Field(gt=0)]] = [1, 2, 4, 8]
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+
+    @model_validator(mode="after")
+    def _check(self) -> SearchSpec:
+        for name in ("max_num_seqs", "max_model_len", "tp"):
+            if not getattr(self, name):
+                raise ValueError(f"{name}: the grid is empty")
+        return self
+
+
+class Scenario(_Strict):
+    """A full planning scenario file (see examples/scenario.yaml)."""
+
+    model: str | dict[str, Any]  # card path / bundled name, or an inline card
+    gpu: str | None = None  # catalogue name or GPU YAML; None: the profile's GPU, or h100-sxm
+    # Every knob of the engine (capacity.engine.config.EngineConfig). tensor_parallel_size is searched over
+    # `search.tp` unless given here; max_num_seqs and max_model_len are searched by the frontier.
+    engine: EngineConfig = EngineConfig()
+    workload: WorkloadSpec = WorkloadSpec()
+    slo: SLOSpec = SLOSpec()
+    target_rate_per_s: PosFloat = 10.0
+    price_per_gpu_hour: PosFloat | None = None
+    max_gpus: Annotated[int, Field(gt=0)] = 4096  # refuse plans that need more than this
+    profile: str | None = None  # a profile file, or the name of a bundled one (`capacity profiles`)
+    search: SearchSpec = SearchSpec()
+
+    @field_validator("profile")
+    @classmethod
+    def _profile_path(cls, v: str | None) -> str | None:
+        from capacity.cost.profile import resolve_profile
+
+        if v is None:
+            return v
+        try:
+            return resolve_profile(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
+
+    @property
+    def fixed_tp(self) -> int | None:
+        """The TP size the scenario fixes, or None when the planner searches it."""
+        e = self.engine
+        return e.tensor_parallel_size if "tensor_parallel_size" in e.model_fields_set else None
+
+    @property
+    def gpu_name(self) -> str:
+        if self.gpu is not None:
+            return self.gpu
+        if self.profile is not None:
+            from capacity.cost.factory import profile_gpu
+
+            return profile_gpu(self.profile)
+        from capacity.cost.factory import DEFAULT_GPU
+
+        return DEFAULT_GPU

@@ -1,0 +1,99 @@
+"""One simulation as a task: plain data in (`SimTask`: picklable, hashable for the cache), a typed result out
+(`TaskResult`). `run_task` runs in any process (pool, Ray worker) through the one run pipeline."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from capacity.sim.metrics import Dist
+
+RESULT_SCHEMA = 2  # bump when TaskResult changes shape: older cache entries are then recomputed
+
+
+@dataclass(frozen=True)
+class SimTask:
+    """Everything one simulation needs, as plain data."""
+
+    card: dict
+    gpu: str
+    engine: dict  # EngineConfig fields
+    workload: dict  # WorkloadSpec fields
+    seed: int
+    replicas: int = 1
+    router: str = "round_robin"
+    profile: str | None = None
+    warmup_fraction: float = 0.1
+    ci: bool = False
+
+    def key(self) -> str:
+        import hashlib
+        import json
+
+        from capacity import __version__
+
+        d = {**self.__dict__, "v": __version__, "schema": RESULT_SCHEMA}
+        if self.profile:  # the profile's contents, not just its name, decide the result
+            from pathlib import Path
+
+            p = Path(self.profile)
+            d["profile_sha256"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "missing"
+        blob = json.dumps(d, sort_keys=True, default=str)
+        return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True)
+class TaskResult:
+    """The numbers the planner and sweeps need from one simulation."""
+
+    ttft: Dist
+    tpot: Dist
+    itl: Dist
+    e2e: Dist
+    tokens_per_s: float
+    requests_per_s: float
+    saturated: bool
+    capacity: float | None  # req/s sustained while backlogged, when saturated
+    source: str  # the step-cost source
+    rejected: int = 0
+    preemptions: int = 0
+    kv_blocks: int = 0  # per replica
+    p99_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    def metric(self, name: str) -> Dist:
+        return {"ttft": self.ttft, "tpot": self.tpot, "itl": self.itl, "e2e": self.e2e}[name]
+
+    def to_json(self) -> dict:
+        return {"schema": RESULT_SCHEMA, "ttft": self.ttft.as_dict(), "tpot": self.tpot.as_dict(),
+                "itl": self.itl.as_dict(), "e2e": self.e2e.as_dict(), "tokens_per_s": self.tokens_per_s,
+                "requests_per_s": self.requests_per_s, "saturated": self.saturated, "capacity": self.capacity,
+                "source": self.source, "rejected": self.rejected, "preemptions": self.preemptions,
+                "kv_blocks": self.kv_blocks, "p99_ci": {k: list(v) for k, v in self.p99_ci.items()}}
+
+    @classmethod
+    def from_json(cls, d: dict) -> TaskResult:
+        if not isinstance(d, dict) or d.get("schema") != RESULT_SCHEMA:
+            raise ValueError("not a task result of this schema")
+        return cls(Dist.from_dict(d["ttft"]), Dist.from_dict(d["tpot"]), Dist.from_dict(d["itl"]),
+                   Dist.from_dict(d["e2e"]), float(d["tokens_per_s"]), float(d["requests_per_s"]),
+                   bool(d["saturated"]), None if d["capacity"] is None else float(d["capacity"]), str(d["source"]),
+                   int(d["rejected"]), int(d["preemptions"]), int(d["kv_blocks"]),
+                   {str(k): (float(v[0]), float(v[1])) for k, v in d["p99_ci"].items()})
+
+
+def run_task(task: SimTask) -> TaskResult:
+    """Run one simulation through the pipeline (in any process)."""
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.workload import WorkloadSpec
+
+    dep = Deployment(ModelCard.model_validate(task.card), get_gpu(task.gpu),
+                     validate(EngineConfig, task.engine, "engine"), profile=task.profile, replicas=task.replicas,
+                     router=task.router)  # type: ignore[arg-type]
+    res = run(dep, WorkloadSpec.model_validate(task.workload),
+              RunOptions(seed=task.seed, warmup_fraction=task.warmup_fraction, ci=task.ci, timeseries=False))
+    s = res.summary
+    return TaskResult(s.ttft_s, s.tpot_s, s.itl_s, s.e2e_s, s.output_tokens_per_s, s.requests_per_s,
+                      res.sim.saturated, res.sim.capacity_req_per_s, res.cost_source, len(res.sim.rejected),
+                      res.sim.preemptions, res.budget.num_blocks, dict(s.p99_ci_s))

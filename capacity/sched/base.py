@@ -1,0 +1,101 @@
+"""What every batching policy shares: the sequence state it schedules (`Seq`), the step it returns (`Step`),
+and the `Scheduler` protocol the simulator talks to. Plain Python, no SimPy, no clock of its own.
+
+A scheduler turns queue state into a step plan (`schedule(now)`), applies a finished step
+(`complete(step, end_s)`), and, for the simulator's decode fast path, says how many decode-only steps can run
+with nothing else happening (`decode_stretch`) and applies them (`advance_decodes`). The simulator reads
+only what the protocol exposes (queue length, running batch, KV blocks in use, its batch cap), never a
+policy's configuration or its block pool.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from capacity.cost.step import StepPlan
+from capacity.workload import Request
+
+NAN = float("nan")
+
+
+@dataclass(slots=True, eq=False)
+class Seq:
+    """One request as the engine sees it: `computed` tokens have KV in the cache, `generated` outputs are out."""
+
+    req: Request
+    computed: int = 0  # tokens whose KV is in the cache (own blocks + shared prefix blocks)
+    generated: int = 0  # output tokens emitted so far
+    blocks: int = 0  # own KV blocks held (managed by the KV cache manager only)
+    shared_blocks: int = 0  # prefix-cache blocks referenced, not owned (KV cache manager only)
+    first_scheduled_s: float = NAN
+    first_token_s: float = NAN
+    last_token_s: float = NAN
+    finish_s: float = NAN
+    preemptions: int = 0
+    replica: int = 0
+    prompt: int = 0  # copies of req.prompt_tokens / output_tokens: read in the hot loops
+    output: int = 0
+
+    def __post_init__(self) -> None:
+        self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens
+
+    @property
+    def num_tokens(self) -> int:
+        return self.prompt + self.generated
+
+    @property
+    def done(self) -> bool:
+        return self.generated >= self.output
+
+    @property
+    def is_decode(self) -> bool:
+        return self.generated > 0 and self.prompt + self.generated - self.computed == 1
+
+
+@dataclass
+class Step:
+    plan: StepPlan
+    scheduled: list[tuple[Seq, int]] = field(default_factory=list)  # (sequence, new tokens this step)
+    preempted: list[Seq] = field(default_factory=list)
+
+
+class Scheduler(Protocol):
+    """The interface between a batching policy and the simulator (see module docstring)."""
+
+    running: list[Seq]  # the sequences in the current batch, in scheduling order
+    num_preemptions: int
+
+    def admissible(self, req: Request) -> str | None:
+        """Why this request can never run here (too long, needs more KV than exists), or None."""
+
+    def add(self, req: Request) -> Seq: ...
+
+    def schedule(self, now: float) -> Step | float:
+        """The next step, or (a batching window still open) the time at which to look again."""
+
+    def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
+        """Apply a step that ended at `end_s`: (sequences that emitted a token, sequences that finished)."""
+
+    def decode_stretch(self, max_steps: int) -> int: ...
+
+    def advance_decodes(self, k: int, end_s: float) -> list[Seq]: ...
+
+    @property
+    def has_work(self) -> bool: ...
+
+    @property
+    def outstanding(self) -> int:
+        """Requests here that have not finished (running + waiting): what a least-outstanding router compares."""
+
+    @property
+    def num_waiting(self) -> int: ...
+
+    @property
+    def max_running(self) -> int:
+        """The batch cap (max_num_seqs, or the static batch size)."""
+
+    @property
+    def kv_blocks_used(self) -> int: ...
+
+    @property
+    def kv_blocks_total(self) -> int: ...

@@ -1,0 +1,246 @@
+"""Continuous batching, after vLLM v1's scheduler. Plain Python: no SimPy, no clock of its own.
+
+There is no separate prefill phase: every sequence has `num_tokens` (prompt + outputs so far) and `computed`
+(tokens whose KV is cached), and a step gives each scheduled sequence `num_tokens - computed` new tokens (one
+for a decode), within a token budget `max_num_batched_tokens` and `max_num_seqs` sequences, running
+sequences first, then waiting ones in the order of the request queue (FCFS, priority or shortest prompt
+first: `capacity.sched.queues`). A prefill longer than the remaining budget is chunked (chunked prefill) or
+waits (without it). KV blocks come from the KV cache manager (`capacity.sched.kv`); when a running sequence
+needs a block and none is free, the queue's victim (FCFS: the last admitted; priority: the least important,
+then newest) is preempted by recompute: its blocks are freed and it goes back to the waiting queue with
+`computed = 0`. A waiting sequence is admitted only when its whole remaining input fits in free blocks
+(vLLM 0.32's default `scheduler_reserve_full_isl`), not just its first chunk, and no sequence is admitted in
+a step that had to preempt. With prefix caching, a shared prefix's cached blocks are skipped on admission.
+
+`decode_stretch(...)` and `advance_decodes(...)` let the simulator advance k decode-only steps in one event.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from capacity.cost.step import PrefillChunk, StepPlan
+from capacity.errors import ConfigError
+from capacity.sched.base import Seq, Step
+from capacity.sched.kv import KVCacheManager
+from capacity.sched.queues import make_queue
+from capacity.workload import Request
+
+
+@dataclass
+class ContinuousConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    block_size: int = 16
+    num_blocks: int = 1 << 20
+    chunked_prefill: bool = True
+    prefix_caching: bool = False
+    queue: str = "fcfs"  # fcfs | priority | sjf (capacity.sched.queues)
+    max_model_len: int | None = None
+    # Admit a waiting sequence only if its whole remaining input (prompt, plus outputs to recompute after a
+    # preemption) fits in free blocks, not just this step's chunk: vLLM's `scheduler_reserve_full_isl`
+    # (default on in vLLM 0.32), which keeps chunked prefill from over-admitting and thrashing the cache.
+    reserve_full_input: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
+
+
+class ContinuousScheduler:
+    """vLLM-v1-style continuous batching (see module docstring)."""
+
+    def __init__(self, cfg: ContinuousConfig) -> None:
+        self.cfg = cfg
+        self.kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching)
+        self.waiting = make_queue(cfg.queue)
+        self.running: list[Seq] = []
+        self.num_preemptions = 0
+
+    # ---- the protocol's read-only view ------------------------------------------------------------
+    @property
+    def has_work(self) -> bool:
+        return bool(self.running or self.waiting)
+
+    @property
+    def outstanding(self) -> int:
+        return len(self.running) + len(self.waiting)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def max_running(self) -> int:
+        return self.cfg.max_num_seqs
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.kv.num_used_blocks
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.kv.num_blocks
+
+    # ---- queue ------------------------------------------------------------------------------------
+    def admissible(self, req: Request) -> str | None:
+        """Why a request can never run (None if it can)."""
+        total = req.prompt_tokens + req.output_tokens
+        if self.cfg.max_model_len is not None and total > self.cfg.max_model_len:
+            return f"prompt + output = {total} tokens exceeds max_model_len {self.cfg.max_model_len}"
+        if math.ceil(total / self.cfg.block_size) > self.cfg.num_blocks:
+            return f"{total} tokens need more KV blocks than the pool's {self.cfg.num_blocks}"
+        if not self.cfg.chunked_prefill and req.prompt_tokens > self.cfg.max_num_batched_tokens:
+            return (f"prompt of {req.prompt_tokens} tokens exceeds max_num_batched_tokens "
+                    f"{self.cfg.max_num_batched_tokens} without chunked prefill")
+        return None
+
+    def add(self, req: Request) -> Seq:
+        seq = Seq(req)
+        self.waiting.add(seq)
+        return seq
+
+    def _preempt(self, seq: Seq, step: Step) -> None:
+        self.running.remove(seq)
+        self.kv.free(seq)
+        seq.computed = 0
+        seq.preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.prepend(seq)
+        step.preempted.append(seq)
+
+    # ---- one step ---------------------------------------------------------------------------------
+    def schedule(self, now: float = 0.0) -> Step:
+        cfg, kv, waiting = self.cfg, self.kv, self.waiting
+        budget = cfg.max_num_batched_tokens
+        step = Step(StepPlan())
+        sched: list[tuple[Seq, int]] = []
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            rem = seq.prompt + seq.generated - seq.computed
+            num_new = rem if rem < budget else budget
+            if num_new < rem and not cfg.chunked_prefill:
+                i += 1
+                continue
+            while True:
+                if kv.allocate_slots(seq, num_new):
+                    sched.append((seq, num_new))
+                    budget -= num_new
+                    i += 1
+                    break
+                victim = waiting.victim(running)
+                self._preempt(victim, step)
+                running = self.running
+                if victim is seq:
+                    break
+        if not step.preempted:  # as vLLM: no admissions in a step that had to preempt
+            while waiting and budget > 0 and len(self.running) < cfg.max_num_seqs:
+                seq = waiting.peek()
+                kv.get_computed_blocks(seq)
+                remaining = seq.num_tokens - seq.computed
+                num_new = min(remaining, budget)
+                if not cfg.chunked_prefill and num_new < remaining:
+                    break
+                if cfg.reserve_full_input and not kv.can_fit(seq, remaining):
+                    ok = False
+                else:
+                    ok = kv.allocate_slots(seq, num_new)
+                if not ok:
+                    kv.drop_computed_blocks(seq)
+                    break
+                waiting.pop()
+                self.running.append(seq)
+                if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
+                    seq.first_scheduled_s = now
+                sched.append((seq, num_new))
+                budget -= num_new
+        prefills, decodes = [], []
+        for seq, n in sched:
+            c = seq.computed
+            if n == 1 and seq.generated > 0 and seq.prompt + seq.generated - c == 1:
+                decodes.append(c)
+            else:
+                prefills.append(PrefillChunk(n, c, c + n == seq.prompt + seq.generated))
+        step.plan = StepPlan(tuple(prefills), tuple(decodes))
+        step.scheduled = sched
+        return step
+
+    def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
+        """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
+        emitted, finished = [], []
+        prefix = self.cfg.prefix_caching
+        for seq, n in step.scheduled:
+            seq.computed += n
+            if prefix:
+                self.kv.cache_full_blocks(seq)
+            if seq.computed == seq.prompt + seq.generated:
+                seq.generated += 1
+                if seq.generated == 1:
+                    seq.first_token_s = end_s
+                seq.last_token_s = end_s
+                emitted.append(seq)
+                if seq.generated >= seq.output:
+                    seq.finish_s = end_s
+                    finished.append(seq)
+        if finished:
+            gone = set(map(id, finished))
+            self.running = [s for s in self.running if id(s) not in gone]
+            for seq in finished:
+                self.kv.free(seq)
+        return emitted, finished
+
+    # ---- decode-only stretches (simulator fast path) ------------------------------------------------
+    def decode_stretch(self, max_steps: int) -> int:
+        """How many consecutive decode-only steps can run with nothing but decodes happening: every running
+        sequence decodes, no waiting sequence can be admitted (queue empty or `max_num_seqs` reached), no
+        sequence finishes before the last of them, and the KV cache covers every block needed (no
+        preemption). 0 means: take a normal step."""
+        run = self.running
+        if not run or len(run) > self.cfg.max_num_batched_tokens:
+            return 0
+        if self.waiting and len(run) < self.cfg.max_num_seqs:
+            return 0
+        k = max_steps
+        for s in run:
+            if s.generated == 0 or s.prompt + s.generated - s.computed != 1:
+                return 0
+            left = s.output - s.generated
+            if left < k:
+                k = left
+        if k < 2:
+            return 0
+        kv = self.kv
+        avail = kv.stretch_capacity()
+        if kv.stretch_blocks(run, k) > avail:  # largest k whose blocks fit (needs grow with k): bisect
+            lo, hi = 0, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if kv.stretch_blocks(run, mid) <= avail:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        return k if k >= 2 else 0
+
+    def advance_decodes(self, k: int, end_s: float) -> list[Seq]:
+        """Apply k decode-only steps to every running sequence (the last ending at `end_s`); returns the
+        sequences that finished at the k-th step. Token times are the simulator's business."""
+        kv = self.kv
+        finished = []
+        for s in self.running:
+            if not kv.allocate_slots(s, k):  # decode_stretch guaranteed the blocks
+                raise AssertionError("decode stretch ran out of blocks")
+            s.computed += k
+            s.generated += k
+            s.last_token_s = end_s
+            if s.generated >= s.output:
+                s.finish_s = end_s
+                finished.append(s)
+        if finished:
+            self.running = [s for s in self.running if s.generated < s.output]
+            for s in finished:
+                kv.free(s)
+        return finished

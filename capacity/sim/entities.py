@@ -1,0 +1,281 @@
+"""The simulator's entities. Each owns its state and, where it has one, its SimPy process (`run()`):
+
+- `Recorder`: per-request timelines, ITL samples (single steps and whole decode runs), time series of queue,
+  batch and KV use, the time-in-system integral (Little's law) and the finished count (saturation);
+- `Router`: sends each request to a replica (round-robin or least outstanding), or rejects it when the
+  replica's scheduler says it can never run;
+- `Delay`: a fixed latency in front of the router (SimPy `Store` + one deliverer process): the front end's
+  HTTP, tokenisation and hand-off time, which the client sees in TTFT but the engine does not spend; a KV
+  transfer between prefill and decode pools is the next user of the same object;
+- `Replica`: one engine instance: its scheduler, its step loop, the exact decode fast path;
+- `OpenLoopSource` and `ClosedLoopUsers`: where requests come from.
+
+`capacity.sim.simulator.Simulation` wires them together and holds what they share (the clock, the stop
+event, the time of the next arrival that the fast path must not run past).
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import simpy
+
+from capacity.cost.step import decode_run_s
+from capacity.sim.metrics import Records
+from capacity.workload import Request, WorkloadSpec, draw_attributes
+
+if TYPE_CHECKING:
+    from capacity.sched.base import Scheduler, Seq
+    from capacity.sim.simulator import Simulation
+
+
+class Recorder:
+    """Everything measured during a run (see module docstring); `records()` and `itl()` build the arrays once."""
+
+    def __init__(self, env: simpy.Environment, timeseries: bool) -> None:
+        self.env = env
+        self.timeseries = timeseries
+        self.seqs: list[Seq] = []
+        self.n_sys = 0
+        self.area = 0.0  # integral of requests in system over time
+        self.t_last = 0.0
+        self.finished_total = 0
+        self.backlog_since: tuple[float, int] | None = None
+        self.gap_v: list[float] = []  # ITL samples of single steps (one token each)
+        self.gap_t: list[float] = []
+        self.stretches: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # durations, ends, first weight, rest
+        self.ts: list[tuple[float, int, int, int, int]] = []
+
+    def count(self, delta: int) -> None:
+        now = self.env.now
+        self.area += self.n_sys * (now - self.t_last)
+        self.t_last = now
+        self.n_sys += delta
+
+    def admitted(self, seq: Seq) -> None:
+        self.seqs.append(seq)
+        self.count(+1)
+
+    def finished(self, seq: Seq) -> None:
+        self.count(-1)
+        self.finished_total += 1
+
+    def sample(self, rep: Replica) -> None:
+        if self.timeseries:
+            s = rep.sched
+            self.ts.append((self.env.now, s.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
+
+    def records(self) -> Records:
+        seqs = sorted(self.seqs, key=lambda s: (s.req.arrival_s, s.req.id))
+
+        def f(attr: str) -> np.ndarray:
+            return np.array([getattr(s, attr) for s in seqs], dtype=float)
+
+        return Records(
+            arrival=np.array([s.req.arrival_s for s in seqs], dtype=float), first_scheduled=f("first_scheduled_s"),
+            first_token=f("first_token_s"), finish=f("finish_s"),
+            prompt_tokens=np.array([s.req.prompt_tokens for s in seqs], dtype=np.int64),
+            output_tokens=np.array([s.req.output_tokens for s in seqs], dtype=np.int64),
+            cls=np.array([s.req.cls for s in seqs], dtype=np.int64),
+            preemptions=np.array([s.preemptions for s in seqs], dtype=np.int64),
+            replica=np.array([s.replica for s in seqs], dtype=np.int64))
+
+    def itl(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(values, weights, emission times) of every ITL sample; a decode run's step counts once per sequence."""
+        vs, ws, ts = [np.array(self.gap_v, dtype=float)], [np.ones(len(self.gap_v))], [np.array(self.gap_t, dtype=float)]
+        for durs, ends, first_w, rest_w in self.stretches:
+            w = np.full(len(durs), float(rest_w))
+            w[0] = first_w
+            vs.append(durs)
+            ws.append(w)
+            ts.append(ends)
+        v, w, t = np.concatenate(vs), np.concatenate(ws), np.concatenate(ts)
+        keep = w > 0
+        return v[keep], w[keep], t[keep]
+
+    def timeseries_array(self) -> np.ndarray:
+        return np.array(self.ts, dtype=float) if self.ts else np.empty((0, 5))
+
+
+class Router:
+    """Round-robin or least-outstanding dispatch to replicas; rejects what a replica can never run."""
+
+    def __init__(self, sim: Simulation, replicas: list[Replica], policy: str) -> None:
+        self.sim, self.replicas, self.policy = sim, replicas, policy
+        self.rr = 0
+
+    def pick(self) -> Replica:
+        if self.policy == "round_robin":
+            rep = self.replicas[self.rr % len(self.replicas)]
+            self.rr += 1
+            return rep
+        return min(self.replicas, key=lambda r: (r.sched.outstanding, r.idx))
+
+    def dispatch(self, req: Request) -> None:
+        rep = self.pick()
+        why = rep.sched.admissible(req)
+        if why:
+            self.sim.reject(req, why)
+            return
+        rep.admit(req)
+
+
+class Delay:
+    """A fixed latency: `put(item)` now, `deliver(item)` is called `latency_s` later, in order. One SimPy
+    process serves a Store, so a burst of puts costs no process per item."""
+
+    def __init__(self, env: simpy.Environment, latency_s: float, deliver: Callable[[Any], None]) -> None:
+        self.env, self.latency_s, self.deliver = env, latency_s, deliver
+        self.store = simpy.Store(env)
+        self.due: deque[float] = deque()  # delivery times of items not yet delivered, in order
+        env.process(self.run())
+
+    def put(self, item: Any) -> None:
+        t = self.env.now + self.latency_s
+        self.due.append(t)
+        self.store.put((t, item))
+
+    @property
+    def next_due_s(self) -> float:
+        return self.due[0] if self.due else math.inf
+
+    def run(self) -> Generator:
+        while True:
+            t, item = yield self.store.get()
+            if t > self.env.now:
+                yield self.env.timeout(t - self.env.now)
+            self.due.popleft()
+            self.deliver(item)
+
+
+class Replica:
+    """One engine: asks its scheduler for a step, advances the clock by the step's cost, applies it; decode-only
+    stretches run as one event with exact per-step durations (`decode_run_s`)."""
+
+    def __init__(self, sim: Simulation, idx: int, sched: Scheduler) -> None:
+        self.sim, self.idx, self.sched = sim, idx, sched
+        self.wake_event: simpy.Event | None = None
+
+    def admit(self, req: Request) -> None:
+        seq = self.sched.add(req)
+        seq.replica = self.idx
+        self.sim.recorder.admitted(seq)
+        if self.wake_event is not None and not self.wake_event.triggered:
+            self.wake_event.succeed()
+
+    def _sleep(self, until: float | None = None) -> Generator:
+        env = self.sim.env
+        self.wake_event = env.event()
+        if until is not None and math.isfinite(until):
+            yield env.any_of([self.wake_event, env.timeout(max(0.0, until - env.now))])
+        else:
+            yield self.wake_event
+        self.wake_event = None
+
+    def run(self) -> Generator:
+        sim, sched, rec = self.sim, self.sched, self.sim.recorder
+        env, cost, cfg = sim.env, sim.cost, sim.cfg
+        max_seqs = sched.max_running
+        while True:
+            if not sched.has_work:
+                yield from self._sleep()
+                continue
+            now = env.now
+            sim.events += 1
+            k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward else 0
+            if k:
+                run = sched.running
+                durs = decode_run_s(cost, [s.computed for s in run], k)
+                cum = np.cumsum(durs)
+                nxt = sim.next_entry_s()
+                if len(run) < max_seqs and nxt < now + cum[-1]:
+                    # stop at the end of the step during which the next request arrives
+                    j = int(np.searchsorted(cum, nxt - now, side="left"))
+                    k = j + 1
+                if k >= 2:
+                    # ITL of the first step: the step itself for sequences that emitted at `now` (nearly all),
+                    # the gap since their last token for the rest; then k-1 steps x every sequence.
+                    first_end = now + float(cum[0])
+                    same = 0
+                    for s in run:
+                        if s.last_token_s == now:
+                            same += 1
+                        else:
+                            rec.gap_v.append(first_end - s.last_token_s)
+                            rec.gap_t.append(first_end)
+                    rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
+                    yield env.timeout(float(cum[k - 1]))
+                    sim.steps += k
+                    sim.finish(sched.advance_decodes(k, env.now))
+                    rec.sample(self)
+                    continue
+            out = sched.schedule(now)
+            if isinstance(out, float):  # static batching: the batch window is open
+                yield from self._sleep(out)
+                continue
+            if out.plan.num_tokens == 0:  # nothing schedulable until something arrives
+                yield from self._sleep()
+                continue
+            prev = [(s, s.last_token_s) for s, _ in out.scheduled if s.generated > 0]
+            yield env.timeout(cost.step_s(out.plan))
+            sim.steps += 1
+            end = env.now
+            _, done = sched.complete(out, end)
+            for s, t in prev:
+                if s.last_token_s == end:  # it emitted a token in this step
+                    rec.gap_v.append(end - t)
+                    rec.gap_t.append(end)
+            sim.finish(done)
+            rec.sample(self)
+            if sim.check_saturation(self):
+                return
+
+
+class OpenLoopSource:
+    """Requests at their generated (or traced) arrival times; at the end, the overload check of short runs."""
+
+    def __init__(self, sim: Simulation, requests: list[Request]) -> None:
+        self.sim, self.requests = sim, requests
+        if requests:
+            sim.next_arrival_s = requests[0].arrival_s
+
+    def run(self) -> Generator:
+        sim, env, reqs = self.sim, self.sim.env, self.requests
+        for i, req in enumerate(reqs):
+            if req.arrival_s > env.now:
+                yield env.timeout(req.arrival_s - env.now)
+            sim.next_arrival_s = reqs[i + 1].arrival_s if i + 1 < len(reqs) else math.inf
+            sim.enter(req)
+        sim.check_overload(len(reqs))
+
+
+class ClosedLoopUsers:
+    """`users` users, each: send, wait for the answer (or a rejection), think (exponential), repeat, until the
+    workload's request count is issued."""
+
+    def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
+        self.sim, self.spec = sim, spec
+        self.issued = 0
+
+    def start(self) -> None:
+        for _ in range(self.spec.arrivals.users or 0):
+            self.sim.env.process(self.user())
+
+    def user(self) -> Generator:
+        sim, env, spec = self.sim, self.sim.env, self.spec
+        while self.issued < spec.num_requests:
+            rid = self.issued
+            self.issued += 1
+            req = draw_attributes(spec, sim.rng, 1, start_id=rid)[0]
+            req.arrival_s = env.now
+            done = env.event()
+            sim.waiters[rid] = done
+            sim.enter(req)
+            yield done
+            if spec.arrivals.think_s > 0:
+                think = sim.rng.exponential(spec.arrivals.think_s)
+                sim.next_arrival_s = min(sim.next_arrival_s, env.now + think)
+                yield env.timeout(think)

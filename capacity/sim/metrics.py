@@ -1,0 +1,184 @@
+"""Latency and throughput metrics from simulated request timelines, as `vllm bench serve` defines them.
+
+TTFT = first token - arrival (includes queue wait); queue wait = first scheduled - arrival;
+TPOT = (E2E - TTFT) / (output tokens - 1) per request, requests with one output token excluded;
+ITL = every gap between consecutive output tokens (a distribution over tokens, not requests);
+E2E = last token - arrival; throughput = output tokens/s and requests/s over the measured window
+(first measured arrival to last measured finish). Percentiles P50/P90/P95/P99, P99.9 with >= 10,000
+samples, a bootstrap confidence interval for P99 (scipy.stats.bootstrap), and goodput: requests/s that
+meet every SLO of their class at once.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+PCTS = (50, 90, 95, 99)
+DEFINITIONS = "vllm bench serve conventions: TTFT includes queueing; TPOT excludes the first token; ITL per token"
+
+
+@dataclass
+class Records:
+    """Per-request timelines (seconds), one row per request in arrival order."""
+
+    arrival: np.ndarray
+    first_scheduled: np.ndarray
+    first_token: np.ndarray
+    finish: np.ndarray
+    prompt_tokens: np.ndarray
+    output_tokens: np.ndarray
+    cls: np.ndarray
+    preemptions: np.ndarray
+    replica: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.arrival)
+
+    def subset(self, mask: np.ndarray) -> Records:
+        return Records(**{k: v[mask] for k, v in self.__dict__.items()})
+
+    @property
+    def finished(self) -> np.ndarray:
+        return ~np.isnan(self.finish)
+
+
+@dataclass
+class SLO:
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+
+
+def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
+    """Inverted-CDF percentile of a weighted sample (ITL values, each weighted by how many tokens saw it)."""
+    if len(values) == 0:
+        return float("nan")
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    i = int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left"))
+    return float(v[min(i, len(v) - 1)])
+
+
+@dataclass(frozen=True)
+class Dist:
+    """Summary statistics of one latency (seconds): count, mean, P50/P90/P95/P99, P99.9 with >= 10,000 samples."""
+
+    n: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p999: float | None = None
+
+    def stat(self, name: str) -> float | None:
+        """A statistic by its report name: mean, p50, p90, p95, p99, p99.9."""
+        return self.p999 if name == "p99.9" else getattr(self, name, None)
+
+    def as_dict(self) -> dict:
+        """The JSON form: {"n": 0} when empty; "p99.9" only when measured."""
+        if not self.n:
+            return {"n": 0}
+        d = {"n": self.n, "mean": self.mean, "p50": self.p50, "p90": self.p90, "p95": self.p95, "p99": self.p99}
+        if self.p999 is not None:
+            d["p99.9"] = self.p999
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Dist:
+        return cls(int(d.get("n", 0)), d.get("mean"), d.get("p50"), d.get("p90"), d.get("p95"), d.get("p99"),
+                   d.get("p99.9"))
+
+
+def _pcts(x: np.ndarray) -> Dist:
+    x = x[~np.isnan(x)]
+    if x.size == 0:
+        return Dist()
+    p50, p90, p95, p99 = (float(v) for v in np.percentile(x, PCTS))
+    return Dist(int(x.size), float(x.mean()), p50, p90, p95, p99,
+                float(np.percentile(x, 99.9)) if x.size >= 10_000 else None)
+
+
+def p99_ci(x: np.ndarray, rng: np.random.Generator, confidence: float = 0.95, resamples: int = 400) -> tuple[float, float]:
+    """Bootstrap percentile interval for the 99th percentile."""
+    from scipy.stats import bootstrap
+
+    x = x[~np.isnan(x)]
+    if x.size < 100:
+        return (float("nan"), float("nan"))
+    res = bootstrap((x,), lambda a, axis: np.percentile(a, 99, axis=axis), vectorized=True,
+                    n_resamples=resamples, confidence_level=confidence, method="percentile", random_state=rng)
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
+
+
+DIST_FIELDS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s")
+
+
+@dataclass
+class Summary:
+    """What a run delivered, as `vllm bench serve` reports it (see module docstring)."""
+
+    n_requests: int
+    window_s: float
+    ttft_s: Dist
+    tpot_s: Dist
+    itl_s: Dist
+    e2e_s: Dist
+    queue_wait_s: Dist
+    output_tokens_per_s: float
+    requests_per_s: float
+    p99_ci_s: dict[str, tuple[float, float]] = field(default_factory=dict)  # metric -> bootstrap 95% interval
+    goodput_req_per_s: float | None = None
+    slo_attainment: float | None = None
+    preempted_requests: int = 0
+    definitions: str = DEFINITIONS
+
+    def as_dict(self) -> dict:
+        d = dict(self.__dict__)
+        for k in DIST_FIELDS:
+            d[k] = d[k].as_dict()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Summary:
+        kw = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
+        for k in DIST_FIELDS:
+            kw[k] = Dist.from_dict(d[k])
+        kw["p99_ci_s"] = {k: tuple(v) for k, v in (d.get("p99_ci_s") or {}).items()}
+        return cls(**kw)
+
+
+def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng: np.random.Generator,
+              slos: list[SLO] | None = None, ci: bool = True) -> Summary:
+    done = rec.subset(rec.finished)
+    n = len(done)
+    if n == 0:
+        return Summary(0, 0.0, Dist(), Dist(), Dist(), Dist(), Dist(), 0.0, 0.0)
+    ttft = done.first_token - done.arrival
+    e2e = done.finish - done.arrival
+    wait = done.first_scheduled - done.arrival
+    multi = done.output_tokens > 1
+    tpot = np.where(multi, (e2e - ttft) / np.maximum(done.output_tokens - 1, 1), np.nan)
+    window = float(done.finish.max() - done.arrival.min())
+    itl = Dist()
+    if len(itl_values):
+        itl = Dist(int(itl_weights.sum()), float(np.average(itl_values, weights=itl_weights)),
+                   *(weighted_percentile(itl_values, itl_weights, p) for p in PCTS))
+    s = Summary(n, window, _pcts(ttft), _pcts(tpot), itl, _pcts(e2e), _pcts(wait),
+                float(done.output_tokens.sum() / window) if window > 0 else float("nan"),
+                float(n / window) if window > 0 else float("nan"),
+                preempted_requests=int((done.preemptions > 0).sum()))
+    if ci:
+        s.p99_ci_s = {"ttft": p99_ci(ttft, rng), "tpot": p99_ci(tpot, rng), "e2e": p99_ci(e2e, rng)}
+    if slos and any(x.ttft_s or x.tpot_s for x in slos):
+        ok = np.ones(n, dtype=bool)
+        for c, slo in enumerate(slos):
+            m = done.cls == c
+            if slo.ttft_s is not None:
+                ok[m] &= ttft[m] <= slo.ttft_s
+            if slo.tpot_s is not None:
+                ok[m] &= np.nan_to_num(tpot[m], nan=0.0) <= slo.tpot_s
+        s.slo_attainment = float(ok.mean())
+        s.goodput_req_per_s = float(ok.sum() / window) if window > 0 else float("nan")
+    return s

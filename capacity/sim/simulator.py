@@ -1,0 +1,206 @@
+"""The discrete-event simulator of a serving deployment. SimPy is the clock; this package is the only one
+that imports it.
+
+Requests arrive (open loop from a workload, or closed loop: N users who send, wait, think, repeat), pass an
+optional front-end `Delay`, and a `Router` sends each to a `Replica`, whose engine loop asks its scheduler for
+a step, advances the clock by the step cost, applies the step and records token times
+(`capacity.sim.entities`). Per-request timelines (arrival, first scheduled, first token, finish,
+preemptions) and the ITL of every token are kept; time series of queue length, running batch and KV blocks
+in use are sampled at each engine event.
+
+Fast path: when every running sequence is decoding and nothing else can happen (no admission possible,
+no finish, no block shortage, no arrival that could be admitted), k decode steps are one event whose k
+durations come vectorised and exact from the cost model (`decode_run_s`). With `fast_forward=False` every
+step is its own event; both must agree (tests and bench/sim_speed.py check it).
+
+Overload: if a replica's queue grows past `saturation_queue`, the run stops and reports "saturated" with
+the throughput the replicas sustained while backlogged (the capacity estimate); a run too short for that
+is also "saturated" when more than `overload_fraction` of its requests are still queued at the last arrival.
+A run never goes forever: `max_sim_s` bounds simulated time.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import simpy
+
+from capacity.errors import CapacityError
+from capacity.sched.base import Scheduler, Seq
+from capacity.sim.entities import ClosedLoopUsers, Delay, OpenLoopSource, Recorder, Replica, Router
+from capacity.sim.metrics import Records
+from capacity.workload import Request, WorkloadSpec, generate
+
+
+@dataclass
+class SimConfig:
+    replicas: int = 1
+    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    fast_forward: bool = True
+    max_stretch: int = 1 << 30
+    saturation_queue: int | None = None  # default: max(1000, 8 x the scheduler's batch cap)
+    max_sim_s: float = math.inf
+    timeseries: bool = True
+    overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
+    frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
+
+    def __post_init__(self) -> None:
+        if self.replicas <= 0:
+            raise CapacityError(f"replicas: must be > 0 (got {self.replicas})")
+        if self.router not in ("round_robin", "least_outstanding"):
+            raise CapacityError(f"router: use round_robin or least_outstanding (got {self.router!r})")
+        if not 0 <= self.frontend_s < math.inf:
+            raise CapacityError(f"frontend_s: must be a finite number >= 0 (got {self.frontend_s})")
+
+
+@dataclass
+class SimResult:
+    records: Records
+    itl_values: np.ndarray
+    itl_weights: np.ndarray
+    itl_times: np.ndarray  # when each ITL sample's token was emitted
+    timeseries: np.ndarray  # columns: time_s, waiting, running, kv_blocks_used, replica
+    saturated: bool = False
+    saturation: str = ""
+    capacity_req_per_s: float | None = None
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    time_in_system_area: float = 0.0  # integral of (requests in system) dt, kept by its own counter
+    end_s: float = 0.0
+    steps: int = 0
+    events: int = 0
+    preemptions: int = 0
+    cost_source: str = ""
+    kv_blocks_total: int = 0  # per replica: the denominator of the time series' KV column
+
+
+class Simulation:
+    """One run: the clock, the entities, and the state they share (see capacity.sim.entities)."""
+
+    def __init__(self, cost, make_scheduler: Callable[[], Scheduler], rng: np.random.Generator,
+                 cfg: SimConfig) -> None:
+        self.env = simpy.Environment()
+        self.cost, self.rng, self.cfg = cost, rng, cfg
+        self.recorder = Recorder(self.env, cfg.timeseries)
+        self.replicas = [Replica(self, i, make_scheduler()) for i in range(cfg.replicas)]
+        self.router = Router(self, self.replicas, cfg.router)
+        self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if cfg.frontend_s > 0 else None
+        self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
+        self.stop = self.env.event()
+        self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
+        self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
+        self.steps = self.events = 0
+        self.result = SimResult(Records(*[np.array([])] * 9), np.array([]), np.array([]), np.array([]),
+                                np.empty((0, 5)), cost_source=getattr(cost, "source", type(cost).__name__),
+                                kv_blocks_total=self.replicas[0].sched.kv_blocks_total)
+
+    # ---- shared actions -------------------------------------------------------------------------------
+    def enter(self, req: Request) -> None:
+        """A request leaves its client: through the front-end delay, if any, to the router."""
+        if self.delay is not None:
+            self.delay.put(req)
+        else:
+            self.router.dispatch(req)
+
+    def next_entry_s(self) -> float:
+        """When the next request can reach a scheduler: the fast path must not run past it."""
+        if self.delay is None:
+            return self.next_arrival_s
+        return min(self.delay.next_due_s, self.next_arrival_s + self.delay.latency_s)
+
+    def reject(self, req: Request, why: str) -> None:
+        self.result.rejected.append((req.id, why))
+        w = self.waiters.pop(req.id, None)
+        if w is not None:
+            w.succeed()
+
+    def finish(self, done: list[Seq]) -> None:
+        for s in done:
+            self.recorder.finished(s)
+            w = self.waiters.pop(s.req.id, None)
+            if w is not None:
+                w.succeed()
+
+    def check_saturation(self, rep: Replica) -> bool:
+        rec, res = self.recorder, self.result
+        q = rep.sched.num_waiting
+        if q == 0:
+            rec.backlog_since = None
+            return False
+        if rec.backlog_since is None:
+            rec.backlog_since = (self.env.now, rec.finished_total)
+        if q > self.sat_queue and not self.stop.triggered:
+            t0, f0 = rec.backlog_since
+            span = self.env.now - t0
+            cap = (rec.finished_total - f0) / span if span > 0 and rec.finished_total > f0 else None
+            res.saturated = True
+            res.capacity_req_per_s = cap
+            cap_txt = f"{cap:.3g} req/s" if cap else "unknown (nothing finished while backlogged)"
+            res.saturation = (f"saturated: replica {rep.idx}'s queue reached {q} waiting requests at "
+                              f"t={self.env.now:.1f} s; the deployment sustained about {cap_txt} while backlogged")
+            self.stop.succeed()
+            return True
+        return False
+
+    def check_overload(self, n_requests: int) -> None:
+        """At the last arrival: a stable system has a short queue; an overloaded one has been piling up
+        (lambda - mu) x T requests. More than `overload_fraction` of all arrivals still waiting = overloaded,
+        which catches runs too short for the queue to reach `saturation_queue` (needs enough requests spread
+        over time: a burst of a few requests at t=0 is not an overload)."""
+        waiting = sum(r.sched.num_waiting for r in self.replicas)
+        res, now = self.result, self.env.now
+        if n_requests >= 50 and now > 0 and waiting > self.cfg.overload_fraction * n_requests and not res.saturated:
+            cap = self.recorder.finished_total / now
+            res.saturated = True
+            res.capacity_req_per_s = cap
+            res.saturation = (f"saturated: {waiting} of {n_requests} requests were still queued when the last one "
+                              f"arrived (t={now:.1f} s); about {cap:.3g} req/s were served")
+
+    # ---- the run --------------------------------------------------------------------------------------
+    def run(self, workload: WorkloadSpec | list[Request]) -> SimResult:
+        env, cfg, res = self.env, self.cfg, self.result
+        closed = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "closed"
+        if closed:
+            ClosedLoopUsers(self, workload).start()  # type: ignore[arg-type]
+        else:
+            reqs = generate(workload, self.rng) if isinstance(workload, WorkloadSpec) else list(workload)
+            env.process(OpenLoopSource(self, reqs).run())
+        for rep in self.replicas:
+            env.process(rep.run())
+        until = self.stop if not math.isfinite(cfg.max_sim_s) else env.any_of([self.stop, env.timeout(cfg.max_sim_s)])
+        try:
+            env.run(until=until)
+        except RuntimeError as exc:  # SimPy: "No scheduled events left but "until" event was not triggered"
+            if "No scheduled events" not in str(exc):
+                raise
+        rec = self.recorder
+        rec.count(0)
+        res.end_s = env.now
+        res.time_in_system_area = rec.area
+        res.steps, res.events = self.steps, self.events
+        res.preemptions = sum(r.sched.num_preemptions for r in self.replicas)
+        if not res.saturated and math.isfinite(cfg.max_sim_s) and env.now >= cfg.max_sim_s:
+            res.saturation = f"stopped at max_sim_s={cfg.max_sim_s} s with requests unfinished"
+        res.records = rec.records()
+        res.itl_values, res.itl_weights, res.itl_times = rec.itl()
+        res.timeseries = rec.timeseries_array()
+        return res
+
+
+def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Callable[[], Scheduler],
+             rng: np.random.Generator, cfg: SimConfig | None = None) -> SimResult:
+    """Run the simulation to completion (or saturation). `make_scheduler()` builds one replica's policy."""
+    return Simulation(cost, make_scheduler, rng, cfg or SimConfig()).run(workload)
+
+
+def littles_law(result: SimResult) -> tuple[float, float]:
+    """(L, lambda x W) over [0, end]: time-average number in system from the simulator's own counter, and
+    arrival rate x mean time in system from the per-request records. Equal when every request finished."""
+    r = result.records
+    T = result.end_s
+    if T <= 0 or len(r) == 0:
+        return (0.0, 0.0)
+    sojourn = np.where(np.isnan(r.finish), T, r.finish) - r.arrival
+    return (result.time_in_system_area / T, len(r) / T * float(sojourn.mean()))

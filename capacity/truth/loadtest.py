@@ -1,0 +1,259 @@
+"""`capacity loadtest`: an async load generator for OpenAI-compatible servers (httpx + SSE).
+
+Open-loop arrivals (the same `WorkloadSpec` generators the simulator uses: Poisson, gamma, constant, trace
+replay with exact timestamps) or closed-loop users; exact prompt lengths for word-level tokenizers (prompt =
+N words "w<k>"; on other tokenizers the length is approximate and the server's `usage` is recorded);
+fixed output lengths via `max_tokens` + `ignore_eos` + `min_tokens`. Per request it records the scheduled
+and actual send time, the time of every streamed token, the finish, the token counts and the outcome
+(ok / http error / timeout / connection error / malformed stream): failures are counted, never raised.
+Bounded by request count and wall time; partial results are returned (and saved by the CLI) even when the
+run is interrupted. `/metrics` (Prometheus text) is scraped when the server has it.
+
+Metrics use the simulator's definitions (`capacity.sim.metrics`): TTFT from the actual send time, TPOT over the
+remaining tokens, ITL over every token gap.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from capacity.sim.metrics import Records, summarize
+from capacity.workload import Request
+
+OK, HTTP_ERROR, TIMEOUT, CONN_ERROR, BAD_STREAM, NOT_SENT = "ok", "http_error", "timeout", "connection_error", \
+    "malformed_stream", "not_sent"
+
+
+@dataclass
+class Outcome:
+    id: int
+    scheduled_s: float
+    prompt_tokens: int
+    max_tokens: int
+    sent_s: float = math.nan
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    token_times: list[float] = field(default_factory=list)
+    output_tokens: int = 0
+    usage_prompt_tokens: int | None = None
+    usage_completion_tokens: int | None = None
+    status: str = NOT_SENT
+    error: str = ""
+
+
+def prompt_text(n: int, salt: int) -> str:
+    """n distinct words; `salt` varies the text between requests (no accidental prefix sharing)."""
+    return " ".join(f"w{(salt * 7919 + i * 31) % 2000}" for i in range(n))
+
+
+@dataclass
+class ServerQuirks:
+    """What one run learns about its server; a new run starts from scratch (nothing carries between runs)."""
+
+    eos_fields: bool = True  # dropped once the server refuses ignore_eos/min_tokens (e.g. transformers serve)
+
+
+async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: float, endpoint: str,
+               quirks: ServerQuirks) -> None:
+    import httpx
+    from httpx_sse import aconnect_sse
+
+    text = prompt_text(o.prompt_tokens, o.id)
+    for attempt in range(2):
+        body = {"model": model, "max_tokens": o.max_tokens, "stream": True, "temperature": 0.0,
+                "stream_options": {"include_usage": True}}
+        if quirks.eos_fields:
+            body.update(ignore_eos=True, min_tokens=o.max_tokens)
+        if endpoint == "chat":
+            body["messages"] = [{"role": "user", "content": text}]
+            path = "/v1/chat/completions"
+        else:
+            body["prompt"] = text
+            path = "/v1/completions"
+        o.sent_s = time.perf_counter() - t0
+        o.token_times = []
+        ended = False  # saw [DONE] or a finish_reason: the server meant to stop here
+        try:
+            async with asyncio.timeout(timeout_s):
+                async with aconnect_sse(client, "POST", url + path, json=body) as es:
+                    if es.response.status_code >= 400:
+                        await es.response.aread()
+                        txt = es.response.text
+                        if attempt == 0 and es.response.status_code in (400, 422) and "ignore_eos" in txt:
+                            quirks.eos_fields = False  # the server fixes lengths otherwise (EOS disabled)
+                            continue
+                        o.status, o.error = HTTP_ERROR, f"HTTP {es.response.status_code}: {txt[:200]}"
+                        return
+                    async for ev in es.aiter_sse():
+                        if ev.data.strip() == "[DONE]":
+                            ended = True
+                            break
+                        try:
+                            msg = json.loads(ev.data)
+                        except json.JSONDecodeError:
+                            o.status, o.error = BAD_STREAM, f"not JSON: {ev.data[:80]!r}"
+                            return
+                        now = time.perf_counter() - t0
+                        for ch in msg.get("choices") or []:
+                            ended = ended or bool(ch.get("finish_reason"))
+                            piece = ch.get("text")
+                            if piece is None:
+                                piece = (ch.get("delta") or {}).get("content")
+                            if piece:
+                                o.token_times.append(now)
+                        if msg.get("usage"):
+                            o.usage_prompt_tokens = msg["usage"].get("prompt_tokens")
+                            o.usage_completion_tokens = msg["usage"].get("completion_tokens")
+            if o.token_times and not ended:
+                o.status, o.error = CONN_ERROR, (f"stream cut after {len(o.token_times)} of {o.max_tokens} tokens "
+                                                 "(no [DONE] or finish_reason)")
+            elif o.token_times:
+                o.first_token_s, o.finish_s = o.token_times[0], o.token_times[-1]
+                o.status = OK
+            else:
+                o.status, o.error = BAD_STREAM, "stream ended without tokens"
+            return
+        except TimeoutError:
+            o.status, o.error = TIMEOUT, f"no complete answer within {timeout_s} s"
+            return
+        except httpx.HTTPError as exc:  # connection refused/reset, protocol errors
+            o.status, o.error = CONN_ERROR, f"{type(exc).__name__}: {exc}"[:200]
+            return
+        except ValueError as exc:  # httpx-sse: a response that is not text/event-stream
+            o.status, o.error = BAD_STREAM, str(exc)[:200]
+            return
+        finally:
+            o.output_tokens = len(o.token_times)
+
+
+async def _run(url: str, model: str, requests: list[Request], *, users: int | None, think_s: float,
+               timeout_s: float, max_duration_s: float, endpoint: str, metrics: bool, progress,
+               holder: dict) -> tuple[list[Outcome], list]:
+    import httpx
+
+    outs = [Outcome(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
+    scrapes: list = []
+    quirks = ServerQuirks()
+    holder.update(outs=outs, scrapes=scrapes)  # what an interrupted run still returns
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits) as client:
+        t0 = time.perf_counter()
+        stop = asyncio.Event()
+
+        async def scrape():
+            from prometheus_client.parser import text_string_to_metric_families
+
+            while not stop.is_set():
+                try:
+                    r = await client.get(url + "/metrics", timeout=2.0)
+                    if r.status_code != 200:
+                        return  # the server has no /metrics: nothing to scrape
+                    now = time.perf_counter() - t0
+                    row = {"t": now}
+                    for fam in text_string_to_metric_families(r.text):
+                        if any(k in fam.name for k in ("num_requests_running", "num_requests_waiting", "cache_usage",
+                                                       "num_preemptions")):
+                            for s in fam.samples:
+                                row[s.name] = row.get(s.name, 0.0) + s.value
+                    scrapes.append(row)
+                except (httpx.HTTPError, ValueError):
+                    return
+                try:
+                    await asyncio.wait_for(stop.wait(), 1.0)
+                except TimeoutError:
+                    pass
+
+        async def open_loop(o: Outcome):
+            delay = o.scheduled_s - (time.perf_counter() - t0)
+            if delay > 0:
+                await asyncio.sleep(delay)
+            await _one(client, url, model, o, t0, timeout_s, endpoint, quirks)
+            if progress:
+                progress()
+
+        async def user(queue: list[Outcome]):
+            while queue:
+                o = queue.pop(0)
+                o.scheduled_s = time.perf_counter() - t0
+                await _one(client, url, model, o, t0, timeout_s, endpoint, quirks)
+                if progress:
+                    progress()
+                if think_s > 0:
+                    await asyncio.sleep(float(np.random.default_rng(o.id).exponential(think_s)))
+
+        scraper = asyncio.create_task(scrape()) if metrics else None
+        if users:
+            queue = list(outs)
+            tasks = [asyncio.create_task(user(queue)) for _ in range(users)]
+        else:
+            tasks = [asyncio.create_task(open_loop(o)) for o in outs]
+        done, pending = await asyncio.wait(tasks, timeout=max_duration_s)
+        for t in pending:
+            t.cancel()
+        await asyncio.gather(*pending, return_exceptions=True)
+        for o in outs:
+            if o.status == NOT_SENT and not math.isnan(o.sent_s):
+                o.status, o.error = TIMEOUT, f"unfinished at the run bound ({max_duration_s} s)"
+                o.output_tokens = len(o.token_times)
+        stop.set()
+        if scraper:
+            await scraper
+    return outs, scrapes
+
+
+def run_load(url: str, model: str, requests: list[Request], *, users: int | None = None, think_s: float = 0.0,
+             timeout_s: float = 60.0, max_duration_s: float = 600.0, endpoint: str = "completions",
+             metrics: bool = True, progress=None) -> dict:
+    """Run the load and return the run record (JSON-ready)."""
+    url = url.rstrip("/")
+    started = time.time()
+    holder: dict = {}
+    interrupted = False
+    try:
+        outs, scrapes = asyncio.run(_run(url, model, requests, users=users, think_s=think_s, timeout_s=timeout_s,
+                                         max_duration_s=max_duration_s, endpoint=endpoint, metrics=metrics,
+                                         progress=progress, holder=holder))
+    except KeyboardInterrupt:  # Ctrl-C: keep what was measured, account for the rest
+        interrupted = True
+        outs, scrapes = holder.get("outs", []), holder.get("scrapes", [])
+        for o in outs:
+            if o.status == NOT_SENT and not math.isnan(o.sent_s):
+                o.status, o.error = TIMEOUT, "interrupted before it finished"
+                o.output_tokens = len(o.token_times)
+    return {"meta": {"url": url, "model": model, "endpoint": endpoint, "started_unix": started,
+                     "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s,
+                     "interrupted": interrupted},
+            "requests": [asdict(o) for o in outs], "metrics": scrapes}
+
+
+def counts(run: dict) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for r in run["requests"]:
+        out[r["status"]] = out.get(r["status"], 0) + 1
+    return out
+
+
+def run_records(run: dict) -> tuple[Records, np.ndarray, np.ndarray]:
+    """The successful requests as simulator-style Records (arrival = actual send time) and their ITLs."""
+    ok = [r for r in run["requests"] if r["status"] == OK]
+    f = lambda k: np.array([r[k] for r in ok], dtype=float)
+    rec = Records(arrival=f("sent_s"), first_scheduled=np.full(len(ok), np.nan), first_token=f("first_token_s"),
+                  finish=f("finish_s"), prompt_tokens=np.array([r["prompt_tokens"] for r in ok], dtype=np.int64),
+                  output_tokens=np.array([r["output_tokens"] for r in ok], dtype=np.int64),
+                  cls=np.zeros(len(ok), dtype=np.int64), preemptions=np.zeros(len(ok), dtype=np.int64),
+                  replica=np.zeros(len(ok), dtype=np.int64))
+    gaps = np.concatenate([np.diff(r["token_times"]) for r in ok if len(r["token_times"]) > 1] or [np.array([])])
+    return rec, gaps, np.ones(len(gaps))
+
+
+def summarize_run(run: dict, seed: int = 0) -> dict:
+    rec, gaps, w = run_records(run)
+    s = summarize(rec, gaps, w, np.random.default_rng(seed), ci=len(rec) >= 100)
+    d = s.as_dict()
+    d["outcomes"] = counts(run)
+    return d

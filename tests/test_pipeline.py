@@ -1,0 +1,285 @@
+"""The run pipeline and the engine seam, through the CLI and the library as users call them: one defect of
+issue 15 per test (each failed before the restructuring), plus the seam a second engine plugs into."""
+import json
+import shlex
+import subprocess
+import sys
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import numpy as np
+import pytest
+
+from capacity.engine.config import EngineConfig
+from capacity.errors import ConfigError
+from capacity.model.card import load_model_card
+from capacity.model.gpus import get_gpu
+from capacity.pipeline import Deployment, RunOptions, prepare, run
+from capacity.workload import Request, WorkloadSpec
+from tests.conftest import ROOT, run_cli
+
+CARD = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
+TINY_SEARCH = {"seeds": 1, "requests": 100, "tolerance": 0.3, "max_num_seqs": [32, 256], "max_model_len": [4096],
+               "tp": [1]}
+
+
+def plan(scenario: dict):
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, make_plan
+
+    sc = Scenario.model_validate({"model": "llama-3.1-8b", "target_rate_per_s": 4,
+                                  "workload": {"input_len": {"kind": "fixed", "value": 512},
+                                               "output_len": {"kind": "fixed", "value": 64}},
+                                  "search": TINY_SEARCH, **scenario})
+    return make_plan(sc, CARD, SerialExecutor(cache=False))
+
+
+# ---- a step-cost source is used or refused, and every row names it ----------------------------------------
+def test_plan_refuses_a_profile_of_another_model_in_one_line():
+    r = run_cli("plan", "-m", "llama-3.1-70b", "--profile", "llama-3.1-8b-h200", "--seeds", "1", "--requests", "100")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "measured for model 'llama-3.1-8b', not 'llama-3.1-70b'" in r.stderr
+
+
+def test_plan_refuses_a_profile_at_another_tp():
+    r = run_cli("plan", "-m", "llama-3.1-8b", "--profile", "llama-3.1-8b-h200", "--tp", "2", "--seeds", "1",
+                "--requests", "100")
+    assert r.returncode == 1 and "was measured at tp=1, the scenario fixes tp=2" in r.stderr, r.stderr
+
+
+def test_plan_with_a_profile_searches_only_its_tp_and_every_row_names_it():
+    p = plan({"gpu": "h200", "profile": "llama-3.1-8b-h200", "search": {**TINY_SEARCH, "tp": [1, 2, 4]}})
+    assert [s.tp for s in p.searches] == [1]
+    assert any("tp searched only at 1" in n for n in p.notes)
+    assert all(s.source.startswith("calibrated profile llama-3.1-8b-h200") for s in p.searches + [p.rec_search])
+    assert p.source.startswith("calibrated profile llama-3.1-8b-h200")
+
+
+def test_plan_default_gpu_is_the_profiles():
+    p = plan({"profile": "llama-3.1-8b-h200"})  # no GPU given: the profile's own, not h100-sxm
+    assert p.gpu == "h200"
+
+
+# ---- one configuration per answer --------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def a100_plan():
+    return plan({"gpu": "a100-80gb"})
+
+
+def test_frontier_recommendation_and_command_are_one_configuration(a100_plan):
+    p = a100_plan
+    default = 2048  # vLLM's default token budget for `vllm serve` on an A100 (not a >= 70 GiB non-A100 card)
+    assert {c.max_num_batched_tokens for c in p.frontier if c.feasible} == {default}
+    assert f"--max-num-batched-tokens {default}" in p.vllm_command
+    assert p.rec_search.max_num_batched_tokens == default == p.budget.max_num_batched_tokens
+    rec = p.recommended
+    assert f"--max-num-seqs {rec.max_num_seqs}" in p.vllm_command and f"--max-model-len {rec.max_model_len}" in p.vllm_command
+    assert rec.kv_tokens == p.budget.kv_tokens  # the frontier row, the budget shown and the command agree
+
+
+def test_plan_budget_is_what_capacity_memory_prints_for_that_configuration(a100_plan):
+    p = a100_plan
+    r = run_cli(*shlex.split(p.budget_config)[1:], "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["budget"]["kv_tokens"] == p.budget.kv_tokens
+    # and the default `capacity memory` differs for a reason it can state: another max_num_seqs
+    d = json.loads(run_cli("memory", "-m", "llama-3.1-8b", "-g", "a100-80gb", "--json").stdout)["budget"]
+    assert d["max_num_seqs"] != p.budget.max_num_seqs or d["max_model_len"] != p.budget.max_model_len
+
+
+def test_plan_output_says_which_configuration_its_memory_line_is():
+    r = run_cli("plan", "-m", "tests/golden/plan_small.yaml", "--executor", "serial", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "memory of the recommended configuration (tp=1, max_num_seqs" in r.stdout
+    assert "capacity memory -m llama-3.1-8b -g h100-sxm" in r.stdout
+
+
+# ---- engine settings reach the simulation ------------------------------------------------------------------
+def test_chunked_prefill_off_is_simulated():
+    """Two 3000-token prompts and a 4096-token budget: chunked prefill schedules 3000 + a 1096 chunk in the first
+    step; without it the second prompt waits for a step of its own."""
+    firsts = {}
+    for chunked in (True, False):
+        dep = Deployment(CARD, get_gpu("h100-sxm"), EngineConfig(max_num_batched_tokens=4096, max_model_len=4096,
+                                                                 enable_chunked_prefill=chunked))
+        sched = prepare(dep).make_scheduler()
+        sched.add(Request(0, 0.0, 3000, 8))
+        sched.add(Request(1, 0.0, 3000, 8))
+        firsts[chunked] = [n for _, n in sched.schedule(0.0).scheduled]
+    assert firsts == {True: [3000, 1096], False: [3000]}
+
+
+def test_prefix_caching_and_policy_reach_the_planners_tasks(tmp_path):
+    """A sweep over engine.enable_prefix_caching on a workload with a long shared prefix: the cached run has a
+    lower TTFT (the setting reached the tasks); and engine.policy reaches them too."""
+    sc = tmp_path / "prefix.yaml"
+    sc.write_text("model: llama-3.1-8b\ngpu: l40s\nworkload:\n  arrivals: {kind: poisson}\n"
+                  "  input_len: {kind: fixed, value: 3000}\n  output_len: {kind: fixed, value: 16}\n"
+                  "  prefix: {groups: 1, tokens: 2900}\ntarget_rate_per_s: 2\n")
+    r = run_cli("sweep", "-m", str(sc), "--vary", "engine.enable_prefix_caching=false,true", "--seeds", "1",
+                "--requests", "200", "--executor", "serial", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    off, on = json.loads(r.stdout)["rows"]
+    assert on["ttft_p50_s"] < 0.5 * off["ttft_p50_s"]
+    from capacity.plan.planner import Planner, Scenario
+
+    s = Scenario.model_validate({"model": "llama-3.1-8b", "engine": {"policy": "priority", "enable_prefix_caching": True}})
+    task = Planner(s, CARD, None)._tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
+    assert task.engine["policy"] == "priority" and task.engine["enable_prefix_caching"] is True
+
+
+def test_engine_typo_is_one_line_naming_the_field(tmp_path):
+    sc = tmp_path / "typo.yaml"
+    sc.write_text("model: llama-3.1-8b\nengine: {max_num_seqz: 64}\n")
+    r = run_cli("plan", "-m", str(sc))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "engine.max_num_seqz: unknown field" in r.stderr
+    sc.write_text("model: llama-3.1-8b\nengine: {max_num_seqs: true}\n")  # strict: a boolean is not a count
+    r = run_cli("plan", "-m", str(sc))
+    assert r.returncode == 1 and "engine.max_num_seqs: Input should be a valid integer (got True)" in r.stderr
+
+
+def test_static_batching_holds_kv_blocks_for_its_batch():
+    """A batch of two requests of 100 + 28 tokens reserves 8 blocks of 16 each while it runs, none after."""
+    dep = Deployment(CARD, get_gpu("h100-sxm"), EngineConfig(policy="static", static_max_batch=2,
+                                                             static_max_wait_s=0.01))
+    wl = WorkloadSpec.model_validate({"arrivals": {"kind": "constant", "rate_per_s": 1000.0},
+                                      "input_len": {"kind": "fixed", "value": 100},
+                                      "output_len": {"kind": "fixed", "value": 28}, "num_requests": 2})
+    res = run(dep, wl, RunOptions(warmup_fraction=0.0))
+    kv = res.sim.timeseries[:, 3]
+    assert kv.max() == 16 and kv[-1] == 0
+
+
+def test_a_second_engine_is_one_object_in_the_registry():
+    """The seam: an engine model with other defaults and another command, registered in one place, is used by
+    the memory budget, the scheduler and the launch command of the run pipeline."""
+    from capacity.engine import ENGINES
+    from capacity.engine.vllm import VllmV1
+
+    class Other(VllmV1):
+        name = "other"
+
+        def default_max_num_batched_tokens(self, cfg, card, gpu):
+            return 1024
+
+        def resolve(self, cfg, card, gpu):
+            if cfg.max_num_batched_tokens is None:
+                cfg = cfg.model_copy(update={"max_num_batched_tokens": 1024})
+            return super().resolve(cfg, card, gpu)
+
+        def launch_command(self, card, cfg, b):
+            return f"other-engine --batch-tokens {b.max_num_batched_tokens}"
+
+    ENGINES["other"] = Other()
+    try:
+        dep = Deployment(CARD, get_gpu("h100-sxm"), EngineConfig(engine="other", max_num_seqs=64))
+        p = prepare(dep)
+        assert p.budget.max_num_batched_tokens == 1024 and p.budget.engine == "other"
+        assert p.engine_model.launch_command(CARD, dep.engine, p.budget) == "other-engine --batch-tokens 1024"
+        res = run(dep, WorkloadSpec.model_validate({"arrivals": {"rate_per_s": 2.0}, "num_requests": 50}),
+                  RunOptions(ci=False))
+        assert res.summary.n_requests > 0 and res.as_dict()["max_num_batched_tokens"] == 1024
+    finally:
+        del ENGINES["other"]
+    with pytest.raises(ValueError, match="unknown engine 'other'"):
+        EngineConfig(engine="other")
+
+
+def test_sglang_command_translates_memory_by_meaning(a100_plan):
+    """--mem-fraction-static is weights + KV pool over total (SGLang's meaning), not vLLM's utilisation."""
+    import re
+
+    b = a100_plan.budget
+    frac = float(re.search(r"--mem-fraction-static (\S+)", a100_plan.sglang_command).group(1))
+    need = (b.weights_bytes + b.kv_tokens * b.kv_bytes_per_token) / b.total_bytes
+    assert need <= frac <= need + 0.02  # weights + the planned pool (+ the CUDA context), rounded up to 0.01
+    assert f"--max-total-tokens {b.kv_tokens}" in a100_plan.sglang_command
+
+
+# ---- data ships with the package ----------------------------------------------------------------------
+def test_cards_and_profiles_work_from_a_wheel_install(tmp_path):
+    """`pip install .` (not editable): bundled cards and profiles come from the installed package."""
+    wheels = tmp_path / "wheels"
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(wheels), str(ROOT)], check=True, capture_output=True, timeout=300)
+    target = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
+                    *map(str, wheels.glob("capacity-*.whl"))], check=True, capture_output=True, timeout=300)
+    env = {"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin", "CAPACITY_CACHE_DIR": "off", "COLUMNS": "200"}
+    where = tmp_path / "elsewhere"
+    where.mkdir()
+
+    def cli(*args):
+        return subprocess.run([sys.executable, "-c", "import capacity, sys; from capacity.cli import main; "
+                               "assert capacity.__file__.startswith(sys.argv[1]), capacity.__file__; "
+                               "sys.argv = sys.argv[1:]; main()", str(target), *args],
+                              capture_output=True, text=True, cwd=where, env=env, timeout=120)
+
+    r = cli("memory", "-m", "llama-3.1-8b", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["budget"]["kv_tokens"] > 0
+    r = cli("profiles", "--json")
+    assert r.returncode == 0, r.stderr
+    assert "llama-3.1-8b-h200" in {row["name"] for row in json.loads(r.stdout)}
+
+
+# ---- the load tester keeps no state between runs -------------------------------------------------------
+class _SSE(BaseHTTPRequestHandler):
+    refuse_eos = False
+    bodies: list
+
+    def log_message(self, *a):
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        if self.refuse_eos and "ignore_eos" in body:
+            msg = b'{"error": "unknown field ignore_eos"}'
+            self.send_response(400)
+            self.send_header("Content-Length", str(len(msg)))
+            self.end_headers()
+            self.wfile.write(msg)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        for _ in range(body["max_tokens"]):
+            self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+        self.wfile.write(b'data: {"choices": [{"text": "", "finish_reason": "length"}]}\n\ndata: [DONE]\n\n')
+
+
+def _serve(refuse: bool):
+    handler = type("H", (_SSE,), {"refuse_eos": refuse, "bodies": []})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, handler
+
+
+def test_loadtest_learns_a_servers_quirks_per_run_only():
+    from capacity.truth.loadtest import run_load
+
+    reqs = [Request(i, 0.01 * i, 4, 3) for i in range(3)]
+    a, ha = _serve(refuse=True)
+    b, hb = _serve(refuse=False)
+    try:
+        ra = run_load(f"http://127.0.0.1:{a.server_port}", "m", reqs, metrics=False, max_duration_s=30)
+        rb = run_load(f"http://127.0.0.1:{b.server_port}", "m", reqs, metrics=False, max_duration_s=30)
+    finally:
+        a.shutdown()
+        b.shutdown()
+    assert all(r["status"] == "ok" for r in ra["requests"] + rb["requests"])
+    assert any("ignore_eos" not in body for body in ha.bodies)  # the refusing server got requests without it
+    assert hb.bodies and all(body.get("ignore_eos") is True for body in hb.bodies)  # the next run starts afresh
+
+
+def test_run_results_are_typed_and_json_is_their_form():
+    dep = Deployment(CARD, get_gpu("h100-sxm"))
+    res = run(dep, WorkloadSpec.model_validate({"arrivals": {"rate_per_s": 4.0}, "num_requests": 300}))
+    d = res.as_dict()
+    assert d["summary"]["ttft_s"]["p99"] == res.summary.ttft_s.p99
+    assert d["engine"] == dep.engine.model_dump(mode="json") and d["kv_blocks_per_replica"] == res.budget.num_blocks
+    assert np.isfinite(res.summary.tpot_s.p50)
+    with pytest.raises(ConfigError, match="measured with bf16 KV"):
+        prepare(Deployment(CARD, get_gpu("h200"), EngineConfig(kv_cache_dtype="fp8"), profile="llama-3.1-8b-h200"))
