@@ -53,21 +53,26 @@ AB_CHILD = r"""
 import json, sys, time
 tree, n, fast, reps = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", int(sys.argv[4])
 sys.path.insert(0, tree)
+# an editable install's finder would serve modules missing from `tree` out of the working copy: drop it
+sys.meta_path[:] = [f for f in sys.meta_path if "editable" not in type(f).__name__.lower()]
+import os
 import numpy as np
-try:  # the layout since the run-pipeline restructuring
+if os.path.isdir(os.path.join(tree, "capacity", "sim")):  # the layout since the run-pipeline restructuring
     from capacity.cost.roofline import RooflineCost
     from capacity.model.card import load_model_card
     from capacity.model.gpus import get_gpu
     from capacity.sched import make_scheduler
     from capacity.sim.simulator import SimConfig, simulate
-except ImportError:  # the flat layout before it
+else:  # the flat layout before it
     from capacity.costs import RooflineCost
     from capacity.gpus import get_gpu
     from capacity.model_card import load_model_card
     from capacity.scheduler import make_scheduler
     from capacity.simulator import SimConfig, simulate
 from capacity.workload import Arrivals, WorkloadSpec, fixed
-assert __import__("capacity").__file__.startswith(tree), "imported the wrong tree"
+stray = [m.__file__ for k, m in list(sys.modules.items()) if k.split(".")[0] == "capacity"
+         and getattr(m, "__file__", None) and not m.__file__.startswith(tree)]
+assert not stray, f"imported from another tree: {stray[:3]}"
 card = load_model_card(tree + "/models/llama-3.1-8b.yaml")
 cost = RooflineCost(card, get_gpu("h100-sxm"))
 spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=4.0), input_len=fixed(1024), output_len=fixed(256),

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -68,7 +68,8 @@ def calibrate(
                      command="capacity calibrate " + " ".join(sys.argv[2:]))
     hold = [st for st in prof.steps if st.role == "holdout"]
     typer.echo(f"wrote {dest}: {prof.provenance.device_name}, {len(prof.steps)} whole steps "
-               f"({len(hold)} held out), fit median error {prof.fit.median_abs_rel_err:.1%}; "
+               f"({len(hold)} held out), fit median error "
+               f"{prof.fit.median_abs_rel_err if prof.fit else float('nan'):.1%}; "
                "check held-out accuracy with: python bench/step_accuracy.py --profile " + str(dest))
 
 
@@ -110,15 +111,15 @@ def step_cost(
     from capacity.cost.factory import make_step_cost
 
     cost = make_step_cost(card, gpu, tp, profile=profile, allow_mismatch=allow_profile_mismatch)
-    parts = cost.breakdown(plan_)
-    total = sum(parts.values())
+    terms = cost.breakdown(plan_)
+    total = sum(terms.values())
     if json_out:
-        typer.echo(json.dumps({"step_s": total, "breakdown_s": parts, "source": cost.source,
+        typer.echo(json.dumps({"step_s": total, "breakdown_s": terms, "source": cost.source,
                                "tokens": plan_.num_tokens}, indent=2))
         return
     typer.echo(f"step: {total * 1e3:.3f} ms for {plan_.num_tokens} tokens ({len(pre)} prefill chunks, "
                f"{len(dec)} decodes); source: {cost.source}")
-    for k, v in parts.items():
+    for k, v in terms.items():
         typer.echo(f"  {k:<14}{v * 1e3:10.3f} ms")
 
 
@@ -139,7 +140,7 @@ def profiles(
     from capacity.model.card import load_model_card, resolve_model_path
     from capacity.model.gpus import get_gpu
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, path, prof in bundled_profiles(model, get_gpu(gpu).name if gpu else None):
         pv = prof.provenance
         err = None

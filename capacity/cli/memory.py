@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -29,6 +29,7 @@ from capacity.cli.common import (
     WOpt,
     _scenario,
     app,
+    load_card,
 )
 from capacity.errors import CapacityError
 
@@ -56,7 +57,7 @@ def memory(
                              cuda_graph_gib)
     b = mem.budget(card, g, cfg)
     table = mem.batch_context_table(b, mem.default_batches(b.max_num_seqs), mem.default_contexts(b.max_model_len))
-    inverse = None
+    inverse: dict[str, Any] | None = None
     if target_concurrency is not None:
         if target_concurrency <= 0 or at_context <= 0:
             raise CapacityError(f"--target-concurrency and --at-context must be > 0 (got {target_concurrency}, {at_context})")
@@ -106,8 +107,8 @@ def fleet(
     if context <= 0 or concurrency <= 0:
         raise CapacityError(f"--context and --concurrency must be > 0 (got {context}, {concurrency})")
     names = gpu or list(catalogue())
-    rows = []
-    card = None
+    rows: list[dict[str, Any]] = []
+    card = load_card(model, weight_dtype)
     for name in names:
         card, g, cfg = _scenario(model, name, 1, kv_dtype, weight_dtype, None, gpu_memory_utilization,
                                  max_model_len, None, None, None, False, False, False, False, None, None, None)
@@ -184,14 +185,15 @@ def models(json_out: JsonOpt = False) -> None:
     """List bundled model cards with their parameter counts and KV bytes per token."""
     from capacity.engine.memory import kv_bytes_per_token
     from capacity.model.card import MODELS_DIR, load_model_card
+    from capacity.model.weights import count_params
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for p in sorted(MODELS_DIR.glob("*.yaml")):
         try:
             c = load_model_card(p)
         except CapacityError:
             continue  # scenario files live here too
-        rows.append({"card": p.stem, "params": c.params, "kv_bytes_per_token": kv_bytes_per_token(c, c.dtype),
+        rows.append({"card": p.stem, "params": count_params(c), "kv_bytes_per_token": kv_bytes_per_token(c, c.dtype),
                      "weights": c.weight_format, "moe": c.moe is not None, "mla": c.mla is not None})
     if json_out:
         typer.echo(json.dumps(rows, indent=2))

@@ -162,6 +162,7 @@ def sweep(
 
     for point, data in points:
         s2 = validate(Scenario, data, f"sweep point {point}")
+        assert isinstance(s2.model, dict)  # the grid's base carries the resolved card
         c2 = validate(ModelCard, s2.model, f"sweep point {point}: model")
         r = rate or s2.target_rate_per_s
         wl = s2.workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=r), "num_requests": requests})

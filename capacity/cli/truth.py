@@ -50,48 +50,55 @@ def loadtest(
     else:
         if users is None and rate is None:
             raise CapacityError("give --rate (open loop), --users (closed loop) or --trace")
-        arr = Arrivals(kind=arrival, rate_per_s=rate or 1.0, cv=cv)
+        from capacity.files import validate as check
+
+        arr = check(Arrivals, {"kind": arrival, "rate_per_s": rate or 1.0, "cv": cv}, "arrival options")
         reqs = generate(WorkloadSpec(arrivals=arr, input_len=li, output_len=lo, num_requests=requests),
                         np.random.default_rng(seed))
-    sweep = None
-    if prefill_sweep or decode_sweep:
-        vals = [int(v) for v in (prefill_sweep or decode_sweep).split(",")]
-        sweep = ("input" if prefill_sweep else "output", vals)
+    kind = ""  # a length sweep: which length, and its values
+    values: list[int | None] = [None]
+    swept = prefill_sweep or decode_sweep
+    if swept:
+        try:
+            values = [int(v) for v in swept.split(",")]
+        except ValueError:
+            raise CapacityError(f"--{'prefill' if prefill_sweep else 'decode'}-sweep {swept!r}: expected N,N,...") from None
+        kind = "input" if prefill_sweep else "output"
     runs = []
-    for v in (sweep[1] if sweep else [None]):
-        rr = [dataclasses.replace(r) for r in reqs]
+    for v in values:
+        rr = [dataclasses.replace(q) for q in reqs]
         if v is not None:
-            for r in rr:
-                if sweep[0] == "input":
-                    r.prompt_tokens = v
+            for q in rr:
+                if kind == "input":
+                    q.prompt_tokens = v
                 else:
-                    r.output_tokens = v
+                    q.output_tokens = v
         from rich.progress import Progress
 
         with Progress(transient=True, disable=json_out) as bar:
-            task = bar.add_task(f"load {'' if v is None else f'({sweep[0]} {v}) '}", total=len(rr))
-            run = {}
+            task = bar.add_task(f"load {'' if v is None else f'({kind} {v}) '}", total=len(rr))
+            run: dict = {}
             try:
                 run = run_load(url, model, rr, users=users, think_s=think_s, timeout_s=timeout_s,
                                max_duration_s=max_duration_s, endpoint=endpoint,
                                progress=lambda task=task: bar.advance(task))
             finally:
                 if out and run:
-                    Path(out if v is None else f"{Path(out).with_suffix('')}.{sweep[0]}{v}.json").write_text(
+                    Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
                         json.dumps(run, default=float) + "\n")
         if run["meta"].get("interrupted"):
             typer.echo(f"interrupted: {counts(run)}; partial results "
                        + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
         run["summary"] = summarize_run(run)
         if v is not None:
-            run["sweep"] = {sweep[0] + "_tokens": v}
+            run["sweep"] = {kind + "_tokens": v}
         runs.append(run)
         if out:
-            Path(out if v is None else f"{Path(out).with_suffix('')}.{sweep[0]}{v}.json").write_text(
+            Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
                 json.dumps(run, default=float) + "\n")
     if json_out:
         typer.echo(json.dumps([{"summary": r["summary"], **({"sweep": r["sweep"]} if "sweep" in r else {})}
-                               for r in runs] if sweep else {"summary": runs[0]["summary"]}, indent=2, default=float))
+                               for r in runs] if swept else {"summary": runs[0]["summary"]}, indent=2, default=float))
         return
     from rich.console import Console
 

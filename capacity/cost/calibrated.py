@@ -130,25 +130,22 @@ class _Table2D:
             t *= max(1.0, self.work(a, b) / self.work(ca, cb))
         return t
 
+    def many(self, a: float, bs: np.ndarray, miss: Counter) -> np.ndarray:
+        """Vectorised __call__ over many b values at one a (the decode fast path)."""
+        ca = min(max(a, self.a[0]), self.a[-1])
+        cb = np.clip(bs, self.b[0], self.b[-1])
+        off = (ca != a) | (cb != bs)
+        if off.any():
+            miss[self.name] += int(off.sum())
+        if self._f is not None:
+            pts = np.column_stack([np.full(len(bs), math.log(ca)), np.log1p(cb)])
+            t = np.exp(self._f(pts))
+        else:
+            i = int(np.abs(self.a - ca).argmin())
+            t = np.array([self._grid[i, int(np.abs(self.b - x).argmin())] for x in cb])
+        ratio = self.work(a, bs) / self.work(ca, cb)
+        return t * np.maximum(1.0, ratio)
 
-def _many(self, a: float, bs: np.ndarray, miss: Counter) -> np.ndarray:
-    """Vectorised __call__ over many b values at one a (the decode fast path)."""
-    ca = min(max(a, self.a[0]), self.a[-1])
-    cb = np.clip(bs, self.b[0], self.b[-1])
-    off = (ca != a) | (cb != bs)
-    if off.any():
-        miss[self.name] += int(off.sum())
-    if self._f is not None:
-        pts = np.column_stack([np.full(len(bs), math.log(ca)), np.log1p(cb)])
-        t = np.exp(self._f(pts))
-    else:
-        i = int(np.abs(self.a - ca).argmin())
-        t = np.array([self._grid[i, int(np.abs(self.b - x).argmin())] for x in cb])
-    ratio = self.work(a, bs) / self.work(ca, cb)
-    return t * np.maximum(1.0, ratio)
-
-
-_Table2D.many = _many
 
 
 def _prefill_work(chunk: float, cached: float) -> float:
@@ -207,7 +204,7 @@ class CalibratedCost:
             self._comm = RooflineCost(self.card, get_gpu(self.gpu), self.tp)
         self._allreduce = _Table1D("allreduce", p.allreduce_tokens, p.allreduce) if p.allreduce_tokens else None
         fit = p.fit if self.use_fit else None
-        self.scales: dict[str, float] = dict(fit.scales) if fit else {}
+        self.scales: dict[str, float] = {str(k): v for k, v in fit.scales.items()} if fit else {}
         self.overhead_s = fit.overhead_s if fit else 0.0
         prov = p.provenance
         self.source = (f"calibrated profile {self.profile_path} ({prov.device_name}, {prov.dtype}, "
@@ -219,10 +216,12 @@ class CalibratedCost:
         m = self.off_grid
         if not moe_layer:
             return self._lin["gate_up"](n, m) + self._lin["down"](n, m)
-        e, k = self.card.moe.num_experts, self.card.moe.experts_per_token
+        moe, expert = self.card.moe, self._expert
+        assert moe is not None and expert is not None  # __post_init__ refuses MoE cards without an expert table
+        e, k = moe.num_experts, moe.experts_per_token
         touched = e * (1 - (1 - k / e) ** n)
-        t = self._lin["router"](n, m) + touched * self._expert(n * k / touched, m)
-        if self.card.moe.shared_intermediate:
+        t = self._lin["router"](n, m) + touched * expert(n * k / touched, m)
+        if moe.shared_intermediate:
             t += self._lin["gate_up"](n, m) + self._lin["down"](n, m)
         return t
 
@@ -253,7 +252,8 @@ class CalibratedCost:
 
     def _gemm_fraction(self, n: int) -> float:
         """Share of GEMMs in a layer body by the isolated op tables (for the breakdown only)."""
-        c, lin, m = self.card, self._lin, Counter()
+        c, lin = self.card, self._lin
+        m: Counter = Counter()
         gemm = lin["qkv"](n, m) + lin["o"](n, m)
         elem = 0.0
         if c.num_dense_layers:

@@ -20,10 +20,11 @@ DEFAULT_GPU = "h100-sxm"
 
 
 def profile_gpu(profile: str) -> str:
-    """The catalogue GPU a profile (file or bundled name) was measured on."""
+    """The catalogue GPU a profile (file or bundled name) was measured on (a CPU profile: the default GPU, whose
+    memory then sizes the KV cache)."""
     from capacity.cost.profile import load_profile, resolve_profile
 
-    return load_profile(resolve_profile(profile)).provenance.gpu
+    return load_profile(resolve_profile(profile)).provenance.gpu or DEFAULT_GPU
 
 
 def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dtype: str | None = None,

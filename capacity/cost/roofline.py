@@ -113,7 +113,7 @@ class RooflineCost:
             qk_dim = v_dim = c.head_dim_
         else:
             qk_dim, v_dim = c.mla.qk_nope_head_dim + c.mla.qk_rope_head_dim, c.mla.v_head_dim
-        kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype]
+        kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype or c.dtype]
         per_key_flops = 2 * heads * (qk_dim + v_dim)  # QK^T and PV per (query, key) pair
         if self.params.attention == "dense_packed":
             q_tok = plan.num_tokens
@@ -134,6 +134,7 @@ class RooflineCost:
         if not moe_layer:
             return self._gemm(tokens, self._dense_w, 2 * h + 3 * c.intermediate_size / self.tp)
         moe = c.moe
+        assert moe is not None  # only MoE layers get here
         e, k = moe.num_experts, moe.experts_per_token
         touched = e * (1 - (1 - k / e) ** tokens)  # expected distinct experts hit by `tokens` tokens
         flops = 2.0 * tokens * k * self._elems(self._expert_w)

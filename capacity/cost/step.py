@@ -81,6 +81,7 @@ class LinearCost:
         if plan.num_tokens == 0:
             return {"overhead": 0.0}
         keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
+        pairs: float
         if self.attention == "packed":
             pairs = plan.num_tokens * keys
         else:

@@ -308,12 +308,12 @@ def _workbook(dest: Path, plan: dict | None, tabs: dict) -> None:
                 pc.cell(i, 1, sq)
                 pc.cell(i, 2, next((r[6] for r in rows_p if r[0] == sq and r[1] == "TTFT"), None))
                 pc.cell(i, 3, next((r[6] for r in rows_p if r[0] == sq and r[1] == "TPOT"), None))
-            for col, title, anchor in ((2, f"P{pct} TTFT vs max batch", "K2"), (3, f"P{pct} TPOT vs max batch", "K20")):
+            for ycol, title, anchor in ((2, f"P{pct} TTFT vs max batch", "K2"), (3, f"P{pct} TPOT vs max batch", "K20")):
                 lc = LineChart()
                 lc.title = title
                 lc.x_axis.title = "max_num_seqs"
                 lc.y_axis.title = "ms"
-                lc.add_data(Reference(pc, min_col=col, min_row=ch, max_row=ch + len(seqs)), titles_from_data=True)
+                lc.add_data(Reference(pc, min_col=ycol, min_row=ch, max_row=ch + len(seqs)), titles_from_data=True)
                 lc.set_categories(Reference(pc, min_col=1, min_row=ch + 1, max_row=ch + len(seqs)))
                 lc.height, lc.width = 8, 16
                 pc.add_chart(lc, anchor)

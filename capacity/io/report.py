@@ -48,7 +48,7 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
     bt.add_column("batch \\ context")
     for c in contexts:
         bt.add_column(f"{c:,}", justify="right")
-    by = {}
+    by: dict[int, dict[int, dict]] = {}
     for r in table:
         by.setdefault(r["batch"], {})[r["context"]] = r
     for batch, cells in by.items():

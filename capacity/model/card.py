@@ -7,7 +7,6 @@ Cards load from our YAML (`models/*.yaml`) or straight from a Hugging Face `conf
 """
 from __future__ import annotations
 
-from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -136,12 +135,6 @@ class ModelCard(_Frozen):
         data = self.model_dump()
         data.update({k: v for k, v in fields.items() if v is not None})
         return validate(ModelCard, data, f"model card {self.name}")
-
-    @cached_property
-    def params(self) -> int:
-        from capacity.model.weights import count_params
-
-        return count_params(self)
 
 
 # ---- loading ------------------------------------------------------------------------------------

@@ -124,7 +124,7 @@ def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None) -> float:
         return 0.0
     if fmt == "int4":
         # AWQ/GPTQ: one fp16 scale and one packed 4-bit zero point per group of `group` inputs per output
-        return rows * math.ceil(cols / group) * (2 + 0.5)
+        return rows * math.ceil(cols / (group or 128)) * (2 + 0.5)  # the card validator requires a group for int4
     if group:  # fp8/int8 block quantisation: one fp32 scale per group x group block
         return math.ceil(rows / group) * math.ceil(cols / group) * 4
     return rows * 4  # one fp32 scale per output channel

@@ -107,8 +107,8 @@ class Planner:
         k = self.sc.slo.key
         if any(r.saturated or not r.ttft.n for r in results):
             return False, math.inf, math.inf
-        pt = _mean([r.ttft.stat(k) for r in results])
-        pp = _mean([r.tpot.stat(k) if r.tpot.n else 0.0 for r in results])
+        pt = _mean([r.ttft.stat(k) or 0.0 for r in results])
+        pp = _mean([(r.tpot.stat(k) or 0.0) if r.tpot.n else 0.0 for r in results])
         return pt <= self.sc.slo.ttft_s and pp <= self.sc.slo.tpot_s, pt, pp
 
     def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
@@ -288,8 +288,8 @@ class Planner:
                 bt = [r.p99_ci.get("ttft") for r in res if r.p99_ci]
                 bp = [r.p99_ci.get("tpot") for r in res if r.p99_ci]
                 if k == "p99" and bt and all(b is not None and b[0] == b[0] for b in bt + bp):
-                    band_t = (min(b[0] for b in bt), max(b[1] for b in bt))  # type: ignore[index]
-                    band_p = (min(b[0] for b in bp), max(b[1] for b in bp))  # type: ignore[index]
+                    band_t = (min(b[0] for b in bt if b), max(b[1] for b in bt if b))
+                    band_p = (min(b[0] for b in bp if b), max(b[1] for b in bp if b))
                 else:
                     band_t = (min(r.ttft.stat(k) for r in res), max(r.ttft.stat(k) for r in res))
                     band_p = (min(r.tpot.stat(k) or 0 for r in res), max(r.tpot.stat(k) or 0 for r in res))

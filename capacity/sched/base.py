@@ -27,6 +27,7 @@ class Seq:
     generated: int = 0  # output tokens emitted so far
     blocks: int = 0  # own KV blocks held (managed by the KV cache manager only)
     shared_blocks: int = 0  # prefix-cache blocks referenced, not owned (KV cache manager only)
+    kv_capacity: int = 0  # tokens its blocks hold (set by the KV cache manager; read by schedulers)
     first_scheduled_s: float = NAN
     first_token_s: float = NAN
     last_token_s: float = NAN

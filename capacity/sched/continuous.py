@@ -126,7 +126,7 @@ class ContinuousScheduler:
                 i += 1
                 continue
             while True:
-                if kv.allocate_slots(seq, num_new):
+                if seq.computed + num_new <= seq.kv_capacity or kv.allocate_slots(seq, num_new):
                     sched.append((seq, num_new))
                     budget -= num_new
                     i += 1
@@ -147,7 +147,7 @@ class ContinuousScheduler:
                 if cfg.reserve_full_input and not kv.can_fit(seq, remaining):
                     ok = False
                 else:
-                    ok = kv.allocate_slots(seq, num_new)
+                    ok = seq.computed + num_new <= seq.kv_capacity or kv.allocate_slots(seq, num_new)
                 if not ok:
                     kv.drop_computed_blocks(seq)
                     break
@@ -170,7 +170,8 @@ class ContinuousScheduler:
 
     def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
         """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
-        emitted, finished = [], []
+        emitted: list[Seq] = []
+        finished: list[Seq] = []
         prefix = self.cfg.prefix_caching
         for seq, n in step.scheduled:
             seq.computed += n
@@ -231,7 +232,7 @@ class ContinuousScheduler:
         kv = self.kv
         finished = []
         for s in self.running:
-            if not kv.allocate_slots(s, k):  # decode_stretch guaranteed the blocks
+            if s.computed + k > s.kv_capacity and not kv.allocate_slots(s, k):  # decode_stretch guaranteed them
                 raise AssertionError("decode stretch ran out of blocks")
             s.computed += k
             s.generated += k

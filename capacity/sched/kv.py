@@ -96,6 +96,7 @@ class KVCacheManager:
             return True
         if self.pool.take(need):
             seq.blocks += need
+            seq.kv_capacity = (seq.blocks + seq.shared_blocks) * self.block_size
             return True
         return False
 
@@ -111,6 +112,7 @@ class KVCacheManager:
             return True
         if self.pool.take(need):
             seq.blocks += need
+            seq.kv_capacity = (seq.blocks + seq.shared_blocks) * self.block_size
             return True
         return False
 
@@ -118,6 +120,7 @@ class KVCacheManager:
         """Release the sequence's own blocks and its reference to a cached prefix."""
         self.pool.free += seq.blocks
         seq.blocks = 0
+        seq.kv_capacity = 0
         if seq.shared_blocks:
             g = seq.req.prefix_group
             if g >= 0:
@@ -136,7 +139,7 @@ class KVCacheManager:
             pool.cached.move_to_end(g)
             pool.refs[g] = pool.refs.get(g, 0) + 1
             seq.shared_blocks = hit
-            seq.computed = hit * self.block_size
+            seq.computed = seq.kv_capacity = hit * self.block_size
 
     def drop_computed_blocks(self, seq: Seq) -> None:
         """Undo `get_computed_blocks` for a sequence that could not be admitted after all."""

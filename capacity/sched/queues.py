@@ -103,7 +103,8 @@ class ShortestPromptFirstQueue(_HeapQueue):
         return (seq.req.prompt_tokens, seq.req.arrival_s)
 
 
-QUEUES = {"fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": ShortestPromptFirstQueue}
+QUEUES: dict[str, type[FCFSQueue] | type[_HeapQueue]] = {
+    "fcfs": FCFSQueue, "priority": PriorityQueue, "sjf": ShortestPromptFirstQueue}
 
 
 def make_queue(kind: str) -> FCFSQueue | _HeapQueue:

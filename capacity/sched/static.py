@@ -109,7 +109,8 @@ class StaticScheduler:
         return Step(plan, [(s, 1) for s in self.batch])
 
     def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
-        emitted, finished = [], []
+        emitted: list[Seq] = []
+        finished: list[Seq] = []
         for seq, n in step.scheduled:
             seq.computed += n
             if seq.done:

@@ -64,9 +64,9 @@ class Recorder:
         self.finished_total += 1
 
     def sample(self, rep: Replica) -> None:
-        if self.timeseries:
-            s = rep.sched
-            self.ts.append((self.env.now, s.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
+        """One time-series row (callers check `timeseries` first: this runs at every engine event)."""
+        s = rep.sched
+        self.ts.append((self.env.now, s.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
 
     def records(self) -> Records:
         seqs = sorted(self.seqs, key=lambda s: (s.req.arrival_s, s.req.id))
@@ -142,7 +142,7 @@ class Delay:
     def next_due_s(self) -> float:
         return self.due[0] if self.due else math.inf
 
-    def run(self) -> Generator:
+    def run(self) -> Generator[Any, Any, None]:
         while True:
             t, item = yield self.store.get()
             if t > self.env.now:
@@ -190,7 +190,7 @@ class Replica:
                 run = sched.running
                 durs = decode_run_s(cost, [s.computed for s in run], k)
                 cum = np.cumsum(durs)
-                nxt = sim.next_entry_s()
+                nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
                 if len(run) < max_seqs and nxt < now + cum[-1]:
                     # stop at the end of the step during which the next request arrives
                     j = int(np.searchsorted(cum, nxt - now, side="left"))
@@ -210,7 +210,8 @@ class Replica:
                     yield env.timeout(float(cum[k - 1]))
                     sim.steps += k
                     sim.finish(sched.advance_decodes(k, env.now))
-                    rec.sample(self)
+                    if rec.timeseries:
+                        rec.sample(self)
                     continue
             out = sched.schedule(now)
             if isinstance(out, float):  # static batching: the batch window is open
@@ -228,8 +229,10 @@ class Replica:
                 if s.last_token_s == end:  # it emitted a token in this step
                     rec.gap_v.append(end - t)
                     rec.gap_t.append(end)
-            sim.finish(done)
-            rec.sample(self)
+            if done:
+                sim.finish(done)
+            if rec.timeseries:
+                rec.sample(self)
             if sim.check_saturation(self):
                 return
 

@@ -167,7 +167,7 @@ def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sour
                                       "scheduler": sched_kw, "fit": info, "runs": sources}, indent=1) + "\n")
 
 
-def load_fit(path: str | Path) -> tuple[LinearCost, dict]:
+def load_fit(path: str | Path) -> tuple[LinearCost, dict, float]:
     from capacity.files import read_json
 
     p = Path(path)
