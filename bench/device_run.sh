@@ -2,12 +2,12 @@
 # The whole GPU session as one prepared command (the device runner gives 15 minutes in all):
 #   1. device ceilings (bf16 matmul, copy) -> bench/results/gpu_peaks-<gpu>.json
 #   2. tests/test_devices.py on the GPU (kernels vs reference attention, quick suite, CUDA-graph replay)
-#   3. full calibration of each model -> calibrate/profiles/<model>-<gpu>.json (time-boxed per model; an
+#   3. full calibration of each model -> capacity/data/profiles/<model>-<gpu>.json (time-boxed per model; an
 #      interrupted one leaves <profile>.partial.json, which a rerun resumes)
 #   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>-<gpu>.json
 # Everything lands in $OUT/results.tar.gz (re-packed after every stage, so a cut-off run still returns what
 # it finished), with the log and nvidia-smi output beside it. Analysis runs afterwards on any machine:
-#   python bench/step_accuracy.py --model llama-3.1-8b --profile calibrate/profiles/llama-3.1-8b-h200.json ...
+#   python bench/step_accuracy.py --model llama-3.1-8b --profile capacity/data/profiles/llama-3.1-8b-h200.json ...
 #   python bench/step_shapes.py report --measured bench/results/step_shapes-llama-3.1-8b-h200.json ...
 #
 # Device machine (python3 holds CUDA torch; wheels for missing packages travel in .whl/):
@@ -26,7 +26,7 @@ SHAPES_MODELS=${SHAPES_MODELS:-llama-3.1-8b}
 QUICK=${QUICK:-}
 STAGES=${STAGES:-peaks tests calibrate shapes}  # a rerun can name fewer
 has() { [[ " $STAGES " == *" $1 "* ]]; }
-mkdir -p "$OUT" calibrate/profiles bench/results
+mkdir -p "$OUT" capacity/data/profiles bench/results
 exec > >(tee -a "$OUT/device_run.log") 2>&1
 stamp() { echo "## $(date -u +%T) $*"; }
 stamp "start device=$DEVICE models=$MODELS quick=${QUICK:-no}"
@@ -58,7 +58,7 @@ SMALL=()
 if [ -n "$QUICK" ]; then TAG="${TAG}-quick"; QARG=(--quick); SMALL=(--small); fi
 stamp "tag=$TAG"
 pack() {
-  tar czf "$OUT/results.tar.gz.tmp" $(ls calibrate/profiles/*-"$TAG".json calibrate/profiles/*-"$TAG".json.partial.json \
+  tar czf "$OUT/results.tar.gz.tmp" $(ls capacity/data/profiles/*-"$TAG".json capacity/data/profiles/*-"$TAG".json.partial.json \
     bench/results/*-"$TAG".json 2>/dev/null) 2>/dev/null && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
   stamp "packed: $(tar tzf "$OUT/results.tar.gz" 2>/dev/null | tr '\n' ' ')"
 }
@@ -82,7 +82,7 @@ for m in $MODELS; do
   stamp "calibrate $m (budget ${budget}s)"
   start=$(date +%s)
   timeout --signal=INT --kill-after=20 "$budget" "$PY" -c "from capacity.cli import main; main()" calibrate \
-    --model "$m" --device "$DEVICE" --out "calibrate/profiles/$m-$TAG.json" "${QARG[@]}"
+    --model "$m" --device "$DEVICE" --out "capacity/data/profiles/$m-$TAG.json" "${QARG[@]}"
   stamp "$m: rc=$? after $(( $(date +%s) - start )) s"
   pack
 done

@@ -61,7 +61,7 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence reads better alone
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         value = err.get("input")

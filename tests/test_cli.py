@@ -100,6 +100,6 @@ def test_simulate_cli_json_and_saturation():
 
 def test_simulate_cli_bad_input_is_one_line():
     for args, msg in ((["--rate", "-1"], "rate_per_s"), (["--input-len", "abc", "--rate", "1"], "--input-len 'abc'"),
-                      (["--policy", "fifo", "--rate", "1"], "policy: Input should be 'continuous', 'priority', 'sjf' or 'static' (got 'fifo')"), ([], "--rate is required")):
+                      (["--policy", "fifo", "--rate", "1"], "policy: unknown policy 'fifo': use continuous, priority, sjf, static"), ([], "--rate is required")):
         r = run_cli("simulate", "--model", "tiny", *args)
         assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)

@@ -19,7 +19,6 @@ from capacity.units import GiB
 PosInt = Annotated[int, Field(gt=0, le=10**9)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 KVDtype = Literal["auto", "fp8", "int8"]
-Policy = Literal["continuous", "priority", "sjf", "static"]
 
 
 class MemoryModelParams(BaseModel):
@@ -71,7 +70,7 @@ class EngineConfig(BaseModel):
     enforce_eager: bool = False
     # continuous = vLLM's fcfs; priority = vLLM's --scheduling-policy priority; sjf = continuous batching that
     # serves the shortest prompt first (not a vLLM policy: a what-if); static = collect-a-batch serving.
-    policy: Policy = "continuous"
+    policy: str = "continuous"  # one of capacity.sched.POLICIES
     static_max_batch: PosInt | None = None  # static policy: batch size (default: max_num_seqs)
     static_max_wait_s: NonNegFloat = 0.0  # static policy: how long the first request may wait for a batch
     usage_context: Literal["serve", "llm"] = "serve"  # `vllm serve` or the offline LLM class
@@ -85,6 +84,15 @@ class EngineConfig(BaseModel):
     non_torch_bytes: NonNegFloat | None = None
     cuda_graph_bytes: NonNegFloat | None = None
     memory_params: MemoryModelParams = MemoryModelParams()
+
+    @field_validator("policy")
+    @classmethod
+    def _known_policy(cls, v: str) -> str:
+        from capacity.sched import POLICIES
+
+        if v not in POLICIES:
+            raise ValueError(f"unknown policy {v!r}: use {', '.join(POLICIES)}")
+        return v
 
     @field_validator("engine")
     @classmethod
