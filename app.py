@@ -91,7 +91,9 @@ def full_plan(scenario: dict, card: dict):
     from capacity.plan.planner import Scenario, make_plan
 
     p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), SerialExecutor(cache=True))
-    return json.loads(json.dumps(p.as_dict(), default=float))
+    from capacity.files import strict_json
+
+    return strict_json(p.as_dict())
 
 
 # ---- inputs --------------------------------------------------------------------------------------------

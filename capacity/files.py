@@ -75,3 +75,25 @@ def validate(model: type[M], data: dict[str, Any], source: str) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def strict_json(obj: Any) -> Any:
+    """A copy of `obj` for strict JSON: non-finite floats (a saturated P99, an interval with too few samples)
+    become null (the record next to them says why), tuples become lists, numpy scalars plain numbers."""
+    if isinstance(obj, dict):
+        return {str(k): strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    if isinstance(obj, bool) or obj is None or isinstance(obj, (int, str)):
+        return obj
+    if isinstance(obj, float):
+        return obj if obj == obj and obj not in (float("inf"), float("-inf")) else None
+    item = getattr(obj, "item", None)  # a numpy scalar
+    if callable(item):
+        return strict_json(item())
+    return str(obj)
+
+
+def dumps(obj: Any, indent: int | None = 2) -> str:
+    """Strict JSON text (RFC 8259: no Infinity or NaN) of a result; what every `--json` prints."""
+    return json.dumps(strict_json(obj), indent=indent, allow_nan=False)

@@ -23,7 +23,7 @@ import numpy as np
 
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine
 from capacity.engine.config import EngineConfig
-from capacity.errors import CapacityError
+from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sim.metrics import SLO, Summary, summarize
@@ -118,6 +118,14 @@ class RunResult:
         }
 
 
+def check_policy(engine: EngineConfig, workload: WorkloadSpec) -> None:
+    """Priority scheduling needs classes of different priorities to act on: without them it is FCFS under
+    another name, and a plan would compare nothing (say so instead of answering quietly)."""
+    if engine.policy == "priority" and len({c.priority for c in workload.classes}) < 2:
+        raise ConfigError("policy priority: the workload has no request classes of different priorities "
+                          "(workload.classes[].priority, e.g. interactive 0 and batch 1)")
+
+
 def simulate_requests(make_scheduler: Callable[[], object], cost, workload: WorkloadSpec | list[Request],
                       opts: RunOptions = RunOptions(), *, replicas: int = 1, router: str = "round_robin",
                       frontend_s: float = 0.0) -> SimResult:
@@ -130,6 +138,7 @@ def simulate_requests(make_scheduler: Callable[[], object], cost, workload: Work
 def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),
         prepared: Prepared | None = None) -> RunResult:
     """The whole path (see module docstring)."""
+    check_policy(dep.engine, workload)
     p = prepared or prepare(dep)
     rng = np.random.default_rng(opts.seed)
     cfg = SimConfig(replicas=dep.replicas, router=dep.router, fast_forward=opts.fast_forward,
@@ -143,7 +152,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     t0 = measured.arrival.min() if len(measured) else 0.0
     m = sim.itl_times >= t0
     slos = [SLO(c.slo_ttft_s, c.slo_tpot_s) for c in workload.classes]
-    summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci)
+    summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci,
+                        class_names=[c.name for c in workload.classes])
     notes = []
     if sim.rejected:
         notes.append(f"{len(sim.rejected)} requests rejected: {sim.rejected[0][1]}")

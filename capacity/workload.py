@@ -146,6 +146,9 @@ class WorkloadSpec(_Strict):
             raise ValueError("trace arrivals need `trace` (a JSONL or CSV file)")
         if not self.classes:
             raise ValueError("classes: need at least one class")
+        names = [c.name for c in self.classes]
+        if len(set(names)) != len(names):
+            raise ValueError(f"classes: names must be unique (got {names})")
         return self
 
     def class_lengths(self, c: int) -> tuple[Lengths, Lengths]:

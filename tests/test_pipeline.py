@@ -123,7 +123,9 @@ def test_prefix_caching_and_policy_reach_the_planners_tasks(tmp_path):
     assert on["ttft_p50_s"] < 0.5 * off["ttft_p50_s"]
     from capacity.plan.planner import Planner, Scenario
 
-    s = Scenario.model_validate({"model": "llama-3.1-8b", "engine": {"policy": "priority", "enable_prefix_caching": True}})
+    classes = [{"name": "chat", "priority": 0}, {"name": "batch", "priority": 1}]
+    s = Scenario.model_validate({"model": "llama-3.1-8b", "workload": {"classes": classes},
+                                 "engine": {"policy": "priority", "enable_prefix_caching": True}})
     task = Planner(s, CARD, None)._tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
     assert task.engine["policy"] == "priority" and task.engine["enable_prefix_caching"] is True
 
@@ -283,3 +285,37 @@ def test_run_results_are_typed_and_json_is_their_form():
     assert np.isfinite(res.summary.tpot_s.p50)
     with pytest.raises(ConfigError, match="measured with bf16 KV"):
         prepare(Deployment(CARD, get_gpu("h200"), EngineConfig(kv_cache_dtype="fp8"), profile="llama-3.1-8b-h200"))
+
+
+# ---- the KV dtype reaches the step cost ----------------------------------------------------------------
+def test_fp8_kv_halves_decode_attention_time():
+    """L40S, 64 sequences at 12k context: the roofline's decode attention streams the KV bytes, so fp8 KV
+    (1 byte per element) takes half the bf16 time: 64 x 12,289 keys x 32 layers x 2 x 8 heads x 128 dims."""
+    out = {}
+    for kv in ("auto", "fp8"):
+        r = run_cli("step-cost", "-m", "llama-3.1-8b", "-g", "l40s", "--decode", "64x12288", "--kv-dtype", kv, "--json")
+        assert r.returncode == 0, r.stderr
+        out[kv] = json.loads(r.stdout)["breakdown_s"]
+    bf16_bytes = 64 * 12289 * 32 * 2 * 8 * 128 * 2
+    l40s = get_gpu("l40s")
+    want = bf16_bytes / (l40s.mem_bw_bytes_per_s * 0.8)  # the roofline's 80% of datasheet bandwidth
+    assert out["auto"]["attention"] == pytest.approx(want, rel=0.01)
+    assert out["fp8"]["attention"] == pytest.approx(want / 2, rel=0.01)
+    assert out["fp8"]["gemm"] == out["auto"]["gemm"]  # weights are not the KV cache
+
+
+def test_sweep_over_the_kv_dtype_changes_latency_and_a_profile_refuses_fp8():
+    r = run_cli("sweep", "-m", "llama-3.1-8b", "-g", "l40s", "--vary", "engine.kv_cache_dtype=auto,fp8",
+                "--prefill-sweep", "8000", "--rate", "0.5", "--seeds", "1", "--requests", "100", "--executor", "serial",
+                "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    auto, fp8 = json.loads(r.stdout)["rows"]
+    assert fp8["tpot_p50_s"] < auto["tpot_p50_s"]
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--profile", "llama-3.1-8b-h200", "--kv-dtype", "fp8", "--rate", "1")
+    assert r.returncode == 1 and "measured with bf16 KV" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_priority_without_classes_is_refused_in_one_line():
+    r = run_cli("simulate", "-m", "tiny", "--policy", "priority", "--rate", "1", "-n", "100")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "policy priority: the workload has no request classes of different priorities" in r.stderr

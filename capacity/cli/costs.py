@@ -1,7 +1,6 @@
 """`capacity calibrate`, `capacity step-cost` and `capacity profiles`: measured step costs and their use."""
 from __future__ import annotations
 
-import json
 import sys
 from typing import Annotated, Any, Optional
 
@@ -9,6 +8,7 @@ import typer
 
 from capacity.cli.common import JsonOpt, ModelOpt, TpOpt, app
 from capacity.errors import CapacityError
+from capacity.files import dumps
 
 
 @app.command()
@@ -81,6 +81,7 @@ def step_cost(
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile JSON (default: roofline)")] = None,
     prefill: Annotated[Optional[list[str]], typer.Option("--prefill", help="NEW[:CACHED] tokens of a prefill chunk (repeat)")] = None,
     decode: Annotated[Optional[list[str]], typer.Option("--decode", help="BATCHxCONTEXT decoding sequences (repeat)")] = None,
+    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8 (attention reads its bytes)")] = "auto",
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -110,12 +111,14 @@ def step_cost(
         raise CapacityError("give at least one --prefill or --decode")
     from capacity.cost.factory import make_step_cost
 
-    cost = make_step_cost(card, gpu, tp, profile=profile, allow_mismatch=allow_profile_mismatch)
+    if kv_dtype not in ("auto", "fp8", "int8"):
+        raise CapacityError(f"--kv-dtype {kv_dtype!r}: use auto, fp8 or int8")
+    cost = make_step_cost(card, gpu, tp, kv_dtype=kv_dtype, profile=profile, allow_mismatch=allow_profile_mismatch)
     terms = cost.breakdown(plan_)
     total = sum(terms.values())
     if json_out:
-        typer.echo(json.dumps({"step_s": total, "breakdown_s": terms, "source": cost.source,
-                               "tokens": plan_.num_tokens}, indent=2))
+        typer.echo(dumps({"step_s": total, "breakdown_s": terms, "source": cost.source,
+                               "tokens": plan_.num_tokens}))
         return
     typer.echo(f"step: {total * 1e3:.3f} ms for {plan_.num_tokens} tokens ({len(pre)} prefill chunks, "
                f"{len(dec)} decodes); source: {cost.source}")
@@ -159,7 +162,7 @@ def profiles(
                      "cuda_graphs": pv.cuda_graphs, "date": pv.date, "holdout_steps": len(hold),
                      "holdout_median_abs_err": err})
     if json_out:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(dumps(rows))
         return
     from rich.console import Console
     from rich.table import Table

@@ -1,7 +1,6 @@
 """`capacity memory`, `capacity fleet`, `capacity gpus`, `capacity models`: the VRAM budget and the catalogues."""
 from __future__ import annotations
 
-import json
 import math
 from typing import Annotated, Any, Optional
 
@@ -32,6 +31,7 @@ from capacity.cli.common import (
     load_card,
 )
 from capacity.errors import CapacityError
+from capacity.files import dumps
 
 
 @app.command()
@@ -74,7 +74,7 @@ def memory(
         out = {"budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"}
         if inverse:
             out["inverse"] = inverse
-        typer.echo(json.dumps(out, indent=2, default=float))
+        typer.echo(dumps(out))
         return
     from rich.console import Console
 
@@ -134,8 +134,8 @@ def fleet(
             row["tp"] = None
         rows.append(row)
     if json_out:
-        typer.echo(json.dumps({"model": card.name, "context": context, "concurrency": concurrency, "rows": rows,
-                               "latency": "not part of this memory-only view: see `capacity plan`"}, indent=2))
+        typer.echo(dumps({"model": card.name, "context": context, "concurrency": concurrency, "rows": rows,
+                               "latency": "not part of this memory-only view: see `capacity plan`"}))
         return
     from rich.console import Console
     from rich.table import Table
@@ -165,7 +165,7 @@ def gpus(json_out: JsonOpt = False) -> None:
 
     cat = catalogue()
     if json_out:
-        typer.echo(json.dumps({k: v.model_dump() for k, v in cat.items()}, indent=2))
+        typer.echo(dumps({k: v.model_dump() for k, v in cat.items()}))
         return
     from rich.console import Console
     from rich.table import Table
@@ -196,7 +196,7 @@ def models(json_out: JsonOpt = False) -> None:
         rows.append({"card": p.stem, "params": count_params(c), "kv_bytes_per_token": kv_bytes_per_token(c, c.dtype),
                      "weights": c.weight_format, "moe": c.moe is not None, "mla": c.mla is not None})
     if json_out:
-        typer.echo(json.dumps(rows, indent=2))
+        typer.echo(dumps(rows))
         return
     from rich.console import Console
     from rich.table import Table

@@ -1,13 +1,13 @@
 """`capacity plan`, `capacity sweep` and `capacity export`: scenario files, the planner, sweeps, the review workbook."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.common import JsonOpt, _lengths, app
+from capacity.cli.common import BlockOpt, EagerOpt, GroupOpt, JsonOpt, KvOpt, MnbtOpt, NoChunkOpt, WOpt, _lengths, app
+from capacity.files import dumps
 
 
 def load_scenario(path: str, flags: dict):
@@ -47,16 +47,25 @@ def _merge(a: dict, b: dict) -> dict:
 @app.command()
 def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Scenario YAML (see examples/) or a model card")],
-    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default h100-sxm)")] = None,
+    gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU, or several to compare: h100-sxm,h200,l40s (default h100-sxm)")] = None,
     rate: Annotated[Optional[float], typer.Option("--target-rate", help="Requests/s the service must sustain")] = None,
     input_len: Annotated[Optional[str], typer.Option("--input-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = None,
     output_len: Annotated[Optional[str], typer.Option("--output-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = None,
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="TTFT SLO (default 1500)")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="TPOT SLO (default 50)")] = None,
     percentile: Annotated[Optional[int], typer.Option("--percentile", help="SLO percentile: 90, 95 or 99")] = None,
-    price: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="For cost per 1M output tokens")] = None,
+    price: Annotated[Optional[str], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour: 2.5, or per GPU: h100-sxm=2.5,h200=3.6")] = None,
+    headroom: Annotated[Optional[float], typer.Option("--headroom", help="Share of the max rate a replica runs at (default 0.8)")] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Fix TP (default: searched)")] = None,
-    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (tp=1)")] = None,
+    profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
+    kv_dtype: KvOpt = None, weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
+    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")] = None,
+    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Fix max_model_len (default: the frontier searches it)")] = None,
+    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Fix max_num_seqs (default: the frontier searches it)")] = None,
+    max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
+    no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
+    prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse shared-prefix KV blocks")] = None,
+    policy: Annotated[Optional[str], typer.Option("--policy", help="continuous, priority, sjf or static")] = None,
     seeds: Annotated[Optional[int], typer.Option("--seeds", help="Simulations per probe")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per simulation")] = None,
     executor: Annotated[str, typer.Option("--executor", help="pool, serial or ray")] = "pool",
@@ -74,7 +83,9 @@ def plan(
     from capacity.plan.executors import make_executor
     from capacity.plan.planner import make_plan
 
-    flags: dict = {"gpu": gpu, "target_rate_per_s": rate, "price_per_gpu_hour": price, "profile": profile}
+    gpus = [g.strip() for g in gpu.split(",") if g.strip()] if gpu else [None]
+    prices = _prices(price, gpus)
+    flags: dict = {"target_rate_per_s": rate, "profile": profile, "headroom": headroom}
     slo = {k: v for k, v in (("ttft_s", slo_ttft_ms and slo_ttft_ms / 1e3), ("tpot_s", slo_tpot_ms and slo_tpot_ms / 1e3),
                              ("percentile", percentile)) if v is not None}
     if slo:
@@ -86,16 +97,28 @@ def plan(
         wl["output_len"] = _lengths("--output-len", output_len).model_dump()
     if wl:
         flags["workload"] = wl
-    if tp is not None:
-        flags["engine"] = {"tensor_parallel_size": tp}
+    engine = {k: v for k, v in (
+        ("tensor_parallel_size", tp), ("kv_cache_dtype", kv_dtype), ("gpu_memory_utilization", gpu_memory_utilization),
+        ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
+        ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
+        ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
+        ("enable_prefix_caching", prefix_caching), ("policy", policy)) if v is not None}
+    if engine:
+        flags["engine"] = engine
     search = {k: v for k, v in (("seeds", seeds), ("requests", requests)) if v is not None}
     if search:
         flags["search"] = search
-    sc, card = load_scenario(model, flags)
     if xlsx:
         from capacity.io.export import check_destination
 
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
+    if len(gpus) > 1:
+        return _plan_gpus(model, flags, gpus, prices, weight_dtype, quant_group_size, executor, ray_address, no_cache,
+                          xlsx, force, json_out)
+    flags["gpu"] = gpus[0]
+    flags["price_per_gpu_hour"] = prices.get(gpus[0] or "")
+    sc, card = load_scenario(model, flags)
+    card = _weights(card, weight_dtype, quant_group_size)
     ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
                        cache=not no_cache)
     t0 = time.perf_counter()
@@ -113,12 +136,86 @@ def plan(
         if not json_out:
             typer.echo(f"wrote {', '.join(map(str, paths))}")
     if json_out:
-        typer.echo(json.dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses},
-                              indent=2, default=float))
+        typer.echo(dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
         return
     from rich.console import Console
 
     plan_report(p, Console(), wall, ex)
+
+
+def _prices(spec: str | None, gpus: list) -> dict[str, float]:
+    """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
+    import math
+
+    from capacity.errors import CapacityError
+
+    if not spec:
+        return {}
+    out: dict[str, float] = {}
+    items = [x.strip() for x in spec.split(",") if x.strip()]
+    for item in items:
+        name, _, val = item.rpartition("=") if "=" in item else ("", "", item)
+        try:
+            v = float(val)
+        except ValueError:
+            v = math.nan
+        if not (v > 0 and math.isfinite(v)):
+            raise CapacityError(f"--price-per-gpu-hour {item!r}: expected a positive price in USD, e.g. 2.5 or h200=3.6")
+        if name:
+            out[name] = v
+        else:
+            out.update({g or "": v for g in gpus})
+    unknown = set(out) - {g or "" for g in gpus}
+    if unknown and any(unknown - {""}):
+        raise CapacityError(f"--price-per-gpu-hour: {', '.join(sorted(unknown - {''}))} not among --gpu {','.join(g or '' for g in gpus)}")
+    return out
+
+
+def _weights(card, weight_dtype, group):
+    if weight_dtype is None:
+        return card
+    return card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group or (128 if weight_dtype == "int4" else None))
+
+
+def _plan_gpus(model, flags, gpus, prices, weight_dtype, group, executor, ray_address, no_cache, xlsx, force, json_out):
+    """`--gpu a,b,c`: one plan per GPU type, compared by cost per 1M output tokens (GPUs when unpriced)."""
+    import time
+
+    from capacity.errors import CapacityError
+    from capacity.plan.executors import make_executor
+    from capacity.plan.planner import compare_gpus
+
+    scenarios = []
+    for g in gpus:
+        sc, card = load_scenario(model, {**flags, "gpu": g, "price_per_gpu_hour": prices.get(g)})
+        scenarios.append((sc, _weights(card, weight_dtype, group)))
+    ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
+                       cache=not no_cache)
+    t0 = time.perf_counter()
+    try:
+        options = compare_gpus(scenarios, ex)
+    finally:
+        ex.close()
+    wall = time.perf_counter() - t0
+    best = next((o for o in options if o.plan is not None), None)
+    if best is None:
+        raise CapacityError("no GPU type can serve this: " + "; ".join(f"{o.gpu}: {o.why}" for o in options))
+    if xlsx:
+        from capacity.io.export import write_review
+
+        paths = write_review(xlsx, best.plan, force=force)
+        if not json_out:
+            typer.echo(f"wrote {', '.join(map(str, paths))} (the plan of {best.gpu}, the first in the comparison)")
+    if json_out:
+        typer.echo(dumps({"comparison": [o.row() for o in options],
+                          "plans": {o.gpu: o.plan.as_dict() for o in options if o.plan is not None},
+                          "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
+        return
+    from rich.console import Console
+
+    from capacity.io.report import gpu_comparison
+
+    gpu_comparison(options, Console(), wall, ex)
 
 
 @app.command()
@@ -192,7 +289,7 @@ def sweep(
 
         write_rows(rows, out)
     if json_out:
-        typer.echo(json.dumps({"rows": rows, "cache_hits": ex.hits, "simulations": ex.misses}, indent=2, default=float))
+        typer.echo(dumps({"rows": rows, "cache_hits": ex.hits, "simulations": ex.misses}))
         return
     from rich.console import Console
 

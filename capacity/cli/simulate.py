@@ -1,7 +1,6 @@
 """`capacity simulate`: one simulated deployment through the run pipeline, percentiles and throughput."""
 from __future__ import annotations
 
-import json
 from typing import Annotated, Optional
 
 import typer
@@ -26,6 +25,7 @@ from capacity.cli.common import (
     load_card,
 )
 from capacity.errors import CapacityError
+from capacity.files import dumps
 
 
 @app.command()
@@ -101,7 +101,7 @@ def simulate(
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
     if json_out:
-        typer.echo(json.dumps(out, indent=2, default=float))
+        typer.echo(dumps(out))
         return
     from rich.console import Console
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -10,6 +9,7 @@ import typer
 
 from capacity.cli.common import JsonOpt, _lengths, app
 from capacity.errors import CapacityError
+from capacity.files import dumps
 
 
 @app.command()
@@ -85,7 +85,7 @@ def loadtest(
             finally:
                 if out and run:
                     Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
-                        json.dumps(run, default=float) + "\n")
+                        dumps(run, indent=None) + "\n")
         if run["meta"].get("interrupted"):
             typer.echo(f"interrupted: {counts(run)}; partial results "
                        + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
@@ -95,10 +95,10 @@ def loadtest(
         runs.append(run)
         if out:
             Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
-                json.dumps(run, default=float) + "\n")
+                dumps(run, indent=None) + "\n")
     if json_out:
-        typer.echo(json.dumps([{"summary": r["summary"], **({"sweep": r["sweep"]} if "sweep" in r else {})}
-                               for r in runs] if swept else {"summary": runs[0]["summary"]}, indent=2, default=float))
+        typer.echo(dumps([{"summary": r["summary"], **({"sweep": r["sweep"]} if "sweep" in r else {})}
+                               for r in runs] if swept else {"summary": runs[0]["summary"]}))
         return
     from rich.console import Console
 
@@ -129,7 +129,7 @@ def validate(
     cost, sched, frontend_s = load_fit(fit)
     rows = compare(summarize_run(run), sim_summary(simulate_run(run, cost, sched, frontend_s=frontend_s)))
     if json_out:
-        typer.echo(json.dumps({"rows": rows, "source": cost.source}, indent=2, default=float))
+        typer.echo(dumps({"rows": rows, "source": cost.source}))
         return
     from rich.console import Console
     from rich.table import Table

@@ -21,7 +21,7 @@ from pathlib import Path
 from capacity.errors import CapacityError
 
 GiB = 2**30
-SHEETS = ("Summary", "Assumptions", "Memory", "Frontier", "Percentiles", "Sweep")
+SHEETS = ("Summary", "Assumptions", "Memory", "Frontier", "Context", "Percentiles", "Sweep")
 
 
 def _atomic_write(path: Path, write, force: bool) -> None:
@@ -110,6 +110,15 @@ def tables(plan: dict | None, sweep_rows: list[dict] | None = None) -> dict[str,
             ["CUDA graphs (in budget)" if b["cuda_graphs_in_budget"] else "CUDA graphs (outside budget)",
              b["cuda_graph_bytes"] / GiB],
             ["KV cache budget", b["kv_budget_bytes"] / GiB]])
+        if plan.get("context_frontier"):
+            out["Context"] = (
+                ["context (tokens)", "max_num_seqs", "fits memory", f"P{pct} TTFT (ms)", f"P{pct} TPOT (ms)",
+                 "P99 queue wait (ms)", "preemptions", "peak output tokens/s", "requests the KV cache holds",
+                 "meets SLO", "status / why not"],
+                [[c["context"], c["max_num_seqs"], _yn(c["feasible"]), _ms(c["p_ttft"]), _ms(c["p_tpot"]),
+                  _ms(c["queue_wait_p99"]), c["preemptions"], c["capacity_tokens_per_s"], c["kv_concurrency"],
+                  _yn(c["meets_slo"]), c["why"] or ("saturated at 80% of its peak" if c["saturated"] else "")]
+                 for c in plan["context_frontier"]])
         out["Memory table"] = (["batch", "context (tokens)", "KV needed (GiB)", "share of KV budget", "fits", "why"],
                                [[r["batch"], r["context"], r["kv_bytes"] / GiB, r["kv_fraction"], _yn(r["fits"]), r["reason"]]
                                 for r in plan.get("memory_table", [])])
@@ -144,7 +153,9 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
     """Write the workbook and, next to it, `<stem>.json` and `<stem>.<table>.csv`. `plan` is a `Plan` or its
     JSON form. Returns the paths written."""
     if plan is not None and not isinstance(plan, dict):
-        plan = json.loads(json.dumps(plan.as_dict(), default=float))  # the same form `capacity plan --json` saves
+        from capacity.files import strict_json
+
+        plan = strict_json(plan.as_dict())  # the same form `capacity plan --json` saves
     if plan is None and not sweep_rows:
         raise CapacityError("nothing to export: give a plan or sweep rows")
     path = Path(path)
@@ -154,8 +165,9 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
     _atomic_write(path, lambda tmp: _workbook(tmp, plan, tabs), force)
     written.append(path)
     jp = path.with_suffix(".json")
-    _atomic_write(jp, lambda tmp: tmp.write_text(json.dumps({"plan": plan, "sweep": sweep_rows}, indent=1,
-                                                            default=float) + "\n"), force)
+    from capacity.files import dumps
+
+    _atomic_write(jp, lambda tmp: tmp.write_text(dumps({"plan": plan, "sweep": sweep_rows}, indent=1) + "\n"), force)
     written.append(jp)
     for name, (head, rows) in tabs.items():
         cp = path.with_name(f"{path.stem}.{name.lower().replace(' ', '_')}.csv")
@@ -293,6 +305,13 @@ def _workbook(dest: Path, plan: dict | None, tabs: dict) -> None:
                 rng = f"{col}2:{col}{end}"  # blank = saturated or does not fit: no colour
                 f.conditional_formatting.add(rng, FormulaRule(formula=[f"AND(ISNUMBER({col}2),{col}2<={ref})"], fill=green))
                 f.conditional_formatting.add(rng, FormulaRule(formula=[f"AND(ISNUMBER({col}2),{col}2>{ref})"], fill=red))
+
+        if "Context" in tabs:
+            cx = wb.create_sheet("Context")
+            head, rows_c = tabs["Context"]
+            table(cx, head, rows_c)
+        else:
+            wb.create_sheet("Context").cell(1, 1, "no context trade-off in this plan (search.contexts: [])")
 
         pc = wb.create_sheet("Percentiles")
         head, rows_p = tabs["Percentiles"]

@@ -89,6 +89,16 @@ def simulation_table(out: dict, console) -> None:
         ci_txt = f"{ci[0] * 1e3:.1f}-{ci[1] * 1e3:.1f}" if ci and ci[0] == ci[0] else ""
         t.add_row(label, *(f"{m[k] * 1e3:.1f}" for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
     console.print(t)
+    if s.get("per_class"):
+        ct = Table(title="Per request class (ms)", title_justify="left")
+        for c in ("class", "requests", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "meets its SLO"):
+            ct.add_column(c, justify="left" if c == "class" else "right")
+        for name, c in s["per_class"].items():
+            att = c.get("slo_attainment")
+            ct.add_row(name, str(c["n_requests"]), *(f"{c[k][st] * 1e3:.1f}" if c[k].get("n") else "-"
+                                                     for k in ("ttft_s", "tpot_s") for st in ("p50", "p99")),
+                       "-" if att is None else f"{att:.1%}")
+        console.print(ct)
     console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
                   f"over {s['window_s']:.1f} s simulated; step costs: {out['step_cost_source']}")
     if s.get("goodput_req_per_s") is not None:
@@ -130,20 +140,27 @@ def plan_report(p, console, wall_s: float, ex) -> None:
         console.print(f"[dim]  (the activation peak depends on max_num_seqs and the token budget: `{p.budget_config}` "
                       "prints this same budget)[/]", soft_wrap=True)
 
-    t = Table(title="Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail)",
-              title_justify="left")
-    for c in ("TP", "max req/s", "bracket", "saturation req/s", "replicas", "GPUs", "probes", "step costs"):
-        t.add_column(c, justify="right" if c != "step costs" else "left")
-    for r in p.searches:
-        if r.max_rate <= 0:
-            t.add_row(str(r.tp), "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-",
-                      str(len(r.probes)), _src(r.source))
-            continue
-        import math
+    import math
 
-        reps = math.ceil(p.target_rate / r.max_rate)
-        t.add_row(str(r.tp), f"{r.max_rate:.2f}", f"{r.max_rate:.2f}-{r.failed_rate:.2f}", f"{r.capacity_rate:.2f}",
-                  str(reps), str(reps * r.tp), str(len(r.probes)), _src(r.source))
+    t = Table(title=f"Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail); "
+                    f"replicas run at {p.headroom:.0%} of it", title_justify="left")
+    for c in ("configuration", "max req/s", "bracket", "saturation req/s", "replicas", "GPUs", "step costs"):
+        t.add_column(c, justify="left" if c in ("configuration", "step costs") else "right")
+    for u in p.tp_unfit:
+        t.add_row(f"tp={u.tp}", "[dim]does not fit[/]", "", "", "", "", u.why.split(" at tp=")[0][:60])
+    rows = [(f"tp={r.tp}, defaults", r) for r in p.searches]
+    if p.rec_search is not None and p.recommended is not None:
+        rows.append((f"[bold]tp={p.tp}, max_num_seqs {p.recommended.max_num_seqs} (recommended)[/]", p.rec_search))
+    for label, r in rows:
+        if r.max_rate <= 0:
+            t.add_row(label, "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-",
+                      _src(r.source))
+            continue
+        reps = math.ceil(p.target_rate / (r.max_rate * p.headroom) - 1e-9)
+        if r is p.rec_search:
+            reps = p.replicas  # after verification (which may have added replicas)
+        t.add_row(label, f"{r.max_rate:.2f}", f"{r.max_rate:.2f}-{r.failed_rate:.2f}", f"{r.capacity_rate:.2f}",
+                  str(reps), str(reps * r.tp), _src(r.source))
     console.print(t)
 
     seqs = sorted({c.max_num_seqs for c in p.frontier})
@@ -152,7 +169,8 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     ft = Table(title=f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}); paged KV makes latency "
                      f"independent of max_model_len, which decides what fits (x: does not fit; !: below the "
                      f"workload's longest request)", title_justify="left")
-    for c in ("max_num_seqs", f"P{pct} TTFT ms [band]", f"P{pct} TPOT ms [band]", "peak tokens/s", "SLO"):
+    for c in ("max_num_seqs", f"P{pct} TTFT ms [band]", f"P{pct} TPOT ms [band]", "peak tokens/s", "KV blocks",
+              "preempt.", "SLO"):
         ft.add_column(c, justify="right")
     for m in lens:
         ft.add_column(f"{m // 1024}k" if m >= 1024 else str(m), justify="center")
@@ -161,15 +179,17 @@ def plan_report(p, console, wall_s: float, ex) -> None:
         live = next((c for c in cells if c.feasible and c.p_ttft is not None), None)
         marks = ["[dim]x[/]" if not c.feasible else ("!" if not c.covers_workload else "ok") for c in cells]
         if live is None:
-            ft.add_row(str(s), "-", "-", "-", "[dim]does not fit[/]", *marks)
+            ft.add_row(str(s), "-", "-", "-", "-", "-", "[dim]does not fit[/]", *marks)
             continue
-        sat = live.p_ttft is None or live.p_ttft == float("inf")
+        sat = live.saturated or live.p_ttft is None or live.p_ttft == float("inf")
         bt = f" [{_ms(live.p_ttft_band[0])}-{_ms(live.p_ttft_band[1])}]" if live.p_ttft_band else ""
         bp = f" [{_ms(live.p_tpot_band[0], 1)}-{_ms(live.p_tpot_band[1], 1)}]" if live.p_tpot_band else ""
         ok = any(c.meets_slo for c in cells)
         ft.add_row(str(s), "[red]saturated[/]" if sat else _ms(live.p_ttft) + bt, "" if sat else _ms(live.p_tpot, 1) + bp,
-                   f"{live.capacity_tokens_per_s or 0:,.0f}", "[green]meets[/]" if ok else "[red]misses[/]", *marks)
+                   f"{live.capacity_tokens_per_s or 0:,.0f}", f"{live.kv_blocks or 0:,}",
+                   f"{live.preemptions or 0:.0f}", "[green]meets[/]" if ok else "[red]misses[/]", *marks)
     console.print(ft)
+    context_table(p, console)
 
     v = p.verification
     if p.recommended:
@@ -211,7 +231,9 @@ def write_rows(rows: list[dict], path: str) -> None:
             for r in rows:
                 w.writerow({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()})
     else:
-        p.write_text(json.dumps(rows, indent=1, default=float) + "\n")
+        from capacity.files import dumps
+
+        p.write_text(dumps(rows, indent=1) + "\n")
 
 
 def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
@@ -232,3 +254,63 @@ def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
                   _ms(r["tpot_p99_s"], 1), f"{r['tokens_per_s']:,.0f}")
     console.print(t)
     console.print(f"[dim]{ex.misses} simulations run, {ex.hits} from the cache[/]")
+
+
+def context_table(p, console) -> None:
+    """The max batch x request context trade-off: P99 TTFT / TPOT at 80% of each cell's own peak, the peak
+    output tokens/s, and KV-limited cells (the cache holds fewer such requests than max_num_seqs)."""
+    from rich.table import Table
+
+    if not p.context_frontier:
+        return
+    pct = p.slo.percentile
+    ctxs = sorted({c.context for c in p.context_frontier})
+    seqs = sorted({c.max_num_seqs for c in p.context_frontier})
+    by = {(c.context, c.max_num_seqs): c for c in p.context_frontier}
+    t = Table(title=f"Request context (prompt + output tokens) x max_num_seqs: P{pct} TTFT / TPOT ms at "
+                    f"{p.headroom:.0%} of each cell's peak, then peak output tokens/s; * = KV-limited (the cache "
+                    f"holds fewer such requests than max_num_seqs); red = misses the SLO", title_justify="left")
+    t.add_column("max_num_seqs", justify="right")
+    for x in ctxs:
+        t.add_column(f"{x // 1024}k" if x >= 1024 else str(x), justify="right")
+    for s in seqs:
+        row = []
+        for x in ctxs:
+            c = by.get((x, s))
+            if c is None or not c.feasible:
+                row.append("[dim]-[/]")
+                continue
+            kv = "*" if c.kv_concurrency is not None and c.kv_concurrency < s else ""
+            lat = "sat." if c.saturated or c.p_ttft is None else f"{_ms(c.p_ttft)}/{_ms(c.p_tpot)}"
+            txt = f"{lat} {c.capacity_tokens_per_s or 0:,.0f}{kv}"
+            row.append(txt if c.meets_slo else f"[red]{txt}[/]")
+        t.add_row(str(s), *row)
+    console.print(t)
+
+
+def gpu_comparison(options, console, wall_s: float, ex) -> None:
+    """`capacity plan --gpu a,b,c`: one row per GPU type, cheapest first (fewest GPUs when unpriced)."""
+    from rich.table import Table
+
+    first = next(o.plan for o in options if o.plan is not None)
+    pct, slo = first.slo.percentile, first.slo
+    t = Table(title=f"{first.model} at {first.target_rate:g} req/s, SLO P{pct} TTFT <= {slo.ttft_s * 1e3:.0f} ms and "
+                    f"TPOT <= {slo.tpot_s * 1e3:.0f} ms: GPU types compared (replicas at {first.headroom:.0%} of their "
+                    f"max rate)", title_justify="left")
+    for c in ("GPU", "TP", "replicas", "GPUs", "max_num_seqs", f"P{pct} TTFT ms", f"P{pct} TPOT ms", "USD/h",
+              "USD/1M tok"):
+        t.add_column(c, justify="left" if c == "GPU" else "right", no_wrap=c == "GPU")
+    for o in options:
+        r = o.row()
+        if not r["fits"]:
+            t.add_row(o.gpu, "[dim]" + r["why"][:70] + "[/]", "", "", "", "", "", "", "")
+            continue
+        t.add_row(o.gpu, str(r["tp"]), str(r["replicas"]), str(r["gpus"]), str(r["max_num_seqs"]), _ms(r["p_ttft_s"]),
+                  _ms(r["p_tpot_s"], 1), f"{r['usd_per_hour']:,.2f}" if r["usd_per_hour"] else "-",
+                  f"{r['cost_per_million_tokens']:.3f}" if r["cost_per_million_tokens"] else "-")
+    console.print(t)
+    for o in options:
+        if o.plan is not None:
+            console.print(f"  {o.gpu}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
+    console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")
+

@@ -56,16 +56,24 @@ class Executor:
             pass  # the cache is an optimisation: an unwritable or full cache directory costs only speed
 
     def run(self, tasks: list[SimTask]) -> list[TaskResult]:
+        """Results in task order; identical tasks (same key) run once, cached ones not at all."""
         keys = [t.key() for t in tasks]
-        out: list[TaskResult | None] = [self._get(k) for k in keys]
-        todo = [i for i, v in enumerate(out) if v is None]
-        self.hits += len(tasks) - len(todo)
+        first: dict[str, int] = {}
+        for i, k in enumerate(keys):
+            first.setdefault(k, i)
+        got: dict[str, TaskResult] = {}
+        for k, i in first.items():
+            v = self._get(k)
+            if v is not None:
+                got[k] = v
+        todo = [i for k, i in first.items() if k not in got]
+        self.hits += len(first) - len(todo)
         self.misses += len(todo)
         if todo:
             for i, res in self._map([tasks[i] for i in todo], todo):
-                out[i] = res
+                got[keys[i]] = res
                 self._put(keys[i], res)
-        return out  # type: ignore[return-value]
+        return [got[k] for k in keys]
 
     def _map(self, tasks: list[SimTask], idx: list[int]) -> Iterable[tuple[int, TaskResult]]:
         raise NotImplementedError

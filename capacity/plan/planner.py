@@ -28,15 +28,19 @@ a process pool (default), on Ray, or serially, and cache on disk by their hash.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
-from capacity.plan.results import Cell, MetricStats, Plan, RateSearch, Verification
+from capacity.plan.results import Cell, ContextCell, MetricStats, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 from capacity.workload import Arrivals, Lengths, WorkloadSpec
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
+
+
+CONTEXT_REQUESTS = 300  # requests per simulation of the context trade-off map
 
 
 def _mean(xs: list[float]) -> float:
@@ -46,12 +50,16 @@ def _mean(xs: list[float]) -> float:
 class Planner:
     def __init__(self, sc: Scenario, card, executor) -> None:
         from capacity.model.gpus import get_gpu
+        from capacity.pipeline import check_policy
 
+        check_policy(sc.engine, sc.workload)
         self.sc, self.card, self.ex = sc, card, executor
         self.card_dict = card.model_dump()
         self.gpu = get_gpu(sc.gpu_name)
         self.notes: list[str] = []
         self.sources: dict[int, str] = {}  # tp -> step-cost source
+        self._frontier_tp = 1
+        self.search_engines: dict[int, EngineConfig] = {}
 
     # ---- one engine configuration per question ---------------------------------------------------------
     def engine(self, tp: int, **over) -> EngineConfig:
@@ -71,6 +79,32 @@ class Planner:
             if mnbt < max_num_seqs:
                 e = e.model_copy(update={"max_num_batched_tokens": max_num_seqs})
         return e
+
+    def fitting_engine(self, tp: int):
+        """The engine (and its budget) a TP size is searched with: the scenario's, or, when one request of the
+        default max_model_len (the model's whole context) does not fit the KV cache, the largest max_model_len
+        of the search grid that fits and still holds the workload's longest request (the note says so). A TP
+        size is not written off because the model's longest context does not fit on it."""
+        e = self.engine(tp)
+        try:
+            return e, self.budget(e)
+        except DoesNotFit as exc:
+            first = exc
+        if self.sc.engine.max_model_len is not None:
+            raise first
+        longest = self._longest_request()
+        for m in sorted((x for x in self.sc.search.max_model_len if x < self.card.max_position_embeddings), reverse=True):
+            if m < longest:
+                break
+            try:
+                e2 = self.engine(tp, max_model_len=m)
+                b = self.budget(e2)
+            except DoesNotFit:
+                continue
+            self.notes.append(f"tp={tp} searched at max_model_len {m:,}: the model's full {self.card.max_position_embeddings:,}"
+                              f" does not fit ({str(first).split(';')[0]})")
+            return e2, b
+        raise first
 
     def budget(self, engine: EngineConfig):
         from capacity.engine.memory import budget
@@ -104,12 +138,26 @@ class Planner:
                         self.sc.search.warmup_fraction, ci) for s in seeds]
 
     def _judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
+        """Pass when no run saturated and the SLO percentile (mean over seeds) meets the SLOs. When request
+        classes carry SLOs of their own, each such class is held to its own and classes without one (batch
+        traffic) are not constrained; otherwise every request is held to the scenario's SLO."""
         k = self.sc.slo.key
         if any(r.saturated or not r.ttft.n for r in results):
             return False, math.inf, math.inf
         pt = _mean([r.ttft.stat(k) or 0.0 for r in results])
         pp = _mean([(r.tpot.stat(k) or 0.0) if r.tpot.n else 0.0 for r in results])
-        return pt <= self.sc.slo.ttft_s and pp <= self.sc.slo.tpot_s, pt, pp
+        own = [c for c in self.sc.workload.classes if c.slo_ttft_s is not None or c.slo_tpot_s is not None]
+        if not own or not all(r.per_class for r in results):
+            return pt <= self.sc.slo.ttft_s and pp <= self.sc.slo.tpot_s, pt, pp
+        ok = True
+        for c in own:
+            dists = [r.per_class.get(c.name) for r in results]
+            if any(d is None or not d[0].n for d in dists):
+                return False, math.inf, math.inf
+            ct = _mean([d[0].stat(k) or 0.0 for d in dists if d])
+            cp = _mean([(d[1].stat(k) or 0.0) if d[1].n else 0.0 for d in dists if d])
+            ok &= (c.slo_ttft_s is None or ct <= c.slo_ttft_s) and (c.slo_tpot_s is None or cp <= c.slo_tpot_s)
+        return ok, pt, pp
 
     def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
         """Throughput with the batch kept full: a closed loop of 2 x max_num_seqs users, no think time."""
@@ -163,19 +211,21 @@ class Planner:
         sc, card, gpu = self.sc, self.card, self.gpu
         tps = self.tp_sizes()
         searches: list[RateSearch] = []
-        fit_errors = []
+        fit_errors: list[str] = []
+        unfit: list[TpUnfit] = []
         for tp in tps:
             done = [r for r in searches if r.max_rate > 0]
-            if done and tp >= min(r.tp * math.ceil(sc.target_rate_per_s / r.max_rate) for r in done):
+            if done and tp >= min(r.tp * replicas_for(sc, r.max_rate) for r in done):
                 self.notes.append(f"tp={tp} not searched: it cannot use fewer GPUs than the best found")
                 continue
             try:
-                e = self.engine(tp)
-                b = self.budget(e)
+                e, b = self.fitting_engine(tp)
             except (DoesNotFit, ConfigError) as exc:
                 fit_errors.append(f"tp={tp}: {exc}")
+                unfit.append(TpUnfit(tp, str(exc)))
                 continue
             self.check_source(tp)  # a profile that cannot serve this TP is an error, not a silent roofline
+            self.search_engines[tp] = e
             searches.append(self.rate_search(e, tp, b.max_num_seqs))
         if not searches:
             raise DoesNotFit(f"no feasible configuration of {card.name} on {gpu.name}: " + "; ".join(fit_errors))
@@ -189,7 +239,7 @@ class Planner:
                 f"(SLO {sc.slo.ttft_s * 1e3:.0f} ms / {sc.slo.tpot_s * 1e3:.1f} ms)")
 
         def gpus_for(r: RateSearch) -> int:
-            return r.tp * math.ceil(sc.target_rate_per_s / r.max_rate)
+            return r.tp * replicas_for(sc, r.max_rate)
 
         best = min(usable, key=lambda r: (gpus_for(r), r.tp))
         if gpus_for(best) > sc.max_gpus:
@@ -197,17 +247,18 @@ class Planner:
                 f"target {sc.target_rate_per_s:g} req/s needs more than {sc.max_gpus} GPUs (max_gpus): the best is "
                 f"tp={best.tp} at {best.max_rate:.3g} req/s per replica = {gpus_for(best)} x {gpu.name}")
         tp = best.tp
-        replicas = math.ceil(sc.target_rate_per_s / best.max_rate)
+        replicas = replicas_for(sc, best.max_rate)
         per_replica = sc.target_rate_per_s / replicas
-        base_cfg = self.engine(tp)
+        base_cfg = self.search_engines[tp]
         frontier = self.frontier(tp, per_replica)
+        contexts = self.context_frontier(tp)
         rec = self.recommend(frontier)
         rec_engine = self.cell_engine(tp, rec.max_num_seqs, rec.max_model_len) if rec else base_cfg
         rec_search = None
         if rec is not None:
             rec_search = self.rate_search(rec_engine, tp, rec.max_num_seqs)
-            if rec_search.max_rate > 0:
-                replicas = min(replicas, math.ceil(sc.target_rate_per_s / rec_search.max_rate))
+            if rec_search.max_rate > 0:  # the GPU count is the recommended configuration's, at the headroom
+                replicas = replicas_for(sc, rec_search.max_rate)
         verification = self.verify(rec_engine, replicas)
         if not verification.passed:
             for _ in range(3):
@@ -245,13 +296,17 @@ class Planner:
                     self.check_source(tp),
                     self.notes + [f"engine defaults used: {', '.join(eng.defaults_used) or 'none'}"],
                     batch_context_table(rb, default_batches(rb.max_num_seqs), default_contexts(rb.max_model_len)),
-                    scenario, prov, __version__, mean_out, memory_command(card, gpu.name, rec_engine))
+                    scenario, prov, __version__, mean_out, memory_command(card, gpu.name, rec_engine), sc.headroom,
+                    unfit, contexts)
 
     def frontier(self, tp: int, rate: float) -> list[Cell]:
         sc = self.sc
+        self._frontier_tp = tp
         longest = self._longest_request()
-        seqs = sorted(set(sc.search.max_num_seqs))
-        lens = sorted(x for x in set(sc.search.max_model_len) if x <= self.card.max_position_embeddings)
+        # a knob the scenario fixes is not searched: the frontier is that value only
+        seqs = [sc.engine.max_num_seqs] if sc.engine.max_num_seqs else sorted(set(sc.search.max_num_seqs))
+        lens = ([sc.engine.max_model_len] if sc.engine.max_model_len else
+                sorted(x for x in set(sc.search.max_model_len) if x <= self.card.max_position_embeddings))
         if not lens:
             raise ConfigError(f"search.max_model_len: no value <= the model's max_position_embeddings "
                               f"({self.card.max_position_embeddings})")
@@ -303,8 +358,75 @@ class Planner:
                 c.stats = stats
                 c.capacity_tokens_per_s = capr.tokens_per_s
                 c.preemptions = _mean([r.preemptions for r in res])
+                c.saturated = any(r.saturated for r in res)
                 c.meets_slo = ok and c.covers_workload
         return [cells[(s, m)] for s in seqs for m in lens]
+
+    def context_frontier(self, tp: int) -> list[ContextCell]:
+        """max_num_seqs x the context requests carry (prompt + output: the workload's mean output length kept,
+        the prompt filling the rest). Per cell: the peak tokens/s with the batch kept full, and P99 TTFT/TPOT,
+        preemptions and queue wait when a replica runs at `headroom` x that cell's own capacity, the operating
+        point a plan would put it at. So the table shows where the KV cache, not the batch cap, limits
+        concurrency (kv_concurrency < max_num_seqs: capacity stops growing, preemptions appear) and what it does
+        to latency, at a load each cell can sustain. max_model_len is the smallest grid value that admits the
+        context (with paged KV the value costs no latency)."""
+        sc = self.sc
+        seqs = [sc.engine.max_num_seqs] if sc.engine.max_num_seqs else sorted(set(sc.search.max_num_seqs))
+        out_len = max(1, round(sc.workload.mean_output_tokens))
+        lens = sorted(set(sc.search.max_model_len) | {self.card.max_position_embeddings})
+        cells: list[ContextCell] = []
+        runs: list[tuple[ContextCell, EngineConfig, WorkloadSpec, SimTask]] = []
+        for ctx in sorted(set(sc.search.contexts)):
+            if ctx > self.card.max_position_embeddings:
+                continue
+            out = min(out_len, ctx // 2)
+            wl = sc.workload.model_copy(update={
+                "input_len": Lengths(kind="fixed", value=ctx - out), "output_len": Lengths(kind="fixed", value=out),
+                "prefix": None, "classes": [c.model_copy(update={"input_len": None, "output_len": None})
+                                            for c in sc.workload.classes]})
+            m = sc.engine.max_model_len or next(x for x in lens if x >= ctx)
+            for s in seqs:
+                cell = ContextCell(ctx, s, True)
+                cells.append(cell)
+                if m < ctx:
+                    cell.feasible, cell.why = False, f"max_model_len {m} < {ctx}"
+                    continue
+                try:
+                    e = self.cell_engine(tp, s, m)
+                    b = self.budget(e)
+                except (DoesNotFit, ConfigError) as exc:
+                    cell.feasible, cell.why = False, str(exc)
+                    continue
+                cell.kv_concurrency = b.num_blocks // math.ceil(ctx / b.block_size)
+                users = max(2, 2 * min(s, cell.kv_concurrency))  # more only queue behind a full batch
+                cap = self._tasks(e, None, range(1), closed_users=users, workload=wl,
+                                  requests=max(CONTEXT_REQUESTS, 4 * users))[0]
+                runs.append((cell, e, wl, cap))
+        if not runs:
+            return cells
+        caps = self.ex.run([cap for *_, cap in runs])
+        loads = []
+        for (cell, e, wl, _), capr in zip(runs, caps):
+            cell.capacity_tokens_per_s = capr.tokens_per_s
+            rate = capr.requests_per_s * sc.headroom
+            # one seed of CONTEXT_REQUESTS: a map of where the trade-off turns, not the plan's verified answer
+            loads.append(self._tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
+        res = iter(self.ex.run([t for load in loads for t in load]))
+        k = sc.slo.key
+        for (cell, *_), load in zip(runs, loads):
+            rs = [next(res) for _ in load]
+            if not rs:
+                cell.saturated = True
+                continue
+            ok, pt, pp = self._judge(rs)
+            cell.saturated = any(r.saturated for r in rs)
+            if not cell.saturated:
+                cell.p_ttft, cell.p_tpot = pt, pp
+                waits = [r.queue_wait.stat(k) for r in rs if r.queue_wait.n]
+                cell.queue_wait_p99 = _mean([w or 0.0 for w in waits]) if waits else None
+            cell.preemptions = _mean([r.preemptions for r in rs])
+            cell.meets_slo = ok
+        return cells
 
     def _longest_request(self) -> int:
         wl = self.sc.workload
@@ -319,8 +441,10 @@ class Planner:
         if not good:
             self.notes.append("no frontier cell meets the SLOs at the per-replica load; keeping the engine defaults")
             return None
-        # most capacity; then the smallest max_model_len that covers the workload (leaves the KV to batches)
-        return max(good, key=lambda c: (round(c.capacity_tokens_per_s or 0, 6), -c.max_model_len))
+        # most capacity; then the largest max_model_len: with paged KV a longer limit costs no latency at this
+        # load (it only admits longer requests), and a smaller one would reject production prompts the test
+        # workload happens not to have (the trade-off line says what it costs in full-length concurrency)
+        return max(good, key=lambda c: (round(c.capacity_tokens_per_s or 0, 6), c.max_model_len))
 
     def verify(self, engine: EngineConfig, replicas: int) -> Verification:
         sp = self.sc.search
@@ -343,7 +467,26 @@ class Planner:
                        f"({a.capacity_tokens_per_s:,.0f} -> {b.capacity_tokens_per_s:,.0f}), P{p} TTFT "
                        f"{_ms(a.p_ttft)} -> {_ms(b.p_ttft)}, P{p} TPOT {_ms(a.p_tpot, 1)} -> {_ms(b.p_tpot, 1)} "
                        f"at the per-replica load")
+        if rec is not None:
+            out += self._context_tradeoff(frontier, rec)
         return out
+
+    def _context_tradeoff(self, frontier: list[Cell], rec: Cell) -> list[str]:
+        """What a longer max_model_len costs: with paged KV, nothing in latency at this load (the cells of a row
+        share one simulation), but fewer requests of that full length fit in the KV cache at once."""
+        row = [c for c in frontier if c.max_num_seqs == rec.max_num_seqs and c.feasible and c.kv_tokens]
+        if len(row) < 2:
+            return []
+        bs = self.budget(self.cell_engine(self._frontier_tp, rec.max_num_seqs, rec.max_model_len)).block_size
+
+        def full(c: Cell) -> int:
+            return (c.kv_blocks or 0) // math.ceil(c.max_model_len / bs)
+
+        lo, hi = row[0], row[-1]
+        return [f"max_model_len {hi.max_model_len:,} admits requests up to that length at the same P{self.sc.slo.percentile} "
+                f"as {lo.max_model_len:,} at this load; its cost is concurrency at full length: {full(hi):,} requests "
+                f"of {hi.max_model_len:,} tokens fit the KV cache at once vs {full(lo):,} of {lo.max_model_len:,} "
+                f"(the workload's longest request is {self._longest_request():,} tokens)"]
 
     def sensitivity(self, engine: EngineConfig, rate: float) -> list[str]:
         """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
@@ -367,6 +510,11 @@ class Planner:
         return [f"each 1k fewer prompt tokens ({li.value} -> {li.value - d} measured) saves "
                 f"{(mean_a - mean_b) * per_k * 1e3:.0f} ms mean TTFT and {(pa - pb) * per_k * 1e3:.0f} ms "
                 f"P{self.sc.slo.percentile} TTFT at the per-replica load"]
+
+
+def replicas_for(sc: Scenario, max_rate: float) -> int:
+    """Replicas to serve the target with each at `headroom` x its max sustainable rate."""
+    return math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9)
 
 
 def _metric_stats(dists: list, cis: list) -> MetricStats:
@@ -418,3 +566,45 @@ def memory_command(card, gpu: str, e: EngineConfig) -> str:
 
 def make_plan(sc: Scenario, card, executor) -> Plan:
     return Planner(sc, card, executor).make()
+
+
+@dataclass
+class GpuOption:
+    """One GPU type's answer to the same question: its plan, or why there is none."""
+
+    gpu: str
+    plan: Plan | None
+    why: str = ""
+    price_per_gpu_hour: float | None = None
+
+    @property
+    def sort_key(self) -> tuple:
+        p = self.plan
+        if p is None:
+            return (1, math.inf, math.inf)
+        return (0, p.cost_per_million_tokens if p.cost_per_million_tokens is not None else math.inf, p.gpus)
+
+    def row(self) -> dict:
+        p = self.plan
+        if p is None:
+            return {"gpu": self.gpu, "fits": False, "why": self.why}
+        rec = p.recommended
+        return {"gpu": self.gpu, "fits": True, "tp": p.tp, "replicas": p.replicas, "gpus": p.gpus,
+                "max_num_seqs": rec.max_num_seqs if rec else None, "max_model_len": rec.max_model_len if rec else None,
+                "max_rate_per_replica": p.rec_search.max_rate if p.rec_search else None,
+                "verified": p.verification.passed, "p_ttft_s": p.verification.p_ttft_s,
+                "p_tpot_s": p.verification.p_tpot_s, "price_per_gpu_hour": self.price_per_gpu_hour,
+                "usd_per_hour": p.gpus * self.price_per_gpu_hour if self.price_per_gpu_hour else None,
+                "cost_per_million_tokens": p.cost_per_million_tokens, "source": p.source}
+
+
+def compare_gpus(scenarios: list[tuple[Scenario, object]], executor) -> list[GpuOption]:
+    """The same question on several GPU types (one scenario each): every plan, sorted by cost per 1M output
+    tokens (by GPU count when unpriced); a GPU that cannot serve it says why instead of vanishing."""
+    out = []
+    for sc, card in scenarios:
+        try:
+            out.append(GpuOption(sc.gpu_name, make_plan(sc, card, executor), "", sc.price_per_gpu_hour))
+        except CapacityError as exc:  # does not fit, or no configuration meets the SLO: an answer for this GPU
+            out.append(GpuOption(sc.gpu_name, None, str(exc), sc.price_per_gpu_hour))
+    return sorted(out, key=lambda o: o.sort_key)

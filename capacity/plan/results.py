@@ -23,6 +23,12 @@ class RateSearch:
 
 
 @dataclass
+class TpUnfit:
+    tp: int
+    why: str  # "weights need 131.4 GiB per rank, usable is 71.2 GiB ..."
+
+
+@dataclass
 class MetricStats:
     """One latency of a frontier row: means over seeds of each statistic, and the P99 band (seconds)."""
 
@@ -53,6 +59,26 @@ class Cell:
     max_num_batched_tokens: int | None = None  # as simulated (the engine's default unless the scenario sets it)
     kv_blocks: int | None = None
     preemptions: float | None = None  # mean over seeds, at the per-replica load
+    saturated: bool = False  # at the per-replica load: its P99s are then null in JSON (unbounded)
+
+
+@dataclass
+class ContextCell:
+    """The trade-off users face: requests of `context` tokens (prompt + output) against a batch cap, at the
+    per-replica load. Where the KV cache runs out, preemptions and queueing appear and the P99s turn."""
+
+    context: int
+    max_num_seqs: int
+    feasible: bool
+    why: str = ""
+    p_ttft: float | None = None
+    p_tpot: float | None = None
+    saturated: bool = False
+    preemptions: float | None = None  # mean over seeds
+    queue_wait_p99: float | None = None
+    capacity_tokens_per_s: float | None = None  # peak, with the batch kept full
+    kv_concurrency: int | None = None  # requests of this context the KV cache holds at once
+    meets_slo: bool = False
 
 
 @dataclass
@@ -93,6 +119,9 @@ class Plan:
     tool_version: str = ""
     mean_output_tokens: float = 0.0  # class-weighted mean output length: what cost per 1M tokens divides by
     budget_config: str = ""  # which configuration the budget belongs to, as a `capacity memory` command
+    headroom: float = 1.0  # replicas run at this share of the recommended configuration's max rate
+    tp_unfit: list[TpUnfit] = field(default_factory=list)  # TP sizes searched that cannot hold the model
+    context_frontier: list[ContextCell] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         d = dataclasses.asdict(self)

@@ -41,11 +41,14 @@ class SearchSpec(_Strict):
     max_num_seqs: list[Annotated[int, Field(gt=0)]] = [16, 32, 64, 128, 256, 512, 1024]
     max_model_len: list[Annotated[int, Field(gt=0)]] = [2048, 4096, 8192, 16384, 32768, 65536, 131072]
     tp: list[Annotated[int, Field(gt=0)]] = [1, 2, 4, 8]
+    # the context trade-off: requests of these many tokens (prompt + output) against each max_num_seqs, at the
+    # per-replica load; [] skips it
+    contexts: list[Annotated[int, Field(gt=1)]] = [1024, 4096, 16384, 65536]
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpec:
-        for name in ("max_num_seqs", "max_model_len", "tp"):
+        for name in ("max_num_seqs", "max_model_len", "tp"):  # contexts may be empty: the trade-off is optional
             if not getattr(self, name):
                 raise ValueError(f"{name}: the grid is empty")
         return self
@@ -62,6 +65,9 @@ class Scenario(_Strict):
     workload: WorkloadSpec = WorkloadSpec()
     slo: SLOSpec = SLOSpec()
     target_rate_per_s: PosFloat = 10.0
+    # Replicas run at this share of their max sustainable rate: replicas = ceil(target / (max rate x headroom)).
+    # Below 1 it absorbs bursts and the search's bracket; 0.8 is a common operating point.
+    headroom: Annotated[float, Field(gt=0, le=1)] = 0.8
     price_per_gpu_hour: PosFloat | None = None
     max_gpus: Annotated[int, Field(gt=0)] = 4096  # refuse plans that need more than this
     profile: str | None = None  # a profile file, or the name of a bundled one (`capacity profiles`)

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from capacity.sim.metrics import Dist
 
-RESULT_SCHEMA = 2  # bump when TaskResult changes shape: older cache entries are then recomputed
+RESULT_SCHEMA = 3  # bump when TaskResult changes shape: older cache entries are then recomputed
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,8 @@ class TaskResult:
     preemptions: int = 0
     kv_blocks: int = 0  # per replica
     p99_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
+    per_class: dict[str, tuple[Dist, Dist]] = field(default_factory=dict)  # class -> (TTFT, TPOT), multi-class only
+    queue_wait: Dist = Dist()
 
     def metric(self, name: str) -> Dist:
         return {"ttft": self.ttft, "tpot": self.tpot, "itl": self.itl, "e2e": self.e2e}[name]
@@ -66,7 +68,9 @@ class TaskResult:
                 "itl": self.itl.as_dict(), "e2e": self.e2e.as_dict(), "tokens_per_s": self.tokens_per_s,
                 "requests_per_s": self.requests_per_s, "saturated": self.saturated, "capacity": self.capacity,
                 "source": self.source, "rejected": self.rejected, "preemptions": self.preemptions,
-                "kv_blocks": self.kv_blocks, "p99_ci": {k: list(v) for k, v in self.p99_ci.items()}}
+                "kv_blocks": self.kv_blocks, "p99_ci": {k: list(v) for k, v in self.p99_ci.items()},
+                "per_class": {k: [a.as_dict(), b.as_dict()] for k, (a, b) in self.per_class.items()},
+                "queue_wait": self.queue_wait.as_dict()}
 
     @classmethod
     def from_json(cls, d: dict) -> TaskResult:
@@ -76,7 +80,9 @@ class TaskResult:
                    Dist.from_dict(d["e2e"]), float(d["tokens_per_s"]), float(d["requests_per_s"]),
                    bool(d["saturated"]), None if d["capacity"] is None else float(d["capacity"]), str(d["source"]),
                    int(d["rejected"]), int(d["preemptions"]), int(d["kv_blocks"]),
-                   {str(k): (float(v[0]), float(v[1])) for k, v in d["p99_ci"].items()})
+                   {str(k): (float(v[0]), float(v[1])) for k, v in d["p99_ci"].items()},
+                   {str(k): (Dist.from_dict(v[0]), Dist.from_dict(v[1])) for k, v in d["per_class"].items()},
+                   Dist.from_dict(d["queue_wait"]))
 
 
 def run_task(task: SimTask) -> TaskResult:
@@ -96,4 +102,5 @@ def run_task(task: SimTask) -> TaskResult:
     s = res.summary
     return TaskResult(s.ttft_s, s.tpot_s, s.itl_s, s.e2e_s, s.output_tokens_per_s, s.requests_per_s,
                       res.sim.saturated, res.sim.capacity_req_per_s, res.cost_source, len(res.sim.rejected),
-                      res.sim.preemptions, res.budget.num_blocks, dict(s.p99_ci_s))
+                      res.sim.preemptions, res.budget.num_blocks, dict(s.p99_ci_s),
+                      {k: (c.ttft_s, c.tpot_s) for k, c in s.per_class.items()}, s.queue_wait_s)

@@ -43,7 +43,8 @@ class Recorder:
         self.area = 0.0  # integral of requests in system over time
         self.t_last = 0.0
         self.finished_total = 0
-        self.backlog_since: tuple[float, int] | None = None
+        self.tokens_total = 0  # output tokens emitted (the capacity estimate of an overloaded run counts them)
+        self.backlog_since: tuple[float, int, int] | None = None  # (start, finished, tokens) of the queue's backlog
         self.gap_v: list[float] = []  # ITL samples of single steps (one token each)
         self.gap_t: list[float] = []
         self.stretches: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # durations, ends, first weight, rest
@@ -209,6 +210,7 @@ class Replica:
                     rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
                     yield env.timeout(float(cum[k - 1]))
                     sim.steps += k
+                    rec.tokens_total += k * len(run)
                     sim.finish(sched.advance_decodes(k, env.now))
                     if rec.timeseries:
                         rec.sample(self)
@@ -224,7 +226,8 @@ class Replica:
             yield env.timeout(cost.step_s(out.plan))
             sim.steps += 1
             end = env.now
-            _, done = sched.complete(out, end)
+            emitted, done = sched.complete(out, end)
+            rec.tokens_total += len(emitted)
             for s, t in prev:
                 if s.last_token_s == end:  # it emitted a token in this step
                     rec.gap_v.append(end - t)

@@ -116,6 +116,28 @@ DIST_FIELDS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s")
 
 
 @dataclass
+class ClassSummary:
+    """One request class of a multi-class workload (interactive vs batch): its own latencies and SLO result."""
+
+    n_requests: int
+    ttft_s: Dist
+    tpot_s: Dist
+    e2e_s: Dist
+    queue_wait_s: Dist
+    slo_attainment: float | None = None  # share meeting the class's own SLOs (None: the class has none)
+
+    def as_dict(self) -> dict:
+        return {"n_requests": self.n_requests, "ttft_s": self.ttft_s.as_dict(), "tpot_s": self.tpot_s.as_dict(),
+                "e2e_s": self.e2e_s.as_dict(), "queue_wait_s": self.queue_wait_s.as_dict(),
+                "slo_attainment": self.slo_attainment}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> ClassSummary:
+        return cls(int(d["n_requests"]), *(Dist.from_dict(d[k]) for k in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")),
+                   d.get("slo_attainment"))
+
+
+@dataclass
 class Summary:
     """What a run delivered, as `vllm bench serve` reports it (see module docstring)."""
 
@@ -133,11 +155,13 @@ class Summary:
     slo_attainment: float | None = None
     preempted_requests: int = 0
     definitions: str = DEFINITIONS
+    per_class: dict[str, ClassSummary] = field(default_factory=dict)  # only for workloads with several classes
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
         for k in DIST_FIELDS:
             d[k] = d[k].as_dict()
+        d["per_class"] = {k: v.as_dict() for k, v in self.per_class.items()}
         return d
 
     @classmethod
@@ -146,11 +170,13 @@ class Summary:
         for k in DIST_FIELDS:
             kw[k] = Dist.from_dict(d[k])
         kw["p99_ci_s"] = {k: tuple(v) for k, v in (d.get("p99_ci_s") or {}).items()}
+        kw["per_class"] = {k: ClassSummary.from_dict(v) for k, v in (d.get("per_class") or {}).items()}
         return cls(**kw)
 
 
 def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng: np.random.Generator,
-              slos: list[SLO] | None = None, ci: bool = True) -> Summary:
+              slos: list[SLO] | None = None, ci: bool = True, class_names: list[str] | None = None) -> Summary:
+    """The run's summary; with `class_names` (two or more), also each class's own latencies (`per_class`)."""
     done = rec.subset(rec.finished)
     n = len(done)
     if n == 0:
@@ -181,4 +207,18 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
                 ok[m] &= np.nan_to_num(tpot[m], nan=0.0) <= slo.tpot_s
         s.slo_attainment = float(ok.mean())
         s.goodput_req_per_s = float(ok.sum() / window) if window > 0 else float("nan")
+    if class_names and len(class_names) > 1:
+        for c, name in enumerate(class_names):
+            m = done.cls == c
+            slo = slos[c] if slos and c < len(slos) else SLO()
+            att = None
+            if slo.ttft_s is not None or slo.tpot_s is not None:
+                okc = np.ones(int(m.sum()), dtype=bool)
+                if slo.ttft_s is not None:
+                    okc &= ttft[m] <= slo.ttft_s
+                if slo.tpot_s is not None:
+                    okc &= np.nan_to_num(tpot[m], nan=0.0) <= slo.tpot_s
+                att = float(okc.mean()) if okc.size else None
+            s.per_class[name] = ClassSummary(int(m.sum()), _pcts(ttft[m]), _pcts(tpot[m]), _pcts(e2e[m]),
+                                             _pcts(wait[m]), att)
     return s

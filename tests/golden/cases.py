@@ -52,7 +52,25 @@ _MNBT = ("defect fixed (issue 15): the frontier was simulated with max_num_batch
 _CMD = ("launch commands spell out every knob of the simulated configuration (--no-enable-prefix-caching: vLLM v1 "
         "enables prefix caching by default); the SGLang command is translated by meaning (--mem-fraction-static "
         "holds weights + the planned KV pool, --max-total-tokens pins the pool, --disable-radix-cache)")
+_SAT = ("defect fixed (issue 17): an overloaded run's served rate was finishes per second at the last arrival (a "
+        "short burst of long requests gave 'about 0 req/s'); it is now output tokens per second over the longest "
+        "backlogged period over the mean output length. simulate_priority: 3.97 -> 2.91 req/s (the run served "
+        "2.66 over its window); simulate_saturated: 0.832 -> 1.05 req/s")
+_LEN = ("defect fixed (issue 17): the recommended max_model_len was the smallest that covered the test workload "
+        "(4,096), so the printed command would reject longer production prompts; it is now the largest that keeps "
+        "the SLO (32,768, the same latency with paged KV), with a trade-off line on its full-length concurrency "
+        "(13 vs 110 requests); the budget's max_model_len-dependent figures and its batch x context table follow")
 CHANGES: dict[tuple[str, str], str] = {
+    ("plan_small", "recommended.max_model_len"): _LEN,
+    ("plan_small", "budget.max_model_len"): _LEN,
+    ("plan_small", "budget.max_concurrency"): _LEN,
+    ("plan_small", "budget.contiguous_max_seqs"): _LEN,
+    ("plan_small", "memory_table"): _LEN,
+    ("plan_small", "tradeoffs"): _LEN,
+    ("simulate_priority", "capacity_req_per_s"): _SAT,
+    ("simulate_priority", "saturation"): _SAT,
+    ("simulate_saturated", "capacity_req_per_s"): _SAT,
+    ("simulate_saturated", "saturation"): _SAT,
     ("simulate_profile", "step_cost_source"): "a bundled profile is named by its name, not by an absolute path of the "
                                               "checkout it happened to be read from (not portable between machines)",
     ("plan_small", "vllm_command"): _CMD,
