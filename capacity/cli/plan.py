@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.common import BlockOpt, EagerOpt, GroupOpt, JsonOpt, KvOpt, MnbtOpt, NoChunkOpt, WOpt, _lengths, app
+from capacity.cli.common import BlockOpt, EagerOpt, GroupOpt, JsonOpt, MnbtOpt, NoChunkOpt, WOpt, _lengths, app
 from capacity.files import dumps
 
 
@@ -58,7 +58,8 @@ def plan(
     headroom: Annotated[Optional[float], typer.Option("--headroom", help="Share of the max rate a replica runs at (default 0.8)")] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Fix TP (default: searched)")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
-    kv_dtype: KvOpt = None, weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
+    kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")] = None,
+    weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Fix max_model_len (default: the frontier searches it)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Fix max_num_seqs (default: the frontier searches it)")] = None,

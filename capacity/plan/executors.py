@@ -62,7 +62,7 @@ class Executor:
         for i, k in enumerate(keys):
             first.setdefault(k, i)
         got: dict[str, TaskResult] = {}
-        for k, i in first.items():
+        for k in first:
             v = self._get(k)
             if v is not None:
                 got[k] = v

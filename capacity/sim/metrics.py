@@ -133,8 +133,8 @@ class ClassSummary:
 
     @classmethod
     def from_dict(cls, d: dict) -> ClassSummary:
-        return cls(int(d["n_requests"]), *(Dist.from_dict(d[k]) for k in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s")),
-                   d.get("slo_attainment"))
+        ttft, tpot, e2e, wait = (Dist.from_dict(d[k]) for k in ("ttft_s", "tpot_s", "e2e_s", "queue_wait_s"))
+        return cls(int(d["n_requests"]), ttft, tpot, e2e, wait, d.get("slo_attainment"))
 
 
 @dataclass
