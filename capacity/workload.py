@@ -45,13 +45,13 @@ class Lengths(_Strict):
     """Token-count distribution. fixed: `value`; uniform: [low, high]; lognormal: `mean` and `cv` (of the
     lognormal itself, not of its log), clipped to [low, high]; empirical: draw from `values`."""
 
-    kind: Literal["fixed", "uniform", "lognormal", "empirical"] = "fixed"
-    value: PosInt | None = None
-    low: PosInt = 1
-    high: PosInt | None = None
-    mean: PosFloat | None = None
-    cv: PosFloat | None = None
-    values: list[PosInt] | None = None
+    kind: Literal["fixed", "uniform", "lognormal", "empirical"] = "fixed"  # the distribution; each kind needs its fields below
+    value: PosInt | None = None  # fixed: the length, tokens
+    low: PosInt = 1  # uniform: lowest length; lognormal: clipped below here
+    high: PosInt | None = None  # uniform: highest length; lognormal: clipped above here (none: no cap)
+    mean: PosFloat | None = None  # lognormal: mean length, tokens
+    cv: PosFloat | None = None  # lognormal: coefficient of variation (sd / mean) of the length
+    values: list[PosInt] | None = None  # empirical: lengths drawn uniformly from this list
 
     @model_validator(mode="after")
     def _check(self) -> Lengths:
@@ -99,11 +99,11 @@ class Arrivals(_Strict):
     (cv=1 is Poisson, >1 bursty); constant: equal gaps; closed: `users` each send, wait for the answer,
     think `think_s` (exponential with that mean), repeat; trace: timestamps from `trace`."""
 
-    kind: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"
-    rate_per_s: PosFloat | None = None
-    cv: PosFloat = 1.0
-    users: PosInt | None = None
-    think_s: NonNegFloat = 0.0
+    kind: Literal["poisson", "gamma", "constant", "closed", "trace"] = "poisson"  # arrival process (see above)
+    rate_per_s: PosFloat | None = None  # requests/s, all replicas (a plan supplies it from its target)
+    cv: PosFloat = 1.0  # gamma: coefficient of variation of the gaps (1 = Poisson, > 1 bursty)
+    users: PosInt | None = None  # closed: concurrent users
+    think_s: NonNegFloat = 0.0  # closed: mean think time between a reply and the next request, s
 
     @model_validator(mode="after")
     def _check(self) -> Arrivals:
@@ -114,30 +114,30 @@ class Arrivals(_Strict):
 
 
 class RequestClass(_Strict):
-    name: str = "default"
+    name: str = "default"  # unique; results are reported per class under it
     weight: PosFloat = 1.0  # share of arrivals
     priority: int = 0  # lower is served first
     input_len: Lengths | None = None  # None: the spec's default
-    output_len: Lengths | None = None
-    slo_ttft_s: PosFloat | None = None
-    slo_tpot_s: PosFloat | None = None
+    output_len: Lengths | None = None  # this class's output lengths (None: the workload's)
+    slo_ttft_s: PosFloat | None = None  # this class's TTFT SLO, s (goodput; the planner holds the class to it)
+    slo_tpot_s: PosFloat | None = None  # this class's TPOT SLO, s
 
 
 class PrefixGroups(_Strict):
     """`groups` distinct shared prefixes of `tokens` each; a request has one with probability `share`."""
 
-    groups: PosInt = 1
+    groups: PosInt = 1  # distinct shared prefixes (system prompts, templates)
     tokens: PosInt
-    share: Annotated[float, Field(ge=0, le=1)] = 1.0
+    share: Annotated[float, Field(ge=0, le=1)] = 1.0  # probability that a request carries one
 
 
 class WorkloadSpec(_Strict):
-    arrivals: Arrivals = Arrivals(rate_per_s=1.0)
-    input_len: Lengths = fixed(1024)
-    output_len: Lengths = fixed(256)
-    num_requests: PosInt = 1000
-    classes: list[RequestClass] = [RequestClass()]
-    prefix: PrefixGroups | None = None
+    arrivals: Arrivals = Arrivals(rate_per_s=1.0)  # who arrives when
+    input_len: Lengths = fixed(1024)  # prompt tokens per request
+    output_len: Lengths = fixed(256)  # output tokens per request
+    num_requests: PosInt = 1000  # requests per simulation
+    classes: list[RequestClass] = [RequestClass()]  # request classes (interactive, batch ...), drawn by weight
+    prefix: PrefixGroups | None = None  # shared prefixes, for prefix caching
     trace: str | None = None  # JSONL/CSV path for kind=trace or empirical replay
 
     @model_validator(mode="after")

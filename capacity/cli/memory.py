@@ -211,3 +211,12 @@ def models(json_out: JsonOpt = False) -> None:
 
 
 # The planning, step-cost and ground-truth commands live in their own modules; importing them registers them
+
+
+@app.command()
+def schema() -> None:
+    """Print the reference of every file format (scenario, workload, engine, model card, GPU), generated from the
+    code: every field with its type, default and meaning (this is docs/schema.md)."""
+    from capacity.io.schema import schema_markdown
+
+    typer.echo(schema_markdown())

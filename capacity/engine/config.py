@@ -56,18 +56,18 @@ class EngineConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     engine: str = "vllm"  # which engine model (capacity.engine.ENGINES) resolves defaults, memory and scheduling
-    tensor_parallel_size: PosInt = 1
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9
-    max_model_len: PosInt | None = None
-    max_num_seqs: PosInt | None = None
-    max_num_batched_tokens: PosInt | None = None
-    enable_chunked_prefill: bool = True
+    tensor_parallel_size: PosInt = 1  # GPUs per replica (heads must divide it, as vLLM requires)
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9  # share of the GPU's memory vLLM may use for weights, activations and KV
+    max_model_len: PosInt | None = None  # longest request (prompt + output) accepted; None: the model's max_position_embeddings
+    max_num_seqs: PosInt | None = None  # batch cap; None: 1024 on GPUs >= 70 GiB (not A100), else 256
+    max_num_batched_tokens: PosInt | None = None  # token budget per step; None: 8192 on GPUs >= 70 GiB (not A100), else 2048
+    enable_chunked_prefill: bool = True  # split long prompts across steps (vLLM v1 always on); off: a prompt waits for a step of its own
     # Off unless asked: the simulator shares KV only between requests of a workload's prefix groups, so the
     # default changes nothing without them; the launch command spells the choice out either way.
     enable_prefix_caching: bool = False
-    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = None
-    kv_cache_dtype: KVDtype = "auto"
-    enforce_eager: bool = False
+    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = None  # tokens per KV block; None: 16 (64 for MLA models)
+    kv_cache_dtype: KVDtype = "auto"  # auto: the model's dtype; fp8/int8 halve KV memory and the bytes attention reads
+    enforce_eager: bool = False  # no CUDA graphs (no graph memory; steps are not replays)
     # continuous = vLLM's fcfs; priority = vLLM's --scheduling-policy priority; sjf = continuous batching that
     # serves the shortest prompt first (not a vLLM policy: a what-if); static = collect-a-batch serving.
     policy: str = "continuous"  # one of capacity.sched.POLICIES
@@ -81,9 +81,9 @@ class EngineConfig(BaseModel):
     num_gpu_blocks_override: PosInt | None = None  # vLLM's --num-gpu-blocks-override: KV blocks as given
     # Measured overrides for the estimated terms (bytes); None = use the estimate.
     activation_bytes: NonNegFloat | None = None
-    non_torch_bytes: NonNegFloat | None = None
-    cuda_graph_bytes: NonNegFloat | None = None
-    memory_params: MemoryModelParams = MemoryModelParams()
+    non_torch_bytes: NonNegFloat | None = None  # measured non-torch memory, bytes
+    cuda_graph_bytes: NonNegFloat | None = None  # measured CUDA-graph memory, bytes
+    memory_params: MemoryModelParams = MemoryModelParams()  # the estimated terms' parameters (below)
 
     @field_validator("policy")
     @classmethod

@@ -61,7 +61,7 @@ class MLA(_Frozen):
 
 
 class ModelCard(_Frozen):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1)  # the card's name (bundled cards: the file name)
     hf_id: str | None = None  # where the shapes come from
     architecture: str = "llama"  # informational (llama, qwen2, qwen3, mistral, mixtral, deepseek_v3, ...)
     num_layers: PosInt
@@ -72,14 +72,14 @@ class ModelCard(_Frozen):
     intermediate_size: PosInt  # dense MLP width (dense layers of MoE models too)
     vocab_size: PosInt
     max_position_embeddings: PosInt
-    tie_word_embeddings: bool = False
+    tie_word_embeddings: bool = False  # the LM head shares the embedding matrix
     attention_bias: bool = False  # q/k/v biases (Qwen2)
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
     dtype: ComputeDtype = "bf16"  # activations, and weights unless weight_dtype says otherwise
     weight_dtype: WeightDtype | None = None  # storage of linear-layer weights; None = dtype
     quant_group_size: PosInt | None = None  # int4: scales per group of inputs; fp8/int8: square blocks
-    moe: MoE | None = None
-    mla: MLA | None = None
+    moe: MoE | None = None  # mixture-of-experts layers (below)
+    mla: MLA | None = None  # multi-head latent attention (below)
 
     @model_validator(mode="after")
     def _check(self) -> ModelCard:

@@ -25,23 +25,23 @@ class GPU(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    datasheet_name: str | None = None
-    aliases: list[str] = []
-    arch: str = ""
+    datasheet_name: str | None = None  # the vendor's name for the part
+    aliases: list[str] = []  # other names accepted for --gpu
+    arch: str = ""  # architecture (Hopper, Ada ...)
     memory_bytes: PosFloat  # marketing size (1 GB = 1e9 B)
     usable_memory_bytes: PosFloat  # total the engine sees (mem_get_info)
-    usable_memory_basis: Literal["observed", "estimate"] = "estimate"
-    usable_memory_note: str = ""
+    usable_memory_basis: Literal["observed", "estimate"] = "estimate"  # observed: from a real engine log; estimate: from the datasheet
+    usable_memory_note: str = ""  # where the usable memory figure comes from
     mem_bw_bytes_per_s: PosFloat  # peak DRAM bandwidth
     bf16_flops: PosFloat | None = None  # dense tensor-core peak, FLOP/s
     fp16_flops: PosFloat | None = None
     fp8_flops: PosFloat | None = None
     int8_ops: PosFloat | None = None
     interconnect_bytes_per_s: PosFloat  # GPU-to-GPU, per direction
-    interconnect: str = "pcie"
-    tdp_w: PosFloat | None = None
-    source: str = ""
-    confidence: str = ""
+    interconnect: str = "pcie"  # GPU-to-GPU link (nvlink, pcie, infinity-fabric)
+    tdp_w: PosFloat | None = None  # board power, W
+    source: str = ""  # datasheet the figures come from
+    confidence: str = ""  # how sure the datasheet figures are
 
     def peak_flops(self, dtype: str) -> float:
         value = {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "int8": self.int8_ops}.get(

@@ -18,9 +18,9 @@ class _Strict(BaseModel):
 
 
 class SLOSpec(_Strict):
-    ttft_s: PosFloat = 1.5
-    tpot_s: PosFloat = 0.05
-    percentile: Literal[50, 90, 95, 99] = 99
+    ttft_s: PosFloat = 1.5  # time to first token at the percentile, s
+    tpot_s: PosFloat = 0.05  # time per output token at the percentile, s
+    percentile: Literal[50, 90, 95, 99] = 99  # which percentile the SLOs bound
 
     @model_validator(mode="after")
     def _check(self) -> SLOSpec:
@@ -35,16 +35,16 @@ class SLOSpec(_Strict):
 
 
 class SearchSpec(_Strict):
-    seeds: Annotated[int, Field(ge=1, le=20)] = 2
-    requests: Annotated[int, Field(ge=100)] = 1000
-    tolerance: Annotated[float, Field(gt=0, le=0.5)] = 0.08
-    max_num_seqs: list[Annotated[int, Field(gt=0)]] = [16, 32, 64, 128, 256, 512, 1024]
-    max_model_len: list[Annotated[int, Field(gt=0)]] = [2048, 4096, 8192, 16384, 32768, 65536, 131072]
-    tp: list[Annotated[int, Field(gt=0)]] = [1, 2, 4, 8]
+    seeds: Annotated[int, Field(ge=1, le=20)] = 2  # simulations per probe (common random numbers across rates)
+    requests: Annotated[int, Field(ge=100)] = 1000  # requests per simulation
+    tolerance: Annotated[float, Field(gt=0, le=0.5)] = 0.08  # the rate bisection stops when hi / lo <= 1 + tolerance
+    max_num_seqs: list[Annotated[int, Field(gt=0)]] = [16, 32, 64, 128, 256, 512, 1024]  # batch caps the frontier tries (engine.max_num_seqs fixes one)
+    max_model_len: list[Annotated[int, Field(gt=0)]] = [2048, 4096, 8192, 16384, 32768, 65536, 131072]  # context limits the frontier tries (engine.max_model_len fixes one)
+    tp: list[Annotated[int, Field(gt=0)]] = [1, 2, 4, 8]  # tensor-parallel sizes searched (engine.tensor_parallel_size fixes one)
     # the context trade-off: requests of these many tokens (prompt + output) against each max_num_seqs, at the
     # per-replica load; [] skips it
     contexts: list[Annotated[int, Field(gt=1)]] = [1024, 4096, 16384, 65536]
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1  # share of each simulation's first requests left out of its metrics
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpec:
@@ -62,16 +62,16 @@ class Scenario(_Strict):
     # Every knob of the engine (capacity.engine.config.EngineConfig). tensor_parallel_size is searched over
     # `search.tp` unless given here; max_num_seqs and max_model_len are searched by the frontier.
     engine: EngineConfig = EngineConfig()
-    workload: WorkloadSpec = WorkloadSpec()
-    slo: SLOSpec = SLOSpec()
-    target_rate_per_s: PosFloat = 10.0
+    workload: WorkloadSpec = WorkloadSpec()  # the traffic shape; its rate comes from target_rate_per_s
+    slo: SLOSpec = SLOSpec()  # latency objectives (classes may carry their own)
+    target_rate_per_s: PosFloat = 10.0  # requests/s the whole service must sustain
     # Replicas run at this share of their max sustainable rate: replicas = ceil(target / (max rate x headroom)).
     # Below 1 it absorbs bursts and the search's bracket; 0.8 is a common operating point.
     headroom: Annotated[float, Field(gt=0, le=1)] = 0.8
-    price_per_gpu_hour: PosFloat | None = None
+    price_per_gpu_hour: PosFloat | None = None  # USD per GPU-hour, for cost per 1M output tokens
     max_gpus: Annotated[int, Field(gt=0)] = 4096  # refuse plans that need more than this
     profile: str | None = None  # a profile file, or the name of a bundled one (`capacity profiles`)
-    search: SearchSpec = SearchSpec()
+    search: SearchSpec = SearchSpec()  # how hard the planner searches
 
     @field_validator("profile")
     @classmethod
