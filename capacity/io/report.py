@@ -147,7 +147,8 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     for c in ("configuration", "max req/s", "bracket", "saturation req/s", "replicas", "GPUs", "step costs"):
         t.add_column(c, justify="left" if c in ("configuration", "step costs") else "right")
     for u in p.tp_unfit:
-        t.add_row(f"tp={u.tp}", "[dim]does not fit[/]", "", "", "", "", u.why.split(" at tp=")[0][:60])
+        short = u.why.split(" (")[0].split("; ")[0].replace("weights need", "weights").replace(" per rank, usable is", " > usable")
+        t.add_row(f"tp={u.tp}", "[dim]does not fit[/]", "", "", "", "", short[:48])
     rows = [(f"tp={r.tp}, defaults", r) for r in p.searches]
     if p.rec_search is not None and p.recommended is not None:
         rows.append((f"[bold]tp={p.tp}, max_num_seqs {p.recommended.max_num_seqs} (recommended)[/]", p.rec_search))

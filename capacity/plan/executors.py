@@ -88,10 +88,14 @@ def _bar(total: int, enabled: bool):
     if not enabled or total < 2:
         return nullcontext(None)
     from rich.console import Console
+
+    console = Console(stderr=True)
+    if not console.is_terminal:  # piped or redirected: a progress bar would only leave blank lines behind
+        return nullcontext(None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
     return Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
-                    TimeRemainingColumn(), transient=True, console=Console(stderr=True))
+                    TimeRemainingColumn(), transient=True, console=console)
 
 
 class SerialExecutor(Executor):
