@@ -11,3 +11,11 @@ class ConfigError(CapacityError):
 
 class DoesNotFit(CapacityError):
     """The scenario is well-formed but the model, or one request of max_model_len, does not fit."""
+
+
+def require(module: str, extra: str, what: str) -> None:
+    """An optional part the user asked for: present, or one line naming the extra that installs it."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        raise CapacityError(f"{what} needs {module}, which is not installed: pip install 'capacity[{extra}]'")

@@ -76,12 +76,21 @@ def test_context_tradeoff_shows_where_kv_runs_out(plan8b):
     assert long_["capacity_tokens_per_s"] < 0.5 * short["capacity_tokens_per_s"]
 
 
+def small_scenario(tmp_path, model: str, **search) -> str:
+    """A scenario with a one-cell frontier and no context map: the parts under test, not the whole plan."""
+    sc = tmp_path / "small.yaml"
+    grid = {"max_num_seqs": [128], "max_model_len": [8192], "contexts": [], **search}
+    sc.write_text(f"model: {model}\nsearch: {json.dumps(grid)}\n")
+    return str(sc)
+
+
 def test_tp_sizes_that_cannot_hold_the_weights_are_shown(tmp_path):
-    p = plan_json("-m", "llama-3.1-70b", "--gpu", "h100-sxm", "--target-rate", "1")
+    sc = small_scenario(tmp_path, "llama-3.1-70b", tp=[1, 4])
+    p = plan_json("-m", sc, "--gpu", "h100-sxm", "--target-rate", "1")
     unfit = {u["tp"]: u["why"] for u in p["tp_unfit"]}
     assert "weights need 131.4 GiB per rank, usable is 71.2 GiB" in unfit[1]
-    r = run_cli("plan", "-m", "llama-3.1-70b", "--gpu", "h100-sxm", "--target-rate", "1", *SMALL, timeout=600)
-    assert r.returncode == 0 and "does not fit" in r.stdout
+    r = run_cli("plan", "-m", sc, "--gpu", "h100-sxm", "--target-rate", "1", *SMALL, timeout=600)
+    assert r.returncode == 0 and "tp=1 does not fit: weights need 131.4 GiB" in r.stdout
 
 
 def test_every_engine_knob_reaches_the_plan():
@@ -96,8 +105,9 @@ def test_every_engine_knob_reaches_the_plan():
         assert flag in p["vllm_command"]
 
 
-def test_several_gpu_types_sorted_by_cost():
-    r = run_cli("plan", "-m", "llama-3.1-8b", "--gpu", "l40s,h100-sxm", "--price-per-gpu-hour", "l40s=1.0,h100-sxm=2.5",
+def test_several_gpu_types_sorted_by_cost(tmp_path):
+    sc = small_scenario(tmp_path, "llama-3.1-8b", tp=[1])
+    r = run_cli("plan", "-m", sc, "--gpu", "l40s,h100-sxm", "--price-per-gpu-hour", "l40s=1.0,h100-sxm=2.5",
                 "--target-rate", "8", *SMALL, "--json", timeout=600)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

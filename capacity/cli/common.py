@@ -9,8 +9,23 @@ import typer
 
 from capacity.errors import CapacityError
 
+
+def _print_version(value: bool) -> None:
+    if value:
+        from capacity import __version__
+
+        typer.echo(f"capacity {__version__}")
+        raise typer.Exit()
+
+
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Predict GPU memory, concurrency and GPU count for LLM serving (vLLM-faithful).")
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                help="Print the version and exit")] = False) -> None:
+    """Predict GPU memory, concurrency and GPU count for LLM serving (vLLM-faithful)."""
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model card YAML, HF config.json, or bundled card name")]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="GPU catalogue name (see `capacity gpus`) or GPU YAML")]
@@ -32,6 +47,15 @@ ActOpt = Annotated[Optional[float], typer.Option("--activation-gib", help="Measu
 NtOpt = Annotated[Optional[float], typer.Option("--non-torch-gib", help="Measured non-torch memory, GiB")]
 CgOpt = Annotated[Optional[float], typer.Option("--cuda-graph-gib", help="Measured CUDA-graph memory, GiB")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="table (default), json, csv or md")]
+
+
+def output_kind(output: str | None, json_out: bool) -> str:
+    """--output (table, json, csv, md), with --json as a synonym of --output json."""
+    kind = "json" if json_out else (output or "table").lower()
+    if kind not in ("table", "json", "csv", "md"):
+        raise CapacityError(f"--output {output!r}: use table, json, csv or md")
+    return kind
 
 
 def load_card(model: str, weight_dtype: str | None = None, group: int | None = None):

@@ -140,17 +140,18 @@ def fleet(
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title=f"Memory plan: {card.name}, {concurrency} sequences of {context:,} tokens in flight",
-              title_justify="left")
-    for col in ("GPU", "TP", "weights GiB/rank", "KV tokens/replica", "seqs/replica", "limited by", "replicas", "GPUs"):
-        t.add_column(col, justify="right" if col not in ("GPU", "limited by") else "left")
+    t = Table(title=f"Memory plan: {card.name}, {concurrency} sequences of {context:,} tokens in flight (per "
+                    "replica: weights GiB per rank, KV tokens, sequences it holds; limit: the KV cache or "
+                    "max_num_seqs)", title_justify="left")
+    for col in ("GPU", "TP", "weights GiB", "KV tokens", "seqs", "limit", "replicas", "GPUs"):
+        t.add_column(col, justify="right" if col not in ("GPU", "limit") else "left", no_wrap=True)
     for r in sorted(rows, key=lambda r: (r["tp"] is None, r.get("gpus") or 0)):
         if r["tp"] is None:
             t.add_row(r["gpu"], "-", "", "", "", "[red]does not fit at tp<=16[/]", "", "")
             continue
         t.add_row(r["gpu"] + ("*" if r["usable_memory_basis"] == "estimate" else ""), str(r["tp"]),
                   f"{r['weights_gib']:.1f}", f"{r['kv_tokens']:,}", str(r["seqs_per_replica"]),
-                  "KV cache" if r["kv_limited"] else "max_num_seqs", str(r["replicas"]), str(r["gpus"]))
+                  "KV" if r["kv_limited"] else "seqs", str(r["replicas"]), str(r["gpus"]))
     console = Console()
     console.print(t)
     console.print("[dim]* usable memory of this GPU is an estimate (no engine log seen). Latency (TTFT/TPOT/P99) "
@@ -170,9 +171,10 @@ def gpus(json_out: JsonOpt = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="GPU catalogue (dense tensor rates)")
-    for col in ("name", "usable GiB", "basis", "HBM TB/s", "BF16 TFLOP/s", "FP8 TFLOP/s", "link GB/s/dir"):
-        t.add_column(col)
+    t = Table(title="GPU catalogue: usable GiB as the engine sees it, HBM TB/s, dense BF16/FP8 TFLOP/s, link GB/s "
+                    "per direction", title_justify="left")
+    for col in ("name", "GiB", "basis", "TB/s", "BF16", "FP8", "link"):
+        t.add_column(col, no_wrap=True, justify="left" if col in ("name", "basis") else "right")
     for g in cat.values():
         t.add_row(g.name, f"{g.usable_memory_bytes / 2**30:.2f}", g.usable_memory_basis, f"{g.mem_bw_bytes_per_s / 1e12:.2f}",
                   f"{(g.bf16_flops or 0) / 1e12:.0f}", f"{(g.fp8_flops or 0) / 1e12:.0f}" if g.fp8_flops else "-",

@@ -6,7 +6,19 @@ from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.common import BlockOpt, EagerOpt, GroupOpt, JsonOpt, MnbtOpt, NoChunkOpt, WOpt, _lengths, app
+from capacity.cli.common import (
+    BlockOpt,
+    EagerOpt,
+    GroupOpt,
+    JsonOpt,
+    MnbtOpt,
+    NoChunkOpt,
+    OutputOpt,
+    WOpt,
+    _lengths,
+    app,
+    output_kind,
+)
 from capacity.files import dumps
 
 
@@ -74,7 +86,7 @@ def plan(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the result cache")] = False,
     xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook (+ CSV, JSON)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
-    json_out: JsonOpt = False,
+    json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """The capacity plan: memory budget, max batch x max context frontier with P99 and capacity, max
     sustainable rate under the SLOs, TP/replicas/GPUs for the target rate with cost, a verified recommended
@@ -84,6 +96,8 @@ def plan(
     from capacity.plan.executors import make_executor
     from capacity.plan.planner import make_plan
 
+    kind = output_kind(output, json_out)
+    json_out = kind == "json"
     gpus = [g.strip() for g in gpu.split(",") if g.strip()] if gpu else [None]
     prices = _prices(price, gpus)
     flags: dict = {"target_rate_per_s": rate, "profile": profile, "headroom": headroom}
@@ -138,6 +152,20 @@ def plan(
             typer.echo(f"wrote {', '.join(map(str, paths))}")
     if json_out:
         typer.echo(dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
+        return
+    if kind in ("csv", "md"):
+        from capacity.files import strict_json
+        from capacity.io.export import tables
+        from capacity.io.report import to_csv, to_markdown
+
+        tabs = tables(strict_json(p.as_dict()))
+        if kind == "csv":  # one table in a CSV: the frontier (--xlsx writes every table as CSV)
+            typer.echo(to_csv(*tabs["Frontier"]), nl=False)
+        else:
+            typer.echo(f"## Capacity plan: {p.model} on {p.gpu}\n\n{p.gpus} x {p.gpu} ({p.replicas} replicas of "
+                       f"TP {p.tp}) for {p.target_rate:g} req/s; `{p.vllm_command}`\n")
+            for name, (head, rows) in tabs.items():
+                typer.echo(to_markdown(head, rows, name))
         return
     from rich.console import Console
 

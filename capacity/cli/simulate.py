@@ -15,6 +15,7 @@ from capacity.cli.common import (
     MnbtOpt,
     ModelOpt,
     NoChunkOpt,
+    OutputOpt,
     SeqOpt,
     TpOpt,
     UtilOpt,
@@ -23,6 +24,7 @@ from capacity.cli.common import (
     app,
     engine_config,
     load_card,
+    output_kind,
 )
 from capacity.errors import CapacityError
 from capacity.files import dumps
@@ -60,7 +62,7 @@ def simulate(
     max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
     no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
-    json_out: JsonOpt = False,
+    json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
     from capacity.cost.factory import DEFAULT_GPU, profile_gpu
@@ -69,6 +71,7 @@ def simulate(
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
+    kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size)
     g = get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU))
     cfg = engine_config(
@@ -100,8 +103,21 @@ def simulate(
     res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward))
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
-    if json_out:
+    if kind == "json":
         typer.echo(dumps(out))
+        return
+    if kind in ("csv", "md"):
+        from capacity.io.report import simulation_rows, to_csv, to_markdown
+
+        head, rows = simulation_rows(out)
+        if kind == "csv":
+            typer.echo(to_csv(head, rows), nl=False)
+        else:
+            s = out["summary"]
+            typer.echo(to_markdown(head, rows, f"{card.name} on {out['replicas']} x {g.name} (tp={tp}), "
+                                               f"{out['policy']} batching"))
+            typer.echo(f"Throughput {s['output_tokens_per_s']:,.1f} output tokens/s, {s['requests_per_s']:.3f} req/s; "
+                       f"step costs: {out['step_cost_source']}. {s['definitions']}.")
         return
     from rich.console import Console
 

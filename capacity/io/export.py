@@ -42,6 +42,9 @@ def check_destination(path: str | Path, force: bool) -> None:
     p = Path(path)
     if p.suffix.lower() != ".xlsx":
         raise CapacityError(f"{p}: the workbook name must end in .xlsx")
+    from capacity.errors import require
+
+    require("openpyxl", "xlsx", "the capacity-review workbook (--xlsx)")
     if p.exists() and not force:
         raise CapacityError(f"{p} exists; pass --force to overwrite it")
 

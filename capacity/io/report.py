@@ -142,53 +142,73 @@ def plan_report(p, console, wall_s: float, ex) -> None:
 
     import math
 
-    t = Table(title=f"Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail); "
-                    f"replicas run at {p.headroom:.0%} of it", title_justify="left")
-    for c in ("configuration", "max req/s", "bracket", "saturation req/s", "replicas", "GPUs", "step costs"):
-        t.add_column(c, justify="left" if c in ("configuration", "step costs") else "right")
+    t = Table(title=f"Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail), "
+                    f"per TP at the engine's defaults and (*) for the recommended configuration; replicas run at "
+                    f"{p.headroom:.0%} of it", title_justify="left")
+    sources = {r.source for r in [*p.searches, p.rec_search] if r is not None}
+    cols = ["configuration", "max req/s", "bracket", "peak req/s", "replicas", "GPUs"]
+    if len(sources) > 1:
+        cols.append("step costs")
+    for c in cols:
+        t.add_column(c, justify="left" if c in ("configuration", "step costs") else "right", no_wrap=True)
     for u in p.tp_unfit:
-        short = u.why.split(" (")[0].split("; ")[0].replace("weights need", "weights").replace(" per rank, usable is", " > usable")
-        t.add_row(f"tp={u.tp}", "[dim]does not fit[/]", "", "", "", "", short[:48])
-    rows = [(f"tp={r.tp}, defaults", r) for r in p.searches]
+        t.add_row(f"tp={u.tp}", "[dim]does not fit[/]", "", "", "", "", *([""] if len(sources) > 1 else []))
+    rows = [(f"tp={r.tp}", r) for r in p.searches]
     if p.rec_search is not None and p.recommended is not None:
-        rows.append((f"[bold]tp={p.tp}, max_num_seqs {p.recommended.max_num_seqs} (recommended)[/]", p.rec_search))
+        rows.append((f"[bold]tp={p.tp} seqs={p.recommended.max_num_seqs}*[/]", p.rec_search))
     for label, r in rows:
+        src = [_src(r.source)] if len(sources) > 1 else []
         if r.max_rate <= 0:
-            t.add_row(label, "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-",
-                      _src(r.source))
+            t.add_row(label, "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-", *src)
             continue
         reps = math.ceil(p.target_rate / (r.max_rate * p.headroom) - 1e-9)
         if r is p.rec_search:
             reps = p.replicas  # after verification (which may have added replicas)
         t.add_row(label, f"{r.max_rate:.2f}", f"{r.max_rate:.2f}-{r.failed_rate:.2f}", f"{r.capacity_rate:.2f}",
-                  str(reps), str(reps * r.tp), _src(r.source))
+                  str(reps), str(reps * r.tp), *src)
     console.print(t)
+    for u in p.tp_unfit:
+        console.print(f"  tp={u.tp} does not fit: {u.why}")
 
     seqs = sorted({c.max_num_seqs for c in p.frontier})
     lens = sorted({c.max_model_len for c in p.frontier})
     by = {(c.max_num_seqs, c.max_model_len): c for c in p.frontier}
-    ft = Table(title=f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}); paged KV makes latency "
-                     f"independent of max_model_len, which decides what fits (x: does not fit; !: below the "
+    wide = console.width >= 120  # bands only where they fit: at 80 columns nothing is cut, nothing wraps
+    ft = Table(title=f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}): latency does not depend "
+                     f"on max_model_len (paged KV); 'fits' is the max_model_len range the memory holds (!: below the "
                      f"workload's longest request)", title_justify="left")
-    for c in ("max_num_seqs", f"P{pct} TTFT ms [band]", f"P{pct} TPOT ms [band]", "peak tokens/s", "KV blocks",
-              "preempt.", "SLO"):
-        ft.add_column(c, justify="right")
-    for m in lens:
-        ft.add_column(f"{m // 1024}k" if m >= 1024 else str(m), justify="center")
+    heads = ["seqs", "TTFT ms", "TPOT ms", "tok/s", "KV blk", "preempt", "SLO", "fits"]
+    if wide:
+        heads = ["max_num_seqs", f"P{pct} TTFT ms [band]", f"P{pct} TPOT ms [band]", "peak tokens/s", "KV blocks",
+                 "preemptions", "SLO", "max_model_len fits"]
+    else:
+        ft.title = (f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}): P{pct} TTFT/TPOT, peak "
+                    f"output tok/s, KV blocks, preemptions; fits: the max_model_len range the memory holds (!: "
+                    f"below the longest request)")
+    for c in heads:
+        ft.add_column(c, justify="left" if c in ("SLO", "fits") else "right", no_wrap=True)
+    rec = p.recommended
+
+    def k(m: int) -> str:
+        return f"{m // 1024}k" if m >= 1024 and m % 1024 == 0 else f"{m:,}"
+
     for s in seqs:
         cells = [by[(s, m)] for m in lens]
         live = next((c for c in cells if c.feasible and c.p_ttft is not None), None)
-        marks = ["[dim]x[/]" if not c.feasible else ("!" if not c.covers_workload else "ok") for c in cells]
+        fit = [c for c in cells if c.feasible]
+        fits = (f"{k(fit[0].max_model_len)}{'!' if not fit[0].covers_workload else ''}"
+                + (f"-{k(fit[-1].max_model_len)}" if len(fit) > 1 else "")) if fit else "[dim]none[/]"
+        label = f"[bold]{s}*[/]" if rec is not None and rec.max_num_seqs == s else str(s)
         if live is None:
-            ft.add_row(str(s), "-", "-", "-", "-", "-", "[dim]does not fit[/]", *marks)
+            ft.add_row(label, "-", "-", "-", "-", "-", "[dim]does not fit[/]", fits)
             continue
         sat = live.saturated or live.p_ttft is None or live.p_ttft == float("inf")
-        bt = f" [{_ms(live.p_ttft_band[0])}-{_ms(live.p_ttft_band[1])}]" if live.p_ttft_band else ""
-        bp = f" [{_ms(live.p_tpot_band[0], 1)}-{_ms(live.p_tpot_band[1], 1)}]" if live.p_tpot_band else ""
+        bt = f" [{_ms(live.p_ttft_band[0])}-{_ms(live.p_ttft_band[1])}]" if live.p_ttft_band and wide else ""
+        bp = f" [{_ms(live.p_tpot_band[0], 1)}-{_ms(live.p_tpot_band[1], 1)}]" if live.p_tpot_band and wide else ""
         ok = any(c.meets_slo for c in cells)
-        ft.add_row(str(s), "[red]saturated[/]" if sat else _ms(live.p_ttft) + bt, "" if sat else _ms(live.p_tpot, 1) + bp,
+        ft.add_row(label, "[red]saturated[/]" if sat else _ms(live.p_ttft) + bt, "" if sat else _ms(live.p_tpot, 1) + bp,
                    f"{live.capacity_tokens_per_s or 0:,.0f}", f"{live.kv_blocks or 0:,}",
-                   f"{live.preemptions or 0:.0f}", "[green]meets[/]" if ok else "[red]misses[/]", *marks)
+                   f"{live.preemptions or 0:.0f}", "[green]meets[/]" if ok else "[red]misses[/]", fits)
     console.print(ft)
     context_table(p, console)
 
@@ -257,6 +277,13 @@ def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
     console.print(f"[dim]{ex.misses} simulations run, {ex.hits} from the cache[/]")
 
 
+def _short(x: float | None) -> str:
+    """A latency in 5 characters or fewer: ms below 10 s, whole seconds above."""
+    if x is None:
+        return "-"
+    return f"{x * 1e3:,.0f}" if x < 10 else f"{x:,.0f}s"
+
+
 def context_table(p, console) -> None:
     """The max batch x request context trade-off: P99 TTFT / TPOT at 80% of each cell's own peak, the peak
     output tokens/s, and KV-limited cells (the cache holds fewer such requests than max_num_seqs)."""
@@ -282,7 +309,7 @@ def context_table(p, console) -> None:
                 row.append("[dim]-[/]")
                 continue
             kv = "*" if c.kv_concurrency is not None and c.kv_concurrency < s else ""
-            lat = "sat." if c.saturated or c.p_ttft is None else f"{_ms(c.p_ttft)}/{_ms(c.p_tpot)}"
+            lat = "sat." if c.saturated or c.p_ttft is None else f"{_short(c.p_ttft)}/{_ms(c.p_tpot)}"
             txt = f"{lat} {c.capacity_tokens_per_s or 0:,.0f}{kv}"
             row.append(txt if c.meets_slo else f"[red]{txt}[/]")
         t.add_row(str(s), *row)
@@ -315,3 +342,50 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
             console.print(f"  {o.gpu}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
     console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")
 
+
+
+# ---- plain-text outputs (--output csv|md): the same tables for scripts and documents -----------------------
+def simulation_rows(out: dict) -> tuple[list[str], list[list]]:
+    """The percentile table of a simulation (ms), one row per metric."""
+    s = out["summary"]
+    head = ["metric", "n", "mean (ms)", "p50 (ms)", "p90 (ms)", "p95 (ms)", "p99 (ms)", "p99 CI low (ms)",
+            "p99 CI high (ms)"]
+    rows = []
+    for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
+                       ("queue_wait_s", "queue wait")):
+        m = s[key]
+        ci = (s.get("p99_ci_s") or {}).get(key[:-2]) or (None, None)
+        rows.append([label, m.get("n", 0), *(_num(m.get(k)) for k in ("mean", "p50", "p90", "p95", "p99")),
+                     _num(ci[0]), _num(ci[1])])
+    return head, rows
+
+
+def _num(x, scale: float = 1e3):
+    import math
+
+    return None if x is None or not math.isfinite(x) else round(x * scale, 3)
+
+
+def to_csv(head: list[str], rows: list[list]) -> str:
+    import csv
+    import io
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    w.writerows([["" if v is None else v for v in r] for r in rows])
+    return buf.getvalue()
+
+
+def to_markdown(head: list[str], rows: list[list], title: str = "") -> str:
+    def cell(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.3f}".rstrip("0").rstrip(".") if abs(v) < 1e6 else f"{v:,.0f}"
+        return str(v).replace("|", "/")
+
+    out = [f"### {title}", ""] if title else []
+    out += ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    out += ["| " + " | ".join(cell(v) for v in r) + " |" for r in rows]
+    return "\n".join(out) + "\n"

@@ -210,6 +210,10 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
              timeout_s: float = 60.0, max_duration_s: float = 600.0, endpoint: str = "completions",
              metrics: bool = True, progress=None) -> dict:
     """Run the load and return the run record (JSON-ready)."""
+    from capacity.errors import require
+
+    for mod in ("httpx", "httpx_sse", "prometheus_client"):
+        require(mod, "loadtest", "the load tester")
     url = url.rstrip("/")
     started = time.time()
     holder: dict = {}
