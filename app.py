@@ -85,12 +85,14 @@ def sim_points(card: dict, gpu: str, engines: list[dict], workloads: list[dict],
 
 
 @st.cache_data(show_spinner=False)
-def full_plan(scenario: dict, card: dict):
+def full_plan(scenario: dict, card: dict, _progress=None):
     from capacity.model.card import ModelCard
     from capacity.plan.executors import SerialExecutor
     from capacity.plan.planner import Scenario, make_plan
 
-    p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), SerialExecutor(cache=True))
+    ex = SerialExecutor(cache=True)
+    ex.on_task = _progress
+    p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), ex)
     from capacity.files import strict_json
 
     return strict_json(p.as_dict())
@@ -116,10 +118,14 @@ def sidebar():
     pasted = sb.text_area("...or paste a card YAML", value="", height=80, key="pasted_card")
     if upload is not None:
         card = load_card(upload.name, upload.getvalue().decode("utf-8", errors="replace"))
+        origin = f"uploaded {upload.name}"
     elif pasted.strip():
         card = load_card("pasted card", pasted)
+        origin = "pasted card"
     else:
         card = load_card(name, None)
+        origin = "bundled card"
+    sb.success(f"Active model: {card.get('name')} ({origin})")
     sb.header("Hardware and engine")
     gpus = list(catalogue())
     gpu = sb.selectbox("GPU", gpus, index=gpus.index("h100-sxm"))
@@ -180,7 +186,8 @@ def memory_view(b: dict, table: list[dict]):
     for name, key in (("weights", "weights_bytes"), ("activations", "activation_bytes"),
                       ("non-torch", "non_torch_bytes"), ("CUDA graphs", "cuda_graph_bytes"), ("KV cache", "kv_budget_bytes")):
         fig.add_bar(name=name, x=[b[key] / g], y=[b["gpu"]], orientation="h")
-    fig.update_layout(barmode="stack", height=220, xaxis_title="GiB per rank", margin=dict(t=10, b=10))
+    fig.update_layout(barmode="stack", height=240, xaxis_title="GiB per rank", margin=dict(t=40, b=10),
+                      title=f"Memory per rank: {b['usable_bytes'] / g:,.1f} GiB usable of {b['total_bytes'] / g:,.1f} GiB")
     st.plotly_chart(fig, width="stretch")
     st.caption("Batch x context: KV needed and whether it fits (paged blocks)")
     st.dataframe([{"batch": r["batch"], "context": r["context"], "KV GiB": round(r["kv_bytes"] / g, 2),
@@ -188,44 +195,79 @@ def memory_view(b: dict, table: list[dict]):
                  width="stretch", height=240)
 
 
+@st.cache_data(show_spinner=False)
+def context_map(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, profile: str | None):
+    """The planner's request-context x max_num_seqs trade-off for the sidebar's settings (small grids)."""
+    from capacity.model.card import ModelCard
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Planner, Scenario
+
+    sc = Scenario.model_validate({
+        "model": card, "gpu": gpu, "profile": profile, "slo": {**slo, "percentile": 99},
+        "engine": {k: v for k, v in engine.items() if k not in ("max_num_seqs", "max_model_len")},
+        "workload": {k: v for k, v in workload.items() if k != "num_requests"},
+        "target_rate_per_s": workload["arrivals"]["rate_per_s"],
+        "search": {"seeds": 1, "requests": 200, "max_num_seqs": [16, 64, 256], "contexts": [1024, 4096, 16384]}})
+    planner = Planner(sc, ModelCard.model_validate(card), SerialExecutor(cache=True))
+    return [c.__dict__ for c in planner.context_frontier(engine["tensor_parallel_size"])]
+
+
 def tradeoff_view(card, gpu, engine, workload, slo, profile):
+    from plotly.subplots import make_subplots
+
     seqs = [16, 32, 64, 128, 256, 512]
-    lens = [4096, 8192, 32768, 131072]
     engines = [{**engine, "max_num_seqs": s, "max_num_batched_tokens": max(engine["max_num_batched_tokens"], s)}
                for s in seqs]
     wl = {**workload, "num_requests": min(workload["num_requests"], 1000)}
     with st.spinner("simulating max batch values..."):
         res = sim_points(card, gpu, engines, [wl] * len(seqs), profile)
-    p99 = [(r.ttft.p99, r.tpot.p99) if not r.saturated else (None, None) for r in res]
-    fig = go.Figure()
-    fig.add_scatter(x=seqs, y=[None if t is None else t * 1e3 for t, _ in p99], name="P99 TTFT (ms)", mode="lines+markers")
-    fig.add_scatter(x=seqs, y=[None if p is None else p * 1e3 for _, p in p99], name="P99 TPOT (ms)",
-                    mode="lines+markers", yaxis="y2")
-    fig.update_layout(height=300, xaxis=dict(title="max_num_seqs", type="log", tickvals=seqs,
-                                             ticktext=[str(x) for x in seqs]), yaxis=dict(title="TTFT ms"),
-                      yaxis2=dict(title="TPOT ms", overlaying="y", side="right"), margin=dict(t=10))
+    # two panels, each on its own scale with its SLO: a second y axis would magnify a 0.5 ms change into a crossing
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("P99 TTFT vs max batch (ms)", "P99 TPOT vs max batch (ms)"))
+    for col, (metric, key) in enumerate((("ttft", "ttft_s"), ("tpot", "tpot_s")), 1):
+        ys = [None if r.saturated else getattr(r, metric).p99 * 1e3 for r in res]
+        fig.add_scatter(x=[str(s) for s in seqs], y=ys, mode="lines+markers", name=f"P99 {metric.upper()}",
+                        row=1, col=col, line_shape="linear")
+        fig.add_hline(y=slo[key] * 1e3, line_dash="dash", line_color="red", row=1, col=col,
+                      annotation_text="SLO", annotation_position="top right")
+        sat = [str(s) for s, r in zip(seqs, res) if r.saturated]
+        if sat:
+            fig.add_scatter(x=sat, y=[slo[key] * 1e3] * len(sat), mode="markers+text", text=["saturated"] * len(sat),
+                            textposition="top center", marker_symbol="x", marker_color="red", showlegend=False,
+                            row=1, col=col)
+    fig.update_xaxes(title_text="max_num_seqs", type="category")
+    fig.update_layout(height=320, showlegend=False, margin=dict(t=40))
     st.plotly_chart(fig, width="stretch")
-    # heatmap: memory feasibility x SLO at this load
+    # the trade-off users face: the context their requests carry against the batch cap
+    with st.spinner("simulating the context trade-off..."):
+        cells = context_map(card, gpu, engine, workload, slo, profile)
+    ctxs = sorted({c["context"] for c in cells})
+    rows = sorted({c["max_num_seqs"] for c in cells})
+    by = {(c["max_num_seqs"], c["context"]): c for c in cells}
     z, text = [], []
-    for s, r, (t, p) in zip(seqs, res, p99):
-        row, trow = [], []
-        for m in lens:
-            try:
-                memory_budget(card, gpu, {**engine, "max_num_seqs": s, "max_model_len": m,
-                                          "max_num_batched_tokens": max(engine["max_num_batched_tokens"], s)})
-                ok = t is not None and t <= slo["ttft_s"] and p <= slo["tpot_s"]
-                row.append(1 if ok else 0)
-                trow.append(f"{r.tokens_per_s:,.0f} tok/s" if not r.saturated else "saturated")
-            except CapacityError:
-                row.append(-1)
-                trow.append("does not fit")
-        z.append(row)
-        text.append(trow)
-    hm = go.Figure(go.Heatmap(z=z, x=[f"{m:,}" for m in lens], y=[str(s) for s in seqs], text=text,
-                              texttemplate="%{text}", zmin=-1, zmax=1, showscale=False,
-                              colorscale=[[0, "#bbbbbb"], [0.5, "#f4a3a3"], [1, "#9fd9a8"]]))
-    hm.update_layout(height=320, xaxis_title="max_model_len", yaxis_title="max_num_seqs", margin=dict(t=10),
-                     xaxis=dict(type="category"), yaxis=dict(type="category"))
+    for s in rows:
+        zr, tr = [], []
+        for x in ctxs:
+            c = by.get((s, x))
+            if c is None or not c["feasible"]:
+                zr.append(None)
+                tr.append("does not fit")
+            elif c["saturated"] or c["p_ttft"] is None:
+                zr.append(3.0)
+                tr.append("saturated")
+            else:
+                zr.append(min(3.0, max(c["p_ttft"] / slo["ttft_s"], c["p_tpot"] / slo["tpot_s"])))
+                kv = " KV-limited" if c["kv_concurrency"] is not None and c["kv_concurrency"] < s else ""
+                tr.append(f"{c['p_ttft'] * 1e3:,.0f} / {c['p_tpot'] * 1e3:,.1f} ms<br>"
+                          f"{c['capacity_tokens_per_s']:,.0f} tok/s{kv}")
+        z.append(zr)
+        text.append(tr)
+    hm = go.Figure(go.Heatmap(z=z, x=[f"{x:,}" for x in ctxs], y=[str(s) for s in rows], text=text,
+                              texttemplate="%{text}", zmin=0, zmax=3, colorbar=dict(title="P99 / SLO"),
+                              colorscale=[[0, "#9fd9a8"], [1 / 3, "#f6e3a1"], [1, "#f4a3a3"]]))
+    hm.update_layout(title="Request context x max_num_seqs: P99 TTFT / TPOT (ms) at 80% of peak, peak tok/s",
+                     height=360,
+                     xaxis_title="tokens per request (prompt + output)", yaxis_title="max_num_seqs",
+                     xaxis=dict(type="category"), yaxis=dict(type="category"), margin=dict(t=60))
     st.plotly_chart(hm, width="stretch")
     # throughput vs P99 as load rises
     rate = workload["arrivals"]["rate_per_s"]
@@ -236,7 +278,9 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile):
     pts = [(c.tokens_per_s, c.ttft.p99 * 1e3) for c in curve if not c.saturated and c.ttft.n]
     fig = go.Figure(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers",
                                text=[f"{x:.2f} req/s" for x in rates[:len(pts)]]))
-    fig.update_layout(height=280, xaxis_title="output tokens/s", yaxis_title="P99 TTFT (ms)", margin=dict(t=10))
+    fig.add_hline(y=slo["ttft_s"] * 1e3, line_dash="dash", line_color="red", annotation_text="SLO")
+    fig.update_layout(title="Throughput vs P99 TTFT as the load rises (one replica)", height=300,
+                      xaxis_title="output tokens/s", yaxis_title="P99 TTFT (ms)", margin=dict(t=50))
     st.plotly_chart(fig, width="stretch")
 
 
@@ -293,8 +337,13 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
                            "max_model_len": [4096, 8192, 32768, 131072], "tp": [1, 2]}}
     if st.button("Run the plan", key="run_plan") or st.session_state.get("plan_done"):
         st.session_state["plan_done"] = True
-        with st.spinner("planning..."):
-            p = full_plan(scenario, card)
+        bar = st.progress(0.0, text="planning: 0 simulations")
+
+        def progress(n: int) -> None:  # the plan's simulation count is not known up front: a saturating bar
+            bar.progress(min(0.99, n / (n + 40)), text=f"planning: {n} simulations done")
+
+        p = full_plan(scenario, card, progress)
+        bar.empty()
         rec = p["recommended"] or {}
         c1, c2, c3 = st.columns(3)
         c1.metric("GPUs needed", p["gpus"])
@@ -314,8 +363,53 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
         st.download_button("Download the plan JSON", json.dumps(p, indent=1), file_name="capacity-plan.json")
 
 
+@st.cache_data(show_spinner=False)
+def headline(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, profile: str | None, price: float):
+    """The answer for the sidebar as it stands: the max rate one replica sustains under the SLOs (a short
+    bisection), the replicas and GPUs for the sidebar's rate at 80% of it, the cost, and the P99s a replica sees
+    at its share of the load."""
+    import math
+
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import ModelCard
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Planner, Scenario
+
+    rate = workload["arrivals"]["rate_per_s"]
+    sc = Scenario.model_validate({
+        "model": card, "gpu": gpu, "profile": profile, "slo": {**slo, "percentile": 99}, "engine": engine,
+        "workload": {k: v for k, v in workload.items() if k != "num_requests"}, "target_rate_per_s": rate,
+        "search": {"seeds": 1, "requests": 300, "tolerance": 0.15}})
+    planner = Planner(sc, ModelCard.model_validate(card), SerialExecutor(cache=True))
+    cfg = EngineConfig.model_validate(engine)
+    rs = planner.rate_search(cfg, cfg.tensor_parallel_size, cfg.max_num_seqs or 256)
+    if rs.max_rate <= 0:
+        return {"feasible": False, "why": f"even {rs.probes[0][0]:.3g} req/s per replica misses the SLO"}
+    replicas = math.ceil(rate / (rs.max_rate * 0.8) - 1e-9)
+    per = planner.ex.run(planner._tasks(cfg, rate / replicas, range(1)))[0]
+    gpus = replicas * cfg.tensor_parallel_size
+    tokens_h = rate * workload["output_len"].get("value", 256) * 3600
+    return {"feasible": True, "gpus": gpus, "replicas": replicas, "tp": cfg.tensor_parallel_size,
+            "max_rate": rs.max_rate, "cost": gpus * price / tokens_h * 1e6 if price and tokens_h else None,
+            "p99_ttft": per.ttft.p99, "p99_tpot": per.tpot.p99, "saturated": per.saturated}
+
+
+def headline_view(h: dict, gpu: str, slo: dict) -> None:
+    if not h["feasible"]:
+        st.error(f"No replica of this configuration meets the SLO: {h['why']}")
+        return
+    c = st.columns(5)
+    c[0].metric("GPUs needed", f"{h['gpus']:,}", help=f"{gpu}, replicas at 80% of their max sustainable rate")
+    c[1].metric("replicas x TP", f"{h['replicas']} x {h['tp']}", help=f"{h['max_rate']:.2f} req/s per replica max")
+    c[2].metric("USD per 1M output tokens", f"{h['cost']:,.3f}" if h["cost"] is not None else "-")
+    for col, key, label, nd in ((c[3], "ttft", "P99 TTFT at that load (ms)", 0), (c[4], "tpot", "P99 TPOT at that load (ms)", 1)):
+        v, lim = h[f"p99_{key}"], slo[f"{key}_s"]
+        col.metric(label, "saturated" if h["saturated"] or v is None else f"{v * 1e3:,.{nd}f}",
+                   delta=None if v is None else f"SLO {lim * 1e3:,.{nd}f}", delta_color="off")
+
+
 def main():
-    st.title("capacity: what will this LLM deployment need, and what will users see?")
+    st.title("capacity: GPUs, latency and cost of an LLM deployment")
     try:
         card, gpu, engine, workload, slo, profile, price = sidebar()
         b, table = memory_budget(card, gpu, engine)
@@ -327,6 +421,11 @@ def main():
         # scenario file to get the same numbers from the CLI or the library
         st.code(json.dumps({"scenario": {"model": card, "gpu": gpu, "engine": engine, "workload": workload,
                                          "profile": profile, "seed": 0}}, indent=1), language="json")
+    try:
+        with st.spinner("finding the max rate per replica..."):
+            headline_view(headline(card, gpu, engine, workload, slo, profile, price), gpu, slo)
+    except CapacityError as exc:
+        st.error(str(exc))
     tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "Plan & export"])
     with tabs[0]:
         memory_view(b, table)

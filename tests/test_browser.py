@@ -111,6 +111,9 @@ def test_slider_updates_the_page(server, browser, tmp_path):
     browser.get(server)
     before = _wait(lambda: _metric(browser, "KV tokens"), what="the KV tokens metric")
     _wait(lambda: _metric(browser, "P99 TTFT (ms)") and _idle(browser), what="the latency view")
+    # the headline answer comes first, above the tabs
+    for label in ("GPUs needed", "replicas x TP", "USD per 1M output tokens", "P99 TTFT at that load (ms)"):
+        assert _metric(browser, label), label
     browser.save_screenshot(str(shots / "dashboard-default.png"))
     # Streamlit's slider: a visible thumb around a visually hidden <input type=range aria-label=LABEL>
     sel = 'input[type="range"][aria-label="gpu_memory_utilization"]'
@@ -133,7 +136,18 @@ def test_slider_updates_the_page(server, browser, tmp_path):
     _wait(lambda: len([p for p in browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot") if p.is_displayed()]) >= 3
           and _idle(browser), what="the trade-off charts")
     assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
+    titles = " | ".join(t.get_attribute("textContent") for t in browser.find_elements(By.CSS_SELECTOR, ".gtitle, .annotation-text"))
+    for t in ("P99 TTFT vs max batch", "P99 TPOT vs max batch", "Request context x max_num_seqs", "Throughput vs P99"):
+        assert t in titles, (t, titles)
     browser.save_screenshot(str(shots / "dashboard-tradeoffs.png"))
+    for tab in ("Latency", "Timeline", "Memory"):
+        browser.find_element(By.XPATH, f"//*[@role='tab'][contains(., '{tab}')]").click()
+        _wait(lambda: _idle(browser), what=f"the {tab} tab")
+        time.sleep(1)
+        browser.save_screenshot(str(shots / f"dashboard-{tab.lower()}.png"))
+    browser.set_window_size(1280, 800)
+    time.sleep(1)
+    browser.save_screenshot(str(shots / "dashboard-1280x800.png"))
 
 
 def _kv_tokens(util: float) -> int:

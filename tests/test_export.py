@@ -1,8 +1,10 @@
-"""The capacity-review workbook, read back with openpyxl; formulas recomputed by LibreOffice when present. Cells
-are found by their labels, never by address, and expected values come from the plan itself."""
+"""The capacity-review workbook, read back with openpyxl and recomputed and rendered by LibreOffice (CI installs
+it). Cells are found by their labels, never by address; expected values come from the plan itself."""
+import csv
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -28,9 +30,11 @@ def plan():
                                                    "output_len": {"kind": "fixed", "value": 1024}}]})
     sc = Scenario(model="llama-3.1-8b", price_per_gpu_hour=2.5, target_rate_per_s=12.0, workload=wl,
                   search=SearchSpec(seeds=2, requests=300, max_num_seqs=[16, 64, 256], max_model_len=[4096, 131072],
-                                    tp=[1]))
+                                    tp=[1], contexts=[1024, 16384]))
     p = make_plan(sc, load_model_card(ROOT / "models/llama-3.1-8b.yaml"), SerialExecutor(cache=False))
-    return json.loads(json.dumps(p.as_dict(), default=float))  # exactly what `plan --json` would save
+    from capacity.files import strict_json
+
+    return strict_json(p.as_dict())  # exactly what `plan --json` would save
 
 
 def row_of(ws, label: str) -> int:
@@ -43,6 +47,13 @@ def value(ws, label: str):
     return ws.cell(row_of(ws, label), 2).value
 
 
+def starts(ws, prefix: str):
+    """The value of the row whose label starts with `prefix` (labels that carry a rate or a percentile)."""
+    rows = [c.row for c in ws["A"] if isinstance(c.value, str) and c.value.startswith(prefix)]
+    assert len(rows) == 1, (ws.title, prefix)
+    return ws.cell(rows[0], 2).value
+
+
 @pytest.fixture(scope="module")
 def book(plan, tmp_path_factory):
     path = tmp_path_factory.mktemp("x") / "review.xlsx"
@@ -50,48 +61,150 @@ def book(plan, tmp_path_factory):
     return path
 
 
-def test_sheet_names_and_headers_snapshot(book):
+def _recalc(src, outdir, to="xlsx"):
+    soffice = shutil.which("soffice") or shutil.which("libreoffice")
+    if soffice is None:
+        pytest.skip("LibreOffice (soffice) is not installed: apt-get install libreoffice-calc-nogui to recalculate "
+                    "and render the workbook in this test")
+    subprocess.run([soffice, "--headless", "--norestore", "--convert-to", to, "--outdir", str(outdir), str(src)],
+                   check=True, capture_output=True, timeout=180)
+    return outdir / src.with_suffix("." + to).name
+
+
+@pytest.fixture(scope="module")
+def recalculated(book, tmp_path_factory):
+    return openpyxl.load_workbook(_recalc(book, tmp_path_factory.mktemp("lo")), data_only=True)
+
+
+def test_sheets_and_every_table_read_back(book, plan):
+    """Every number of every table in the workbook equals the table computed from the plan."""
     wb = openpyxl.load_workbook(book)
     assert wb.sheetnames == list(SHEETS)
-    assert [c.value for c in wb["Frontier"][1]][:10] == [
-        "max_num_seqs", "max_model_len", "fits memory", "covers workload", "P99 TTFT (ms)", "P99 TPOT (ms)",
-        "peak output tokens/s", "KV tokens", "meets SLO", "status / why not"]
-    assert [c.value for c in wb["Percentiles"][1]] == [
-        "max_num_seqs", "metric", "mean (ms)", "P50 (ms)", "P90 (ms)", "P95 (ms)", "P99 (ms)", "P99 95% CI low (ms)",
-        "P99 95% CI high (ms)"]
-    assert [c.value for c in wb["Memory"][1]][:2] == ["term", "GiB"]
+    tabs = tables(plan, [{"workload.input_len": {"kind": "fixed", "value": 512}, "ttft_p99_s": 0.1}])
+    for name, (head, rows) in tabs.items():
+        if name == "Memory table":  # shown as a batch x context grid
+            ws = wb["Memory"]
+            top = next(i for i, r in enumerate(ws.iter_rows(values_only=True), 1) if r[0] == "batch \\ context")
+            ctx = [c.value for c in ws[top]][1:]
+            for batch, context, gib, _, fits, _ in rows:
+                i = next(i for i in range(top + 1, ws.max_row + 1) if ws.cell(i, 1).value == batch)
+                c = ws.cell(i, 2 + ctx.index(context))
+                assert c.value == pytest.approx(gib)
+                assert c.fill.start_color.rgb.endswith("C6EFCE" if fits == "yes" else "FFC7CE")
+            continue
+        ws = wb[name]
+        found = [r for r in ws.iter_rows(values_only=True) if list(r[:len(head)]) == head]
+        assert found, f"{name}: header row not found"
+        start = next(i for i, r in enumerate(ws.iter_rows(values_only=True), 1) if list(r[:len(head)]) == head)
+        got = [list(r[:len(head)]) for r in ws.iter_rows(min_row=start + 1, max_row=start + len(rows), values_only=True)]
+        for want, have in zip(rows, got):
+            for w, h in zip(want, have):
+                if isinstance(w, float):
+                    assert h == pytest.approx(w), (name, want, have)
+                else:
+                    assert h == (w if w != "" else None), (name, want, have)
     assert len(wb["Memory"]._charts) == 1 and len(wb["Percentiles"]._charts) == 2
 
 
-def test_values_equal_the_json_plan_and_are_numbers(book, plan):
+def test_summary_labels_units_and_inputs(book, plan):
+    s = openpyxl.load_workbook(book)["Summary"]
+    assert s["A1"].value == f"Capacity review: {plan['model']} on {plan['gpu']}"
+    assert f"capacity {plan['tool_version']}" in s["A2"].value
+    line = s["A3"].value
+    for bit in ("llama-3.1-8b", "a100" if plan["gpu"].startswith("a100") else plan["gpu"], "12 req/s", "P99 TTFT <="):
+        assert bit in line
+    assert "mean 448 over 2 classes" in line
+    r = row_of(s, "Target rate")
+    assert s.cell(r, 2).value == 12.0 and "input" in s.cell(r, 3).value and s.cell(r, 2).fill.start_color.rgb.endswith("FFF2CC")
+    assert value(s, "Price per GPU-hour") == 2.5 and value(s, "Headroom: share of the max rate each replica runs at") == 0.8
+    assert value(s, "Mean output tokens per request") == pytest.approx(plan["mean_output_tokens"]) == 448
+    for label, unit in (("Cost per 1M output tokens", "USD per 1M output tokens"), ("Cost per hour", "USD per hour"),
+                        ("Tensor parallel size", "GPUs per replica")):
+        assert s.cell(row_of(s, label), 3).value == unit
+    assert value(s, "Verification at the planned rate") in ("passed", "FAILED")  # a word, not TRUE/FALSE
+
+
+def test_formulas_follow_the_inputs_honestly(recalculated, book, plan, tmp_path):
+    s = recalculated["Summary"]
+    gpus, rate = plan["gpus"], plan["target_rate"]
+    assert value(s, "Replicas") == plan["replicas"] and value(s, "GPUs") == gpus
+    assert value(s, "Cost per hour") == pytest.approx(gpus * 2.5)
+    assert value(s, "Cost per 1M output tokens") == pytest.approx(plan["cost_per_million_tokens"])
+    assert value(s, "Cost per 1M output tokens") == pytest.approx(gpus * 2.5 / (rate * plan["mean_output_tokens"] * 3600) * 1e6)
+    assert value(s, "TTFT margin") == pytest.approx(1500 - plan["verification"]["p_ttft_s"] * 1e3)
+    derived = next(r for r in recalculated["Memory"].iter_rows(values_only=True)
+                   if r[0] and str(r[0]).startswith("KV budget re-derived"))
+    assert derived[1] == pytest.approx(plan["budget"]["kv_budget_bytes"] / GiB, abs=0.01)
+    # a reviewer raises the target rate 4x: replicas follow ceil(rate / (max rate x headroom)), GPUs and cost too
     wb = openpyxl.load_workbook(book)
-    s = {r[0]: r[1] for r in wb["Summary"].iter_rows(values_only=True) if r[0]}
-    assert s["GPUs"] == plan["gpus"] and s["Replicas"] == plan["replicas"] and s["Tensor parallel size"] == plan["tp"]
-    assert s["Target rate (requests/s)"] == 12.0 and s["SLO P99 TTFT (ms)"] == pytest.approx(1500)
-    assert s["Verified P99 TTFT (ms)"] == pytest.approx(plan["verification"]["p_ttft_s"] * 1e3)
-    assert s["Price per GPU-hour (USD) - edit me"] == 2.5 and str(s["Cost per hour (USD)"]).startswith("=")
-    # the cost's denominator is the plan's class-weighted mean output length, not the base distribution's
-    assert s["Mean output tokens per request"] == pytest.approx(plan["mean_output_tokens"]) == 0.75 * 256 + 0.25 * 1024
-    rows = list(wb["Frontier"].iter_rows(min_row=2, max_col=10, values_only=True))
-    assert len(rows) == len(plan["frontier"])
-    for row, cell in zip(rows, plan["frontier"]):
-        assert row[0] == cell["max_num_seqs"] and row[1] == cell["max_model_len"]
-        assert row[2] == ("yes" if cell["feasible"] else "no")
-        if cell["p_ttft"] is not None and cell["p_ttft"] < float("inf"):
-            assert isinstance(row[4], float) and row[4] == pytest.approx(cell["p_ttft"] * 1e3)
-    mem = {r[0]: r[1] for r in wb["Memory"].iter_rows(min_row=2, max_row=7, values_only=True)}
-    assert mem["weights"] == pytest.approx(plan["budget"]["weights_bytes"] / GiB)
-    assert mem["KV cache budget"] == pytest.approx(plan["budget"]["kv_budget_bytes"] / GiB)
-    pct = [r for r in wb["Percentiles"].iter_rows(min_row=2, values_only=True) if r[1] == "TPOT" and r[0] == 256]
-    stats = next(c["stats"] for c in plan["frontier"] if c["max_num_seqs"] == 256 and c["feasible"])
-    assert pct[0][6] == pytest.approx(stats["tpot"]["p99"] * 1e3)
-    sweep = list(wb["Sweep"].iter_rows(values_only=True))
-    assert sweep[1] == (512, 0.1)
+    ws = wb["Summary"]
+    ws.cell(row_of(ws, "Target rate"), 2).value = rate * 4
+    ws.cell(row_of(ws, "Price per GPU-hour"), 2).value = 4.0
+    edited = tmp_path / "edited.xlsx"
+    wb.save(edited)
+    s = openpyxl.load_workbook(_recalc(edited, tmp_path / "b"), data_only=True)["Summary"]
+    max_rate = plan["rec_search"]["max_rate"]
+    import math
+
+    reps = math.ceil(rate * 4 / (max_rate * 0.8))
+    assert value(s, "Replicas") == reps and value(s, "GPUs") == reps * plan["tp"]
+    assert value(s, "Cost per 1M output tokens") == pytest.approx(
+        reps * plan["tp"] * 4.0 / (rate * 4 * plan["mean_output_tokens"] * 3600) * 1e6)
+
+
+def test_every_sheet_renders_one_page_wide(book, tmp_path):
+    """LibreOffice prints the workbook: each sheet is one page wide (fit to width), the Summary one page, and no
+    sheet spills onto extra pages: the page count is what the sheets' rows need."""
+    pdf = _recalc(book, tmp_path, to="pdf")
+    from pypdf import PdfReader
+
+    pages = PdfReader(str(pdf)).pages
+    assert len(pages) == len(SHEETS)  # every sheet of this plan fits one page
+    import os
+
+    if os.environ.get("SCREENSHOT_DIR") and shutil.which("pdftoppm"):  # the pages as PNG: CI artefacts
+        subprocess.run(["pdftoppm", "-r", "90", "-png", str(pdf), str(Path(os.environ["SCREENSHOT_DIR"]) / "workbook")],
+                       check=True, timeout=120)
+    text = [p.extract_text() for p in pages]
+    assert "Capacity review: llama-3.1-8b" in text[0] and "Cost per 1M output tokens" in text[0]
+    assert all(t.strip() for t in text)
+
+
+def test_frontier_marks_the_recommendation_and_the_misses(book, plan):
+    ws = openpyxl.load_workbook(book)["Frontier"]
+    head = [c.value for c in ws[3]]
+    rows = list(ws.iter_rows(min_row=4, values_only=True))
+    assert len(rows) == len({c["max_num_seqs"] for c in plan["frontier"]})  # one row per configuration
+    rec = [r for r in rows if r[head.index("recommended")] == "yes"]
+    assert len(rec) == 1 and rec[0][0] == plan["recommended"]["max_num_seqs"]
+    for i, r in enumerate(rows, 4):
+        fill = ws.cell(i, 1).fill.start_color.rgb
+        if r[head.index("recommended")] == "yes":
+            assert fill.endswith("DDEBF7")
+        elif r[head.index("meets SLO")] == "no":
+            assert fill.endswith("FFC7CE") and r[head.index("status")]
+
+
+def test_user_strings_are_never_formulas(plan, tmp_path):
+    """Spreadsheet formula injection: a model named '=HYPERLINK(...)' stays text in the workbook and is escaped
+    in the CSV files."""
+    evil = json.loads(json.dumps(plan))
+    evil["model"] = '=HYPERLINK("http://x.invalid","click")'
+    evil["scenario"]["workload"]["classes"][0]["name"] = "+cmd|' /C calc'!A0"
+    path = tmp_path / "evil.xlsx"
+    write_review(path, evil)
+    wb = openpyxl.load_workbook(path)
+    for ws in wb.worksheets:
+        for row in ws.iter_rows():
+            for c in row:
+                if isinstance(c.value, str) and ("HYPERLINK" in c.value or "calc" in c.value):
+                    assert c.data_type == "s", (ws.title, c.coordinate, c.value)
+    with path.with_name("evil.assumptions.csv").open() as f:
+        cells = [c for row in csv.reader(f) for c in row]
+    assert "'=HYPERLINK(\"http://x.invalid\",\"click\")" in cells and not any(c.startswith("=") for c in cells)
 
 
 def test_csv_and_json_hold_the_same_tables(book, plan):
-    import csv
-
     head, rows = tables(plan)["Frontier"]
     with book.with_name("review.frontier.csv").open() as f:
         got = list(csv.reader(f))
@@ -99,55 +212,30 @@ def test_csv_and_json_hold_the_same_tables(book, plan):
     assert json.loads(book.with_suffix(".json").read_text())["plan"]["gpus"] == plan["gpus"]
 
 
-def test_never_overwrites_and_writes_atomically(plan, tmp_path, monkeypatch):
+def test_never_overwrites_and_writes_the_set_or_nothing(plan, tmp_path, monkeypatch):
     path = tmp_path / "r.xlsx"
     write_review(path, plan)
     before = path.read_bytes()
     with pytest.raises(CapacityError, match="exists; pass --force"):
         write_review(path, plan)
     assert path.read_bytes() == before
-
+    # a failure after the workbook was written (the disk fills while writing the CSVs): no file of the set lands
     import capacity.io.export as ex
 
-    def boom(*a, **k):
-        raise RuntimeError("disk full")
+    real = ex.csv_safe
+    calls = {"n": 0}
 
-    monkeypatch.setattr(ex, "_workbook", boom)
-    with pytest.raises(RuntimeError):
+    def boom(v):
+        calls["n"] += 1
+        if calls["n"] > 50:
+            raise OSError(28, "No space left on device")
+        return real(v)
+
+    monkeypatch.setattr(ex, "csv_safe", boom)
+    with pytest.raises(OSError):
         write_review(tmp_path / "new.xlsx", plan)
-    assert not (tmp_path / "new.xlsx").exists() and not list(tmp_path.glob(".new.xlsx.*"))
-
-
-def _recalc(src, outdir):
-    soffice = shutil.which("soffice") or shutil.which("libreoffice")
-    if soffice is None:
-        pytest.skip("LibreOffice (soffice) is not installed: apt-get install libreoffice-calc-nogui to recalculate "
-                    "the workbook's formulas in this test")
-    subprocess.run([soffice, "--headless", "--norestore", "--convert-to", "xlsx", "--outdir", str(outdir), str(src)],
-                   check=True, capture_output=True, timeout=180)
-    return openpyxl.load_workbook(outdir / src.name, data_only=True)
-
-
-def test_formulas_recompute_in_libreoffice(book, plan, tmp_path):
-    wb = _recalc(book, tmp_path / "a")
-    s = wb["Summary"]
-    rate, gpus = plan["target_rate"], plan["gpus"]
-    assert value(s, "Cost per hour (USD)") == pytest.approx(gpus * 2.5)
-    assert value(s, "Cost per 1M output tokens (USD)") == pytest.approx(plan["cost_per_million_tokens"])
-    assert value(s, "Cost per 1M output tokens (USD)") == pytest.approx(
-        gpus * 2.5 / (rate * plan["mean_output_tokens"] * 3600) * 1e6)
-    assert value(s, "TTFT margin (ms)") == pytest.approx(1500 - plan["verification"]["p_ttft_s"] * 1e3)
-    m = wb["Memory"]
-    derived = next(r for r in m.iter_rows(values_only=True) if r[0] and str(r[0]).startswith("KV budget re-derived"))
-    assert derived[1] == pytest.approx(plan["budget"]["kv_budget_bytes"] / GiB)
-    # a reviewer edits the price: the cost follows
-    wb2 = openpyxl.load_workbook(book)
-    ws = wb2["Summary"]
-    ws.cell(row_of(ws, "Price per GPU-hour (USD) - edit me"), 2).value = 4.0
-    edited = tmp_path / "edited.xlsx"
-    wb2.save(edited)
-    s = _recalc(edited, tmp_path / "b")["Summary"]
-    assert value(s, "Cost per 1M output tokens (USD)") == pytest.approx(plan["cost_per_million_tokens"] * 4.0 / 2.5)
+    assert {p.name for p in tmp_path.iterdir()} == {p.name for p in tmp_path.glob("r.*")}
+    assert not list(tmp_path.glob("new*")) and not list(tmp_path.glob(".new*"))
 
 
 def test_export_cli_from_a_saved_plan(plan, tmp_path):

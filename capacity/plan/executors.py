@@ -32,6 +32,7 @@ class Executor:
         self.progress = progress
         self.cache = cache_dir() if cache is True else (cache or None)
         self.hits = self.misses = 0
+        self.on_task = None  # called with the number of tasks done so far (a dashboard's progress bar)
 
     def _get(self, key: str) -> TaskResult | None:
         if self.cache is None:
@@ -68,11 +69,17 @@ class Executor:
                 got[k] = v
         todo = [i for k, i in first.items() if k not in got]
         self.hits += len(first) - len(todo)
+        done = self.hits + self.misses
         self.misses += len(todo)
+        if self.on_task:
+            self.on_task(done)
         if todo:
             for i, res in self._map([tasks[i] for i in todo], todo):
                 got[keys[i]] = res
                 self._put(keys[i], res)
+                done += 1
+                if self.on_task:
+                    self.on_task(done)
         return [got[k] for k in keys]
 
     def _map(self, tasks: list[SimTask], idx: list[int]) -> Iterable[tuple[int, TaskResult]]:
