@@ -74,7 +74,7 @@ def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, prof
             "tpot": np.where(r.output_tokens > 1, (r.finish - r.first_token) / np.maximum(r.output_tokens - 1, 1),
                              np.nan).tolist(),
             "timeseries": res.sim.timeseries.tolist(), "saturated": res.sim.saturated, "saturation": res.sim.saturation,
-            "source": res.cost_source, "num_blocks": res.budget.num_blocks}
+            "source": res.cost_source, "num_blocks": res.budget.planning_blocks}
 
 
 @st.cache_data(show_spinner=False)
@@ -141,6 +141,13 @@ def sidebar():
     util = sb.slider("gpu_memory_utilization", 0.5, 0.98, 0.9, 0.01)
     block = sb.select_slider("block size", [16, 32, 64], value=16)
     chunked = sb.checkbox("chunked prefill", value=True)
+    from capacity.engine.vllm_release import LAST_PATCH
+
+    releases = ["vllm"] + [f"vllm@{a}.{b}" for (a, b) in sorted(LAST_PATCH, reverse=True) if (a, b) >= (0, 10)]
+    release = sb.selectbox("vLLM release", releases, help="whose defaults and start-up memory accounting apply "
+                           "(vllm = the current release; `capacity engines` lists them all)")
+    kv_end = sb.radio("plan KV on", ["conservative", "middle"], horizontal=True,
+                      help="the end of the predicted KV range the simulation uses")
     sb.header("Workload and SLOs")
     rate = sb.slider("arrival rate (req/s)", 0.5, 64.0, 8.0, 0.5, key="rate")
     arrival = sb.selectbox("arrival process", ["poisson", "gamma", "constant"])
@@ -159,7 +166,7 @@ def sidebar():
 
     engine = {"tensor_parallel_size": tp, "max_num_seqs": seqs, "max_model_len": max_len,
               "max_num_batched_tokens": max(mnbt, seqs), "gpu_memory_utilization": util, "block_size": block,
-              "kv_cache_dtype": kv, "enable_chunked_prefill": chunked}
+              "kv_cache_dtype": kv, "enable_chunked_prefill": chunked, "engine": release, "kv_estimate": kv_end}
     if not chunked:
         engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], max_len)
 
@@ -179,7 +186,8 @@ def memory_view(b: dict, table: list[dict]):
     g = 2**30
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("KV tokens", f"{b['kv_tokens']:,}")
-    c2.metric("KV blocks", f"{b['num_blocks']:,}")
+    c2.metric("KV blocks", f"{b['num_blocks']:,}", help=f"range {b['num_blocks_range'][0]:,}-{b['num_blocks_range'][1]:,}; "
+              f"the simulation uses {b['planning_blocks']:,} (the {b['kv_estimate']} end)")
     c3.metric("Weights (GiB/rank)", f"{b['weights_bytes'] / g:.2f}")
     c4.metric("Max concurrency at max_model_len", f"{b['max_concurrency']:.1f}")
     fig = go.Figure()

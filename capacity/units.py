@@ -14,6 +14,8 @@ DTYPE_BYTES: dict[str, float] = {
     "fp8": 1.0,
     "int8": 1.0,
     "int4": 0.5,
+    "mxfp4": 0.5,
+    "nvfp4": 0.5,
 }
 
 

@@ -34,7 +34,31 @@ NAMES = {
     "a10g": ("A10G", []),
     "rtx-4090": ("RTX-4090", ["4090", "rtx4090"]),
     "mi300x": ("MI300X", []),
+    "t4": ("T4", ["tesla-t4"]),
+    "a10": ("A10", []),
+    "rtx-3090": ("RTX-3090", ["3090", "rtx3090"]),
 }
+
+# What torch.cuda.get_device_name() returns (vLLM's default rules match words in it), the number of SMs (CUs
+# on AMD: the Triton top-k/top-p buffer is sized by it) and whether the board's NVSwitch does NVLink SHARP
+# (NCCL's NVLS buffers appear at tp > 1). From the vendors' architecture documents.
+DEVICE = {
+    "a100-40gb": ("NVIDIA A100-SXM4-40GB", 108, False),
+    "a100-80gb": ("NVIDIA A100-SXM4-80GB", 108, False),
+    "h100-sxm": ("NVIDIA H100 80GB HBM3", 132, True),
+    "h100-pcie": ("NVIDIA H100 PCIe", 114, False),
+    "h200": ("NVIDIA H200", 132, True),
+    "b200": ("NVIDIA B200", 148, True),
+    "l40s": ("NVIDIA L40S", 142, False),
+    "l4": ("NVIDIA L4", 58, False),
+    "a10g": ("NVIDIA A10G", 80, False),
+    "rtx-4090": ("NVIDIA GeForce RTX 4090", 128, False),
+    "mi300x": ("AMD Instinct MI300X", 304, False),
+    "t4": ("Tesla T4", 40, False),
+    "a10": ("NVIDIA A10", 72, False),
+    "rtx-3090": ("NVIDIA GeForce RTX 3090", 82, False),
+}
+EXTRA = ROOT / "scripts" / "gpu_specs_extra.yaml"
 
 # GiB that mem_get_info reports, for GPUs the datasheet file has no observed total for.
 # Rule used: HBM parts report ~99% of the nominal size read as GiB (A100-80GB: 79.15 of 80, H200:
@@ -70,6 +94,7 @@ def tera(value) -> float | None:
 
 def build(src: Path) -> dict:
     data = yaml.safe_load(src.read_text())
+    data["gpus"].update(yaml.safe_load(EXTRA.read_text())["gpus"])
     out = {}
     for name, (key, aliases) in NAMES.items():
         spec = data["gpus"][key]
@@ -80,6 +105,9 @@ def build(src: Path) -> dict:
             "datasheet_name": key,
             "aliases": aliases,
             "arch": spec["arch"],
+            "device_name": DEVICE[name][0],
+            "sm_count": DEVICE[name][1],
+            "nvls": DEVICE[name][2],
             "memory_bytes": int(spec["memory_gb"] * GB),  # marketing size, GB = 1e9 B
             "usable_memory_bytes": int(round(gib * GIB)),  # what mem_get_info reports
             "usable_memory_basis": basis,

@@ -1,6 +1,6 @@
-"""Golden outputs: the JSON of 18 CLI cases (memory, simulate with each policy, sweep, plan) recorded before the
-run-pipeline restructuring must come out figure for figure the same, except the figures `cases.CHANGES`
-lists with the reason each changed (a defect fixed). New keys may appear; recorded keys may not vanish."""
+"""Golden outputs: the JSON of 18 CLI cases (memory, simulate with each policy, sweep, plan), recorded on purpose
+(tests/golden/cases.py says when and why), must come out figure for figure the same, except the figures
+`cases.CHANGES` lists with the reason each changed. New keys may appear; recorded keys may not vanish."""
 import json
 import math
 

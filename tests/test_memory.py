@@ -5,7 +5,7 @@ import pytest
 
 from capacity.engine import memory as mem
 from capacity.engine.config import EngineConfig
-from capacity.engine.vllm import cudagraph_capture_sizes
+from capacity.engine.vllm import NON_TORCH_PER_PEER_GIB, cudagraph_capture_sizes
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.gpus import GPU, get_gpu
 from capacity.model.weights import weight_bytes_per_rank
@@ -28,7 +28,8 @@ def test_llama8b_weights_by_hand(card):
 def test_budget_by_hand_with_given_terms(card):
     c = card("llama-3.1-8b")
     gpu = get_gpu("h100-sxm")
-    cfg = EngineConfig(max_model_len=8192, activation_bytes=1 * GiB, non_torch_bytes=0.5 * GiB, enforce_eager=True)
+    cfg = EngineConfig(engine="vllm@0.19", max_model_len=8192, activation_bytes=1 * GiB, non_torch_bytes=0.5 * GiB,
+                       enforce_eager=True)
     b = mem.budget(c, gpu, cfg)
     kv = gpu.usable_memory_bytes * 0.9 - 16_094_076_928 - 1.5 * GiB
     assert b.kv_budget_bytes == pytest.approx(kv)
@@ -36,6 +37,24 @@ def test_budget_by_hand_with_given_terms(card):
     assert b.kv_tokens == 16 * b.num_blocks
     assert b.max_concurrency == pytest.approx(b.kv_tokens / 8192)
     assert b.estimates == ["cuda_context"]  # every other term was given
+    # nothing estimated but the weights' 0.2% allowance (dense decoders' logs agree within 0.1%)
+    assert b.num_blocks_range[1] == b.num_blocks and b.num_blocks - b.num_blocks_range[0] == math.ceil(
+        16_094_076_928 * 0.002 / (16 * 131_072)) or b.num_blocks - b.num_blocks_range[0] == math.floor(
+        16_094_076_928 * 0.002 / (16 * 131_072))
+
+
+def test_current_release_counts_runner_buffers_by_hand(card):
+    # vLLM >= 0.27 counts the free memory consumed since its snapshot, so persistent model-runner buffers
+    # enter the budget: input ids (int32), positions and slot mapping (int64) and input embeddings (bf16) for
+    # 8192 tokens, the block table (int32, 1024 x 8192/16) and Model Runner V2's penalty bins (int32, 1024 x V).
+    c = card("llama-3.1-8b")
+    gpu = get_gpu("h100-sxm")
+    cfg = EngineConfig(engine="vllm@0.33", max_model_len=8192, activation_bytes=1 * GiB, non_torch_bytes=0.5 * GiB,
+                       enforce_eager=True)
+    b = mem.budget(c, gpu, cfg)
+    buffers = 8192 * (4 + 8 + 8) + 8192 * 4096 * 2 + 1024 * 512 * 4 + 4 * 1024 * 128256
+    assert b.runner_buffers_bytes == buffers
+    assert b.kv_budget_bytes == pytest.approx(gpu.usable_memory_bytes * 0.9 - 16_094_076_928 - 1.5 * GiB - buffers)
 
 
 @pytest.mark.parametrize("total, act, nt, max_pos, logged_kv_gib, logged_blocks", [
@@ -50,8 +69,9 @@ def test_budget_by_hand_with_given_terms(card):
     (79.22, 1.26, 1.79, 8192, 53.29, None),
 ])
 def test_reproduces_vllm_logs_given_their_measured_terms(card, total, act, nt, max_pos, logged_kv_gib, logged_blocks):
+    # these logs are V0 (0.6.5-0.7 format): weights + activation + non-torch, graphs outside the budget
     c = card("llama-3.1-8b").with_overrides(max_position_embeddings=max_pos)
-    cfg = EngineConfig(activation_bytes=act * GiB, non_torch_bytes=nt * GiB, max_model_len=4096)
+    cfg = EngineConfig(engine="vllm@0.7", activation_bytes=act * GiB, non_torch_bytes=nt * GiB, max_model_len=4096)
     b = mem.budget(c, custom_gpu(total), cfg)
     assert b.kv_budget_bytes / GiB == pytest.approx(logged_kv_gib, abs=0.015)  # logs round each term to 0.01
     if logged_blocks:
@@ -80,21 +100,36 @@ def test_cudagraph_capture_sizes():
 
 
 def test_activation_sampler_term_by_hand(card):
-    # Sampler phase: hidden [8192, 4096] + sampled rows [1024, 4096] in bf16, then 1024 x 128256 logits
-    # at 2 B (bf16) + 14 B (fp32 copy, probs, exponential noise, temporaries).
-    c = card("llama-3.1-8b")
-    b = mem.budget(c, get_gpu("h100-sxm"), EngineConfig(max_model_len=8192))
-    assert b.activation_phases["sampler"] == 8192 * 4096 * 2 + 1024 * 4096 * 2 + 1024 * 128256 * 16
-    assert b.activation_phases["forward_mlp"] == 8192 * 2 * (2 * 4096 + 3 * 14336)
+    # Sampler phase of vLLM 0.11 (PyTorch sort path): the profile's hidden states [8192, 4096], the sampled
+    # rows [1024, 4096] and their rand_like replacement in bf16, PyTorch's cuBLAS workspace (32 MiB on
+    # Hopper), and 1024 x 128256 logits at
+    # 2 B (raw bf16) + 4 (fp32 copy) + 4 + 8 (sorted values, indices) + 8 (reverse indices) + 12 (CUB's third
+    # key/value buffers) = 38 B.
+    c, g = card("llama-3.1-8b"), get_gpu("h100-sxm")
+    b = mem.budget(c, g, EngineConfig(engine="vllm@0.11", max_model_len=8192))
+    common = 8192 * 4096 * 2 + 2 * 1024 * 4096 * 2 + 32 * 2**20
+    assert b.activation_phases["sampler"] == common + 1024 * 128256 * 38
+    # forward: residual, normed input, gate/up (2 x 14336), activation, and the caller's layer input
+    assert b.activation_phases["forward_mlp"] == 8192 * 2 * (3 * 4096 + 3 * 14336)
+    # 0.19: Triton top-k/top-p in place (2 + 4 + 4 + 4 = 14 B) and its scratch buffer of 132 SMs x V x fp32
+    b19 = mem.budget(c, g, EngineConfig(engine="vllm@0.19", max_model_len=8192))
+    assert b19.activation_phases["sampler"] == common + 1024 * 128256 * 14 + 132 * 128256 * 4
+    # and the logged peak of that release on that GPU is 1.89 GiB (llm-d sweep, tests/data/vllm_startup)
+    assert b19.activation_bytes / GiB == pytest.approx(1.89, abs=0.02)
 
 
 def test_cuda_graphs_in_budget_costs_blocks(card):
     c, g = card("llama-3.1-8b"), get_gpu("h100-sxm")
-    out = mem.budget(c, g, EngineConfig(max_model_len=8192))
-    inside = mem.budget(c, g, EngineConfig(max_model_len=8192, cuda_graphs_in_budget=True))
-    eager = mem.budget(c, g, EngineConfig(max_model_len=8192, enforce_eager=True))
+    out = mem.budget(c, g, EngineConfig(engine="vllm@0.19", max_model_len=8192))
+    inside = mem.budget(c, g, EngineConfig(engine="vllm@0.19", max_model_len=8192, cuda_graphs_in_budget=True))
+    eager = mem.budget(c, g, EngineConfig(engine="vllm@0.19", max_model_len=8192, enforce_eager=True))
     assert inside.num_blocks < out.num_blocks == eager.num_blocks
     assert eager.cuda_graph_bytes == 0 and out.cuda_graph_bytes > 0
+    # from 0.20 the estimate is subtracted by default
+    v20 = mem.budget(c, g, EngineConfig(engine="vllm@0.20", max_model_len=8192))
+    assert v20.cuda_graphs_in_budget and not out.cuda_graphs_in_budget
+    with pytest.raises(ConfigError, match="cuda_graphs_in_budget"):
+        mem.budget(c, g, EngineConfig(engine="vllm@0.17", max_model_len=8192, cuda_graphs_in_budget=True))
 
 
 # ---- invariants ----------------------------------------------------------------------------------
@@ -176,7 +211,7 @@ def test_max_model_len_does_not_fit(card):
     with pytest.raises(DoesNotFit) as exc:
         mem.budget(card("llama-3.1-8b"), get_gpu("a10g"), EngineConfig(max_num_seqs=256))
     msg = str(exc.value)
-    assert "max_model_len 131072" in msg and "16.00 GiB of KV cache" in msg and "largest max_model_len" in msg
+    assert "max_model_len 131072" in msg and "8192 KV blocks (16.00 GiB)" in msg and "largest max_model_len" in msg
 
 
 def test_tp_must_divide_heads(card):
@@ -199,4 +234,4 @@ def test_non_torch_grows_with_tp(card):
     nt = [mem.budget(c, g, EngineConfig(tensor_parallel_size=tp, max_model_len=8192), check_fit=False).non_torch_bytes
           for tp in (1, 2, 4, 8)]
     assert nt == sorted(nt) and nt[0] < nt[1]
-    assert nt[3] - nt[1] == pytest.approx(6 * 32 * 1024**2)  # 32 MiB per extra peer
+    assert nt[3] - nt[1] == pytest.approx(6 * NON_TORCH_PER_PEER_GIB * GiB)  # the growth per extra peer

@@ -37,9 +37,13 @@ def test_budget_never_crashes_and_is_consistent(card, util, gpu, tp):
     except CapacityError as exc:  # a clear, one-line refusal is a valid outcome
         assert str(exc) and "\n" not in str(exc)
         return
-    terms = b.weights_bytes + b.activation_bytes + b.non_torch_bytes
+    terms = (b.weights_bytes + b.activation_bytes + b.non_torch_bytes + b.runner_buffers_bytes
+             + (b.cuda_graph_bytes if b.cuda_graphs_in_budget else 0.0))
     assert abs(b.usable_bytes - terms - b.kv_budget_bytes) < 1.0
-    assert b.num_blocks * b.block_size * b.kv_bytes_per_token <= b.kv_budget_bytes
+    assert b.num_blocks * b.block_bytes <= b.kv_budget_bytes
+    lo, hi = b.ranges["kv_budget"]
+    assert lo <= b.kv_budget_bytes <= hi and b.num_blocks_range[0] <= b.num_blocks <= b.num_blocks_range[1]
+    assert b.planning_blocks == b.num_blocks_range[0]  # the conservative end by default
     assert b.kv_tokens >= b.max_model_len
     more = mem.budget(card, get_gpu(gpu), cfg.model_copy(update={"gpu_memory_utilization": min(1.0, util + 0.04)}))
     assert more.num_blocks >= b.num_blocks

@@ -74,7 +74,7 @@ def test_frontier_recommendation_and_command_are_one_configuration(a100_plan):
     assert p.rec_search.max_num_batched_tokens == default == p.budget.max_num_batched_tokens
     rec = p.recommended
     assert f"--max-num-seqs {rec.max_num_seqs}" in p.vllm_command and f"--max-model-len {rec.max_model_len}" in p.vllm_command
-    assert rec.kv_tokens == p.budget.kv_tokens  # the frontier row, the budget shown and the command agree
+    assert rec.kv_tokens == p.budget.planning_tokens  # the frontier row, the budget shown and the command agree
 
 
 def test_plan_budget_is_what_capacity_memory_prints_for_that_configuration(a100_plan):
@@ -194,9 +194,9 @@ def test_sglang_command_translates_memory_by_meaning(a100_plan):
 
     b = a100_plan.budget
     frac = float(re.search(r"--mem-fraction-static (\S+)", a100_plan.sglang_command).group(1))
-    need = (b.weights_bytes + b.kv_tokens * b.kv_bytes_per_token) / b.total_bytes
+    need = (b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / b.total_bytes
     assert need <= frac <= need + 0.02  # weights + the planned pool (+ the CUDA context), rounded up to 0.01
-    assert f"--max-total-tokens {b.kv_tokens}" in a100_plan.sglang_command
+    assert f"--max-total-tokens {b.planning_tokens}" in a100_plan.sglang_command  # the pool the plan simulated
 
 
 # ---- data ships with the package ----------------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_run_results_are_typed_and_json_is_their_form():
     res = run(dep, WorkloadSpec.model_validate({"arrivals": {"rate_per_s": 4.0}, "num_requests": 300}))
     d = res.as_dict()
     assert d["summary"]["ttft_s"]["p99"] == res.summary.ttft_s.p99
-    assert d["engine"] == dep.engine.model_dump(mode="json") and d["kv_blocks_per_replica"] == res.budget.num_blocks
+    assert d["engine"] == dep.engine.model_dump(mode="json") and d["kv_blocks_per_replica"] == res.budget.planning_blocks
     assert np.isfinite(res.summary.tpot_s.p50)
     with pytest.raises(ConfigError, match="measured with bf16 KV"):
         prepare(Deployment(CARD, get_gpu("h200"), EngineConfig(kv_cache_dtype="fp8"), profile="llama-3.1-8b-h200"))

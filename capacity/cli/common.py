@@ -41,8 +41,20 @@ BlockOpt = Annotated[Optional[int], typer.Option("--block-size", help="KV block 
 EagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs")]
 NoChunkOpt = Annotated[bool, typer.Option("--no-chunked-prefill", help="Disable chunked prefill")]
 ContigOpt = Annotated[bool, typer.Option("--contiguous", help="Contiguous (non-paged) KV reservation")]
-GraphInOpt = Annotated[bool, typer.Option("--cuda-graphs-in-budget",
-                                          help="As VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1")]
+GraphInOpt = Annotated[Optional[bool], typer.Option(
+    "--cuda-graphs-in-budget/--cuda-graphs-outside-budget",
+    help="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1/0 (default: the release's; on from vLLM 0.20)")]
+EngineOpt = Annotated[Optional[str], typer.Option(
+    "--engine", help="Engine release: vllm (current), vllm@0.11, vllm@0.9.2:v0 (see `capacity engines`)")]
+OptimisticOpt = Annotated[bool, typer.Option(
+    "--optimistic", help="Plan on the middle of the KV estimate, not its conservative end")]
+GpuMemOpt = Annotated[Optional[float], typer.Option(
+    "--gpu-memory-gib", help="Total GPU memory the engine sees, GiB (overrides the catalogue's)")]
+UsageOpt = Annotated[Optional[str], typer.Option(
+    "--usage-context", help="serve (vllm serve, default) or llm (the offline LLM class): different defaults")]
+LargeOpt = Annotated[Optional[bool], typer.Option(
+    "--large-gpu-defaults/--small-gpu-defaults",
+    help="Force vLLM's large-GPU batching defaults on/off (default: the release's rule on memory and name)")]
 ActOpt = Annotated[Optional[float], typer.Option("--activation-gib", help="Measured activation peak, GiB")]
 NtOpt = Annotated[Optional[float], typer.Option("--non-torch-gib", help="Measured non-torch memory, GiB")]
 CgOpt = Annotated[Optional[float], typer.Option("--cuda-graph-gib", help="Measured CUDA-graph memory, GiB")]
@@ -78,8 +90,9 @@ def engine_config(source: str = "options", **fields):
 
 
 def _scenario(model, gpu, tp, kv_dtype, weight_dtype, group, util, max_model_len, max_num_seqs, mnbt, block,
-              eager, no_chunk, contiguous, graphs_in, act_gib, nt_gib, cg_gib):
-    from capacity.model.gpus import get_gpu
+              eager, no_chunk, contiguous, graphs_in, act_gib, nt_gib, cg_gib, engine=None, optimistic=False,
+              gpu_memory_gib=None, usage_context=None, large_gpu_defaults=None):
+    from capacity.model.gpus import get_gpu, with_memory
     from capacity.units import GiB
 
     card = load_card(model, weight_dtype, group)
@@ -89,12 +102,20 @@ def _scenario(model, gpu, tp, kv_dtype, weight_dtype, group, util, max_model_len
     cfg = engine_config(
         tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=util,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-        block_size=block, enforce_eager=eager, enable_chunked_prefill=not no_chunk,
+        block_size=block, enforce_eager=eager, enable_chunked_prefill=False if no_chunk else None,
         paged_kv=not contiguous, cuda_graphs_in_budget=graphs_in,
         activation_bytes=None if act_gib is None else act_gib * GiB,
         non_torch_bytes=None if nt_gib is None else nt_gib * GiB,
-        cuda_graph_bytes=None if cg_gib is None else cg_gib * GiB)
-    return card, get_gpu(gpu), cfg
+        cuda_graph_bytes=None if cg_gib is None else cg_gib * GiB,
+        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
+    return card, with_memory(get_gpu(gpu), gpu_memory_gib), cfg
+
+
+def engine_fields(engine=None, optimistic=False, usage_context=None, large_gpu_defaults=None) -> dict:
+    """EngineConfig fields of the release options every command shares (None: not given)."""
+    return {k: v for k, v in (("engine", engine), ("kv_estimate", "middle" if optimistic else None),
+                              ("usage_context", usage_context), ("large_gpu_defaults", large_gpu_defaults))
+            if v is not None}
 
 
 def _lengths(flag: str, value: str):

@@ -12,18 +12,23 @@ from capacity.cli.common import (
     CgOpt,
     ContigOpt,
     EagerOpt,
+    EngineOpt,
+    GpuMemOpt,
     GpuOpt,
     GraphInOpt,
     GroupOpt,
     JsonOpt,
     KvOpt,
+    LargeOpt,
     LenOpt,
     MnbtOpt,
     ModelOpt,
     NoChunkOpt,
     NtOpt,
+    OptimisticOpt,
     SeqOpt,
     TpOpt,
+    UsageOpt,
     UtilOpt,
     WOpt,
     _scenario,
@@ -40,8 +45,9 @@ def memory(
     quant_group_size: GroupOpt = None, gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
     max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
     enforce_eager: EagerOpt = False, no_chunked_prefill: NoChunkOpt = False, contiguous: ContigOpt = False,
-    cuda_graphs_in_budget: GraphInOpt = False, activation_gib: ActOpt = None, non_torch_gib: NtOpt = None,
-    cuda_graph_gib: CgOpt = None,
+    cuda_graphs_in_budget: GraphInOpt = None, activation_gib: ActOpt = None, non_torch_gib: NtOpt = None,
+    cuda_graph_gib: CgOpt = None, engine: EngineOpt = None, optimistic: OptimisticOpt = False,
+    gpu_memory_gib: GpuMemOpt = None, usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
     target_concurrency: Annotated[Optional[int], typer.Option(
         "--target-concurrency", help="Also solve: smallest utilisation/TP and largest max_model_len for this many sequences")] = None,
     at_context: Annotated[int, typer.Option("--at-context", help="Context (tokens) for --target-concurrency")] = 4096,
@@ -54,8 +60,18 @@ def memory(
     card, g, cfg = _scenario(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, gpu_memory_utilization,
                              max_model_len, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager,
                              no_chunked_prefill, contiguous, cuda_graphs_in_budget, activation_gib, non_torch_gib,
-                             cuda_graph_gib)
-    b = mem.budget(card, g, cfg)
+                             cuda_graph_gib, engine, optimistic, gpu_memory_gib, usage_context, large_gpu_defaults)
+    b = mem.budget(card, g, cfg, check_fit=False)
+    if not b.fits:  # the numbers are the answer too: print them, then fail
+        if json_out:
+            typer.echo(dumps({"fits": False, "reason": b.reason, "budget": b.as_dict(), "units": "bytes, tokens"}))
+        else:
+            from rich.console import Console
+
+            from capacity.io.report import memory_tables
+
+            memory_tables(b, [], Console(stderr=True))
+        raise CapacityError(f"does not fit: {b.reason}")
     table = mem.batch_context_table(b, mem.default_batches(b.max_num_seqs), mem.default_contexts(b.max_model_len))
     inverse: dict[str, Any] | None = None
     if target_concurrency is not None:
@@ -71,7 +87,7 @@ def memory(
                 inverse[key] = None
                 inverse[key + "_why"] = str(exc)
     if json_out:
-        out = {"budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"}
+        out = {"fits": True, "budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"}
         if inverse:
             out["inverse"] = inverse
         typer.echo(dumps(out))
@@ -96,7 +112,8 @@ def fleet(
     context: Annotated[int, typer.Option("--context", help="Typical tokens per sequence (prompt + output)")] = 4096,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences that must be in flight at once")] = 256,
     kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, gpu_memory_utilization: UtilOpt = 0.9,
-    max_model_len: LenOpt = None, json_out: JsonOpt = False,
+    max_model_len: LenOpt = None, engine: EngineOpt = None, optimistic: OptimisticOpt = False,
+    json_out: JsonOpt = False,
 ) -> None:
     """Memory-only fleet sizing across GPUs: for each GPU, the smallest TP that serves the model, its KV
     capacity, and the replicas and GPUs needed to hold `concurrency` sequences of `context` tokens (no
@@ -111,7 +128,8 @@ def fleet(
     card = load_card(model, weight_dtype)
     for name in names:
         card, g, cfg = _scenario(model, name, 1, kv_dtype, weight_dtype, None, gpu_memory_utilization,
-                                 max_model_len, None, None, None, False, False, False, False, None, None, None)
+                                 max_model_len, None, None, None, False, False, False, None, None, None, None,
+                                 engine, optimistic)
         row = {"gpu": g.name, "usable_memory_basis": g.usable_memory_basis}
         for tp in mem.TP_CHOICES:
             try:
@@ -126,7 +144,7 @@ def fleet(
                 row["why_not_smaller_tp"] = f"tp={tp}: not one sequence of {context} tokens fits the KV cache"
                 continue
             replicas = math.ceil(concurrency / seqs)
-            row.update(tp=tp, weights_gib=b.weights_bytes / 2**30, kv_tokens=b.kv_tokens, seqs_per_replica=seqs,
+            row.update(tp=tp, weights_gib=b.weights_bytes / 2**30, kv_tokens=b.planning_tokens, seqs_per_replica=seqs,
                        kv_limited=seqs < b.max_num_seqs, replicas=replicas, gpus=tp * replicas,
                        max_model_len=b.max_model_len)
             break
@@ -195,8 +213,10 @@ def models(json_out: JsonOpt = False) -> None:
             c = load_model_card(p)
         except CapacityError:
             continue  # scenario files live here too
-        rows.append({"card": p.stem, "params": count_params(c), "kv_bytes_per_token": kv_bytes_per_token(c, c.dtype),
-                     "weights": c.weight_format, "moe": c.moe is not None, "mla": c.mla is not None})
+        rows.append({"card": p.stem, "hf_id": c.hf_id, "params": count_params(c),
+                     "kv_bytes_per_token": kv_bytes_per_token(c, c.dtype), "weights": c.weight_format,
+                     "moe": c.moe is not None, "mla": c.mla is not None, "sliding": c.num_sliding_layers > 0,
+                     "vision": c.vision is not None})
     if json_out:
         typer.echo(dumps(rows))
         return
@@ -208,7 +228,37 @@ def models(json_out: JsonOpt = False) -> None:
         t.add_column(col)
     for r in rows:
         kind = "MLA+MoE" if r["mla"] and r["moe"] else "MoE" if r["moe"] else "dense"
+        kind += " +SWA" if r["sliding"] else ""
+        kind += " +vision" if r["vision"] else ""
         t.add_row(r["card"], f"{r['params'] / 1e9:.2f}", f"{r['kv_bytes_per_token']:,.0f}", r["weights"], kind)
+    Console().print(t)
+
+
+@app.command()
+def engines(json_out: JsonOpt = False) -> None:
+    """The vLLM releases the memory model knows (`--engine vllm@X.Y`), how each accounts for start-up memory,
+    and whether that accounting was checked against real start-up logs."""
+    from capacity.engine.vllm_release import CURRENT, LAST_PATCH, fmt, release
+
+    rows: list[dict[str, Any]] = []
+    for (major, minor), patch in sorted(LAST_PATCH.items()):
+        rel = release(f"{major}.{minor}.{patch}")
+        rows.append({"engine": f"vllm@{major}.{minor}", "release": fmt(rel.version), "runner": rel.runner,
+                     "accounting": rel.accounting, "graphs_in_budget": rel.cuda_graphs_in_budget_default,
+                     "checked_against_logs": rel.checked, "current": rel.version == CURRENT})
+    if json_out:
+        typer.echo(dumps(rows))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title="vLLM releases (--engine vllm@X.Y = the last patch of X.Y; vllm = the current one)",
+              title_justify="left")
+    for col in ("engine", "release", "runner", "accounting", "graphs", "logs"):
+        t.add_column(col)
+    for r in rows:
+        t.add_row(r["engine"] + (" *" if r["current"] else ""), r["release"], r["runner"], r["accounting"],
+                  "in budget" if r["graphs_in_budget"] else "outside", "checked" if r["checked_against_logs"] else "")
     Console().print(t)
 
 

@@ -9,14 +9,20 @@ import typer
 from capacity.cli.common import (
     BlockOpt,
     EagerOpt,
+    EngineOpt,
+    GpuMemOpt,
     GroupOpt,
     JsonOpt,
+    LargeOpt,
     MnbtOpt,
     NoChunkOpt,
+    OptimisticOpt,
     OutputOpt,
+    UsageOpt,
     WOpt,
     _lengths,
     app,
+    engine_fields,
     output_kind,
 )
 from capacity.files import dumps
@@ -86,6 +92,8 @@ def plan(
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the result cache")] = False,
     xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook (+ CSV, JSON)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
+    engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
+    usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """The capacity plan: memory budget, max batch x max context frontier with P99 and capacity, max
@@ -112,14 +120,17 @@ def plan(
         wl["output_len"] = _lengths("--output-len", output_len).model_dump()
     if wl:
         flags["workload"] = wl
-    engine = {k: v for k, v in (
+    eng_flags = {k: v for k, v in (
         ("tensor_parallel_size", tp), ("kv_cache_dtype", kv_dtype), ("gpu_memory_utilization", gpu_memory_utilization),
         ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
         ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
         ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
         ("enable_prefix_caching", prefix_caching), ("policy", policy)) if v is not None}
-    if engine:
-        flags["engine"] = engine
+    eng_flags.update(engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
+    if eng_flags:
+        flags["engine"] = eng_flags
+    if gpu_memory_gib is not None:
+        flags["gpu_memory_gib"] = gpu_memory_gib
     search = {k: v for k, v in (("seeds", seeds), ("requests", requests)) if v is not None}
     if search:
         flags["search"] = search

@@ -8,21 +8,27 @@ import typer
 from capacity.cli.common import (
     BlockOpt,
     EagerOpt,
+    EngineOpt,
+    GpuMemOpt,
     GroupOpt,
     JsonOpt,
     KvOpt,
+    LargeOpt,
     LenOpt,
     MnbtOpt,
     ModelOpt,
     NoChunkOpt,
+    OptimisticOpt,
     OutputOpt,
     SeqOpt,
     TpOpt,
+    UsageOpt,
     UtilOpt,
     WOpt,
     _lengths,
     app,
     engine_config,
+    engine_fields,
     load_card,
     output_kind,
 )
@@ -62,24 +68,26 @@ def simulate(
     max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
     no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
+    engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
+    usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
     from capacity.cost.factory import DEFAULT_GPU, profile_gpu
     from capacity.files import read_mapping, validate
-    from capacity.model.gpus import get_gpu
+    from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size)
-    g = get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU))
+    g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
     cfg = engine_config(
         tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size, enable_chunked_prefill=not no_chunked_prefill, enforce_eager=enforce_eager,
-        enable_prefix_caching=prefix_caching, policy=policy, static_max_batch=max_batch,
-        static_max_wait_s=max_wait_ms / 1e3)
+        block_size=block_size, enable_chunked_prefill=False if no_chunked_prefill else None,
+        enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, policy=policy, static_max_batch=max_batch,
+        static_max_wait_s=max_wait_ms / 1e3, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
     if workload:
         spec = validate(WorkloadSpec, read_mapping(workload), workload)
     else:

@@ -1,6 +1,6 @@
 """Engine models: one object per serving engine that owns its defaults, its start-up memory accounting, its
-scheduling behaviour and its launch command (`EngineModel`). vLLM v1 is the first (`vllm.py`); a second engine
-is a new module with the same methods and one line in `ENGINES`.
+scheduling behaviour and its launch command (`EngineModel`). vLLM is the first (`vllm.py`, every release from
+0.4: `vllm@0.11`); a second engine is a new module with the same methods and one line in `ENGINES`.
 
 `EngineConfig` (config.py) is the one typed configuration every door uses; `MemoryBudget` (budget.py) the
 shape of the memory answer; `memory.py` the questions built on a budget (tables, inverse queries).
@@ -12,7 +12,8 @@ from typing import Protocol
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, ResolvedEngine
-from capacity.engine.vllm import VllmV1
+from capacity.engine.vllm import Vllm
+from capacity.engine.vllm_release import parse_engine, release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -37,14 +38,26 @@ class EngineModel(Protocol):
     def launch_notes(self, cfg: EngineConfig) -> list[str]: ...
 
 
-ENGINES: dict[str, EngineModel] = {"vllm": VllmV1()}
+ENGINES: dict[str, EngineModel] = {"vllm": Vllm()}  # the current release of each engine
+_BY_SPEC: dict[str, EngineModel] = {}
 
 
-def get_engine(name: str) -> EngineModel:
-    try:
-        return ENGINES[name]
-    except KeyError:
-        raise ConfigError(f"engine {name!r}: use {', '.join(ENGINES)}") from None
+def get_engine(spec: str) -> EngineModel:
+    """The engine model for `vllm`, `vllm@0.11`, `vllm@0.9.2:v0` (see capacity.engine.vllm_release)."""
+    if spec in ENGINES:
+        return ENGINES[spec]
+    got = _BY_SPEC.get(spec)
+    if got is not None:
+        return got
+    name, version, runner = parse_engine(spec)
+    if name not in ENGINES:
+        raise ConfigError(f"unknown engine {spec!r}: use {', '.join(ENGINES)} (optionally with @VERSION)")
+    if name != "vllm":
+        raise ConfigError(f"engine {spec!r}: {name} has no release versions to choose from")
+    model = Vllm(release(version, runner))
+    if len(_BY_SPEC) < 256:
+        _BY_SPEC[spec] = model
+    return model
 
 
 __all__ = ["ENGINES", "EngineConfig", "EngineModel", "MemoryBudget", "ResolvedEngine", "SchedLimits", "get_engine"]

@@ -3,7 +3,6 @@ How the terms are computed is the engine model's business (`capacity.engine.vllm
 the answer and the arithmetic all engines share (KV bytes per token, blocks, does-not-fit messages)."""
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field
 
 from capacity.engine.config import check_tp
@@ -18,8 +17,33 @@ TP_CHOICES = (1, 2, 4, 8, 16)
 
 def kv_bytes_per_token(card: ModelCard, kv_dtype: str, tp: int = 1) -> float:
     """KV-cache bytes one token takes on one TP rank, all layers: 2 x layers x kv_heads x head_dim x
-    dtype bytes for GQA/MHA (kv_heads per rank, at least 1); layers x (latent + rope) x bytes for MLA."""
+    dtype bytes for GQA/MHA (kv_heads per rank, at least 1); layers x (latent + rope) x bytes for MLA.
+    (Sliding-window layers hold only their window: see KVGroups.)"""
     return card.num_layers * card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
+
+
+@dataclass(frozen=True)
+class KVGroups:
+    """How the engine lays out the KV cache of a model with sliding-window layers (vLLM's hybrid allocator):
+    layers are split into groups of `group_size` (padding the last group of a kind), every group draws blocks
+    from one pool, a full-attention group holds a block per `block_size` tokens and a sliding-window group
+    only the blocks that cover its window. A model without sliding layers is one full group."""
+
+    full: int = 1  # full-attention groups
+    sliding: int = 0  # sliding-window groups
+    group_size: int = 0  # layers per group (0: all layers, one group)
+    window_blocks: int = 0  # blocks a sliding group keeps per sequence: cdiv(window - 1, block_size) + 1
+
+    @property
+    def groups(self) -> int:
+        return self.full + self.sliding
+
+    def blocks_for(self, tokens: int, block_size: int) -> int:
+        b = -(-tokens // block_size)
+        return self.full * b + self.sliding * min(b, self.window_blocks)
+
+    def as_tuple(self) -> tuple[int, int, int] | None:
+        return None if not self.sliding else (self.full, self.sliding, self.window_blocks)
 
 
 @dataclass
@@ -55,15 +79,37 @@ class MemoryBudget:
     activation_phases: dict[str, float] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     engine: str = "vllm"
+    release: str = "vllm"  # the engine release whose accounting produced it (e.g. vllm@0.11.2)
+    release_checked: bool = False  # whether that release's accounting was compared with real start-up logs
+    runner_buffers_bytes: float = 0.0  # persistent model-runner buffers the release's profiler counts
+    # [low, high] of every estimated term and of the KV budget; the middle is the term's own field
+    ranges: dict[str, list[float]] = field(default_factory=dict)
+    num_blocks_range: list[int] = field(default_factory=list)  # [conservative, optimistic]
+    kv_estimate: str = "conservative"  # which end the planner uses (planning_blocks)
+    planning_blocks: int = 0  # the blocks the planner and the simulator use
+    kv_groups: KVGroups = field(default_factory=KVGroups)
+    block_bytes: float = 0.0  # bytes of one pool block (block_size tokens of every layer in a group)
+    fits: bool = True  # whether the engine starts (weights, one max_model_len request) at the middle estimate
+    reason: str = ""  # why not, when it does not
 
     def as_dict(self) -> dict:
         return asdict(self)
 
+    @property
+    def planning_tokens(self) -> int:
+        """Tokens the planner's blocks hold, counted as vLLM counts them (blocks // groups x block size)."""
+        return self.planning_blocks // max(1, self.kv_groups.groups) * self.block_size
+
+    def blocks_for(self, context: int) -> int:
+        """Pool blocks one sequence of `context` tokens holds."""
+        return self.kv_groups.blocks_for(context, self.block_size)
+
     def concurrency_at(self, context: int) -> int:
-        """Sequences of `context` tokens that fit at once (paged: whole blocks; contiguous: max_model_len)."""
+        """Sequences of `context` tokens that fit at once in the blocks the planner uses (paged: whole blocks;
+        contiguous: max_model_len slots each)."""
         if not self.paged_kv:
             return self.contiguous_max_seqs if context <= self.max_model_len else 0
-        return self.num_blocks // math.ceil(context / self.block_size)
+        return self.planning_blocks // self.blocks_for(context)
 
 
 @dataclass(frozen=True)
@@ -75,35 +121,50 @@ class SchedLimits:
     block_size: int
     num_blocks: int
     max_model_len: int | None = None  # None: no length limit (a fit to a real engine's runs)
+    kv_groups: tuple[int, int, int] | None = None  # sliding-window layout (full, sliding, window blocks)
 
     @classmethod
     def of(cls, b: MemoryBudget) -> SchedLimits:
-        return cls(b.max_num_seqs, b.max_num_batched_tokens, b.block_size, b.num_blocks, b.max_model_len)
+        return cls(b.max_num_seqs, b.max_num_batched_tokens, b.block_size, b.planning_blocks, b.max_model_len,
+                   b.kv_groups.as_tuple())
 
 
 def check_fits(b: MemoryBudget, card: ModelCard, gpu: GPU) -> None:
+    """DoesNotFit with the reason when the engine would refuse to start (at the middle estimate)."""
+    why = fit_problem(b, card, gpu)
+    if why:
+        raise DoesNotFit(why)
+
+
+def fit_problem(b: MemoryBudget, card: ModelCard, gpu: GPU) -> str | None:
+    """Why the engine would refuse to start with this budget (None if it starts)."""
     if b.weights_bytes >= b.usable_bytes:
         need_tp = next((t for t in TP_CHOICES if t > b.tp and _weights_fit(card, b, t)), None)
         hint = f"; try --tp {need_tp}" if need_tp else "; no tensor-parallel size up to 16 fits it"
-        raise DoesNotFit(
-            f"weights need {b.weights_bytes / GiB:.1f} GiB per rank, usable is {b.usable_bytes / GiB:.1f} GiB "
-            f"({gpu.name}: {b.total_bytes / GiB:.1f} GiB x {b.gpu_memory_utilization}) at tp={b.tp}{hint}"
-        )
+        return (f"weights need {b.weights_bytes / GiB:.1f} GiB per rank, usable is {b.usable_bytes / GiB:.1f} GiB "
+                f"({gpu.name}: {b.total_bytes / GiB:.1f} GiB x {b.gpu_memory_utilization}) at tp={b.tp}{hint}")
     if b.num_blocks == 0:
-        raise DoesNotFit(
-            f"no memory left for the KV cache: usable {b.usable_bytes / GiB:.2f} GiB - weights "
-            f"{b.weights_bytes / GiB:.2f} - activation {b.activation_bytes / GiB:.2f} - non-torch "
-            f"{b.non_torch_bytes / GiB:.2f}{' - CUDA graphs %.2f' % (b.cuda_graph_bytes / GiB) if b.cuda_graphs_in_budget else ''}"
-            f" = {b.kv_budget_bytes / GiB:.2f} GiB at tp={b.tp}; raise gpu_memory_utilization, lower "
-            "max_num_batched_tokens/max_num_seqs, or raise tp"
-        )
-    need = math.ceil(b.max_model_len / b.block_size) * b.block_size * b.kv_bytes_per_token
-    if (b.paged_kv and b.kv_tokens < b.max_model_len) or (not b.paged_kv and b.contiguous_max_seqs < 1):
-        raise DoesNotFit(
-            f"one request of max_model_len {b.max_model_len} tokens needs {need / GiB:.2f} GiB of KV cache, "
-            f"but only {b.kv_budget_bytes / GiB:.2f} GiB is available ({b.kv_tokens} tokens) at tp={b.tp}; "
-            f"the largest max_model_len that fits is {b.kv_tokens if b.paged_kv else 0}"
-        )
+        graphs = f" - CUDA graphs {b.cuda_graph_bytes / GiB:.2f}" if b.cuda_graphs_in_budget else ""
+        return (f"no memory left for the KV cache: usable {b.usable_bytes / GiB:.2f} GiB - weights "
+                f"{b.weights_bytes / GiB:.2f} - activation {b.activation_bytes / GiB:.2f} - non-torch "
+                f"{b.non_torch_bytes / GiB:.2f}{graphs} = {b.kv_budget_bytes / GiB:.2f} GiB at tp={b.tp}; raise "
+                "gpu_memory_utilization, lower max_num_batched_tokens/max_num_seqs, or raise tp")
+    need_blocks = b.blocks_for(b.max_model_len)
+    if (b.paged_kv and need_blocks > b.num_blocks) or (not b.paged_kv and b.contiguous_max_seqs < 1):
+        largest = _largest_len(b) if b.paged_kv else 0
+        return (f"one request of max_model_len {b.max_model_len} tokens needs {need_blocks} KV blocks "
+                f"({need_blocks * b.block_bytes / GiB:.2f} GiB), "
+                f"but only {b.num_blocks} fit in {b.kv_budget_bytes / GiB:.2f} GiB at tp={b.tp}; the largest "
+                f"max_model_len that fits is {largest}")
+    return None
+
+
+def _largest_len(b: MemoryBudget) -> int:
+    lo, hi = 0, b.max_model_len
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if b.blocks_for(mid) <= b.num_blocks else (lo, mid - 1)
+    return lo
 
 
 def _weights_fit(card: ModelCard, b: MemoryBudget, tp: int) -> bool:

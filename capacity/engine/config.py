@@ -22,32 +22,29 @@ KVDtype = Literal["auto", "fp8", "int8"]
 
 
 class MemoryModelParams(BaseModel):
-    """Terms of the VRAM budget that are estimates, with the reasoning behind each default.
+    """Overrides for the estimated terms of the VRAM budget. `None` (the default) takes the engine release's
+    own estimate (`capacity.engine.vllm`, with the logs each was checked on); a number replaces it.
 
-    Every field can be overridden in a scenario, and `capacity memory` says which terms are estimates.
+    Every field can be set in a scenario, and `capacity memory` says which terms are estimates.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    # Non-torch memory that appears between vLLM's start-up snapshot and the end of its profiling run
-    # (cuBLAS/cuBLASLt workspaces, attention-backend buffers). vLLM logs show 0.05-0.20 GiB at tp=1.
-    non_torch_bytes: NonNegFloat = 0.12 * GiB
-    # Extra at tp > 1: NCCL channel buffers and custom all-reduce staging created on the first
-    # collective of the profiling run. Logged values range 0.3-1.8 GiB across versions; 0.5 is a middle.
-    non_torch_multi_gpu_bytes: NonNegFloat = 0.5 * GiB
-    # ... growing with the number of peers (per-peer NCCL connection buffers, IPC handles).
-    non_torch_per_peer_bytes: NonNegFloat = 32 * 1024**2
-    # vLLM V1's dummy sampler run over min(max_num_seqs, max_num_batched_tokens) rows of full-vocabulary
-    # logits: the fp32 copy of the logits, softmax probabilities and the exponential noise tensor of the
-    # random sampler = 3 x 4 B per logit, plus ~2 B of temporaries (top-k/top-p are skipped at profile).
-    sampler_bytes_per_logit: NonNegFloat = 14.0
+    # Non-torch memory counted by the release's profiler at tp=1 (cuBLAS/attention workspaces; the CUDA
+    # context too where the profiler measures device-wide). None: the release's logged value.
+    non_torch_bytes: NonNegFloat | None = None
+    # Extra at tp > 1 (NCCL and custom all-reduce buffers; NVLS buffers on NVSwitch boards). None: by board.
+    non_torch_multi_gpu_bytes: NonNegFloat | None = None
+    # ... growing with the number of peers.
+    non_torch_per_peer_bytes: NonNegFloat | None = None
+    # Bytes per logit of the profiling run's dummy sampler (None: derived from the release's sampler code).
+    sampler_bytes_per_logit: NonNegFloat | None = None
     # vLLM's fused MoE kernel processes at most this many tokens at once (VLLM_FUSED_MOE_CHUNK_SIZE).
     fused_moe_chunk_tokens: Annotated[int, Field(gt=0)] = 32768
     # CUDA context + kernels loaded before vLLM's snapshot: outside the budget, but must physically fit.
     cuda_context_bytes: NonNegFloat = 0.5 * GiB
-    # CUDA-graph pool: activations of the largest captured batch plus per-graph bookkeeping for each
-    # piecewise segment (one per layer + 1) and each full decode graph. vLLM logs 0.3-1 GiB for 7-70B.
-    cuda_graph_bytes_per_segment: NonNegFloat = 128 * 1024
+    # CUDA-graph memory per captured piece (one per layer + 1, per capture size). None: from the logs.
+    cuda_graph_bytes_per_segment: NonNegFloat | None = None
 
 
 class EngineConfig(BaseModel):
@@ -55,13 +52,16 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    engine: str = "vllm"  # which engine model (capacity.engine.ENGINES) resolves defaults, memory and scheduling
+    # Which engine model resolves defaults, memory and scheduling: `vllm` (the current release), `vllm@0.11` (the
+    # last patch of a release), `vllm@0.9.2:v0` (the V0 engine of a release that has both).
+    engine: str = "vllm"
     tensor_parallel_size: PosInt = 1  # GPUs per replica (heads must divide it, as vLLM requires)
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9  # share of the GPU's memory vLLM may use for weights, activations and KV
     max_model_len: PosInt | None = None  # longest request (prompt + output) accepted; None: the model's max_position_embeddings
-    max_num_seqs: PosInt | None = None  # batch cap; None: 1024 on GPUs >= 70 GiB (not A100), else 256
-    max_num_batched_tokens: PosInt | None = None  # token budget per step; None: 8192 on GPUs >= 70 GiB (not A100), else 2048
-    enable_chunked_prefill: bool = True  # split long prompts across steps (vLLM v1 always on); off: a prompt waits for a step of its own
+    max_num_seqs: PosInt | None = None  # batch cap; None: the release's default (see large_gpu_defaults)
+    max_num_batched_tokens: PosInt | None = None  # token budget per step; None: the release's default
+    # Split long prompts across steps. None: the release's default (V1: on; V0: on by itself above 32k tokens).
+    enable_chunked_prefill: bool | None = None
     # Off unless asked: the simulator shares KV only between requests of a workload's prefix groups, so the
     # default changes nothing without them; the launch command spells the choice out either way.
     enable_prefix_caching: bool = False
@@ -73,10 +73,16 @@ class EngineConfig(BaseModel):
     policy: str = "continuous"  # one of capacity.sched.POLICIES
     static_max_batch: PosInt | None = None  # static policy: batch size (default: max_num_seqs)
     static_max_wait_s: NonNegFloat = 0.0  # static policy: how long the first request may wait for a batch
-    usage_context: Literal["serve", "llm"] = "serve"  # `vllm serve` or the offline LLM class
-    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1 subtracts CUDA-graph memory from the KV budget; by
-    # default (0) graphs are captured after the KV cache is allocated, outside gpu_memory_utilization.
-    cuda_graphs_in_budget: bool = False
+    usage_context: Literal["serve", "llm"] = "serve"  # `vllm serve` or the offline LLM class (different defaults)
+    # vLLM's larger batching defaults (1024 sequences; 8192 tokens for serve). None: the release's own test on
+    # the GPU (memory >= 70 GiB and, from 0.9, not an A100 by device name); True/False forces it.
+    large_gpu_defaults: bool | None = None
+    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: subtract the CUDA-graph estimate from the KV budget. None: the
+    # release's default (on from vLLM 0.20; before, graphs are captured outside gpu_memory_utilization).
+    cuda_graphs_in_budget: bool | None = None
+    # Which end of the predicted KV range the planner and the simulator use: conservative (the default: the
+    # blocks the engine will have even if every estimated term is at the high end of its range) or middle.
+    kv_estimate: Literal["conservative", "middle"] = "conservative"
     paged_kv: bool = True  # False: contiguous per-sequence reservation of max_model_len slots
     num_gpu_blocks_override: PosInt | None = None  # vLLM's --num-gpu-blocks-override: KV blocks as given
     # Measured overrides for the estimated terms (bytes); None = use the estimate.
@@ -97,10 +103,12 @@ class EngineConfig(BaseModel):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from capacity.engine import ENGINES
+        from capacity.engine import get_engine
 
-        if v not in ENGINES:
-            raise ValueError(f"unknown engine {v!r}: use {', '.join(ENGINES)}")
+        try:
+            get_engine(v)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         return v
 
 
@@ -116,6 +124,10 @@ class ResolvedEngine:
     block_size: int
     kv_dtype: str  # bf16/fp16/fp8/int8
     defaults_used: tuple[str, ...]  # which knobs took an engine default
+    chunked_prefill: bool = True  # as resolved (the release's default where the config says None)
+    cuda_graphs_in_budget: bool = False
+    large_gpu_defaults: bool = False  # whether the large-GPU batching defaults applied
+    release: str = "vllm"  # the engine release that resolved it
 
 
 def check_tp(card: ModelCard, tp: int) -> None:

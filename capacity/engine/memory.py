@@ -39,14 +39,18 @@ def batch_context_table(b: MemoryBudget, batches: list[int], contexts: list[int]
     """For each (batch, context): KV GiB needed, fraction of the KV budget, and whether it fits.
 
     The seeds' estimate (batch x context x kv_bytes_per_token) generalised: paged KV rounds each sequence
-    up to whole blocks; contiguous KV reserves max_model_len slots per sequence whatever its context.
+    up to whole blocks (a sliding-window group keeps only its window's blocks); contiguous KV reserves
+    max_model_len slots per sequence whatever its context. Fits is judged on the blocks the planner uses.
     """
     rows = []
     for batch in batches:
         for ctx in contexts:
-            per_seq = (math.ceil(ctx / b.block_size) * b.block_size if b.paged_kv else b.max_model_len)
-            need = batch * per_seq * b.kv_bytes_per_token
-            fits = need <= b.num_blocks * b.block_size * b.kv_bytes_per_token if b.paged_kv else need <= b.kv_budget_bytes
+            if b.paged_kv:
+                need = batch * b.blocks_for(ctx) * b.block_bytes
+                fits = batch * b.blocks_for(ctx) <= b.planning_blocks
+            else:
+                need = batch * b.max_model_len * b.kv_bytes_per_token
+                fits = need <= b.kv_budget_bytes
             reason = "fits"
             if ctx > b.max_model_len:
                 fits, reason = False, "context > max_model_len"
@@ -65,10 +69,11 @@ def min_gpu_memory_utilization(card: ModelCard, gpu: GPU, cfg: EngineConfig, con
     """Smallest gpu_memory_utilization (2 decimals, rounded up) that holds `concurrency` sequences of
     `context` tokens and one request of max_model_len."""
     b = budget(card, gpu, cfg, check_fit=False)
-    blocks = max(concurrency * math.ceil(context / b.block_size), math.ceil(b.max_model_len / b.block_size))
-    kv_need = blocks * b.block_size * b.kv_bytes_per_token
-    in_budget = b.cuda_graph_bytes if b.cuda_graphs_in_budget else 0.0
-    fixed = b.weights_bytes + b.activation_bytes + b.non_torch_bytes + in_budget
+    blocks = max(concurrency * b.blocks_for(context), b.blocks_for(b.max_model_len))
+    kv_need = blocks * b.block_bytes
+    # everything but the KV cache, at the end of its range the planner uses
+    planned_kv = b.ranges["kv_budget"][0] if b.kv_estimate == "conservative" else b.kv_budget_bytes
+    fixed = b.usable_bytes - planned_kv
     util = math.ceil((fixed + kv_need) / b.total_bytes * 100 + 1e-9) / 100
     if util > 1.0:
         raise DoesNotFit(
@@ -90,7 +95,7 @@ def min_tp(card: ModelCard, gpu: GPU, cfg: EngineConfig, concurrency: int, conte
         b = budget(card, gpu, cfg.model_copy(update={"tensor_parallel_size": tp}), check_fit=False)
         got = b.concurrency_at(context) if b.num_blocks and b.weights_bytes < b.usable_bytes else 0
         tried.append(f"tp={tp}: {got}")
-        if got >= concurrency and b.kv_tokens >= b.max_model_len:
+        if got >= concurrency and b.blocks_for(b.max_model_len) <= b.planning_blocks:
             return tp
     raise DoesNotFit(f"no tensor-parallel size holds {concurrency} sequences of {context} tokens ({', '.join(tried)})")
 

@@ -27,7 +27,7 @@ KV_DTYPE = {"auto": "auto", "fp8": "fp8_e4m3", "int8": "auto"}
 def mem_fraction_static(b: MemoryBudget, cuda_context_bytes: float) -> float:
     """Share of total memory for weights + the planned KV pool + the context SGLang measures after, rounded up
     to 0.01 (a pool that rounds down would hold fewer tokens than planned)."""
-    return math.ceil((b.weights_bytes + b.kv_tokens * b.kv_bytes_per_token + cuda_context_bytes)
+    return math.ceil((b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token + cuda_context_bytes)
                      / b.total_bytes * 100 - 1e-9) / 100
 
 
@@ -35,8 +35,8 @@ def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
     frac = mem_fraction_static(b, cfg.memory_params.cuda_context_bytes)
     parts = [f"python -m sglang.launch_server --model-path {card.hf_id or card.name}", f"--tp {b.tp}",
              f"--max-running-requests {b.max_num_seqs}", f"--context-length {b.max_model_len}",
-             f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {b.kv_tokens}",
-             f"--chunked-prefill-size {b.max_num_batched_tokens if cfg.enable_chunked_prefill else -1}",
+             f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {b.planning_tokens}",
+             f"--chunked-prefill-size {b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1}",
              f"--kv-cache-dtype {KV_DTYPE[cfg.kv_cache_dtype]}"]
     if not cfg.enable_prefix_caching:
         parts.append("--disable-radix-cache")

@@ -11,59 +11,81 @@ def _g(x: float) -> str:
     return f"{x / GiB:.2f}"
 
 
+def _rng(b: MemoryBudget, term: str) -> str:
+    lo, hi = b.ranges.get(term, [0.0, 0.0])
+    return "" if abs(hi - lo) < 0.005 * GiB else f"{lo / GiB:.2f}-{hi / GiB:.2f}"
+
+
 def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
+    """The budget per rank (each estimated term with its range), the KV cache, and the batch x context table."""
     from rich.table import Table
 
     est = set(b.estimates)
-    t = Table(title=f"VRAM budget per rank: {b.model} on {b.gpu}, tp={b.tp}", title_justify="left")
+    checked = "checked against logs" if b.release_checked else "from its code only"
+    t = Table(title=f"VRAM per rank: {b.model} on {b.gpu}, tp={b.tp}, {b.release} ({checked})",
+              title_justify="left")
     t.add_column("term")
     t.add_column("GiB", justify="right")
+    t.add_column("range", justify="right")
     t.add_column("basis")
-    t.add_row("GPU total (as the engine sees it)", _g(b.total_bytes), "catalogue usable_memory_bytes")
-    t.add_row(f"usable = total x {b.gpu_memory_utilization}", _g(b.usable_bytes), "gpu_memory_utilization")
-    t.add_row("- weights", _g(b.weights_bytes), "computed from the card (exact shapes)")
-    t.add_row("- activation peak (profiling pass)", _g(b.activation_bytes),
-              "estimate" if "activation" in est else "given")
-    t.add_row("- non-torch memory", _g(b.non_torch_bytes), "estimate" if "non_torch" in est else "given")
-    graph_basis = ("off (enforce_eager)" if not b.cuda_graph_bytes else
-                   ("estimate" if "cuda_graphs" in est else "given")
-                   + (", inside budget" if b.cuda_graphs_in_budget else ", outside budget (vLLM default)"))
-    t.add_row(("- " if b.cuda_graphs_in_budget else "  ") + "CUDA graphs", _g(b.cuda_graph_bytes), graph_basis)
-    t.add_row("= KV cache budget", _g(b.kv_budget_bytes), "")
-    t.add_row("outside budget (CUDA context + graphs)", _g(b.outside_budget_bytes), "estimate")
+    t.add_row("GPU total (engine's view)", _g(b.total_bytes), "", "")
+    t.add_row(f"usable = total x {b.gpu_memory_utilization}", _g(b.usable_bytes), "", "gpu_memory_utilization")
+    t.add_row("- weights", _g(b.weights_bytes), _rng(b, "weights"), "from the card")
+    t.add_row("- activation peak", _g(b.activation_bytes), _rng(b, "activation"),
+              "derived" if "activation" in est else "given")
+    t.add_row("- non-torch memory", _g(b.non_torch_bytes), _rng(b, "non_torch"),
+              "from logs" if "non_torch" in est else "given")
+    if b.runner_buffers_bytes:
+        t.add_row("- runner buffers", _g(b.runner_buffers_bytes), "", "derived")
+    graph_basis = ("off (eager)" if not b.cuda_graph_bytes else
+                   ("from logs" if "cuda_graphs" in est else "given")
+                   + (", in budget" if b.cuda_graphs_in_budget else ", outside"))
+    t.add_row(("- " if b.cuda_graphs_in_budget else "  ") + "CUDA graphs", _g(b.cuda_graph_bytes),
+              _rng(b, "cuda_graphs"), graph_basis)
+    t.add_row("= KV cache budget", _g(b.kv_budget_bytes), _rng(b, "kv_budget"), "")
+    t.add_row("outside (context + graphs)", _g(b.outside_budget_bytes), "", "estimate")
     console.print(t)
     kv = Table(title="KV cache", title_justify="left", show_header=False)
-    kv.add_row("KV bytes per token (per rank)", f"{b.kv_bytes_per_token:,.0f} B ({b.kv_dtype})")
+    kv.add_row("KV bytes per token", f"{b.kv_bytes_per_token:,.0f} B ({b.kv_dtype}, per rank)")
     kv.add_row("block size", f"{b.block_size} tokens")
-    kv.add_row("GPU blocks", f"{b.num_blocks:,}")
-    kv.add_row("KV tokens", f"{b.kv_tokens:,}")
-    kv.add_row(f"max concurrency at max_model_len {b.max_model_len:,}", f"{b.max_concurrency:.2f}x")
-    kv.add_row("contiguous (non-paged) sequences at max_model_len", f"{b.contiguous_max_seqs}")
-    kv.add_row("engine knobs", f"max_num_seqs {b.max_num_seqs}, max_num_batched_tokens {b.max_num_batched_tokens}"
-               + (f" (defaults: {', '.join(b.defaults_used)})" if b.defaults_used else ""))
+    lo, hi = b.num_blocks_range or [b.num_blocks, b.num_blocks]
+    kv.add_row("GPU blocks", f"{b.num_blocks:,} (range {lo:,}-{hi:,})" if lo != hi else f"{b.num_blocks:,}")
+    kv.add_row("planner uses", f"{b.planning_blocks:,} blocks ({b.kv_estimate} end)")
+    if b.kv_groups.sliding:
+        g = b.kv_groups
+        kv.add_row("KV groups", f"{g.full} full + {g.sliding} sliding-window of {g.group_size} layers")
+    kv.add_row("KV tokens (as vLLM logs)", f"{b.kv_tokens:,}")
+    kv.add_row(f"concurrency at {b.max_model_len:,}", f"{b.max_concurrency:.2f}x")
+    kv.add_row("contiguous seqs at max len", f"{b.contiguous_max_seqs}")
+    kv.add_row("engine knobs", f"max_num_seqs {b.max_num_seqs}, max_num_batched_tokens {b.max_num_batched_tokens}")
+    if b.defaults_used:
+        kv.add_row("engine defaults used", ", ".join(b.defaults_used))
     console.print(kv)
-    contexts = sorted({r["context"] for r in table})
-    bt = Table(title=f"Batch x context: KV GiB needed ({'paged' if b.paged_kv else 'contiguous'}); "
-               "red = does not fit", title_justify="left")
-    bt.add_column("batch \\ context")
-    for c in contexts:
-        bt.add_column(f"{c:,}", justify="right")
-    by: dict[int, dict[int, dict]] = {}
-    for r in table:
-        by.setdefault(r["batch"], {})[r["context"]] = r
-    for batch, cells in by.items():
-        row = []
+    if table:
+        contexts = sorted({r["context"] for r in table})
+        bt = Table(title=f"Batch x context: KV GiB ({'paged' if b.paged_kv else 'contiguous'}); red = does not "
+                   "fit the planner's blocks", title_justify="left")
+        bt.add_column("batch")
         for c in contexts:
-            r = cells[c]
-            txt = _g(r["kv_bytes"])
-            row.append(f"[green]{txt}[/]" if r["fits"] else f"[red]{txt} x[/]")
-        bt.add_row(str(batch), *row)
-    console.print(bt)
+            bt.add_column(f"{c // 1024}k" if c % 1024 == 0 else f"{c:,}", justify="right")
+        by: dict[int, dict[int, dict]] = {}
+        for r in table:
+            by.setdefault(r["batch"], {})[r["context"]] = r
+        for batch, cells in by.items():
+            row = []
+            for c in contexts:
+                r = cells[c]
+                txt = f"{r['kv_bytes'] / GiB:.1f}"
+                row.append(f"[green]{txt}[/]" if r["fits"] else f"[red]{txt}x[/]")
+            bt.add_row(str(batch), *row)
+        console.print(bt)
+    if not b.fits:
+        console.print(f"[bold red]does not fit:[/] {b.reason}")
     for w in b.warnings:
         console.print(f"[yellow]warning:[/] {w}")
-    console.print("[dim]Estimates: activation = vLLM's profiling forward pass + dummy sampler; non-torch and "
-                  "CUDA-graph terms from typical vLLM logs. Override with --activation-gib/--non-torch-gib/"
-                  "--cuda-graph-gib when you have measured values.[/]")
+    console.print("[dim]Activation is derived from the release's profiling code; non-torch and CUDA-graph terms "
+                  "come from real start-up logs (ranges: their spread). Override with --activation-gib, "
+                  "--non-torch-gib, --cuda-graph-gib when you have measured values.[/]")
 
 
 def simulation_table(out: dict, console) -> None:
@@ -130,12 +152,17 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     pct = p.slo.percentile
     console.print(f"[bold]Capacity plan: {p.model} on {p.gpu}[/], target {p.target_rate:g} req/s, SLO P{pct} TTFT <= "
                   f"{p.slo.ttft_s * 1e3:.0f} ms and P{pct} TPOT <= {p.slo.tpot_s * 1e3:.0f} ms; step costs: {p.source}")
-    limit = "max_num_seqs" if b.kv_tokens >= b.max_num_seqs * b.max_model_len else "KV cache at max_model_len"
+    limit = ("max_num_seqs" if b.planning_tokens >= b.max_num_seqs * b.max_model_len
+             else "KV cache at max_model_len")
+    g = 2**30
+    extra = (f" - graphs {b.cuda_graph_bytes / g:.2f}" if b.cuda_graphs_in_budget else "") + (
+        f" - buffers {b.runner_buffers_bytes / g:.2f}" if b.runner_buffers_bytes else "")
     console.print(f"memory of the recommended configuration (tp={p.tp}, max_num_seqs {b.max_num_seqs}, max_model_len "
-                  f"{b.max_model_len:,}, max_num_batched_tokens {b.max_num_batched_tokens}), per rank: usable "
-                  f"{b.usable_bytes / 2**30:.2f} GiB - weights {b.weights_bytes / 2**30:.2f} - activations "
-                  f"{b.activation_bytes / 2**30:.2f} - non-torch {b.non_torch_bytes / 2**30:.2f} = KV "
-                  f"{b.kv_budget_bytes / 2**30:.2f} GiB -> {b.kv_tokens:,} tokens; concurrency is limited by {limit}")
+                  f"{b.max_model_len:,}, max_num_batched_tokens {b.max_num_batched_tokens}, {b.release}), per rank: "
+                  f"usable {b.usable_bytes / g:.2f} GiB - weights {b.weights_bytes / g:.2f} - activations "
+                  f"{b.activation_bytes / g:.2f} - non-torch {b.non_torch_bytes / g:.2f}{extra} = KV "
+                  f"{b.kv_budget_bytes / g:.2f} GiB -> {b.kv_tokens:,} tokens (planned on {b.planning_tokens:,}, "
+                  f"the {b.kv_estimate} end); concurrency is limited by {limit}")
     if p.budget_config:
         console.print(f"[dim]  (the activation peak depends on max_num_seqs and the token budget: `{p.budget_config}` "
                       "prints this same budget)[/]", soft_wrap=True)

@@ -123,7 +123,10 @@ def memory(plan: dict) -> Table:
             ["CUDA graphs inside the budget", b["cuda_graph_bytes"] / GiB if graphs_in else 0.0,
              ("estimate" if "cuda_graphs" in b["estimates"] else "given") + ("" if graphs_in else
              f": {b['cuda_graph_bytes'] / GiB:.2f} GiB captured after the KV cache, outside the budget (vLLM default)")],
-            ["KV cache", b["kv_budget_bytes"] / GiB, f"{b['num_blocks']:,} blocks x {b['block_size']} tokens"],
+            ["model-runner buffers", b.get("runner_buffers_bytes", 0.0) / GiB,
+             "persistent buffers the release's profiler counts (vLLM 0.27+)"],
+            ["KV cache", b["kv_budget_bytes"] / GiB, f"{b['num_blocks']:,} blocks x {b['block_size']} tokens "
+             f"(planner: {b.get('planning_blocks', b['num_blocks']):,}, the {b.get('kv_estimate', 'middle')} end)"],
             ["usable = total x gpu_memory_utilization", b["usable_bytes"] / GiB,
              f"{b['total_bytes'] / GiB:.2f} GiB x {b['gpu_memory_utilization']}"],
             ["outside the budget: total - usable", (b["total_bytes"] - b["usable_bytes"]) / GiB,

@@ -223,17 +223,20 @@ def _memory(wb, plan: dict, tabs: dict[str, Table]) -> None:
         ).font = st["bold"]
     head, rows = tabs["Memory"]
     end = _table(ws, (head, rows), 3)
-    # the stacked bar: the GPU's memory split into the five parts of `usable` and what lies outside the budget
-    parts = [*rows[:5], rows[6]]
+    # the stacked bar: the GPU's memory split into the six parts of `usable` and what lies outside the budget
+    parts = [*rows[:6], rows[7]]
     r0 = end + 3
     put(ws, r0, 1, "chart data: one series per term (GiB)").font = st["dim"]
     for i, (name, gib, _) in enumerate(parts, r0 + 1):
         put(ws, i, 1, name)
         put(ws, i, 2, round(gib, 2), "0.00")
     derived = r0 + len(parts) + 2
-    put(ws, derived, 1, "KV budget re-derived: usable - weights - activation - non-torch - graphs inside the budget")
-    formula(ws, derived, 2, "=B9-B4-B5-B6-B7", "0.00")  # rows 4-9 of the table: the terms and `usable`
-    for i, (k, val) in enumerate((("KV blocks", b["num_blocks"]), ("block size (tokens)", b["block_size"]),
+    put(ws, derived, 1, "KV budget re-derived: usable - weights - activation - non-torch - graphs inside the budget "
+                        "- runner buffers")
+    formula(ws, derived, 2, "=B10-B4-B5-B6-B7-B8", "0.00")  # rows 4-10 of the table: the terms and `usable`
+    for i, (k, val) in enumerate((("KV blocks (middle of the estimate)", b["num_blocks"]),
+                                  ("KV blocks the plan uses (conservative end)", b.get("planning_blocks", b["num_blocks"])),
+                                  ("block size (tokens)", b["block_size"]),
                                   ("KV tokens", b["kv_tokens"]), ("KV bytes per token", b["kv_bytes_per_token"]),
                                   ("max concurrency at max_model_len", b["max_concurrency"])), derived + 1):
         put(ws, i, 1, k)
@@ -256,7 +259,7 @@ def _memory(wb, plan: dict, tabs: dict[str, Table]) -> None:
     chart.legend.position = "b"
     ws.add_chart(chart, "E3")
     _, mt_rows = tabs["Memory table"]
-    start = derived + 8
+    start = derived + 9
     put(ws, start - 1, 1, "Batch x context (tokens): KV GiB needed, green = fits, red = does not (paged blocks; "
                           "the long form is in the .memory_table.csv)").font = st["bold"]
     batches = sorted({r[0] for r in mt_rows})
@@ -316,9 +319,10 @@ def _percentiles(wb, plan: dict, table: Table) -> None:
     for i, sq in enumerate(seqs, ch + 1):
         val = lambda m, sq=sq: next((r[col] for r in rows if r[0] == sq and r[1] == m), None)
         put(ws, i, 1, str(sq))  # categories as text: evenly spaced, as the grid is
-        put(ws, i, 2, None if val("TTFT") is None else round(val("TTFT"), 1))
+        ttft, tpot = val("TTFT"), val("TPOT")
+        put(ws, i, 2, None if ttft is None else round(ttft, 1))
         put(ws, i, 3, round(slo["ttft_s"] * 1e3, 1))
-        put(ws, i, 4, None if val("TPOT") is None else round(val("TPOT"), 2))
+        put(ws, i, 4, None if tpot is None else round(tpot, 2))
         put(ws, i, 5, round(slo["tpot_s"] * 1e3, 2))
     last = ch + len(seqs)
     for cols, title, anchor in (((2, 3), f"P{pct} TTFT vs max_num_seqs (ms), SLO dashed", "L3"),

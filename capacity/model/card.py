@@ -2,8 +2,8 @@
 
 A card holds the shapes that decide memory and compute (layers, heads, head_dim, MLP and expert sizes,
 vocabulary) plus the storage formats (compute dtype, weight format and quantisation group size).
-Cards load from our YAML (`models/*.yaml`) or straight from a Hugging Face `config.json`
-(Llama, Mistral, Qwen2, Qwen3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3).
+Cards load from our YAML (`models/*.yaml`) or straight from a Hugging Face `config.json` (see
+`capacity.model.hf` for the architectures and quantisation formats it reads).
 """
 from __future__ import annotations
 
@@ -18,7 +18,10 @@ from capacity.files import read_mapping, validate
 PosInt = Annotated[int, Field(gt=0, le=10**7)]  # 1e7 is far past any real shape; stops 1e12 layers
 NonNegInt = Annotated[int, Field(ge=0, le=10**7)]
 ComputeDtype = Literal["bf16", "fp16"]
-WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4"]
+WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
+# Module families whose storage format can differ from the card's weight_dtype (quantised experts with bf16
+# attention, an fp8 model that keeps its router in bf16 ...).
+Family = Literal["attention", "dense_mlp", "experts", "shared_experts", "lm_head", "vision"]
 
 
 class _Frozen(BaseModel):
@@ -60,9 +63,62 @@ class MLA(_Frozen):
     v_head_dim: PosInt
 
 
+class VisionTower(_Frozen):
+    """The image encoder of a vision-language model, sized from its config: CLIP and SigLIP ViTs (LLaVA,
+    Gemma-3), Pixtral (Mistral-3) and Mllama's tiled encoder (Llama-3.2-Vision), plus the projector into
+    the language model."""
+
+    kind: Literal["clip", "siglip", "pixtral", "mllama", "qwen2_5_vl"]
+    num_layers: PosInt  # encoder layers vLLM builds (LLaVA drops those past vision_feature_layer)
+    hidden_size: PosInt
+    intermediate_size: PosInt
+    num_heads: PosInt
+    patch_size: PosInt
+    image_size: PosInt
+    num_global_layers: NonNegInt = 0  # Mllama: gated global layers after the local ones
+    max_num_tiles: PosInt = 1  # Mllama: an image is up to this many image_size x image_size tiles
+    num_aspect_ratios: PosInt = 1  # Mllama: rows of the aspect-ratio embeddings (supported ratios + 1)
+    post_layernorm: bool = True
+    kept_layer_outputs: NonNegInt = 0  # intermediate layer outputs the encoder keeps for its output (Mllama: 5)
+    projector_params: Annotated[int, Field(ge=0, le=10**11)] = 0  # the multimodal projector (counted by the loader)
+    tokens_per_image: PosInt  # what one image becomes in the language model (at the largest size)
+
+    @property
+    def patches_per_tile(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+    @property
+    def encoder_tokens_per_image(self) -> int:
+        """Tokens the encoder itself runs over for one image (class tokens included)."""
+        extra = 1 if self.kind in ("clip", "mllama") else 0
+        return self.max_num_tiles * (self.patches_per_tile + extra)
+
+    def params(self) -> int:
+        h, i, p = self.hidden_size, self.intermediate_size, self.patch_size
+        n = self.patches_per_tile
+        if self.kind == "qwen2_5_vl":  # RMSNorms, qkv with bias, gated MLP with biases, 3D patch embedding
+            layer = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
+            return self.num_layers * layer + 3 * 2 * p * p * h + self.projector_params
+        if self.kind == "pixtral":  # RMSNorms, gated MLP, no biases
+            layer = 4 * h * h + 3 * h * i + 2 * h
+            embed = 3 * p * p * h + h
+            return self.num_layers * layer + embed + self.projector_params
+        layer = 4 * h * h + 4 * h + 2 * h * i + i + h + 4 * h  # q/k/v/o with biases, MLP with biases, 2 LayerNorms
+        if self.kind == "mllama":
+            layer -= 4 * h  # Mllama's encoder attention has no biases
+            embed = (3 * p * p * h + h + (n + 1) * h + 1 + self.num_aspect_ratios * self.max_num_tiles * (n + 1) * h
+                     + 2 * (1 + self.num_aspect_ratios * self.max_num_tiles * h) + 4 * h)
+            return (self.num_layers * layer + self.num_global_layers * (layer + 2) + embed + self.projector_params)
+        embed = 3 * p * p * h + (h if self.kind == "siglip" else 0) + (n + (1 if self.kind == "clip" else 0)) * h
+        embed += h + 2 * h if self.kind == "clip" else 0  # class embedding and pre-LayerNorm
+        embed += 2 * h if self.post_layernorm else 0
+        return self.num_layers * layer + embed + self.projector_params
+
+
 class ModelCard(_Frozen):
     name: str = Field(min_length=1)  # the card's name (bundled cards: the file name)
     hf_id: str | None = None  # where the shapes come from
+    hf_aliases: list[str] = []  # other Hugging Face ids with the same shapes (the base model, renamed repos)
     architecture: str = "llama"  # informational (llama, qwen2, qwen3, mistral, mixtral, deepseek_v3, ...)
     num_layers: PosInt
     hidden_size: PosInt
@@ -78,8 +134,22 @@ class ModelCard(_Frozen):
     dtype: ComputeDtype = "bf16"  # activations, and weights unless weight_dtype says otherwise
     weight_dtype: WeightDtype | None = None  # storage of linear-layer weights; None = dtype
     quant_group_size: PosInt | None = None  # int4: scales per group of inputs; fp8/int8: square blocks
+    weight_formats: dict[Family, WeightDtype] = {}  # per-family storage where it differs from weight_dtype
     moe: MoE | None = None  # mixture-of-experts layers (below)
     mla: MLA | None = None  # multi-head latent attention (below)
+    sliding_window: PosInt | None = None  # tokens a sliding-window layer attends to
+    num_sliding_layers: NonNegInt = 0  # layers that attend through the sliding window (the rest see everything)
+    attention_sinks: bool = False  # a learned sink logit per head (gpt-oss)
+    attention_out_bias: bool = False  # o_proj has a bias (gpt-oss)
+    expert_bias: bool = False  # experts and router have biases (gpt-oss)
+    norms_per_layer: Annotated[int, Field(ge=1, le=8)] = 2  # RMSNorms per decoder layer (Gemma-2/3: 4)
+    final_logit_softcap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # tanh cap on the logits (Gemma-2)
+    # Positions of each rotary cos/sin cache vLLM builds (empty: one of max_position_embeddings). Linear rope
+    # scaling builds its cache max_position_embeddings x factor long; Gemma-3 keeps a local and a global one.
+    rope_caches: list[PosInt] = []
+    cross_attention_layers: NonNegInt = 0  # Mllama: decoder layers that attend to the image instead of the text
+    extra_vocab: NonNegInt = 0  # embedding rows past vocab_size (Mllama's image tokens)
+    vision: VisionTower | None = None  # the image encoder of a vision-language model
 
     @model_validator(mode="after")
     def _check(self) -> ModelCard:
@@ -98,8 +168,14 @@ class ModelCard(_Frozen):
             raise ValueError(
                 f"moe.first_dense_layers ({self.moe.first_dense_layers}) exceeds num_layers ({self.num_layers})"
             )
-        if self.weight_dtype == "int4" and self.quant_group_size is None:
+        if "int4" in (self.weight_dtype, *self.weight_formats.values()) and self.quant_group_size is None:
             raise ValueError("weight_dtype int4 needs quant_group_size (e.g. 128)")
+        if self.num_sliding_layers > self.num_layers:
+            raise ValueError(f"num_sliding_layers ({self.num_sliding_layers}) exceeds num_layers ({self.num_layers})")
+        if self.num_sliding_layers and self.sliding_window is None:
+            raise ValueError("num_sliding_layers needs sliding_window (the window in tokens)")
+        if self.cross_attention_layers > self.num_layers:
+            raise ValueError(f"cross_attention_layers ({self.cross_attention_layers}) exceeds num_layers ({self.num_layers})")
         return self
 
     # ---- derived shapes -------------------------------------------------------------------------
@@ -110,6 +186,19 @@ class ModelCard(_Frozen):
     @property
     def weight_format(self) -> str:
         return self.weight_dtype or self.dtype
+
+    def format_of(self, family: str) -> str:
+        """Storage format of one module family's linear weights."""
+        return self.weight_formats.get(family, self.weight_format)  # type: ignore[call-overload]
+
+    @property
+    def is_dense(self) -> bool:
+        """No experts, no sliding window, no encoder: what vLLM's newer model runner takes by default."""
+        return self.moe is None and not self.num_sliding_layers and self.vision is None and self.mla is None
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.num_layers - self.num_sliding_layers
 
     @property
     def num_moe_layers(self) -> int:
@@ -144,108 +233,54 @@ def load_model_card(path: str | Path) -> ModelCard:
     if "model_type" in data or "architectures" in data:
         p = Path(path)
         name = (p.resolve().parent.name if p.name == "config.json" else p.stem) or "model"
+        from capacity.model.hf import from_hf_config
+
         return from_hf_config(data, name=name, source=str(path))
     return validate(ModelCard, data, str(path))
 
 
-_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16"}
-_SUPPORTED = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2"}
-
-
 def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelCard:
-    """Map a Hugging Face config.json onto a ModelCard. Unknown architectures are an error, not a guess."""
-    mt = cfg.get("model_type")
-    if mt not in _SUPPORTED:
-        raise ConfigError(
-            f"{source}: model_type {mt!r} is not supported; supported: {', '.join(sorted(_SUPPORTED))} "
-            "(or write a capacity model card YAML)"
-        )
+    """A ModelCard from a Hugging Face config.json (see capacity.model.hf)."""
+    from capacity.model.hf import from_hf_config as load
 
-    def need(key: str) -> Any:
-        if key not in cfg:
-            raise ConfigError(f"{source}: field {key!r} is missing (model_type {mt})")
-        return cfg[key]
-
-    dtype = _TORCH_DTYPES.get(str(cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))), "bf16")
-    card: dict[str, Any] = {
-        "name": name,
-        "hf_id": cfg.get("_name_or_path") or None,
-        "architecture": mt,
-        "num_layers": need("num_hidden_layers"),
-        "hidden_size": need("hidden_size"),
-        "num_attention_heads": need("num_attention_heads"),
-        "num_kv_heads": cfg.get("num_key_value_heads") or need("num_attention_heads"),
-        "intermediate_size": need("intermediate_size"),
-        "vocab_size": need("vocab_size"),
-        "max_position_embeddings": cfg.get("max_position_embeddings", 4096),
-        "tie_word_embeddings": bool(cfg.get("tie_word_embeddings", False)),
-        "dtype": dtype,
-    }
-    if cfg.get("head_dim"):
-        card["head_dim"] = cfg["head_dim"]
-    if mt == "qwen2":
-        card["attention_bias"] = True
-    if mt in ("qwen3", "qwen3_moe"):
-        card["qk_norm"] = True
-    if mt == "llama" and cfg.get("attention_bias"):
-        card["attention_bias"] = True
-    if mt == "mixtral":
-        card["moe"] = {
-            "num_experts": need("num_local_experts"),
-            "experts_per_token": need("num_experts_per_tok"),
-            "moe_intermediate_size": need("intermediate_size"),
-        }
-    if mt == "qwen3_moe":
-        if cfg.get("mlp_only_layers") or cfg.get("decoder_sparse_step", 1) != 1:
-            raise ConfigError(f"{source}: qwen3_moe with mlp_only_layers/decoder_sparse_step != 1 is not supported")
-        card["moe"] = {
-            "num_experts": need("num_experts"),
-            "experts_per_token": need("num_experts_per_tok"),
-            "moe_intermediate_size": need("moe_intermediate_size"),
-        }
-    if mt in ("deepseek_v3", "deepseek_v2"):
-        card["moe"] = {
-            "num_experts": need("n_routed_experts"),
-            "experts_per_token": need("num_experts_per_tok"),
-            "moe_intermediate_size": need("moe_intermediate_size"),
-            "num_shared_experts": cfg.get("n_shared_experts") or 0,
-            "first_dense_layers": cfg.get("first_k_dense_replace", 0),
-        }
-        card["mla"] = {
-            "q_lora_rank": cfg.get("q_lora_rank"),
-            "kv_lora_rank": need("kv_lora_rank"),
-            "qk_nope_head_dim": need("qk_nope_head_dim"),
-            "qk_rope_head_dim": need("qk_rope_head_dim"),
-            "v_head_dim": need("v_head_dim"),
-        }
-    quant = cfg.get("quantization_config")
-    if quant:
-        method = quant.get("quant_method")
-        if method == "fp8":
-            card["weight_dtype"] = "fp8"
-            block = quant.get("weight_block_size")
-            if block:
-                card["quant_group_size"] = block[0]
-        elif method in ("awq", "gptq") and quant.get("bits") == 4:
-            card["weight_dtype"] = "int4"
-            card["quant_group_size"] = quant.get("group_size", 128) if quant.get("group_size", 128) > 0 else 128
-        elif method in ("gptq",) and quant.get("bits") == 8:
-            card["weight_dtype"] = "int8"
-        else:
-            raise ConfigError(f"{source}: quantization_config.quant_method {method!r} is not supported")
-    return validate(ModelCard, card, source)
+    return load(cfg, name, source)
 
 
 MODELS_DIR = Path(__file__).resolve().parents[1] / "data" / "models"  # package data: works from a wheel
 
 
 def resolve_model_path(name_or_path: str) -> Path:
-    """Accept a path, or the stem of a bundled card (`llama-3.1-8b`)."""
+    """Accept a path, the stem of a bundled card (`llama-3.1-8b`), or a Hugging Face id that a bundled card
+    carries (`meta-llama/Llama-3.1-8B-Instruct`). Nothing is downloaded."""
     p = Path(name_or_path)
     if p.exists():
         return p
     for cand in (MODELS_DIR / f"{name_or_path}.yaml", MODELS_DIR / name_or_path):
         if cand.is_file():
             return cand
+    if "/" in name_or_path and not name_or_path.startswith((".", "/")):
+        hit = bundled_by_hf_id().get(name_or_path.strip().lower())
+        if hit is not None:
+            return hit
+        raise ConfigError(
+            f"model {name_or_path!r}: no bundled card carries this Hugging Face id and nothing is downloaded; save "
+            f"its config.json (https://huggingface.co/{name_or_path}/blob/main/config.json) and pass "
+            "-m path/to/config.json")
     bundled = ", ".join(sorted(x.stem for x in MODELS_DIR.glob("*.yaml") if not x.stem.startswith("scenario")))
     raise ConfigError(f"model {name_or_path!r}: no such file or bundled card (bundled: {bundled})")
+
+
+def bundled_by_hf_id() -> dict[str, Path]:
+    """Lower-cased Hugging Face id (and alias) -> the bundled card carrying it."""
+    import yaml
+
+    out: dict[str, Path] = {}
+    for f in sorted(MODELS_DIR.glob("*.yaml")):
+        try:
+            data = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError:
+            continue
+        for hid in [data.get("hf_id"), *(data.get("hf_aliases") or [])]:
+            if isinstance(hid, str):
+                out.setdefault(hid.lower(), f)
+    return out

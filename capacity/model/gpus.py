@@ -28,9 +28,12 @@ class GPU(BaseModel):
     datasheet_name: str | None = None  # the vendor's name for the part
     aliases: list[str] = []  # other names accepted for --gpu
     arch: str = ""  # architecture (Hopper, Ada ...)
+    device_name: str | None = None  # what torch.cuda.get_device_name() says (vLLM's default rules read it)
+    sm_count: Annotated[int, Field(gt=0, le=10_000)] | None = None  # SMs (CUs on AMD)
+    nvls: bool = False  # NVSwitch with NVLink SHARP: NCCL allocates NVLS buffers at tp > 1
     memory_bytes: PosFloat  # marketing size (1 GB = 1e9 B)
     usable_memory_bytes: PosFloat  # total the engine sees (mem_get_info)
-    usable_memory_basis: Literal["observed", "estimate"] = "estimate"  # observed: from a real engine log; estimate: from the datasheet
+    usable_memory_basis: Literal["observed", "estimate", "given"] = "estimate"  # observed: from a real engine log; estimate: from the datasheet; given: --gpu-memory-gib
     usable_memory_note: str = ""  # where the usable memory figure comes from
     mem_bw_bytes_per_s: PosFloat  # peak DRAM bandwidth
     bf16_flops: PosFloat | None = None  # dense tensor-core peak, FLOP/s
@@ -76,6 +79,25 @@ def get_gpu(name_or_path: str) -> GPU:
     raise ConfigError(f"gpu {name_or_path!r} is not in the catalogue; known: {', '.join(catalogue())} (or pass a GPU YAML)")
 
 
+def with_memory(gpu: GPU, gib: float | None) -> GPU:
+    """The GPU with the total memory the engine sees set to `gib` GiB (--gpu-memory-gib), or unchanged."""
+    if gib is None:
+        return gpu
+    import math
+
+    if not math.isfinite(gib) or not 0.5 <= gib <= 4096:
+        raise ConfigError(f"--gpu-memory-gib {gib}: expected the GiB the engine sees, 0.5 to 4096")
+    return gpu.model_copy(update={"usable_memory_bytes": gib * 1024**3, "usable_memory_basis": "given",
+                                  "usable_memory_note": f"{gib} GiB as given"})
+
+
+def resolve_gpu(spec: str | dict) -> GPU:
+    """A GPU from a catalogue name, a GPU YAML path, or a GPU's fields (what a planner task carries)."""
+    if isinstance(spec, dict):
+        return validate(GPU, spec, "gpu")
+    return get_gpu(spec)
+
+
 def match_gpu(device_name: str, total_memory_bytes: float | None = None) -> str | None:
     """Catalogue name for a device as torch names it ('NVIDIA H100 80GB HBM3', 'NVIDIA A100-SXM4-40GB'),
     or None. The family token must appear in the name; PCIe-vs-SXM and memory size break ties."""
@@ -84,8 +106,8 @@ def match_gpu(device_name: str, total_memory_bytes: float | None = None) -> str 
     best: tuple[float, str] | None = None
     for gpu in catalogue().values():
         family = gpu.name.split("-")[0]  # h100, a100, rtx, l40s, ...
-        if gpu.name == "rtx-4090":
-            ok = "4090" in words
+        if gpu.name.startswith("rtx-"):
+            ok = gpu.name[4:] in words
         else:
             ok = family in words or family in joined.split("-")
         if not ok:
@@ -95,6 +117,9 @@ def match_gpu(device_name: str, total_memory_bytes: float | None = None) -> str 
             score += 1e15
         if total_memory_bytes:
             score += abs(gpu.usable_memory_bytes - total_memory_bytes)
+        sizes = [int(w[:-2]) for w in words if w.endswith("gb") and w[:-2].isdigit()]  # "80gb" in the name
+        if sizes and not total_memory_bytes:
+            score += abs(gpu.memory_bytes / 1e9 - sizes[0]) * 1e9
         if best is None or score < best[0]:
             best = (score, gpu.name)
     return best[1] if best else None

@@ -4,10 +4,12 @@ Sharding follows vLLM's tensor parallelism: column/row-parallel linears split by
 split by KV head but never below one head per rank (replicated beyond that); embedding and LM head
 split by (padded) vocabulary; norms, routers and MLA's down-projections replicated; experts split along
 their intermediate dimension (TP-sharded MoE, no expert parallelism).
-Quantised formats apply to linear layers only (embeddings, LM head, norms and routers stay in the
-compute dtype) and their scales are counted: per output channel (fp8/int8 without groups), square
-blocks of quant_group_size (fp8/int8 with groups, DeepSeek-V3 style), or fp16 scale + 4-bit zero per
-group of quant_group_size inputs (int4 AWQ/GPTQ).
+Quantised formats apply to linear layers only (embeddings, norms, routers and the vision tower stay in the
+compute dtype; the LM head only where the card says so) and their scales are counted: per output channel
+(fp8/int8 without groups), square blocks of quant_group_size (fp8/int8 with groups, DeepSeek-V3 style),
+fp16 scale + 4-bit zero per group of quant_group_size inputs (int4 AWQ/GPTQ), one e8m0 byte per 32
+inputs (mxfp4) or one fp8 byte per 16 inputs (nvfp4). Each module family (attention, dense MLP, experts,
+shared experts) takes its own format where the card's `weight_formats` says so.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ class TensorGroup:
     rows: int  # output features (1 for norms and biases)
     cols: int  # input features
     shard: Shard
-    quantized: bool  # stored in the card's weight format (linear layers) or the compute dtype
+    family: str | None  # the module family whose format a linear layer is stored in; None: compute dtype
 
     @property
     def params(self) -> int:
@@ -39,63 +41,80 @@ class TensorGroup:
 def tensor_groups(card: ModelCard) -> list[TensorGroup]:
     h, L, hd = card.hidden_size, card.num_layers, card.head_dim_
     nq, nkv = card.num_attention_heads, card.num_kv_heads
-    g: list[TensorGroup] = [TensorGroup("embed_tokens", 1, card.vocab_size, h, "vocab", False)]
+    g: list[TensorGroup] = [TensorGroup("embed_tokens", 1, card.vocab_size + card.extra_vocab, h, "vocab", None)]
     if not card.tie_word_embeddings:
-        g.append(TensorGroup("lm_head", 1, card.vocab_size, h, "vocab", False))
-    g.append(TensorGroup("final_norm", 1, 1, h, "replicated", False))
-    g.append(TensorGroup("layer_norms", L, 2, h, "replicated", False))
+        g.append(TensorGroup("lm_head", 1, card.vocab_size, h, "vocab",
+                             "lm_head" if "lm_head" in card.weight_formats else None))
+    g.append(TensorGroup("final_norm", 1, 1, h, "replicated", None))
+    g.append(TensorGroup("layer_norms", L, card.norms_per_layer, h, "replicated", None))
 
     if card.mla is None:
         g += [
-            TensorGroup("q_proj", L, nq * hd, h, "column", True),
-            TensorGroup("kv_proj", L, 2 * nkv * hd, h, "kv", True),
-            TensorGroup("o_proj", L, h, nq * hd, "row", True),
+            TensorGroup("q_proj", L, nq * hd, h, "column", "attention"),
+            TensorGroup("kv_proj", L, 2 * nkv * hd, h, "kv", "attention"),
+            TensorGroup("o_proj", L, h, nq * hd, "row", "attention"),
         ]
         if card.attention_bias:
             g += [
-                TensorGroup("q_bias", L, 1, nq * hd, "column", False),
-                TensorGroup("kv_bias", L, 1, 2 * nkv * hd, "kv", False),
+                TensorGroup("q_bias", L, 1, nq * hd, "column", None),
+                TensorGroup("kv_bias", L, 1, 2 * nkv * hd, "kv", None),
             ]
+        if card.attention_out_bias:
+            g.append(TensorGroup("o_bias", L, 1, h, "replicated", None))
+        if card.attention_sinks:
+            g.append(TensorGroup("sinks", L, 1, nq, "column", None))
         if card.qk_norm:
-            g.append(TensorGroup("qk_norm", L, 2, hd, "replicated", False))
+            g.append(TensorGroup("qk_norm", L, 2, hd, "replicated", None))
+        if card.cross_attention_layers:  # Mllama: q/k norms and two tanh gates on each cross-attention layer
+            g.append(TensorGroup("cross_attn_norms_gates", card.cross_attention_layers, 1, 2 * hd + 2, "replicated",
+                                 None))
     else:
         m = card.mla
         qk_hd = m.qk_nope_head_dim + m.qk_rope_head_dim
         if m.q_lora_rank is None:
-            g.append(TensorGroup("q_proj", L, nq * qk_hd, h, "column", True))
+            g.append(TensorGroup("q_proj", L, nq * qk_hd, h, "column", "attention"))
         else:
             g += [
-                TensorGroup("q_a_proj", L, m.q_lora_rank, h, "replicated", True),
-                TensorGroup("q_a_norm", L, 1, m.q_lora_rank, "replicated", False),
-                TensorGroup("q_b_proj", L, nq * qk_hd, m.q_lora_rank, "column", True),
+                TensorGroup("q_a_proj", L, m.q_lora_rank, h, "replicated", "attention"),
+                TensorGroup("q_a_norm", L, 1, m.q_lora_rank, "replicated", None),
+                TensorGroup("q_b_proj", L, nq * qk_hd, m.q_lora_rank, "column", "attention"),
             ]
         g += [
-            TensorGroup("kv_a_proj", L, m.kv_lora_rank + m.qk_rope_head_dim, h, "replicated", True),
-            TensorGroup("kv_a_norm", L, 1, m.kv_lora_rank, "replicated", False),
-            TensorGroup("kv_b_proj", L, nq * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, "column", True),
-            TensorGroup("o_proj", L, h, nq * m.v_head_dim, "row", True),
+            TensorGroup("kv_a_proj", L, m.kv_lora_rank + m.qk_rope_head_dim, h, "replicated", "attention"),
+            TensorGroup("kv_a_norm", L, 1, m.kv_lora_rank, "replicated", None),
+            TensorGroup("kv_b_proj", L, nq * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank, "column",
+                        "attention"),
+            TensorGroup("o_proj", L, h, nq * m.v_head_dim, "row", "attention"),
         ]
 
     dense_layers = card.num_dense_layers
     if dense_layers:
         g += [
-            TensorGroup("mlp_gate_up", dense_layers, 2 * card.intermediate_size, h, "column", True),
-            TensorGroup("mlp_down", dense_layers, h, card.intermediate_size, "row", True),
+            TensorGroup("mlp_gate_up", dense_layers, 2 * card.intermediate_size, h, "column", "dense_mlp"),
+            TensorGroup("mlp_down", dense_layers, h, card.intermediate_size, "row", "dense_mlp"),
         ]
     if card.moe is not None:
         moe, ml = card.moe, card.num_moe_layers
         e, mi = moe.num_experts, moe.moe_intermediate_size
         g += [
-            TensorGroup("router", ml, e, h, "replicated", False),
-            TensorGroup("experts_gate_up", ml * e, 2 * mi, h, "column", True),
-            TensorGroup("experts_down", ml * e, h, mi, "row", True),
+            TensorGroup("router", ml, e, h, "replicated", None),
+            TensorGroup("experts_gate_up", ml * e, 2 * mi, h, "column", "experts"),
+            TensorGroup("experts_down", ml * e, h, mi, "row", "experts"),
         ]
+        if card.expert_bias:  # gpt-oss: router bias, and gate/up and down biases per expert (kept in fp32 by vLLM)
+            g += [
+                TensorGroup("router_bias", ml, 1, e, "replicated", None),
+                TensorGroup("experts_bias", ml * e, 1, 2 * mi, "column", "fp32"),
+                TensorGroup("experts_down_bias", ml * e, 1, h, "replicated", "fp32"),
+            ]
         if moe.shared_intermediate:
             si = moe.shared_intermediate
             g += [
-                TensorGroup("shared_gate_up", ml, 2 * si, h, "column", True),
-                TensorGroup("shared_down", ml, h, si, "row", True),
+                TensorGroup("shared_gate_up", ml, 2 * si, h, "column", "shared_experts"),
+                TensorGroup("shared_down", ml, h, si, "row", "shared_experts"),
             ]
+    if card.vision is not None:  # the encoder and projector, in the compute dtype, split across ranks
+        g.append(TensorGroup("vision_tower", 1, card.vision.params(), 1, "column", None))
     return g
 
 
@@ -120,8 +139,12 @@ def _elements_per_rank(t: TensorGroup, card: ModelCard, tp: int) -> tuple[int, i
 
 
 def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None) -> float:
-    if fmt in ("bf16", "fp16"):
+    if fmt in ("bf16", "fp16", "fp32"):
         return 0.0
+    if fmt == "mxfp4":  # OCP microscaling: one e8m0 exponent per 32 inputs
+        return rows * math.ceil(cols / 32)
+    if fmt == "nvfp4":  # one fp8 scale per 16 inputs, plus fp32 global scales (negligible)
+        return rows * math.ceil(cols / 16) + 8
     if fmt == "int4":
         # AWQ/GPTQ: one fp16 scale and one packed 4-bit zero point per group of `group` inputs per output
         return rows * math.ceil(cols / (group or 128)) * (2 + 0.5)  # the card validator requires a group for int4
@@ -132,17 +155,19 @@ def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None) -> float:
 
 def weight_bytes_per_rank(card: ModelCard, tp: int = 1) -> dict[str, float]:
     """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven)."""
-    fmt, cdt = card.weight_format, card.dtype
+    cdt = card.dtype
     out: dict[str, float] = {}
     for t in tensor_groups(card):
         rows, cols = _elements_per_rank(t, card, tp)
-        if t.quantized and fmt != cdt:
+        fmt = t.family if t.family == "fp32" else (card.format_of(t.family) if t.family else cdt)
+        if fmt not in (cdt, "fp32"):
             b = t.count * (rows * cols * DTYPE_BYTES[fmt] + _scale_bytes(rows, cols, fmt, card.quant_group_size))
         else:
-            b = t.count * rows * cols * DTYPE_BYTES[cdt]
+            b = t.count * rows * cols * DTYPE_BYTES[fmt]
         out[t.name] = b
     # vLLM's rotary embedding keeps a cos/sin cache of max_position_embeddings x rotary_dim in the compute
     # dtype, allocated while loading and so reported inside "model weights take ..." (32 MiB for Llama-3.1).
     rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else card.head_dim_
-    out["rope_cache"] = card.max_position_embeddings * rotary_dim * DTYPE_BYTES[cdt]
+    positions = sum(card.rope_caches) if card.rope_caches else card.max_position_embeddings
+    out["rope_cache"] = positions * rotary_dim * DTYPE_BYTES[cdt]
     return out

@@ -49,13 +49,16 @@ def _mean(xs: list[float]) -> float:
 
 class Planner:
     def __init__(self, sc: Scenario, card, executor) -> None:
-        from capacity.model.gpus import get_gpu
+        from capacity.model.gpus import catalogue, get_gpu, with_memory
         from capacity.pipeline import check_policy
 
         check_policy(sc.engine, sc.workload)
         self.sc, self.card, self.ex = sc, card, executor
         self.card_dict = card.model_dump()
-        self.gpu = get_gpu(sc.gpu_name)
+        self.gpu = with_memory(get_gpu(sc.gpu_name), sc.gpu_memory_gib)
+        # tasks carry the GPU's fields when it is not a plain catalogue entry (a GPU file, a memory override)
+        self._task_gpu: str | dict = (self.gpu.name if catalogue().get(self.gpu.name) == self.gpu
+                                      else self.gpu.model_dump())
         self.notes: list[str] = []
         self.sources: dict[int, str] = {}  # tp -> step-cost source
         self._frontier_tp = 1
@@ -134,7 +137,7 @@ class Planner:
                            rate_per_s=rate, cv=base.cv)
         w = wl.model_copy(update={"arrivals": arr, "num_requests": n}).model_dump()
         e = engine.model_dump(mode="json")
-        return [SimTask(self.card_dict, self.gpu.name, e, w, s, replicas, router, self.sc.profile,
+        return [SimTask(self.card_dict, self._task_gpu, e, w, s, replicas, router, self.sc.profile,
                         self.sc.search.warmup_fraction, ci) for s in seeds]
 
     def _judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
@@ -258,7 +261,23 @@ class Planner:
         if rec is not None:
             rec_search = self.rate_search(rec_engine, tp, rec.max_num_seqs)
             if rec_search.max_rate > 0:  # the GPU count is the recommended configuration's, at the headroom
-                replicas = replicas_for(sc, rec_search.max_rate)
+                rec_replicas = replicas_for(sc, rec_search.max_rate)
+                if rec_replicas > replicas:
+                    # the frontier's pick (most peak throughput at the per-replica load) sustains less under the
+                    # SLOs than the configuration the TP search found: recommend the one that needs fewer GPUs
+                    same = [c for c in frontier if c.meets_slo and c.max_num_seqs == best.max_num_seqs]
+                    alt = max(same, key=lambda c: c.max_model_len) if same else None
+                    if alt is not None and alt is not rec:
+                        alt_engine = self.cell_engine(tp, alt.max_num_seqs, alt.max_model_len)
+                        alt_search = self.rate_search(alt_engine, tp, alt.max_num_seqs)
+                        if alt_search.max_rate > 0 and replicas_for(sc, alt_search.max_rate) < rec_replicas:
+                            self.notes.append(
+                                f"max_num_seqs {rec.max_num_seqs} has the most peak throughput but sustains "
+                                f"{rec_search.max_rate:.2f} req/s per replica under the SLOs; {alt.max_num_seqs} "
+                                f"sustains {alt_search.max_rate:.2f} and needs fewer GPUs: recommended instead")
+                            rec, rec_engine, rec_search = alt, alt_engine, alt_search
+                            rec_replicas = replicas_for(sc, alt_search.max_rate)
+                replicas = rec_replicas
         verification = self.verify(rec_engine, replicas)
         if not verification.passed:
             for _ in range(3):
@@ -318,9 +337,10 @@ class Planner:
             for m in lens:
                 try:
                     b = self.budget(self.cell_engine(tp, s, m))
-                    cells[(s, m)] = Cell(s, m, True, covers_workload=m >= longest, kv_tokens=b.kv_tokens,
-                                         max_num_batched_tokens=b.max_num_batched_tokens, kv_blocks=b.num_blocks)
-                    groups.setdefault((s, b.num_blocks, b.max_num_batched_tokens), []).append(m)
+                    cells[(s, m)] = Cell(s, m, True, covers_workload=m >= longest, kv_tokens=b.planning_tokens,
+                                         max_num_batched_tokens=b.max_num_batched_tokens,
+                                         kv_blocks=b.planning_blocks)
+                    groups.setdefault((s, b.planning_blocks, b.max_num_batched_tokens), []).append(m)
                 except (DoesNotFit, ConfigError) as exc:
                     cells[(s, m)] = Cell(s, m, False, why=str(exc))
         sims: dict[tuple[int, int, int], tuple[list[SimTask], list[SimTask]]] = {}
@@ -400,7 +420,7 @@ class Planner:
                 except (DoesNotFit, ConfigError) as exc:
                     cell.feasible, cell.why = False, str(exc)
                     continue
-                cell.kv_concurrency = b.num_blocks // math.ceil(ctx / b.block_size)
+                cell.kv_concurrency = b.concurrency_at(ctx)
                 users = max(2, 2 * min(s, cell.kv_concurrency))  # more only queue behind a full batch
                 cap = self._tasks(e, None, range(1), closed_users=users, workload=wl,
                                   requests=max(CONTEXT_REQUESTS, 4 * users))[0]
@@ -552,6 +572,8 @@ def _ms(x: float | None, nd: int = 0) -> str:
 def memory_command(card, gpu: str, e: EngineConfig) -> str:
     """The `capacity memory` invocation that prints the budget of configuration `e` (the plan's budget)."""
     parts = [f"capacity memory -m {card.name} -g {gpu} --tp {e.tensor_parallel_size}"]
+    if e.engine != "vllm":
+        parts.append(f"--engine {e.engine}")
     for flag, v in (("--max-num-seqs", e.max_num_seqs), ("--max-model-len", e.max_model_len),
                     ("--max-num-batched-tokens", e.max_num_batched_tokens), ("--block-size", e.block_size)):
         if v is not None:
@@ -560,10 +582,18 @@ def memory_command(card, gpu: str, e: EngineConfig) -> str:
         parts.append(f"--kv-dtype {e.kv_cache_dtype}")
     if e.gpu_memory_utilization != 0.9:
         parts.append(f"--gpu-memory-utilization {e.gpu_memory_utilization}")
-    if not e.enable_chunked_prefill:
+    if e.enable_chunked_prefill is False:
         parts.append("--no-chunked-prefill")
     if e.enforce_eager:
         parts.append("--enforce-eager")
+    if e.usage_context != "serve":
+        parts.append(f"--usage-context {e.usage_context}")
+    if e.large_gpu_defaults is not None:
+        parts.append("--large-gpu-defaults" if e.large_gpu_defaults else "--small-gpu-defaults")
+    if e.cuda_graphs_in_budget is not None:
+        parts.append("--cuda-graphs-in-budget" if e.cuda_graphs_in_budget else "--cuda-graphs-outside-budget")
+    if e.kv_estimate == "middle":
+        parts.append("--optimistic")
     return " ".join(parts)
 
 

@@ -59,6 +59,7 @@ class Scenario(_Strict):
 
     model: str | dict[str, Any]  # card path / bundled name, or an inline card
     gpu: str | None = None  # catalogue name or GPU YAML; None: the profile's GPU, or h100-sxm
+    gpu_memory_gib: Annotated[float, Field(ge=0.5, le=4096, allow_inf_nan=False)] | None = None  # total memory the engine sees (overrides the GPU's)
     # Every knob of the engine (capacity.engine.config.EngineConfig). tensor_parallel_size is searched over
     # `search.tp` unless given here; max_num_seqs and max_model_len are searched by the frontier.
     engine: EngineConfig = EngineConfig()

@@ -14,7 +14,7 @@ class SimTask:
     """Everything one simulation needs, as plain data."""
 
     card: dict
-    gpu: str
+    gpu: str | dict  # a catalogue name, or the GPU's fields (a user GPU file, a --gpu-memory-gib override)
     engine: dict  # EngineConfig fields
     workload: dict  # WorkloadSpec fields
     seed: int
@@ -90,11 +90,11 @@ def run_task(task: SimTask) -> TaskResult:
     from capacity.engine.config import EngineConfig
     from capacity.files import validate
     from capacity.model.card import ModelCard
-    from capacity.model.gpus import get_gpu
+    from capacity.model.gpus import resolve_gpu
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.workload import WorkloadSpec
 
-    dep = Deployment(ModelCard.model_validate(task.card), get_gpu(task.gpu),
+    dep = Deployment(ModelCard.model_validate(task.card), resolve_gpu(task.gpu),
                      validate(EngineConfig, task.engine, "engine"), profile=task.profile, replicas=task.replicas,
                      router=task.router)  # type: ignore[arg-type]
     res = run(dep, WorkloadSpec.model_validate(task.workload),
@@ -102,5 +102,5 @@ def run_task(task: SimTask) -> TaskResult:
     s = res.summary
     return TaskResult(s.ttft_s, s.tpot_s, s.itl_s, s.e2e_s, s.output_tokens_per_s, s.requests_per_s,
                       res.sim.saturated, res.sim.capacity_req_per_s, res.cost_source, len(res.sim.rejected),
-                      res.sim.preemptions, res.budget.num_blocks, dict(s.p99_ci_s),
+                      res.sim.preemptions, res.budget.planning_blocks, dict(s.p99_ci_s),
                       {k: (c.ttft_s, c.tpot_s) for k, c in s.per_class.items()}, s.queue_wait_s)

@@ -16,13 +16,12 @@ a step that had to preempt. With prefix caching, a shared prefix's cached blocks
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.sched.base import Seq, Step
-from capacity.sched.kv import KVCacheManager
+from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.workload import Request
 
@@ -37,6 +36,7 @@ class ContinuousConfig:
     prefix_caching: bool = False
     queue: str = "fcfs"  # fcfs | priority | sjf (capacity.sched.queues)
     max_model_len: int | None = None
+    kv_groups: tuple[int, int, int] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks)
     # Admit a waiting sequence only if its whole remaining input (prompt, plus outputs to recompute after a
     # preemption) fits in free blocks, not just this step's chunk: vLLM's `scheduler_reserve_full_isl`
     # (default on in vLLM 0.32), which keeps chunked prefill from over-admitting and thrashing the cache.
@@ -53,7 +53,7 @@ class ContinuousScheduler:
 
     def __init__(self, cfg: ContinuousConfig) -> None:
         self.cfg = cfg
-        self.kv = KVCacheManager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching)
+        self.kv = make_kv_manager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching, cfg.kv_groups)
         self.waiting = make_queue(cfg.queue)
         self.running: list[Seq] = []
         self.num_preemptions = 0
@@ -89,7 +89,7 @@ class ContinuousScheduler:
         total = req.prompt_tokens + req.output_tokens
         if self.cfg.max_model_len is not None and total > self.cfg.max_model_len:
             return f"prompt + output = {total} tokens exceeds max_model_len {self.cfg.max_model_len}"
-        if math.ceil(total / self.cfg.block_size) > self.cfg.num_blocks:
+        if self.kv.blocks_for(total) > self.cfg.num_blocks:
             return f"{total} tokens need more KV blocks than the pool's {self.cfg.num_blocks}"
         if not self.cfg.chunked_prefill and req.prompt_tokens > self.cfg.max_num_batched_tokens:
             return (f"prompt of {req.prompt_tokens} tokens exceeds max_num_batched_tokens "

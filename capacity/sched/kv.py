@@ -178,3 +178,74 @@ class KVCacheManager:
 
     def stretch_capacity(self) -> int:
         return self.pool.free if not self.pool.cached else self.pool.available()
+
+
+class HybridKVCacheManager(KVCacheManager):
+    """vLLM's hybrid allocator for models with sliding-window layers: one pool of blocks serves every group of
+    layers; a full-attention group holds a block per block_size tokens, a sliding-window group only the
+    `window_blocks` blocks covering its window. A sequence's `blocks` count pool blocks."""
+
+    __slots__ = ("full", "sliding", "window_blocks")
+
+    def __init__(self, num_blocks: int, block_size: int, groups: tuple[int, int, int]) -> None:
+        super().__init__(num_blocks, block_size, False)
+        self.full, self.sliding, self.window_blocks = groups
+        if self.full < 0 or self.sliding <= 0 or self.window_blocks <= 0:
+            raise ConfigError(f"kv_groups {groups}: expected (full >= 0, sliding > 0, window_blocks > 0)")
+
+    def blocks_for(self, tokens: int) -> int:
+        b = -(-tokens // self.block_size)
+        return self.full * b + self.sliding * min(b, self.window_blocks)
+
+    def _capacity(self, blocks: int) -> int:
+        """Tokens `blocks` pool blocks hold for one sequence."""
+        bs, w = self.block_size, self.window_blocks
+        per = self.full + self.sliding
+        if blocks < per * w:
+            return blocks // per * bs
+        return (w + (blocks - self.sliding * w - self.full * w) // max(1, self.full)) * bs if self.full else 1 << 60
+
+    def allocate_slots(self, seq: Seq, num_new: int) -> bool:
+        need = self.blocks_for(seq.computed + num_new) - seq.blocks
+        if need <= 0:
+            return True
+        if self.pool.take(need):
+            seq.blocks += need
+            seq.kv_capacity = self._capacity(seq.blocks)
+            return True
+        return False
+
+    def can_fit(self, seq: Seq, num_new: int) -> bool:
+        need = self.blocks_for(seq.computed + num_new) - seq.blocks
+        return need <= 0 or need <= self.pool.available()
+
+    def reserve(self, seq: Seq, tokens: int) -> bool:
+        need = self.blocks_for(tokens) - seq.blocks
+        if need <= 0:
+            return True
+        if self.pool.take(need):
+            seq.blocks += need
+            seq.kv_capacity = self._capacity(seq.blocks)
+            return True
+        return False
+
+    def stretch_blocks(self, running: list[Seq], k: int) -> int:
+        need = 0
+        for s in running:
+            n = self.blocks_for(s.computed + k) - s.blocks
+            if n > 0:
+                need += n
+        return need
+
+
+def make_kv_manager(num_blocks: int, block_size: int, prefix_caching: bool = False,
+                    groups: tuple[int, int, int] | None = None) -> KVCacheManager:
+    """The plain manager, or the hybrid one for a sliding-window layout (prefix caching is not modelled there)."""
+    if groups is None:
+        return KVCacheManager(num_blocks, block_size, prefix_caching)
+    if prefix_caching:
+        raise ConfigError("prefix caching with sliding-window layers (vLLM's hybrid KV allocator) is not modelled: "
+                          "set enable_prefix_caching false for this model")
+    if num_blocks <= 0 or block_size <= 0:
+        raise ConfigError(f"num_blocks and block_size must be > 0 (got {num_blocks}, {block_size})")
+    return HybridKVCacheManager(num_blocks, block_size, groups)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.sched.base import Seq, Step
-from capacity.sched.kv import KVCacheManager
+from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import FCFSQueue
 from capacity.workload import Request
 
@@ -23,6 +23,7 @@ class StaticConfig:
     block_size: int = 16
     num_blocks: int = 1 << 20
     max_model_len: int | None = None
+    kv_groups: tuple[int, int, int] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks)
 
     def __post_init__(self) -> None:
         if self.max_batch <= 0:
@@ -39,7 +40,7 @@ class StaticScheduler:
         self.waiting = FCFSQueue()
         self.batch: list[Seq] = []
         self.num_preemptions = 0
-        self.kv = KVCacheManager(cfg.num_blocks, cfg.block_size)
+        self.kv = make_kv_manager(cfg.num_blocks, cfg.block_size, False, cfg.kv_groups)
 
     @property
     def running(self) -> list[Seq]:

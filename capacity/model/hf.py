@@ -1,0 +1,324 @@
+"""Hugging Face `config.json` -> ModelCard, for the architectures people serve with vLLM.
+
+Text models: Llama, Mistral, Qwen2/3, Qwen3-MoE, Mixtral, DeepSeek-V2/V3, Phi-3/Phi-4, Gemma-2, Gemma-3 and
+gpt-oss (alternating sliding-window layers, attention sinks, MXFP4 experts). Vision-language models: LLaVA
+(CLIP), Gemma-3 (SigLIP), Mistral-3 (Pixtral), Llama-3.2-Vision (Mllama) and Qwen2.5-VL; the vision tower's
+weights are counted from its config. Quantised checkpoints: fp8 (per channel or 128 x 128 blocks),
+compressed-tensors (FP8, W8A8, W4A16), AWQ/GPTQ (4 and 8 bit), MXFP4, ModelOpt NVFP4/FP8; modules a
+checkpoint leaves unquantised (`ignore`, `modules_to_not_convert`) keep the compute dtype.
+
+Where a config leaves a field to the `transformers` config class, the class's default is used (Gemma-3's
+vocabulary, Gemma's tied embeddings ...). Anything the loader cannot size is an error naming the field and
+value, never a guess.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from capacity.errors import ConfigError
+from capacity.files import validate
+from capacity.model.card import ModelCard
+
+_TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", "float": "bf16"}
+TEXT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "phi3",
+              "gemma2", "gemma3_text", "gpt_oss", "mllama_text_model"}
+VISION_TYPES = {"llava", "mistral3", "gemma3", "mllama", "qwen2_5_vl"}
+SUPPORTED = sorted(TEXT_TYPES | VISION_TYPES)
+# transformers' config-class defaults for fields real configs leave out
+_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"vocab_size": 262208, "max_position_embeddings": 131072, "head_dim": 256, "sliding_window": 4096,
+                    "num_attention_heads": 8, "num_key_value_heads": 4, "tie_word_embeddings": True,
+                    "sliding_window_pattern": 6},
+    "gemma2": {"tie_word_embeddings": True},
+    "mistral": {"max_position_embeddings": 32768},
+    "mllama_text_model": {"vocab_size": 128256},
+}
+
+
+def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelCard:
+    """Map a Hugging Face config.json onto a ModelCard. Unknown architectures are an error, not a guess."""
+    mt = cfg.get("model_type")
+    if mt not in TEXT_TYPES and mt not in VISION_TYPES:
+        raise ConfigError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
+                          "(or write a capacity model card YAML)")
+    text: dict[str, Any] = cfg
+    if mt in VISION_TYPES and mt != "qwen2_5_vl":
+        sub = cfg.get("text_config")
+        if not isinstance(sub, dict):
+            raise ConfigError(f"{source}: text_config is missing (model_type {mt})")
+        text = sub
+    tmt = {"gemma3": "gemma3_text", "mllama": "mllama_text_model"}.get(mt, text.get("model_type") or "llama")
+    if mt in ("llava", "mistral3") and tmt not in ("llama", "mistral", "qwen2"):
+        raise ConfigError(f"{source}: text_config.model_type {tmt!r} is not supported for {mt}")
+    if mt == "qwen2_5_vl":
+        tmt = "qwen2"
+    defaults = _DEFAULTS.get(tmt, {})
+
+    def get(key: str, default: Any = None, where: dict | None = None) -> Any:
+        d = text if where is None else where
+        v = d.get(key)
+        return default if v is None else v
+
+    def need(key: str, where: dict | None = None, label: str = "") -> Any:
+        v = get(key, defaults.get(key), where)
+        if v is None:
+            raise ConfigError(f"{source}: field {label or ''}{key!r} is missing (model_type {mt})")
+        return v
+
+    tag = "text_config." if text is not cfg else ""
+    dtype_name = str(cfg.get("torch_dtype") or cfg.get("dtype") or text.get("torch_dtype") or "bfloat16")
+    dtype = _TORCH_DTYPES.get(dtype_name.replace("torch.", ""))
+    if dtype is None:
+        raise ConfigError(f"{source}: torch_dtype {dtype_name!r} is not supported (bfloat16, float16, float32)")
+    layers = need("num_hidden_layers", label=tag)
+    card: dict[str, Any] = {
+        "name": name,
+        "hf_id": cfg.get("_name_or_path") or None,
+        "architecture": mt,
+        "num_layers": layers,
+        "hidden_size": need("hidden_size", label=tag),
+        "num_attention_heads": need("num_attention_heads", label=tag),
+        "num_kv_heads": get("num_key_value_heads", defaults.get("num_key_value_heads")) or need("num_attention_heads"),
+        "intermediate_size": need("intermediate_size", label=tag),
+        "vocab_size": need("vocab_size", label=tag),
+        "max_position_embeddings": get("max_position_embeddings", defaults.get("max_position_embeddings", 4096)),
+        "tie_word_embeddings": bool(get("tie_word_embeddings", cfg.get("tie_word_embeddings",
+                                                                        defaults.get("tie_word_embeddings", False)))),
+        "dtype": dtype,
+    }
+    if text.get("head_dim") or defaults.get("head_dim"):
+        card["head_dim"] = get("head_dim", defaults.get("head_dim"))
+    if tmt == "qwen2":
+        card["attention_bias"] = True
+    if tmt in ("qwen3", "qwen3_moe", "gemma3_text"):
+        card["qk_norm"] = True
+    if tmt == "llama" and text.get("attention_bias"):
+        card["attention_bias"] = True
+    if tmt in ("gemma2", "gemma3_text"):
+        card["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
+        card["tie_word_embeddings"] = bool(get("tie_word_embeddings", True))
+        if text.get("final_logit_softcapping"):
+            card["final_logit_softcap"] = text["final_logit_softcapping"]
+    _sliding(text, tmt, layers, card, defaults, source)
+    rope = text.get("rope_scaling")
+    if isinstance(rope, dict) and str(rope.get("rope_type") or rope.get("type")) == "linear":
+        factor = rope.get("factor")
+        if not isinstance(factor, (int, float)) or isinstance(factor, bool) or not 0 < factor <= 1024:
+            raise ConfigError(f"{source}: rope_scaling.factor {factor!r} must be a number in (0, 1024]")
+        scaled = int(card["max_position_embeddings"] * factor)
+        # Gemma-3's sliding layers keep their own unscaled rope (rope_local_base_freq)
+        card["rope_caches"] = [card["max_position_embeddings"], scaled] if tmt == "gemma3_text" else [scaled]
+    _moe(text, tmt, card, need, source)
+    if tmt == "gpt_oss":
+        card.update(attention_bias=True, attention_out_bias=True, attention_sinks=True, expert_bias=True)
+    if tmt == "mllama_text_model":
+        cross = text.get("cross_attention_layers") or []
+        if not isinstance(cross, list):
+            raise ConfigError(f"{source}: text_config.cross_attention_layers {cross!r} is not a list")
+        card["cross_attention_layers"] = len(cross)
+        card["extra_vocab"] = 8  # the embedding holds vocab_size + 8 rows (image tokens)
+    if mt in VISION_TYPES:
+        card["vision"] = _vision(cfg, mt, card["hidden_size"], source)
+    quant = cfg.get("quantization_config") or text.get("quantization_config")
+    if quant:
+        _quant(quant, card, dtype, source)
+    return validate(ModelCard, card, source)
+
+
+def _sliding(text: dict, tmt: str, layers: int, card: dict, defaults: dict, source: str) -> None:
+    """Which layers attend through a sliding window, as vLLM's KV manager sees them."""
+    window = text.get("sliding_window") or defaults.get("sliding_window")
+    types = text.get("layer_types")
+    if isinstance(types, list) and types:
+        if len(types) != layers:
+            raise ConfigError(f"{source}: layer_types has {len(types)} entries for {layers} layers")
+        n = sum(1 for t in types if t == "sliding_attention")
+    elif tmt == "gemma2":
+        n = (layers + 1) // 2  # even layers (0, 2, ...) slide
+    elif tmt == "gemma3_text":
+        pattern = text.get("sliding_window_pattern") or defaults["sliding_window_pattern"]
+        n = layers - layers // pattern  # every pattern-th layer is global
+    elif tmt in ("mistral", "phi3", "qwen2", "qwen3") and window and not text.get("use_sliding_window", tmt != "qwen2"):
+        n = 0  # Qwen ships a sliding_window value but leaves use_sliding_window false
+    elif tmt in ("mistral", "phi3") and window and window < (text.get("max_position_embeddings") or 0):
+        n = layers  # the whole model slides (Mistral-7B v0.1, Phi-3-mini-4k)
+    else:
+        n = 0
+    if n:
+        if not isinstance(window, int) or window <= 0:
+            raise ConfigError(f"{source}: sliding_window {window!r} must be a positive token count")
+        card["sliding_window"] = window
+        card["num_sliding_layers"] = n
+
+
+def _moe(text: dict, tmt: str, card: dict, need, source: str) -> None:
+    if tmt in ("mixtral",):
+        card["moe"] = {"num_experts": need("num_local_experts"), "experts_per_token": need("num_experts_per_tok"),
+                       "moe_intermediate_size": need("intermediate_size")}
+    elif tmt == "gpt_oss":
+        card["moe"] = {"num_experts": need("num_local_experts"),
+                       "experts_per_token": text.get("num_experts_per_tok") or need("experts_per_token"),
+                       "moe_intermediate_size": need("intermediate_size")}
+    elif tmt == "qwen3_moe":
+        if text.get("mlp_only_layers") or text.get("decoder_sparse_step", 1) != 1:
+            raise ConfigError(f"{source}: qwen3_moe with mlp_only_layers/decoder_sparse_step != 1 is not supported")
+        card["moe"] = {"num_experts": need("num_experts"), "experts_per_token": need("num_experts_per_tok"),
+                       "moe_intermediate_size": need("moe_intermediate_size")}
+    elif tmt in ("deepseek_v3", "deepseek_v2"):
+        card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
+                       "moe_intermediate_size": need("moe_intermediate_size"),
+                       "num_shared_experts": text.get("n_shared_experts") or 0,
+                       "first_dense_layers": text.get("first_k_dense_replace", 0)}
+        card["mla"] = {"q_lora_rank": text.get("q_lora_rank"), "kv_lora_rank": need("kv_lora_rank"),
+                       "qk_nope_head_dim": need("qk_nope_head_dim"), "qk_rope_head_dim": need("qk_rope_head_dim"),
+                       "v_head_dim": need("v_head_dim")}
+
+
+# ---- vision towers --------------------------------------------------------------------------------
+def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
+    v = cfg.get("vision_config")
+    if not isinstance(v, dict):
+        raise ConfigError(f"{source}: vision_config is missing (model_type {mt})")
+    vmt = v.get("model_type")
+    expected = {"llava": ("clip_vision_model", "siglip_vision_model"), "gemma3": ("siglip_vision_model",),
+                "mistral3": ("pixtral",), "mllama": ("mllama_vision_model",), "qwen2_5_vl": ("qwen2_5_vl", None)}[mt]
+    if vmt not in expected:
+        raise ConfigError(f"{source}: vision_config.model_type {vmt!r} cannot be sized for {mt} "
+                          f"(known: {', '.join(str(e) for e in expected if e)})")
+
+    def need(key: str, default: Any = None) -> Any:
+        val = v.get(key, default)
+        if not isinstance(val, int) or isinstance(val, bool) or val <= 0:
+            raise ConfigError(f"{source}: vision_config.{key} {val!r} must be a positive integer")
+        return val
+
+    if mt == "qwen2_5_vl":
+        return _qwen25vl(v, need)
+    h = need("hidden_size")
+    heads = need("num_attention_heads") if mt != "mllama" else need("attention_heads")
+    out: dict[str, Any] = {"hidden_size": h, "intermediate_size": need("intermediate_size"), "num_heads": heads,
+                           "patch_size": need("patch_size"), "image_size": need("image_size")}
+    layers = need("num_hidden_layers")
+    if mt == "llava":
+        feature = cfg.get("vision_feature_layer", -2)
+        if not isinstance(feature, int) or isinstance(feature, bool):
+            raise ConfigError(f"{source}: vision_feature_layer {feature!r}: a list of layers is not supported")
+        used = layers + feature + 1 if feature < 0 else feature  # vLLM builds the encoder up to that layer
+        bias = cfg.get("multimodal_projector_bias", True)
+        proj = h * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
+        kind = "clip" if vmt == "clip_vision_model" else "siglip"
+        n = (out["image_size"] // out["patch_size"]) ** 2
+        out.update(kind=kind, num_layers=used, post_layernorm=False, projector_params=proj, tokens_per_image=n)
+    elif mt == "gemma3":
+        per_image = cfg.get("mm_tokens_per_image", 256)
+        out.update(kind="siglip", num_layers=layers, projector_params=h * text_hidden + h, tokens_per_image=per_image)
+    elif mt == "mistral3":
+        merge = cfg.get("spatial_merge_size", 2)
+        bias = cfg.get("multimodal_projector_bias", False)
+        proj = h + h * h * merge * merge + h * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
+        side = out["image_size"] // out["patch_size"] // merge
+        out.update(kind="pixtral", num_layers=layers, projector_params=proj, tokens_per_image=side * side + side)
+    else:  # mllama
+        ratios = v.get("supported_aspect_ratios") or []
+        out_dim = need("vision_output_dim")
+        kept = v.get("intermediate_layers_indices") or []
+        out.update(kind="mllama", num_layers=layers, num_global_layers=v.get("num_global_layers", 8),
+                   kept_layer_outputs=len(kept) if isinstance(kept, list) else 0,
+                   max_num_tiles=need("max_num_tiles", 4), num_aspect_ratios=len(ratios) + 1,
+                   projector_params=out_dim * text_hidden + text_hidden,
+                   tokens_per_image=need("max_num_tiles", 4) * ((out["image_size"] // out["patch_size"]) ** 2 + 1))
+    return out
+
+
+def _qwen25vl(v: dict, need) -> dict:
+    """Qwen2.5-VL's window-attention ViT; its merger (two linears over merge x merge patches) is the projector."""
+    h, out_h, merge = need("hidden_size"), need("out_hidden_size"), need("spatial_merge_size", 2)
+    m = h * merge * merge
+    return {"kind": "qwen2_5_vl", "num_layers": need("depth"), "hidden_size": h,
+            "intermediate_size": need("intermediate_size"), "num_heads": need("num_heads"),
+            "patch_size": need("patch_size", 14), "image_size": 14 * 256, "projector_params": h + m * m + m + m * out_h + out_h,
+            "tokens_per_image": 16384}  # the processor's default max_pixels (12,845,056) in merged tokens
+
+
+# ---- quantisation ---------------------------------------------------------------------------------
+_FAMILY_PATTERNS = (("attention", re.compile(r"self_attn|attention|attn")), ("experts", re.compile(r"experts")),
+                    ("shared_experts", re.compile(r"shared_expert")), ("lm_head", re.compile(r"lm_head")),
+                    ("vision", re.compile(r"vision|visual|multi_modal")))
+
+
+def _unquantised_families(names: list[Any]) -> set[str]:
+    fams = set()
+    for n in names:
+        s = str(n)
+        for fam, pat in _FAMILY_PATTERNS:
+            if pat.search(s) and not re.search(r"\.(gate|router)$|layernorm|norm$", s):
+                fams.add(fam)
+    return fams
+
+
+def _quant(quant: Any, card: dict, dtype: str, source: str) -> None:
+    if not isinstance(quant, dict):
+        raise ConfigError(f"{source}: quantization_config must be a mapping, got {type(quant).__name__}")
+    method = str(quant.get("quant_method", "")).lower()
+    skip = quant.get("modules_to_not_convert") or quant.get("ignore") or quant.get("ignored_layers") or []
+    if not isinstance(skip, list):
+        raise ConfigError(f"{source}: quantization_config.ignore must be a list")
+    if method == "fp8":
+        card["weight_dtype"] = "fp8"
+        block = quant.get("weight_block_size")
+        if block:
+            card["quant_group_size"] = block[0]
+    elif method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
+        bits = quant.get("bits", quant.get("w_bit"))
+        if bits == 4:
+            card["weight_dtype"] = "int4"
+            g = quant.get("group_size", quant.get("q_group_size", 128))
+            card["quant_group_size"] = g if isinstance(g, int) and g > 0 else 128
+        elif bits == 8 and method.startswith("gptq"):
+            card["weight_dtype"] = "int8"
+        else:
+            raise ConfigError(f"{source}: quantization_config.bits {bits!r} is not supported for {method} (4, or 8 for GPTQ)")
+    elif method == "compressed-tensors":
+        _compressed_tensors(quant, card, source)
+    elif method == "mxfp4":
+        card["weight_dtype"] = "mxfp4"
+    elif method == "modelopt":
+        algo = str(quant.get("quant_algo") or (quant.get("quantization") or {}).get("quant_algo") or "").upper()
+        if algo not in ("FP8", "NVFP4"):
+            raise ConfigError(f"{source}: quantization_config.quant_algo {algo!r} is not supported (FP8, NVFP4)")
+        card["weight_dtype"] = algo.lower()
+    else:
+        raise ConfigError(f"{source}: quantization_config.quant_method {method!r} is not supported "
+                          "(fp8, compressed-tensors, awq, gptq, mxfp4, modelopt)")
+    fams = _unquantised_families(skip)
+    if fams:
+        card["weight_formats"] = {f: dtype for f in fams if f not in ("lm_head", "vision")}
+    if method == "mxfp4" and "attention" in fams:  # gpt-oss: only the experts are MXFP4
+        card["weight_dtype"] = None
+        card["weight_formats"] = {"experts": "mxfp4"}
+
+
+def _compressed_tensors(quant: dict, card: dict, source: str) -> None:
+    groups = quant.get("config_groups")
+    if not isinstance(groups, dict) or not groups:
+        raise ConfigError(f"{source}: quantization_config.config_groups is missing (compressed-tensors)")
+    w = next(iter(groups.values())).get("weights") if isinstance(next(iter(groups.values())), dict) else None
+    if not isinstance(w, dict):
+        raise ConfigError(f"{source}: quantization_config.config_groups has no weights scheme")
+    bits, kind, strategy = w.get("num_bits"), w.get("type", "int"), w.get("strategy")
+    if bits == 8 and kind == "float":
+        card["weight_dtype"] = "fp8"
+        block = w.get("block_structure")
+        if strategy == "block" and block:
+            card["quant_group_size"] = block[0]
+    elif bits == 8 and kind == "int":
+        card["weight_dtype"] = "int8"
+    elif bits == 4 and kind == "int":
+        card["weight_dtype"] = "int4"
+        g = w.get("group_size")
+        card["quant_group_size"] = g if isinstance(g, int) and g > 0 else 128
+    elif bits == 4 and kind == "float":
+        card["weight_dtype"] = "nvfp4"
+    else:
+        raise ConfigError(f"{source}: compressed-tensors weights num_bits {bits!r} type {kind!r} is not supported")

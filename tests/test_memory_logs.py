@@ -1,0 +1,90 @@
+"""The memory budget against real vLLM start-up logs (tests/data/vllm_startup, scored by bench/memory_logs.py).
+
+Every scored case is pinned: weights within 1%, the KV cache within 2% in GiB and in blocks or tokens, and a
+log that did not start predicted as such. A case the model still misses is an expected failure with the
+reason and the size of the miss, strict, so that fixing it turns the test red until the mark is removed.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench import memory_logs as ml  # noqa: E402
+
+CASES = {c["id"]: c for c in ml.load_cases()}
+SCORED = [k for k, c in CASES.items() if c.get("score", True) and "model" in c]
+# Known misses: (what is off, why) - each is explained in docs/memory.md and the README accuracy table.
+KNOWN = {
+    "llmd-bench-mistral-small-3.2-24b-h100": "0.11.0 logged a 2.12 GiB peak: the FlashInfer sampler path (the "
+                                             "range's optimistic end), not the pip install's sort path",
+    "llmd-bench-gpt-oss-20b-h100": "MXFP4 experts: the kernel layout pads 4.6% more than the checkpoint (the "
+                                   "weights range covers it)",
+    "llmd-qwen25-72b-h100-tp2": "a 3 GiB KV cache: 0.08 GiB off is 2.7%",
+}
+
+
+def _mark(case_id: str):
+    if case_id in KNOWN:
+        return pytest.param(case_id, marks=pytest.mark.xfail(reason=KNOWN[case_id], strict=True))
+    return case_id
+
+
+@pytest.mark.parametrize("case_id", [_mark(k) for k in SCORED])
+def test_log_reproduced(case_id):
+    r = ml.score(CASES[case_id])
+    problems = []
+    if not r["fits_ok"]:
+        problems.append(f"fits: logged {r['fits_logged']}, predicted {r['fits_pred']}")
+    if r.get("weights_err_pct") is not None and abs(r["weights_err_pct"]) > 1.0:
+        problems.append(f"weights {r['weights_pred']:.2f} vs {r['weights_log']:.2f} GiB")
+    if r.get("fits_logged") is not False:
+        if "kv_log" in r and not r["within2"]:
+            problems.append(f"KV {r['kv_pred']:.2f} vs {r['kv_log']:.2f} GiB")
+        for k in ("blocks_err_pct", "tokens_err_pct"):
+            if r.get(k) is not None and abs(r[k]) > 2.0:
+                problems.append(f"{k} {r[k]:+.1f}%")
+    assert not problems, "; ".join(problems)
+
+
+def _is_v1(case_id: str) -> bool:
+    from capacity.engine.vllm_release import parse_engine, release
+
+    _, version, runner = parse_engine(CASES[case_id]["engine"])
+    return release(version, runner).runner == "v1"
+
+
+@pytest.mark.parametrize("case_id", [k for k in SCORED if _is_v1(k)])
+def test_v1_conservative_end_never_promises_more_than_logged(case_id):
+    """The planner's end of the KV range stays at or below what the engine logged (within the logs' 0.01 GiB
+    rounding), for every V1 case: the safe side."""
+    r = ml.score(CASES[case_id])
+    if "kv_log" not in r or r.get("fits_logged") is False:
+        pytest.skip("no KV figure logged")
+    assert r["kv_range"][0] <= r["kv_log"] + 0.01, (r["kv_range"], r["kv_log"])
+
+
+def test_summary_meets_the_issue_targets():
+    rows = [ml.score(c) for c in CASES.values()]
+    s = ml.summary(rows)
+    assert s["kv_within_5pct_or_0.5gib"] >= s["kv_cases"] - 2
+    assert s["median_abs_kv_err_pct"] < 1.0
+    assert s["does_not_fit_predicted"].split("/")[0] == s["does_not_fit_predicted"].split("/")[1]
+
+
+@pytest.mark.parametrize("case_id", [k for k, c in CASES.items() if "unsupported" in c])
+def test_unsupported_checkpoints_are_refused_in_one_line(case_id):
+    msg = ml.unsupported_error(CASES[case_id])
+    assert "quant_method" in msg and CASES[case_id]["unsupported"] in msg and "\n" not in msg
+
+
+def test_gemma3_hybrid_kv_tokens_as_vllm_counts_them():
+    # 10 full + 52 sliding layers -> 7 groups of 10 layers (8 padding); vLLM logs num_blocks // 7 x 16 tokens
+    r = ml.score(CASES["llmd-gemma3-27b-it-h100-tp1"])
+    b = ml.predict(CASES["llmd-gemma3-27b-it-h100-tp1"])
+    assert (b.kv_groups.full, b.kv_groups.sliding, b.kv_groups.group_size) == (1, 6, 10)
+    assert b.kv_tokens == b.num_blocks // 7 * 16
+    assert abs(r["tokens_err_pct"]) < 3.0
