@@ -89,6 +89,7 @@ class MemoryBudget:
     planning_blocks: int = 0  # the blocks the planner and the simulator use
     kv_groups: KVGroups = field(default_factory=KVGroups)
     block_bytes: float = 0.0  # bytes of one pool block (block_size tokens of every layer in a group)
+    chunked_prefill: bool = True  # as the engine resolved it
     fits: bool = True  # whether the engine starts (weights, one max_model_len request) at the middle estimate
     reason: str = ""  # why not, when it does not
 
@@ -122,11 +123,12 @@ class SchedLimits:
     num_blocks: int
     max_model_len: int | None = None  # None: no length limit (a fit to a real engine's runs)
     kv_groups: tuple[int, int, int] | None = None  # sliding-window layout (full, sliding, window blocks)
+    chunked_prefill: bool | None = None  # as the engine resolved it (None: the engine's default)
 
     @classmethod
     def of(cls, b: MemoryBudget) -> SchedLimits:
         return cls(b.max_num_seqs, b.max_num_batched_tokens, b.block_size, b.planning_blocks, b.max_model_len,
-                   b.kv_groups.as_tuple())
+                   b.kv_groups.as_tuple(), b.chunked_prefill)
 
 
 def check_fits(b: MemoryBudget, card: ModelCard, gpu: GPU) -> None:

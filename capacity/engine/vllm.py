@@ -161,7 +161,7 @@ class Vllm:
             )
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
-            chunked = rel.default_chunked_prefill(max_model_len)
+            chunked = rel.default_chunked_prefill(max_model_len, card.vision is not None, card.num_sliding_layers > 0)
             used.append("enable_chunked_prefill")
         elif not chunked and rel.runner == "v1" and rel.version < (0, 10, 0):
             raise ConfigError(f"enable_chunked_prefill false: the V1 engine of {rel.label} always chunks "
@@ -427,7 +427,7 @@ class Vllm:
             ranges={"weights": [weights, w_hi], "activation": [act.lo, act.hi], "non_torch": [nt.lo, nt.hi],
                     "cuda_graphs": [graphs.lo, graphs.hi], "kv_budget": [kv_lo, kv_hi]},
             num_blocks_range=[blocks_lo, blocks_hi], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
-            kv_groups=groups, block_bytes=block_bytes,
+            kv_groups=groups, block_bytes=block_bytes, chunked_prefill=eng.chunked_prefill,
         )
         if usable + outside > total:
             b.warnings.append(
@@ -454,8 +454,10 @@ class Vllm:
         from capacity.sched import make_scheduler
 
         kw: dict
-        chunked = cfg.enable_chunked_prefill if cfg.enable_chunked_prefill is not None else (
-            self.release.default_chunked_prefill(limits.max_model_len or 0))
+        chunked = cfg.enable_chunked_prefill
+        if chunked is None:
+            chunked = (limits.chunked_prefill if limits.chunked_prefill is not None
+                       else self.release.default_chunked_prefill(limits.max_model_len or 0))
         if cfg.policy == "static":
             kw = dict(max_batch=cfg.static_max_batch or limits.max_num_seqs, max_wait_s=cfg.static_max_wait_s,
                       block_size=limits.block_size, num_blocks=limits.num_blocks, max_model_len=limits.max_model_len,

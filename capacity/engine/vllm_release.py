@@ -177,11 +177,12 @@ class Release:
         return self.runner == "v1" and self.version >= MOE_WORKSPACE_PERSISTENT_FROM
 
     # ---- defaults --------------------------------------------------------------------------------
-    def default_chunked_prefill(self, max_model_len: int) -> bool:
-        """V1 always chunks; V0 switches chunked prefill on by itself for contexts over 32k (from 0.5.5)."""
+    def default_chunked_prefill(self, max_model_len: int, multimodal: bool = False, sliding: bool = False) -> bool:
+        """V1 always chunks; V0 switches chunked prefill on by itself for contexts over 32k (from 0.5.5), but
+        not for multimodal models or models with a sliding window."""
         if self.runner == "v1":
             return True
-        return self.version >= (0, 5, 5) and max_model_len > 32768
+        return self.version >= (0, 5, 5) and max_model_len > 32768 and not multimodal and not sliding
 
     def default_prefix_caching(self) -> bool:
         return self.runner == "v1"
