@@ -30,12 +30,9 @@ def load_card(source: str, text: str | None):
         return load_model_card(resolve_model_path(source)).model_dump()
     if len(text) > MAX_UPLOAD_BYTES:
         raise CapacityError(f"{source}: {len(text):,} bytes is more than the {MAX_UPLOAD_BYTES:,} a model card may be")
-    import yaml
+    from capacity.files import parse_text
 
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise CapacityError(f"{source}: not valid YAML/JSON ({getattr(exc, 'problem', exc)})") from None
+    data = parse_text(text, source)  # aliases refused, depth and size bounded, as for a file
     if not isinstance(data, dict):
         raise CapacityError(f"{source}: expected a mapping of model-card fields")
     if "model_type" in data or "architectures" in data:

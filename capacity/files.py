@@ -6,6 +6,7 @@ pydantic ValidationError becomes a ConfigError that names the file, the field pa
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -17,18 +18,94 @@ from capacity.errors import ConfigError
 M = TypeVar("M", bound=BaseModel)
 
 MAX_FILE_BYTES = 8 * 1024 * 1024  # a model card or scenario is a few KB; refuse absurd files early
+MAX_DEPTH = 64  # nesting of mappings/lists in a user file
+MAX_NODES = 200_000  # scalars + collections in a user file
+MAX_SHOWN = 80  # characters of a value echoed in an error message
 
 
-def read_mapping(path: str | Path) -> dict[str, Any]:
-    """Parse a YAML or JSON file whose top level must be a mapping."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: file not found")
-    if p.stat().st_size > MAX_FILE_BYTES:
-        raise ConfigError(f"{p}: file is {p.stat().st_size} bytes, more than the {MAX_FILE_BYTES} allowed")
-    text = p.read_text(encoding="utf-8", errors="replace")
+def short(value: Any, limit: int = MAX_SHOWN) -> str:
+    """repr() of a value cut to `limit` characters, for error messages (a user file can hold megabytes)."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+class _Refused(Exception):
+    """A user file that parses but is refused (aliases, too deep, too many nodes)."""
+
+
+_FLOAT = re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+    |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""", re.X)
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses aliases (a 1 KB 'billion laughs' file expands to gigabytes) and bounds
+    nesting depth and node count while composing, before anything is built."""
+
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._depth = 0
+        self._nodes = 0
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            mark = event.start_mark
+            raise _Refused(f"YAML aliases are not accepted in user files (*{event.anchor} at line {mark.line + 1})")
+        self._depth += 1
+        self._nodes += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
+        if self._nodes > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values")
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+# YAML 1.1 reads `3.35e12` (no dot before the exponent) as a string; people write it as a number (YAML 1.2, JSON)
+_BoundedLoader.yaml_implicit_resolvers = {k: [r for r in v if r[0] != "tag:yaml.org,2002:float"]
+                                         for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_BoundedLoader.add_implicit_resolver("tag:yaml.org,2002:float", _FLOAT, list("-+0123456789."))
+
+
+def _check_shape(data: Any) -> None:
+    """Depth and size bounds for parsed JSON (iterative: a deep document must not exhaust the stack)."""
+    stack, nodes = [(data, 1)], 0
+    while stack:
+        node, depth = stack.pop()
+        nodes += 1
+        if depth > MAX_DEPTH:
+            raise _Refused(f"nested deeper than {MAX_DEPTH} levels")
+        if nodes > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values")
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+
+
+def parse_text(text: str, source: str, kind: str = "yaml") -> Any:
+    """Parse user-supplied YAML or JSON text with the same bounds as a file (the dashboard's paste box too)."""
+    if len(text) > MAX_FILE_BYTES:
+        raise ConfigError(f"{source}: {len(text):,} characters, more than the {MAX_FILE_BYTES:,} allowed")
     try:
-        data = json.loads(text) if p.suffix == ".json" else yaml.safe_load(text)
+        if kind == "json":
+            data = json.loads(text)
+            _check_shape(data)
+            return data
+        loader = _BoundedLoader(text)
+        try:
+            return loader.get_single_data()
+        finally:
+            loader.dispose()
+    except _Refused as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested deeper than {MAX_DEPTH} levels") from None
     except (yaml.YAMLError, json.JSONDecodeError) as exc:
         where = ""
         mark = getattr(exc, "problem_mark", None)
@@ -37,36 +114,96 @@ def read_mapping(path: str | Path) -> dict[str, Any]:
         elif isinstance(exc, json.JSONDecodeError):
             where = f" at line {exc.lineno}, column {exc.colno}"
         problem = getattr(exc, "problem", None) or getattr(exc, "msg", None) or str(exc)
-        raise ConfigError(f"{p}: not valid {'JSON' if p.suffix == '.json' else 'YAML'}{where}: {problem}") from None
+        raise ConfigError(f"{source}: not valid {'JSON' if kind == 'json' else 'YAML'}{where}: "
+                          f"{str(problem)[:200]}") from None
+
+
+def read_text(path: str | Path, what: str = "file", limit: int = MAX_FILE_BYTES) -> str:
+    """A user file as UTF-8 text: a missing, unreadable, oversized or non-UTF-8 file is one ConfigError."""
+    p = Path(path)
+    try:
+        if not p.is_file():
+            raise ConfigError(f"{short(str(p), 200)}: {what} not found")
+        size = p.stat().st_size
+        if size > limit:
+            raise ConfigError(f"{p}: {what} is {size:,} bytes, more than the {limit:,} allowed")
+        with p.open("rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as exc:
+        raise ConfigError(f"{short(str(p), 200)}: cannot read the {what} ({exc.strerror or exc})") from None
+    if len(raw) > limit:
+        raise ConfigError(f"{p}: {what} is more than the {limit:,} bytes allowed")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{p}: not UTF-8 text (byte {exc.start}); is it the right file?") from None
+
+
+def check_writable(path: str | Path, force: bool = False, what: str = "output") -> Path:
+    """Before long work: the folder exists and is writable, the path is not a folder, and an existing file is
+    only replaced with --force. One ConfigError line otherwise."""
+    import os
+
+    p = Path(path)
+    if len(str(p)) > 4096 or len(p.name) > 255:
+        raise ConfigError(f"{what} path {short(str(p), 100)}: too long")
+    if p.is_dir():
+        raise ConfigError(f"{what} {p}: is a folder, not a file")
+    parent = p.parent
+    if not parent.is_dir():
+        raise ConfigError(f"{what} {p}: the folder {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{what} {p}: cannot write to {parent}")
+    if p.exists() and not force:
+        raise ConfigError(f"{what} {p} exists; pass --force to overwrite it")
+    return p
+
+
+def read_mapping(path: str | Path) -> dict[str, Any]:
+    """Parse a YAML or JSON file whose top level must be a mapping."""
+    p = Path(path)
+    text = read_text(p)
+    data = parse_text(text, str(p), "json" if p.suffix == ".json" else "yaml")
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a mapping of fields at the top level, got {type(data).__name__}")
     return data
 
 
-def read_json(path: str | Path, what: str = "file") -> Any:
+def read_json(path: str | Path, what: str = "file", limit: int = 64 * 1024 * 1024) -> Any:
     """Parse a JSON file; a missing file or bad JSON is one ConfigError naming the path and the line."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: {what} not found")
+    text = read_text(p, what, limit)
     try:
-        return json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a {what} (not UTF-8 text)") from None
+        data = json.loads(text)
+        _check_shape(data)
+        return data
+    except _Refused as exc:
+        raise ConfigError(f"{p}: {exc}") from None
+    except RecursionError:
+        raise ConfigError(f"{p}: nested deeper than {MAX_DEPTH} levels") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg}") from None
 
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
-    """'source: field.path: message (got value)' for each error, joined by '; '."""
-    parts = []
-    for err in exc.errors():
+    """'source: field.path: message (got value)' for each error, joined by '; ': wrong values and unknown fields
+    first, missing fields after them, at most 8 (a file of junk must not make a page-long line)."""
+    parts: list[str] = []
+    errors = sorted(exc.errors(), key=lambda e: e["type"] == "missing")
+    for err in errors:
         loc = ".".join(str(x) for x in err["loc"]) or "(top level)"
         msg = err["msg"].removeprefix("Value error, ")  # a validator's own sentence reads better alone
         if err["type"] == "extra_forbidden":
             msg = "unknown field"
         value = err.get("input")
-        shown = "" if isinstance(value, dict) else f" (got {value!r})"
-        parts.append(f"{loc}: {msg}{shown}")
+        shown = "" if isinstance(value, dict) else f" (got {short(value)})"
+        if loc == "(top level)" and isinstance(value, dict):
+            parts.append(msg[:300])  # a rule over several fields: its own sentence names them
+        else:
+            parts.append(f"{loc[:120]}: {msg[:300]}{shown}")
+        if len(parts) >= 8 and len(errors) > 8:
+            parts.append(f"... {len(errors) - 8} more")
+            break
     return f"{source}: " + "; ".join(parts)
 
 

@@ -45,6 +45,17 @@ class Deployment:
     router: Literal["round_robin", "least_outstanding"] = "round_robin"
     frontend_s: float = 0.0
 
+    def __post_init__(self) -> None:
+        from capacity.limits import check
+
+        if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
+            raise ConfigError(f"replicas: must be a whole number >= 1 (got {self.replicas!r})")
+        check("replicas", self.replicas, "replicas")
+        if not math.isfinite(self.frontend_s) or self.frontend_s < 0:
+            raise ConfigError(f"frontend_s: must be a finite number >= 0 (got {self.frontend_s})")
+        if self.router not in ("round_robin", "least_outstanding"):
+            raise ConfigError(f"router {self.router!r}: use round_robin or least_outstanding")
+
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -58,6 +69,10 @@ class RunOptions:
     def __post_init__(self) -> None:
         if not 0 <= self.warmup_fraction < 1:
             raise CapacityError(f"warmup fraction: must be in [0, 1) (got {self.warmup_fraction})")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63:
+            raise CapacityError(f"seed: must be a whole number from 0 to 2^63 - 1 (got {self.seed!r})")
+        if self.max_sim_s != self.max_sim_s or self.max_sim_s <= 0:
+            raise CapacityError(f"max_sim_s: must be > 0 (got {self.max_sim_s})")
 
 
 @dataclass

@@ -19,6 +19,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.errors import ConfigError
+from capacity.files import short
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -38,7 +39,8 @@ class Request:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `true` is not a rate, "8" is not a count, 8.0 is not a whole number of requests
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class Lengths(_Strict):
@@ -110,6 +112,8 @@ class Arrivals(_Strict):
         # rate_per_s may be left out of a planning scenario (the planner supplies it); generate() checks it
         if self.kind == "closed" and self.users is None:
             raise ValueError("closed-loop arrivals need users")
+        if self.users is not None:
+            _bounded("users", self.users, "users")
         return self
 
 
@@ -142,6 +146,7 @@ class WorkloadSpec(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
+        _bounded("requests", self.num_requests, "num_requests")
         if self.arrivals.kind == "trace" and not self.trace:
             raise ValueError("trace arrivals need `trace` (a JSONL or CSV file)")
         if not self.classes:
@@ -210,24 +215,64 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
     return draw_attributes(spec, rng, spec.num_requests, arrivals=times)
 
 
-def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Request]:
+def _bounded(name: str, value: int, what: str) -> None:
+    from capacity.limits import check
+
+    try:
+        check(name, value, what)
+    except ConfigError as exc:
+        raise ValueError(str(exc)) from None
+
+
+MAX_TRACE_ROWS = 10_000_000  # rows read when no spec says how many requests a simulation takes
+MAX_TRACE_LINE = 1 << 20  # bytes in one trace line
+
+
+def _line(raw: bytes, p: Path, i: int) -> str:
+    if len(raw) > MAX_TRACE_LINE:
+        raise ConfigError(f"trace {p}: line {i} is longer than {MAX_TRACE_LINE:,} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"trace {p}: line {i}: not UTF-8 text") from None
+
+
+def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> list[Request]:
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
     name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
     otherwise); time is shifted so the first arrival is at 0."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"trace {p}: file not found")
+    # streamed: only the rows a simulation uses are read, each line bounded, so a huge trace costs no memory
+    want = max_rows if max_rows is not None else (spec.num_requests if spec is not None else MAX_TRACE_ROWS)
     rows: list[dict] = []
-    if p.suffix == ".csv":
-        with p.open(newline="") as f:
-            rows = list(csv.DictReader(f))
-    else:
-        for i, line in enumerate(p.read_text().splitlines(), 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ConfigError(f"trace {p}: line {i}: not valid JSON ({exc.msg})") from None
+    try:
+        with p.open("rb") as fb:
+            if p.suffix == ".csv":
+                text = (_line(raw, p, i) for i, raw in enumerate(fb, 1))
+                for r in csv.DictReader(text):
+                    rows.append(r)
+                    if len(rows) >= want:
+                        break
+            else:
+                for i, raw in enumerate(fb, 1):
+                    line = _line(raw, p, i)
+                    if not line.strip():
+                        continue
+                    try:
+                        row = json.loads(line)
+                    except (json.JSONDecodeError, RecursionError) as exc:
+                        raise ConfigError(f"trace {p}: line {i}: not valid JSON ({getattr(exc, 'msg', 'too deep')})") from None
+                    if not isinstance(row, dict):
+                        raise ConfigError(f"trace {p}: line {i}: expected a JSON object, got {type(row).__name__}")
+                    rows.append(row)
+                    if len(rows) >= want:
+                        break
+    except OSError as exc:
+        raise ConfigError(f"trace {p}: cannot read it ({exc.strerror or exc})") from None
+    except csv.Error as exc:
+        raise ConfigError(f"trace {p}: not valid CSV ({exc})") from None
     names = {k.name: i for i, k in enumerate(spec.classes)} if spec else {"default": 0}
     out = []
     prev = -math.inf
@@ -244,9 +289,10 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None) -> list[Reque
             raise ConfigError(f"trace {p}: row {i}: timestamp {t} is before the previous row's {prev} "
                               "(a trace must be in time order)")
         prev = t
-        c = names.get(r.get("class", "default"), None)
+        cls = r.get("class", "default")
+        c = names.get(cls, None) if isinstance(cls, str) else None
         if c is None:
-            raise ConfigError(f"trace {p}: row {i}: class {r.get('class')!r} is not one of {sorted(names)}")
+            raise ConfigError(f"trace {p}: row {i}: class {short(cls)} is not one of {sorted(names)}")
         prio = spec.classes[c].priority if spec else 0
         out.append(Request(i - 1, t, a, b, c, prio))
     if not out:

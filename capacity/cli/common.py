@@ -76,8 +76,9 @@ def load_card(model: str, weight_dtype: str | None = None, group: int | None = N
 
     card = load_model_card(resolve_model_path(model))
     if weight_dtype is not None:
-        card = card.with_overrides(weight_dtype=weight_dtype,
-                                   quant_group_size=group or (128 if weight_dtype == "int4" else None))
+        if group is None and weight_dtype == "int4":
+            group = 128
+        card = card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group)
     return card
 
 

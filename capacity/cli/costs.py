@@ -28,11 +28,14 @@ def calibrate(
     max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="--from-run: token budget per step")] = 512,
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="--from-run: max sequences per step")] = 512,
     attention: Annotated[str, typer.Option("--attention", help="--from-run: per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file")] = False,
 ) -> None:
     """Measure step costs with real torch kernels on a device and write a profile (needs torch:
     `pip install torch==2.13.0`); or, with --from-run, fit an engine's step-cost terms to measured runs."""
+    import re
     from pathlib import Path
 
+    from capacity.files import check_writable
     from capacity.model.card import load_model_card, resolve_model_path
 
     if from_run:
@@ -41,7 +44,7 @@ def calibrate(
         sched = {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_batch_tokens,
                  "max_num_seqs": max_seqs}
         fitted, info = fit_engine([load_run(r) for r in from_run], sched, attention=attention)
-        dest = Path(out or "engine-fit.json")
+        dest = check_writable(out or "engine-fit.json", force, "--out")
         save_fit(dest, fitted, info, sched, list(from_run))
         typer.echo(f"wrote {dest}: fixed {fitted.fixed_s * 1e3:.3f} ms, per token {fitted.per_token_s * 1e6:.2f} us, "
                    f"per sequence {fitted.per_seq_s * 1e6:.2f} us, "
@@ -62,7 +65,12 @@ def calibrate(
         raise CapacityError(f"--tp: must be >= 1 (got {tp})")
     if max_context is not None and max_context < 2:
         raise CapacityError(f"--max-context: must be >= 2 (got {max_context})")
-    dest = Path(out) if out else Path(f"{card.name}-{device.replace(':', '')}.json")
+    if out:
+        dest = Path(out)
+    else:  # from the card's name, which a user file controls: only safe characters, in the current folder
+        stem = re.sub(r"[^A-Za-z0-9._-]+", "_", f"{card.name}-{device}").lstrip("._-")[:100] or "profile"
+        dest = Path(f"{stem}.json")
+    check_writable(dest, force, "--out")  # before minutes of measuring, not after
     prof = run_suite(card, device, dest, tp=tp, quick=quick, threads=threads, max_context=max_context, seed=seed,
                      cuda_graphs=cuda_graphs,
                      command="capacity calibrate " + " ".join(sys.argv[2:]))
@@ -87,21 +95,32 @@ def step_cost(
 ) -> None:
     """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
     from capacity.cost.step import PrefillChunk, StepPlan
+    from capacity.engine.config import check_tp
+    from capacity.limits import check
     from capacity.model.card import load_model_card, resolve_model_path
 
     card = load_model_card(resolve_model_path(model))
-    pre = []
+    if tp < 1:
+        raise CapacityError(f"--tp {tp}: must be >= 1")
+    check_tp(card, tp)  # the same rule `memory` applies: heads must split evenly
+    pre: list[PrefillChunk] = []
     for item in prefill or []:
         parts = item.split(":")
-        if len(parts) > 2 or not all(p.isdigit() for p in parts) or int(parts[0]) == 0:
+        if len(parts) > 2 or not all(p.isascii() and p.isdigit() for p in parts) or int(parts[0]) == 0:
             raise CapacityError(f"--prefill {item!r}: expected NEW[:CACHED] with NEW > 0, e.g. 512:1024")
-        pre.append(PrefillChunk(int(parts[0]), int(parts[1]) if len(parts) == 2 else 0))
+        chunk = PrefillChunk(int(parts[0]), int(parts[1]) if len(parts) == 2 else 0)
+        check("step_tokens", chunk.new_tokens + chunk.cached_tokens, f"--prefill {item}:")
+        check("step_sequences", len(pre) + 1, "--prefill chunks")
+        pre.append(chunk)
     dec: list[int] = []
     for item in decode or []:
         parts = item.lower().split("x")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts) or int(parts[0]) == 0:
+        if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts) or int(parts[0]) == 0:
             raise CapacityError(f"--decode {item!r}: expected BATCHxCONTEXT with BATCH > 0, e.g. 32x2048")
-        dec += [int(parts[1])] * int(parts[0])
+        batch, ctx = int(parts[0]), int(parts[1])
+        check("step_sequences", len(dec) + len(pre) + batch, f"--decode {item}: sequences")
+        check("step_tokens", ctx, f"--decode {item}: context")
+        dec += [ctx] * batch
     plan_ = StepPlan(tuple(pre), tuple(dec))
     longest = max([p.new_tokens + p.cached_tokens for p in pre] + [d + 1 for d in dec] + [0])
     if longest > card.max_position_embeddings:

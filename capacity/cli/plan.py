@@ -25,6 +25,7 @@ from capacity.cli.common import (
     engine_fields,
     output_kind,
 )
+from capacity.errors import CapacityError
 from capacity.files import dumps
 
 
@@ -214,7 +215,9 @@ def _prices(spec: str | None, gpus: list) -> dict[str, float]:
 def _weights(card, weight_dtype, group):
     if weight_dtype is None:
         return card
-    return card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group or (128 if weight_dtype == "int4" else None))
+    if group is None and weight_dtype == "int4":
+        group = 128
+    return card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group)
 
 
 def _plan_gpus(model, flags, gpus, prices, weight_dtype, group, executor, ray_address, no_cache, xlsx, force, json_out):
@@ -273,16 +276,35 @@ def sweep(
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster address")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache")] = False,
     out: Annotated[Optional[str], typer.Option("--out", help="Write results as JSON or CSV")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Simulate a grid over any scenario fields (dotted paths) and tabulate P50/P99 TTFT, TPOT and tokens/s."""
+    import math
+
     from capacity.files import validate
+    from capacity.limits import check as bound
     from capacity.plan.executors import make_executor
     from capacity.plan.scenario import Scenario
     from capacity.plan.sweep import grid, parse_axis
     from capacity.plan.tasks import SimTask
 
+    if not 1 <= seeds <= 100:
+        raise CapacityError(f"--seeds {seeds}: must be from 1 to 100")
+    if requests <= 0:
+        raise CapacityError(f"--requests {requests}: must be > 0")
+    bound("requests", requests, "--requests")
+    if rate is not None and (not math.isfinite(rate) or rate <= 0):
+        raise CapacityError(f"--rate {rate}: must be a finite number > 0")
+    if out:
+        from capacity.files import check_writable
+
+        if not out.lower().endswith((".json", ".csv")):
+            raise CapacityError(f"--out {out}: the name must end in .json or .csv")
+        check_writable(out, force, "--out")  # before the simulations, not after them
     axes = [parse_axis(v) for v in vary or []]
+    size = math.prod(len(v) for _, v in axes) if axes else 1
+    bound("sweep_points", size * seeds, "the sweep grid (points x seeds)")
     if prefill_sweep:
         axes.append(parse_axis(f"workload.input_len={prefill_sweep}"))
         axes[-1] = ("workload.input_len", [{"kind": "fixed", "value": v} for v in axes[-1][1]])
@@ -301,7 +323,7 @@ def sweep(
         s2 = validate(Scenario, data, f"sweep point {point}")
         assert isinstance(s2.model, dict)  # the grid's base carries the resolved card
         c2 = validate(ModelCard, s2.model, f"sweep point {point}: model")
-        r = rate or s2.target_rate_per_s
+        r = rate if rate is not None else s2.target_rate_per_s
         wl = s2.workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=r), "num_requests": requests})
         eng = s2.engine.model_dump(mode="json")
         for sd in range(seeds):

@@ -102,8 +102,10 @@ def simulate(
             arr["rate_per_s"] = rate
         cls = RequestClass(slo_ttft_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
                            slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
-        spec = WorkloadSpec(arrivals=validate(Arrivals, arr, "arrival options"), input_len=_lengths("--input-len", input_len),
-                            output_len=_lengths("--output-len", output_len), num_requests=requests, classes=[cls])
+        spec = validate(WorkloadSpec, {"arrivals": validate(Arrivals, arr, "arrival options"),
+                                       "input_len": _lengths("--input-len", input_len),
+                                       "output_len": _lengths("--output-len", output_len), "num_requests": requests,
+                                       "classes": [cls]}, "--requests")
     if frontend_ms < 0:
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,

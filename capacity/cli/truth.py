@@ -32,27 +32,50 @@ def loadtest(
     max_duration_s: Annotated[float, typer.Option("--max-duration-s", help="Bound on the whole run")] = 600.0,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: Annotated[Optional[str], typer.Option("--out", help="Run JSON to write (partial results on interrupt)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Load-test an OpenAI-compatible server; report the simulator's metrics (vllm bench serve conventions)."""
+    import math
+
     import numpy as np
 
+    from capacity.limits import check as bound
     from capacity.truth.loadtest import counts, run_load, summarize_run
     from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
-    if requests <= 0 or timeout_s <= 0 or max_duration_s <= 0:
-        raise CapacityError("--requests, --timeout-s and --max-duration-s must be > 0")
+    for flag, val in (("--requests", requests), ("--timeout-s", timeout_s), ("--max-duration-s", max_duration_s)):
+        if not math.isfinite(val) or val <= 0:
+            raise CapacityError(f"{flag} {val}: must be a finite number > 0")
+    bound("loadtest_requests", requests, "--requests")
+    if users is not None:
+        if users <= 0:
+            raise CapacityError(f"--users {users}: must be > 0")
+        bound("loadtest_concurrency", users, "--users")
+    if rate is not None and (not math.isfinite(rate) or rate <= 0):
+        raise CapacityError(f"--rate {rate}: must be a finite number > 0")
+    if seed < 0:
+        raise CapacityError(f"--seed {seed}: must be >= 0")
+    if not math.isfinite(think_s) or think_s < 0:
+        raise CapacityError(f"--think-s {think_s}: must be a finite number >= 0")
+    if not url.startswith(("http://", "https://")) or len(url) > 2048:
+        raise CapacityError(f"--url {url[:80]!r}: expected http://HOST:PORT or https://...")
+    if out:  # where the run goes is checked before the run, not after it
+        from capacity.files import check_writable
+
+        check_writable(out, force, "--out")
     if endpoint not in ("completions", "chat"):
         raise CapacityError(f"--endpoint {endpoint!r}: use completions or chat")
     li, lo = _lengths("--input-len", input_len), _lengths("--output-len", output_len)
     if trace:
-        reqs = load_trace(trace)[:requests]
+        reqs = load_trace(trace, max_rows=requests)
     else:
         if users is None and rate is None:
             raise CapacityError("give --rate (open loop), --users (closed loop) or --trace")
         from capacity.files import validate as check
 
-        arr = check(Arrivals, {"kind": arrival, "rate_per_s": rate or 1.0, "cv": cv}, "arrival options")
+        arr = check(Arrivals, {"kind": arrival, "rate_per_s": rate if rate is not None else 1.0, "cv": cv},
+                    "arrival options")
         reqs = generate(WorkloadSpec(arrivals=arr, input_len=li, output_len=lo, num_requests=requests),
                         np.random.default_rng(seed))
     kind = ""  # a length sweep: which length, and its values
@@ -60,11 +83,18 @@ def loadtest(
     swept = prefill_sweep or decode_sweep
     if swept:
         try:
-            values = [int(v) for v in swept.split(",")]
+            parts = [v.strip() for v in swept.split(",")]
+            if not all(v.isascii() and v.isdigit() for v in parts):
+                raise ValueError
+            parsed = [int(v) for v in parts]
+            if not parsed or any(x <= 0 for x in parsed) or len(parsed) > 100:
+                raise ValueError
+            values = list(parsed)
         except ValueError:
             raise CapacityError(f"--{'prefill' if prefill_sweep else 'decode'}-sweep {swept!r}: expected N,N,...") from None
         kind = "input" if prefill_sweep else "output"
     runs = []
+    interrupted = False
     for v in values:
         rr = [dataclasses.replace(q) for q in reqs]
         if v is not None:
@@ -87,6 +117,7 @@ def loadtest(
                     Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
                         dumps(run, indent=None) + "\n")
         if run["meta"].get("interrupted"):
+            interrupted = True
             typer.echo(f"interrupted: {counts(run)}; partial results "
                        + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
         run["summary"] = summarize_run(run)
@@ -99,6 +130,8 @@ def loadtest(
     if json_out:
         typer.echo(dumps([{"summary": r["summary"], **({"sweep": r["sweep"]} if "sweep" in r else {})}
                                for r in runs] if swept else {"summary": runs[0]["summary"]}))
+        if interrupted:
+            raise typer.Exit(130)
         return
     from rich.console import Console
 
@@ -113,6 +146,8 @@ def loadtest(
                           "kv_blocks_per_replica": 0, "block_size": 0, "littles_law": {"L": float("nan"), "lambda_W": float("nan")},
                           "notes": []}, con)
         con.print(f"outcomes: {counts(r)}" + (f"  ({r['sweep']})" if "sweep" in r else ""))
+    if interrupted:
+        raise typer.Exit(130)  # the partial results are out; the exit code says the run did not complete
 
 
 @app.command()

@@ -28,7 +28,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from capacity.errors import ConfigError
-from capacity.files import format_validation_error
+from capacity.files import format_validation_error, read_text
 from capacity.model.card import ModelCard
 
 SCHEMA_VERSION = 1
@@ -157,14 +157,11 @@ class Profile(_Strict):
 def load_profile(path: str | Path) -> Profile:
     """Read and validate a profile; every failure is one ConfigError line naming the file."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"{p}: profile not found")
-    if p.stat().st_size > MAX_PROFILE_BYTES:
-        raise ConfigError(f"{p}: profile is {p.stat().st_size} bytes, more than the {MAX_PROFILE_BYTES} allowed")
+    text = read_text(p, "profile", MAX_PROFILE_BYTES)
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{p}: not a profile (not UTF-8 text)") from None
+        data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{p}: profile nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{p}: not valid JSON at line {exc.lineno}, column {exc.colno}: {exc.msg} "
                           "(truncated or corrupt profile?)") from None

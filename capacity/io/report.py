@@ -269,15 +269,17 @@ def write_rows(rows: list[dict], path: str) -> None:
     import json
     from pathlib import Path
 
+    from capacity.io.export import csv_safe
+
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
     if p.suffix == ".csv":
         keys = list(dict.fromkeys(k for r in rows for k in r))
         with p.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=keys)
+            w = csv.DictWriter(f, fieldnames=[csv_safe(k) for k in keys])
             w.writeheader()
-            for r in rows:
-                w.writerow({k: (json.dumps(v) if isinstance(v, (dict, list)) else v) for k, v in r.items()})
+            for r in rows:  # user strings (sweep values, names) escaped: a spreadsheet must not run them
+                w.writerow({csv_safe(k): csv_safe(json.dumps(v) if isinstance(v, (dict, list)) else v)
+                            for k, v in r.items()})
     else:
         from capacity.files import dumps
 

@@ -17,6 +17,7 @@ from capacity.files import read_mapping, validate
 
 PosInt = Annotated[int, Field(gt=0, le=10**7)]  # 1e7 is far past any real shape; stops 1e12 layers
 NonNegInt = Annotated[int, Field(ge=0, le=10**7)]
+Name = Annotated[str, Field(min_length=1, max_length=200)]  # names and ids: echoed in every output
 ComputeDtype = Literal["bf16", "fp16"]
 WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
 # Module families whose storage format can differ from the card's weight_dtype (quantised experts with bf16
@@ -25,7 +26,8 @@ Family = Literal["attention", "dense_mlp", "experts", "shared_experts", "lm_head
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `num_layers: true` is not one layer, `4096.0` is not a count, a string is not a number
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class MoE(_Frozen):
@@ -116,10 +118,10 @@ class VisionTower(_Frozen):
 
 
 class ModelCard(_Frozen):
-    name: str = Field(min_length=1)  # the card's name (bundled cards: the file name)
-    hf_id: str | None = None  # where the shapes come from
-    hf_aliases: list[str] = []  # other Hugging Face ids with the same shapes (the base model, renamed repos)
-    architecture: str = "llama"  # informational (llama, qwen2, qwen3, mistral, mixtral, deepseek_v3, ...)
+    name: Name  # the card's name (bundled cards: the file name)
+    hf_id: Name | None = None  # where the shapes come from
+    hf_aliases: Annotated[list[Name], Field(max_length=64)] = []  # other Hugging Face ids with the same shapes
+    architecture: Name = "llama"  # informational (llama, qwen2, qwen3, mistral, mixtral, deepseek_v3, ...)
     num_layers: PosInt
     hidden_size: PosInt
     num_attention_heads: PosInt
@@ -253,8 +255,11 @@ def resolve_model_path(name_or_path: str) -> Path:
     """Accept a path, the stem of a bundled card (`llama-3.1-8b`), or a Hugging Face id that a bundled card
     carries (`meta-llama/Llama-3.1-8B-Instruct`). Nothing is downloaded."""
     p = Path(name_or_path)
-    if p.exists():
-        return p
+    try:
+        if p.exists():
+            return p
+    except OSError as exc:  # a name the filesystem cannot even look up (too long, ...)
+        raise ConfigError(f"model {name_or_path[:80]!r}...: not a usable path ({exc.strerror})") from None
     for cand in (MODELS_DIR / f"{name_or_path}.yaml", MODELS_DIR / name_or_path):
         if cand.is_file():
             return cand

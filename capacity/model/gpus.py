@@ -22,7 +22,7 @@ CATALOGUE = Path(__file__).resolve().parents[1] / "data" / "gpus.yaml"
 
 
 class GPU(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     name: str
     datasheet_name: str | None = None  # the vendor's name for the part

@@ -79,7 +79,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         "num_layers": layers,
         "hidden_size": need("hidden_size", label=tag),
         "num_attention_heads": need("num_attention_heads", label=tag),
-        "num_kv_heads": get("num_key_value_heads", defaults.get("num_key_value_heads")) or need("num_attention_heads"),
+        "num_kv_heads": _kv_heads(text, defaults, source, tag),
         "intermediate_size": need("intermediate_size", label=tag),
         "vocab_size": need("vocab_size", label=tag),
         "max_position_embeddings": get("max_position_embeddings", defaults.get("max_position_embeddings", 4096)),
@@ -124,6 +124,16 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
     if quant:
         _quant(quant, card, dtype, source)
     return validate(ModelCard, card, source)
+
+
+def _kv_heads(text: dict, defaults: dict, source: str, tag: str) -> Any:
+    """num_key_value_heads; absent means multi-head attention (as transformers reads it), 0 is an error."""
+    v = text.get("num_key_value_heads", defaults.get("num_key_value_heads"))
+    if v is None:
+        v = text.get("num_attention_heads", defaults.get("num_attention_heads"))
+    if v == 0 or isinstance(v, bool):
+        raise ConfigError(f"{source}: {tag}num_key_value_heads {v!r} must be a positive integer")
+    return v
 
 
 def _sliding(text: dict, tmt: str, layers: int, card: dict, defaults: dict, source: str) -> None:
@@ -268,13 +278,17 @@ def _quant(quant: Any, card: dict, dtype: str, source: str) -> None:
         card["weight_dtype"] = "fp8"
         block = quant.get("weight_block_size")
         if block:
+            if not isinstance(block, list) or not block or not isinstance(block[0], int) or isinstance(block[0], bool):
+                raise ConfigError(f"{source}: quantization_config.weight_block_size {block!r} must be [N, N]")
             card["quant_group_size"] = block[0]
     elif method in ("awq", "gptq", "awq_marlin", "gptq_marlin"):
         bits = quant.get("bits", quant.get("w_bit"))
         if bits == 4:
             card["weight_dtype"] = "int4"
             g = quant.get("group_size", quant.get("q_group_size", 128))
-            card["quant_group_size"] = g if isinstance(g, int) and g > 0 else 128
+            if isinstance(g, bool) or not isinstance(g, int) or g == 0 or g < -1:
+                raise ConfigError(f"{source}: quantization_config.group_size {g!r} must be a positive integer or -1")
+            card["quant_group_size"] = g if g > 0 else 128  # -1 (one group per row): counted as 128, more scales
         elif bits == 8 and method.startswith("gptq"):
             card["weight_dtype"] = "int8"
         else:
@@ -317,7 +331,9 @@ def _compressed_tensors(quant: dict, card: dict, source: str) -> None:
     elif bits == 4 and kind == "int":
         card["weight_dtype"] = "int4"
         g = w.get("group_size")
-        card["quant_group_size"] = g if isinstance(g, int) and g > 0 else 128
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g <= 0):
+            raise ConfigError(f"{source}: compressed-tensors weights.group_size {g!r} must be a positive integer")
+        card["quant_group_size"] = g or 128
     elif bits == 4 and kind == "float":
         card["weight_dtype"] = "nvfp4"
     else:

@@ -38,12 +38,17 @@ class Executor:
         if self.cache is None:
             return None
         p = self.cache / f"{key}.json"
-        if p.is_file():
+        try:
+            if not p.is_file() or p.stat().st_size > 16 << 20:
+                return None
+            return TaskResult.from_json(json.loads(p.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError, RecursionError):
+            # a torn write from a killed run, a corrupt file, an entry of another version: drop it, recompute
             try:
-                return TaskResult.from_json(json.loads(p.read_text()))
-            except (OSError, ValueError, KeyError, TypeError):
-                return None  # a torn write from a killed run, or an entry of another version: recompute
-        return None
+                p.unlink()
+            except OSError:
+                pass
+            return None
 
     def _put(self, key: str, value: TaskResult) -> None:
         if self.cache is None:
@@ -115,8 +120,25 @@ class SerialExecutor(Executor):
                     bar.advance(t)
 
 
+def _worker_init() -> None:
+    """Pool workers never outlive the command: Ctrl-C is the parent's to handle, and on Linux a worker is told
+    (PR_SET_PDEATHSIG) to end when its parent dies, even by SIGKILL."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # 1 = PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the call
+            os._exit(1)
+    except (OSError, AttributeError):  # not Linux: the pool's own shutdown is all there is
+        pass
+
+
 class PoolExecutor(Executor):
-    """A local process pool (the default): one simulation per core."""
+    """A local process pool (the default): one simulation per core; workers end with the command."""
 
     def __init__(self, workers: int | None = None, **kw) -> None:
         super().__init__(**kw)
@@ -130,18 +152,25 @@ class PoolExecutor(Executor):
             yield from SerialExecutor(progress=False, cache=False)._map(tasks, idx)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers)
-        with _bar(len(tasks), self.progress) as bar:
-            t = bar.add_task("", total=len(tasks)) if bar else None
-            futs = {self._pool.submit(run_task, task): i for i, task in zip(idx, tasks)}
-            for f in as_completed(futs):
-                yield futs[f], f.result()  # re-raises the task's own error
-                if bar:
-                    bar.advance(t)
+            self._pool = ProcessPoolExecutor(self.workers, initializer=_worker_init)
+        futs: dict = {}
+        try:
+            with _bar(len(tasks), self.progress) as bar:
+                t = bar.add_task("", total=len(tasks)) if bar else None
+                futs = {self._pool.submit(run_task, task): i for i, task in zip(idx, tasks)}
+                for f in as_completed(futs):
+                    yield futs[f], f.result()  # re-raises the task's own error
+                    if bar:
+                        bar.advance(t)
+        except BaseException:  # an error, Ctrl-C or a closed generator: stop the queued work, do not wait for it
+            for f in futs:
+                f.cancel()
+            self.close(wait=False)
+            raise
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
         if self._pool is not None:
-            self._pool.shutdown()
+            self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
 
 

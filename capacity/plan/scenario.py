@@ -14,7 +14,8 @@ PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: `true` is not a rate, "8" is not a count, 8.0 is not a whole number of requests
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class SLOSpec(_Strict):

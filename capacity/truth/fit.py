@@ -175,12 +175,25 @@ def load_fit(path: str | Path) -> tuple[LinearCost, dict, float]:
     if not isinstance(d, dict) or d.get("kind") != "engine_fit" or d.get("schema_version") != 1:
         raise CapacityError(f"{p}: not an engine fit of schema_version 1 (write one with `capacity calibrate --from-run`)")
     front = d.get("frontend_s", 0.0)  # fits written before the front-end term have none
-    if not isinstance(front, (int, float)) or not 0 <= front < 10:
+    if isinstance(front, bool) or not isinstance(front, (int, float)) or not 0 <= front < 10:
         raise CapacityError(f"{p}: frontend_s must be a number of seconds in [0, 10) (got {front!r})")
     cost = d.get("cost")
     if not isinstance(cost, dict) or set(cost) - set(COST_TERMS) - {"attention"}:
         raise CapacityError(f"{p}: cost must hold {', '.join(COST_TERMS)} and attention (got {cost!r})")
+    import math
+
+    for k in COST_TERMS:  # a negative or non-finite term would make steps take no or negative time
+        v = cost.get(k, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise CapacityError(f"{p}: cost.{k} must be a finite number >= 0 (got {v!r})")
+    sched = d.get("scheduler")
+    if not isinstance(sched, dict):
+        raise CapacityError(f"{p}: scheduler must be a mapping (got {type(sched).__name__})")
+    for k in ("num_blocks", "block_size", "max_num_batched_tokens", "max_num_seqs"):
+        v = sched.get(k)
+        if isinstance(v, bool) or not isinstance(v, int) or not 0 < v <= 10**9:
+            raise CapacityError(f"{p}: scheduler.{k} must be a whole number from 1 to 10^9 (got {v!r})")
     try:
-        return LinearCost(**cost, source=f"engine fit {p}"), d["scheduler"], float(front)
+        return LinearCost(**cost, source=f"engine fit {p}"), sched, float(front)
     except (TypeError, ValueError) as exc:
         raise CapacityError(f"{p}: {exc}") from None

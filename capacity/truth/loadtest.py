@@ -28,6 +28,62 @@ from capacity.workload import Request
 OK, HTTP_ERROR, TIMEOUT, CONN_ERROR, BAD_STREAM, NOT_SENT = "ok", "http_error", "timeout", "connection_error", \
     "malformed_stream", "not_sent"
 
+# A server is not trusted: everything it sends is bounded.
+MAX_SSE_LINE = 1 << 20  # bytes in one server-sent-event line
+MAX_STREAM_BYTES = 64 << 20  # bytes of one streamed answer
+MAX_ERROR_BODY = 64 << 10  # bytes of an error body kept (the rest is not read)
+MAX_METRICS_BYTES = 4 << 20  # bytes of one /metrics page
+SCRAPE_TIMEOUT_S = 2.0  # a whole /metrics request, however slowly the server drips it
+
+
+class _Hostile(Exception):
+    """The server broke a bound or sent something of the wrong shape: the request is malformed_stream."""
+
+
+async def _sse_events(response):
+    """Server-sent events of a streaming response, with every line and the whole body bounded; decoding is
+    httpx-sse's (its own line reader has no bound)."""
+    decoder = None
+    try:
+        from httpx_sse._decoders import SSEDecoder
+
+        decoder = SSEDecoder()
+    except ImportError:  # pragma: no cover - a future httpx-sse: the few lines of the format, by hand
+        pass
+    buf, total = b"", 0
+    data: list[str] = []
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > MAX_STREAM_BYTES:
+            raise _Hostile(f"stream longer than {MAX_STREAM_BYTES:,} bytes")
+        buf += chunk
+        while True:
+            i = buf.find(b"\n")
+            if i < 0:
+                break
+            raw, buf = buf[:i], buf[i + 1:]
+            line = raw.decode("utf-8", errors="replace").rstrip("\r")
+            if decoder is not None:
+                ev = decoder.decode(line)
+                if ev is not None:
+                    yield ev.data
+            elif line.startswith("data:"):
+                data.append(line[5:].removeprefix(" "))
+            elif not line and data:
+                yield "\n".join(data)
+                data = []
+        if len(buf) > MAX_SSE_LINE:
+            raise _Hostile(f"an event line longer than {MAX_SSE_LINE:,} bytes")
+
+
+async def _bounded_body(response, limit: int) -> str:
+    got = b""
+    async for chunk in response.aiter_bytes():
+        got += chunk
+        if len(got) >= limit:
+            break
+    return got[:limit].decode("utf-8", errors="replace")
+
 
 @dataclass
 class Outcome:
@@ -60,8 +116,19 @@ class ServerQuirks:
 
 async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: float, endpoint: str,
                quirks: ServerQuirks) -> None:
+    """One request, recorded in `o`. Never raises (a task that raised would stop a closed-loop user)."""
+    try:
+        await _one_request(client, url, model, o, t0, timeout_s, endpoint, quirks)
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # anything a hostile or broken server provokes is this request's outcome
+        o.status, o.error = BAD_STREAM, f"{type(exc).__name__}: {exc}"[:200]
+        o.output_tokens = len(o.token_times)
+
+
+async def _one_request(client, url: str, model: str, o: Outcome, t0: float, timeout_s: float, endpoint: str,
+                       quirks: ServerQuirks) -> None:
     import httpx
-    from httpx_sse import aconnect_sse
 
     text = prompt_text(o.prompt_tokens, o.id)
     for attempt in range(2):
@@ -78,37 +145,55 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
         o.sent_s = time.perf_counter() - t0
         o.token_times = []
         ended = False  # saw [DONE] or a finish_reason: the server meant to stop here
+        # a server that ignores max_tokens is cut off well past it
+        token_cap = 2 * o.max_tokens + 16
         try:
             async with asyncio.timeout(timeout_s):
-                async with aconnect_sse(client, "POST", url + path, json=body) as es:
-                    if es.response.status_code >= 400:
-                        await es.response.aread()
-                        txt = es.response.text
-                        if attempt == 0 and es.response.status_code in (400, 422) and "ignore_eos" in txt:
+                async with client.stream("POST", url + path, json=body,
+                                         headers={"Accept": "text/event-stream"}) as response:
+                    if response.status_code >= 400:
+                        txt = await _bounded_body(response, MAX_ERROR_BODY)
+                        if attempt == 0 and response.status_code in (400, 422) and "ignore_eos" in txt:
                             quirks.eos_fields = False  # the server fixes lengths otherwise (EOS disabled)
                             continue
-                        o.status, o.error = HTTP_ERROR, f"HTTP {es.response.status_code}: {txt[:200]}"
+                        o.status, o.error = HTTP_ERROR, f"HTTP {response.status_code}: {txt[:200]}"
                         return
-                    async for ev in es.aiter_sse():
-                        if ev.data.strip() == "[DONE]":
+                    ctype = response.headers.get("content-type", "")
+                    if "text/event-stream" not in ctype:
+                        o.status, o.error = BAD_STREAM, f"not an event stream (content-type {ctype[:60]!r})"
+                        return
+                    async for data in _sse_events(response):
+                        if data.strip() == "[DONE]":
                             ended = True
                             break
                         try:
-                            msg = json.loads(ev.data)
-                        except json.JSONDecodeError:
-                            o.status, o.error = BAD_STREAM, f"not JSON: {ev.data[:80]!r}"
+                            msg = json.loads(data)
+                        except (json.JSONDecodeError, RecursionError):
+                            o.status, o.error = BAD_STREAM, f"not JSON: {data[:80]!r}"
                             return
+                        if not isinstance(msg, dict):
+                            raise _Hostile(f"an event that is not a JSON object ({type(msg).__name__})")
                         now = time.perf_counter() - t0
-                        for ch in msg.get("choices") or []:
+                        choices = msg.get("choices") or []
+                        if not isinstance(choices, list):
+                            raise _Hostile("choices is not a list")
+                        for ch in choices:
+                            if not isinstance(ch, dict):
+                                raise _Hostile("a choice is not an object")
                             ended = ended or bool(ch.get("finish_reason"))
                             piece = ch.get("text")
                             if piece is None:
-                                piece = (ch.get("delta") or {}).get("content")
+                                delta = ch.get("delta") or {}
+                                piece = delta.get("content") if isinstance(delta, dict) else None
                             if piece:
                                 o.token_times.append(now)
-                        if msg.get("usage"):
-                            o.usage_prompt_tokens = msg["usage"].get("prompt_tokens")
-                            o.usage_completion_tokens = msg["usage"].get("completion_tokens")
+                        if len(o.token_times) > token_cap:
+                            raise _Hostile(f"{len(o.token_times)} tokens for max_tokens {o.max_tokens}")
+                        usage = msg.get("usage")
+                        if isinstance(usage, dict):
+                            pt, ct = usage.get("prompt_tokens"), usage.get("completion_tokens")
+                            o.usage_prompt_tokens = pt if isinstance(pt, int) else None
+                            o.usage_completion_tokens = ct if isinstance(ct, int) else None
             if o.token_times and not ended:
                 o.status, o.error = CONN_ERROR, (f"stream cut after {len(o.token_times)} of {o.max_tokens} tokens "
                                                  "(no [DONE] or finish_reason)")
@@ -124,7 +209,7 @@ async def _one(client, url: str, model: str, o: Outcome, t0: float, timeout_s: f
         except httpx.HTTPError as exc:  # connection refused/reset, protocol errors
             o.status, o.error = CONN_ERROR, f"{type(exc).__name__}: {exc}"[:200]
             return
-        except ValueError as exc:  # httpx-sse: a response that is not text/event-stream
+        except (_Hostile, ValueError) as exc:  # a bound broken, or an answer of the wrong shape
             o.status, o.error = BAD_STREAM, str(exc)[:200]
             return
         finally:
@@ -150,19 +235,23 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
 
             while not stop.is_set():
                 try:
-                    r = await client.get(url + "/metrics", timeout=2.0)
-                    if r.status_code != 200:
-                        return  # the server has no /metrics: nothing to scrape
+                    async with asyncio.timeout(SCRAPE_TIMEOUT_S):  # however slowly the server drips the page
+                        async with client.stream("GET", url + "/metrics") as r:
+                            if r.status_code != 200:
+                                return  # the server has no /metrics: nothing to scrape
+                            page = await _bounded_body(r, MAX_METRICS_BYTES)
                     now = time.perf_counter() - t0
                     row = {"t": now}
-                    for fam in text_string_to_metric_families(r.text):
+                    for fam in text_string_to_metric_families(page):
                         if any(k in fam.name for k in ("num_requests_running", "num_requests_waiting", "cache_usage",
                                                        "num_preemptions")):
                             for s in fam.samples:
                                 row[s.name] = row.get(s.name, 0.0) + s.value
                     scrapes.append(row)
-                except (httpx.HTTPError, ValueError):
-                    return
+                    if len(scrapes) > 100_000:
+                        return
+                except (httpx.HTTPError, ValueError, TimeoutError, TypeError, KeyError):
+                    return  # metrics are optional: a broken or slow /metrics ends the scraping, not the run
                 try:
                     await asyncio.wait_for(stop.wait(), 1.0)
                 except TimeoutError:
@@ -201,8 +290,9 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
                 o.status, o.error = TIMEOUT, f"unfinished at the run bound ({max_duration_s} s)"
                 o.output_tokens = len(o.token_times)
         stop.set()
-        if scraper:
-            await scraper
+        if scraper:  # never wait on the server past the run bound
+            scraper.cancel()
+            await asyncio.gather(scraper, return_exceptions=True)
     return outs, scrapes
 
 
@@ -218,17 +308,31 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
     started = time.time()
     holder: dict = {}
     interrupted = False
+    import signal
+    import threading
+
+    def _stop(signum, frame):  # SIGTERM and SIGHUP end the run like Ctrl-C: partial results kept
+        raise KeyboardInterrupt
+
+    saved = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+            if sig is not None:
+                saved[sig] = signal.signal(sig, _stop)
     try:
         outs, scrapes = asyncio.run(_run(url, model, requests, users=users, think_s=think_s, timeout_s=timeout_s,
                                          max_duration_s=max_duration_s, endpoint=endpoint, metrics=metrics,
                                          progress=progress, holder=holder))
-    except KeyboardInterrupt:  # Ctrl-C: keep what was measured, account for the rest
+    except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: keep what was measured, account for the rest
         interrupted = True
         outs, scrapes = holder.get("outs", []), holder.get("scrapes", [])
         for o in outs:
             if o.status == NOT_SENT and not math.isnan(o.sent_s):
                 o.status, o.error = TIMEOUT, "interrupted before it finished"
                 o.output_tokens = len(o.token_times)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
     return {"meta": {"url": url, "model": model, "endpoint": endpoint, "started_unix": started,
                      "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s,
                      "interrupted": interrupted},

@@ -1,0 +1,46 @@
+"""Upper bounds on the work one command may ask for. A value past its bound is refused up front, in one
+line that names the value, the limit and the environment variable that raises it: never hours of work, a
+machine's memory, or a grid of a million simulations started by a typo (`--requests 1e8`).
+
+The defaults are far beyond what a capacity question needs (a simulation of 2 million requests, a thousand
+replicas); raise one with its variable, e.g. `CAPACITY_MAX_REQUESTS=10000000`.
+"""
+from __future__ import annotations
+
+import os
+
+from capacity.errors import ConfigError
+
+LIMITS: dict[str, tuple[int, str, str]] = {
+    # name: (default, environment variable, what it bounds)
+    "requests": (2_000_000, "CAPACITY_MAX_REQUESTS", "requests in one simulation"),
+    "replicas": (1024, "CAPACITY_MAX_REPLICAS", "replicas in one simulation"),
+    "users": (100_000, "CAPACITY_MAX_USERS", "closed-loop users"),
+    "sweep_points": (10_000, "CAPACITY_MAX_SWEEP_POINTS", "points in one sweep grid"),
+    "step_sequences": (1_000_000, "CAPACITY_MAX_STEP_SEQUENCES", "sequences in one step"),
+    "step_tokens": (100_000_000, "CAPACITY_MAX_STEP_TOKENS", "tokens in one step (new or cached)"),
+    "loadtest_requests": (1_000_000, "CAPACITY_MAX_LOADTEST_REQUESTS", "requests in one load test"),
+    "loadtest_concurrency": (10_000, "CAPACITY_MAX_LOADTEST_CONCURRENCY", "concurrent load-test requests"),
+}
+
+
+def limit(name: str) -> int:
+    default, env, _ = LIMITS[name]
+    raw = os.environ.get(env)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{env}={raw[:40]!r}: expected a positive integer") from None
+    if value <= 0:
+        raise ConfigError(f"{env}={value}: expected a positive integer")
+    return value
+
+
+def check(name: str, value: int | float, what: str) -> None:
+    """ConfigError when `value` exceeds the limit `name` (see LIMITS)."""
+    lim = limit(name)
+    if value > lim:
+        env, bounds = LIMITS[name][1], LIMITS[name][2]
+        raise ConfigError(f"{what} {value:,} exceeds the limit of {lim:,} {bounds} (raise it with {env}=N)")
