@@ -142,6 +142,27 @@ def test_fast_forward_agrees_with_step_by_step(roofline):
     np.testing.assert_allclose(fast.records.finish, slow.records.finish, rtol=1e-9)
 
 
+@pytest.mark.parametrize("think, frontend", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.004), (0.05, 0.004)])
+def test_fast_forward_is_exact_in_closed_loop(roofline, think, frontend):
+    """Closed-loop users (varied lengths, no think time or some, with and without a front end): a user answered
+    at the end of a step sends again at once, and the fast path must stop its decode stretch there exactly as
+    one step at a time does. (It used to run the next stretch first: mean TTFT 310 ms instead of 37 ms.)"""
+    from capacity.workload import Lengths
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=6, think_s=think),
+                        input_len=Lengths(kind="uniform", low=64, high=2048),
+                        output_len=Lengths(kind="uniform", low=16, high=400), num_requests=400)
+    runs = []
+    for fast in (True, False):
+        res = simulate(spec, roofline, lambda: make_scheduler("continuous", **CB), np.random.default_rng(5),
+                       SimConfig(fast_forward=fast, frontend_s=frontend))
+        runs.append(res)
+    fast, slow = runs
+    assert fast.steps == slow.steps and fast.events < slow.events / 3
+    for attr in ("arrival", "first_token", "finish"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+
+
 # ---- static batching: bigger batches, longer tails at the same load ---------------------------------------
 def test_static_batching_p99_rises_with_batch_size(roofline):
     """1 req/s, 512/64 tokens (a batch of one takes ~0.5 s, so batch size 1 is stable at rho ~0.5); the

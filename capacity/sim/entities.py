@@ -15,6 +15,7 @@ event, the time of the next arrival that the fast path must not run past).
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Generator
@@ -260,15 +261,33 @@ class OpenLoopSource:
 
 class ClosedLoopUsers:
     """`users` users, each: send, wait for the answer (or a rejection), think (exponential), repeat, until the
-    workload's request count is issued."""
+    workload's request count is issued.
+
+    When an answer arrives, the user's next send time (now + think, drawn then) goes into a heap whose minimum is
+    the simulation's `next_arrival_s`: the fast path stops a decode stretch at the step during which a user sends
+    again, exactly as one step at a time would (a user answered at the end of a step, with no think time, joins
+    the step after the one the engine has already started)."""
 
     def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
         self.sim, self.spec = sim, spec
         self.issued = 0
+        self.promised = 0  # answered users that will send again (their due times are in `due`)
+        self.due: list[float] = []
 
     def start(self) -> None:
         for _ in range(self.spec.arrivals.users or 0):
             self.sim.env.process(self.user())
+
+    def answered(self) -> float | None:
+        """A user got its answer now: when it sends its next request, or None when the workload is issued."""
+        if self.issued + self.promised >= self.spec.num_requests:
+            return None
+        self.promised += 1
+        think = float(self.sim.rng.exponential(self.spec.arrivals.think_s)) if self.spec.arrivals.think_s > 0 else 0.0
+        t = self.sim.env.now + think
+        heapq.heappush(self.due, t)
+        self.sim.next_arrival_s = self.due[0]
+        return t
 
     def user(self) -> Generator:
         sim, env, spec = self.sim, self.sim.env, self.spec
@@ -280,8 +299,11 @@ class ClosedLoopUsers:
             done = env.event()
             sim.waiters[rid] = done
             sim.enter(req)
-            yield done
-            if spec.arrivals.think_s > 0:
-                think = sim.rng.exponential(spec.arrivals.think_s)
-                sim.next_arrival_s = min(sim.next_arrival_s, env.now + think)
-                yield env.timeout(think)
+            due = yield done
+            if due is None:
+                return
+            if due > env.now:
+                yield env.timeout(due - env.now)
+            heapq.heappop(self.due)  # this user's due time: the smallest, as the clock has reached it
+            self.promised -= 1
+            sim.next_arrival_s = self.due[0] if self.due else math.inf

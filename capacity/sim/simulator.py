@@ -90,6 +90,7 @@ class Simulation:
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
         self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
+        self.users: ClosedLoopUsers | None = None  # the closed-loop source, when there is one
         self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
         self.steps = self.events = 0
         self.longest_backlog: tuple[float, float, int] = (0.0, 0.0, 0)  # (start, end, tokens) of a backlog
@@ -116,14 +117,14 @@ class Simulation:
         self.result.rejected.append((req.id, why))
         w = self.waiters.pop(req.id, None)
         if w is not None:
-            w.succeed()
+            w.succeed(self.users.answered() if self.users else None)
 
     def finish(self, done: list[Seq]) -> None:
         for s in done:
             self.recorder.finished(s)
             w = self.waiters.pop(s.req.id, None)
-            if w is not None:
-                w.succeed()
+            if w is not None:  # a closed-loop user: when it will send again is known now (the fast path's horizon)
+                w.succeed(self.users.answered() if self.users else None)
 
     def backlog_rate(self, t0: float, t1: float, tokens: int) -> float | None:
         """Requests/s served over [t0, t1] while the queue was never empty: output tokens emitted per second
@@ -194,7 +195,8 @@ class Simulation:
         env, cfg, res = self.env, self.cfg, self.result
         closed = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "closed"
         if closed:
-            ClosedLoopUsers(self, workload).start()  # type: ignore[arg-type]
+            self.users = ClosedLoopUsers(self, workload)  # type: ignore[arg-type]
+            self.users.start()
         else:
             reqs = generate(workload, self.rng) if isinstance(workload, WorkloadSpec) else list(workload)
             env.process(OpenLoopSource(self, reqs).run())
