@@ -130,6 +130,11 @@ def sidebar():
     weight = sb.selectbox("Weight dtype", ["as card", "bf16", "fp8", "int4"])
     if weight != "as card":
         card = {**card, "weight_dtype": weight, "quant_group_size": 128 if weight == "int4" else None}
+    compute = sb.selectbox("GEMM compute dtype", ["auto", "bf16", "fp8"],
+                           help="auto: what engines run for the weight format on this GPU (FP8 weights: FP8 GEMMs "
+                           "where the GPU has FP8 tensor cores); bf16: weight-only kernels (W8A16, W4A16)")
+    if compute != "auto":
+        card = {**card, "gemm_dtype": compute}
     kv = sb.selectbox("KV cache dtype", ["auto", "fp8"])
     seqs = sb.select_slider("max_num_seqs (max batch)", [8, 16, 32, 64, 128, 256, 512, 1024], value=256, key="seqs")
     max_len = sb.select_slider("max_model_len", [2048, 4096, 8192, 16384, 32768, 65536, 131072], value=8192,

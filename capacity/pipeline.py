@@ -95,7 +95,8 @@ def prepare(dep: Deployment) -> Prepared:
     em = get_engine(dep.engine.engine)
     b = em.budget(dep.card, dep.gpu, dep.engine)
     cost = make_step_cost(dep.card, dep.gpu, b.tp, kv_dtype=b.kv_dtype, profile=dep.profile,
-                          allow_mismatch=dep.allow_profile_mismatch)
+                          allow_mismatch=dep.allow_profile_mismatch, step_overhead_s=em.step_overhead_s(dep.engine),
+                          overhead_given=dep.engine.step_overhead_ms is not None)
     return Prepared(em, b, cost, em.scheduler_factory(dep.engine, SchedLimits.of(b)))
 
 
@@ -112,6 +113,7 @@ class RunResult:
     offered_rate_per_s: float | None
     little: tuple[float, float] = (0.0, 0.0)
     notes: list[str] = field(default_factory=list)
+    is_offline: bool = False
 
     @property
     def policy(self) -> str:
@@ -131,7 +133,20 @@ class RunResult:
             "max_num_seqs": b.max_num_seqs, "max_num_batched_tokens": b.max_num_batched_tokens,
             "max_model_len": b.max_model_len, "notes": self.notes, "units": "seconds, tokens",
             "engine": self.engine.model_dump(mode="json"),
+            "offline": self.offline(),
         }
+
+    def offline(self) -> dict | None:
+        """An offline batch (every request at t=0, as `vllm bench throughput`, trtllm-bench and MLPerf Offline run
+        it): the makespan and the throughputs over it (None for other arrivals)."""
+        if not self.is_offline:
+            return None
+        r = self.sim.records
+        done = r.finished
+        span = float(r.finish[done].max()) if done.any() else float("nan")
+        out, inp = float(r.output_tokens[done].sum()), float(r.prompt_tokens[done].sum())
+        return {"makespan_s": span, "requests": int(done.sum()), "requests_per_s": int(done.sum()) / span,
+                "output_tokens_per_s": out / span, "total_tokens_per_s": (inp + out) / span}
 
 
 def check_policy(engine: EngineConfig, workload: WorkloadSpec) -> None:
@@ -161,7 +176,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
                     max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s)
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
     rec = sim.records
-    n_warm = int(len(rec) * opts.warmup_fraction)
+    offline = workload.arrivals.kind == "offline"
+    n_warm = 0 if offline else int(len(rec) * opts.warmup_fraction)  # offline: the makespan of the whole batch
     measured = rec.subset(np.arange(len(rec)) >= n_warm)
     # ITL samples are per token, not per request: the warm-up excludes tokens emitted before the first
     # measured request arrived.
@@ -169,7 +185,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     m = sim.itl_times >= t0
     slos = [SLO(c.slo_ttft_s, c.slo_tpot_s) for c in workload.classes]
     summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci,
-                        class_names=[c.name for c in workload.classes])
+                        class_names=[c.name for c in workload.classes],
+                        others=rec.subset(np.arange(len(rec)) < n_warm) if n_warm else None)
     notes = []
     if sim.rejected:
         notes.append(f"{len(sim.rejected)} requests rejected: {sim.rejected[0][1]}")
@@ -178,4 +195,4 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine)
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, workload.arrivals.rate_per_s,
-                     littles_law(sim), notes)
+                     littles_law(sim), notes, is_offline=offline)

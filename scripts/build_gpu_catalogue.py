@@ -116,6 +116,7 @@ def build(src: Path) -> dict:
             "bf16_flops": tera(spec.get("bf16_dense_tflops")),  # dense, FLOP/s
             "fp16_flops": tera(spec.get("fp16_dense_tflops")),
             "fp8_flops": tera(spec.get("fp8_dense_tflops")),
+            "fp4_flops": tera(spec.get("fp4_dense_tflops")),
             "int8_ops": tera(spec.get("int8_dense_tops")),
             # GPU-to-GPU bandwidth per direction (datasheets give the bidirectional total).
             "interconnect_bytes_per_s": (link if link else pcie) * GB / 2,

@@ -319,3 +319,19 @@ def test_priority_without_classes_is_refused_in_one_line():
     r = run_cli("simulate", "-m", "tiny", "--policy", "priority", "--rate", "1", "-n", "100")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "policy priority: the workload has no request classes of different priorities" in r.stderr
+
+
+def test_engine_settings_reach_the_scheduler_and_the_cost():
+    """kv_reservation and step_overhead_ms are engine settings: the run path hands them to the scheduler and the step
+    cost (a dropped setting would leave 2 ms and vLLM's prompt-only reservation in place without a word)."""
+    from capacity.cost.step import StepPlan
+    from capacity.pipeline import Deployment, prepare
+
+    card, gpu = load_model_card("capacity/data/models/llama-3.1-8b.yaml"), get_gpu("h100-sxm")
+    base = prepare(Deployment(card, gpu, EngineConfig()))
+    p = prepare(Deployment(card, gpu, EngineConfig(step_overhead_ms=0.5, kv_reservation="prompt_and_output")))
+    assert p.make_scheduler().cfg.reserve_output and not base.make_scheduler().cfg.reserve_output
+    one = StepPlan(decode_contexts=(1000,))
+    assert base.cost.step_s(one) - p.cost.step_s(one) == pytest.approx(1.5e-3, rel=1e-9)
+    with pytest.raises(Exception, match="step_overhead_ms"):
+        EngineConfig(step_overhead_ms=-1)

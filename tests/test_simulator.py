@@ -222,3 +222,58 @@ def test_least_outstanding_beats_round_robin_on_skewed_lengths():
                        SimConfig(replicas=16, router=router))
         waits[router] = mean_wait(res)
     assert waits["least_outstanding"] < 0.5 * waits["round_robin"]
+
+
+# ---- offline batches and throughput windows (issue 25, 5) ------------------------------------------------
+def test_offline_batch_makespan_by_hand():
+    """8 requests of 100 prompt + 3 output tokens, all at t=0, at most 4 running, step = 10 ms + 1 ms per token.
+    Wave 1: one step prefills 4 x 100 tokens (0.41 s, first tokens), two decode steps of 4 (0.014 s each);
+    wave 2 the same: makespan 2 x 0.438 = 0.876 s, 24 output tokens / 0.876 s = 27.40 tokens/s. 8 requests >
+    nothing like saturation: an offline batch is never cut short by the queue guard (saturation_queue 2)."""
+    cost = LinearCost(fixed_s=0.01, per_token_s=0.001)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(100), output_len=fixed(3), num_requests=8)
+    res = simulate(spec, cost, lambda: make_scheduler("continuous", max_num_seqs=4, max_num_batched_tokens=4096,
+                                                      block_size=16, num_blocks=1000),
+                   np.random.default_rng(0), SimConfig(saturation_queue=2))
+    assert not res.saturated and res.records.finished.all()
+    assert res.records.finish.max() == pytest.approx(0.876, abs=1e-12)
+    s = summarize(res.records, res.itl_values, res.itl_weights, np.random.default_rng(0), ci=False)
+    assert s.window_s == pytest.approx(0.876) and s.output_tokens_per_s == pytest.approx(24 / 0.876)
+
+
+def test_closed_loop_throughput_counts_the_warm_up_requests_tokens():
+    """4 users, no think time, fixed lengths: the engine always holds 4 requests, so by Little's law its output rate
+    is 4 x 64 tokens per mean E2E. Counting only the measured requests' tokens over their window (which opens while
+    3 warm-up requests are still decoding) reported less than that."""
+    from capacity.sim.metrics import Records
+
+    cost = LinearCost(fixed_s=0.01, per_token_s=0.0005)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=4), input_len=fixed(256), output_len=fixed(64),
+                        num_requests=40)
+    res = simulate(spec, cost, lambda: make_scheduler("continuous", **CB), np.random.default_rng(0), SimConfig())
+    rec: Records = res.records
+    warm = np.arange(len(rec)) < 10
+    s = summarize(rec.subset(~warm), res.itl_values, res.itl_weights, np.random.default_rng(0), ci=False,
+                  others=rec.subset(warm))
+    little = 4 * 64 / s.e2e_s.mean
+    assert s.output_tokens_per_s == pytest.approx(little, rel=0.03)
+    assert s.requests_per_s == pytest.approx(4 / s.e2e_s.mean, rel=0.03)
+    naive = summarize(rec.subset(~warm), res.itl_values, res.itl_weights, np.random.default_rng(0), ci=False)
+    assert naive.output_tokens_per_s < 0.95 * little
+
+
+def test_guaranteed_no_evict_reserves_outputs_and_never_preempts():
+    """Two requests of 16 prompt + 32 output tokens, 16-token blocks, a pool of 4 blocks; step = 10 ms + 1 ms per
+    token. TensorRT-LLM's GUARANTEED_NO_EVICT reserves 3 blocks (48 tokens) per request at admission, so the second
+    waits for the first: each takes one 16-token prefill step (26 ms) and 31 decode steps of one (11 ms), 367 ms,
+    back to back: makespan 734 ms, no preemption. vLLM's rule (reserve the prompt) admits both and must preempt
+    when their outputs outgrow the pool."""
+    cost = LinearCost(fixed_s=0.01, per_token_s=0.001)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(16), output_len=fixed(32), num_requests=2)
+    runs = {}
+    for reserve in (True, False):
+        runs[reserve] = simulate(spec, cost, lambda r=reserve: make_scheduler(
+            "continuous", max_num_seqs=8, max_num_batched_tokens=512, block_size=16, num_blocks=4, reserve_output=r),
+            np.random.default_rng(0), SimConfig())
+    assert runs[True].preemptions == 0 and runs[True].records.finish.max() == pytest.approx(0.734, abs=1e-12)
+    assert runs[False].preemptions > 0

@@ -32,6 +32,14 @@ GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="GPU catalogue name (se
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size")]
 KvOpt = Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")]
 WOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Override weight format: bf16, fp16, fp8, int8, int4")]
+ReserveOpt = Annotated[Optional[str], typer.Option(
+    "--kv-reservation", help="KV reserved at admission: prompt (vLLM) or prompt_and_output (TensorRT-LLM's "
+    "GUARANTEED_NO_EVICT: never preempts)")]
+OverheadOpt = Annotated[Optional[float], typer.Option(
+    "--step-overhead-ms", help="CPU time per engine step the GPU waits for (default: the engine model's, 2 ms)")]
+CompOpt = Annotated[Optional[str], typer.Option(
+    "--compute-dtype", help="Dtype quantised GEMMs multiply in: auto (what engines run for the weight format on the "
+    "GPU: fp8 weights -> FP8 GEMMs where the GPU has FP8), bf16/fp16 (weight-only), fp8, int8, fp4")]
 GroupOpt = Annotated[Optional[int], typer.Option("--quant-group-size", help="Group size for int4 (default 128)")]
 UtilOpt = Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")]
 LenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="Max context (default: the model's)")]
@@ -70,8 +78,9 @@ def output_kind(output: str | None, json_out: bool) -> str:
     return kind
 
 
-def load_card(model: str, weight_dtype: str | None = None, group: int | None = None):
-    """A model card from a path, a bundled name or a config.json, with an optional weight-format override."""
+def load_card(model: str, weight_dtype: str | None = None, group: int | None = None, compute_dtype: str | None = None):
+    """A model card from a path, a bundled name or a config.json, with optional weight-format and GEMM-dtype
+    overrides."""
     from capacity.model.card import load_model_card, resolve_model_path
 
     card = load_model_card(resolve_model_path(model))
@@ -79,6 +88,8 @@ def load_card(model: str, weight_dtype: str | None = None, group: int | None = N
         if group is None and weight_dtype == "int4":
             group = 128
         card = card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group)
+    if compute_dtype is not None:
+        card = card.with_overrides(gemm_dtype=compute_dtype)
     return card
 
 

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from capacity.cli.common import JsonOpt, ModelOpt, TpOpt, app
+from capacity.cli.common import CompOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
 from capacity.errors import CapacityError
 from capacity.files import dumps
 
@@ -90,6 +90,7 @@ def step_cost(
     prefill: Annotated[Optional[list[str]], typer.Option("--prefill", help="NEW[:CACHED] tokens of a prefill chunk (repeat)")] = None,
     decode: Annotated[Optional[list[str]], typer.Option("--decode", help="BATCHxCONTEXT decoding sequences (repeat)")] = None,
     kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8 (attention reads its bytes)")] = "auto",
+    weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -97,9 +98,8 @@ def step_cost(
     from capacity.cost.step import PrefillChunk, StepPlan
     from capacity.engine.config import check_tp
     from capacity.limits import check
-    from capacity.model.card import load_model_card, resolve_model_path
 
-    card = load_model_card(resolve_model_path(model))
+    card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     if tp < 1:
         raise CapacityError(f"--tp {tp}: must be >= 1")
     check_tp(card, tp)  # the same rule `memory` applies: heads must split evenly

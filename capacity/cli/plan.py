@@ -8,6 +8,7 @@ import typer
 
 from capacity.cli.common import (
     BlockOpt,
+    CompOpt,
     EagerOpt,
     EngineOpt,
     GpuMemOpt,
@@ -18,6 +19,8 @@ from capacity.cli.common import (
     NoChunkOpt,
     OptimisticOpt,
     OutputOpt,
+    OverheadOpt,
+    ReserveOpt,
     UsageOpt,
     WOpt,
     _lengths,
@@ -78,7 +81,8 @@ def plan(
     tp: Annotated[Optional[int], typer.Option("--tp", help="Fix TP (default: searched)")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")] = None,
-    weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
+    weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
+    kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Fix max_model_len (default: the frontier searches it)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Fix max_num_seqs (default: the frontier searches it)")] = None,
@@ -126,7 +130,8 @@ def plan(
         ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
         ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
         ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
-        ("enable_prefix_caching", prefix_caching), ("policy", policy)) if v is not None}
+        ("enable_prefix_caching", prefix_caching), ("policy", policy), ("kv_reservation", kv_reservation),
+        ("step_overhead_ms", step_overhead_ms)) if v is not None}
     eng_flags.update(engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
     if eng_flags:
         flags["engine"] = eng_flags
@@ -140,12 +145,12 @@ def plan(
 
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
     if len(gpus) > 1:
-        return _plan_gpus(model, flags, gpus, prices, weight_dtype, quant_group_size, executor, ray_address, no_cache,
+        return _plan_gpus(model, flags, gpus, prices, (weight_dtype, quant_group_size, compute_dtype), executor, ray_address, no_cache,
                           xlsx, force, json_out)
     flags["gpu"] = gpus[0]
     flags["price_per_gpu_hour"] = prices.get(gpus[0] or "")
     sc, card = load_scenario(model, flags)
-    card = _weights(card, weight_dtype, quant_group_size)
+    card = _weights(card, weight_dtype, quant_group_size, compute_dtype)
     ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
                        cache=not no_cache)
     t0 = time.perf_counter()
@@ -212,15 +217,15 @@ def _prices(spec: str | None, gpus: list) -> dict[str, float]:
     return out
 
 
-def _weights(card, weight_dtype, group):
-    if weight_dtype is None:
-        return card
-    if group is None and weight_dtype == "int4":
-        group = 128
-    return card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group)
+def _weights(card, weight_dtype, group, compute_dtype=None):
+    if weight_dtype is not None:
+        if group is None and weight_dtype == "int4":
+            group = 128
+        card = card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group)
+    return card.with_overrides(gemm_dtype=compute_dtype) if compute_dtype is not None else card
 
 
-def _plan_gpus(model, flags, gpus, prices, weight_dtype, group, executor, ray_address, no_cache, xlsx, force, json_out):
+def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_cache, xlsx, force, json_out):
     """`--gpu a,b,c`: one plan per GPU type, compared by cost per 1M output tokens (GPUs when unpriced)."""
     import time
 
@@ -231,7 +236,7 @@ def _plan_gpus(model, flags, gpus, prices, weight_dtype, group, executor, ray_ad
     scenarios = []
     for g in gpus:
         sc, card = load_scenario(model, {**flags, "gpu": g, "price_per_gpu_hour": prices.get(g)})
-        scenarios.append((sc, _weights(card, weight_dtype, group)))
+        scenarios.append((sc, _weights(card, *weights)))
     ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
                        cache=not no_cache)
     t0 = time.perf_counter()

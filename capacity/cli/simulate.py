@@ -7,6 +7,7 @@ import typer
 
 from capacity.cli.common import (
     BlockOpt,
+    CompOpt,
     EagerOpt,
     EngineOpt,
     GpuMemOpt,
@@ -20,6 +21,8 @@ from capacity.cli.common import (
     NoChunkOpt,
     OptimisticOpt,
     OutputOpt,
+    OverheadOpt,
+    ReserveOpt,
     SeqOpt,
     TpOpt,
     UsageOpt,
@@ -45,7 +48,7 @@ def simulate(
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to simulate")] = 2000,
     input_len: Annotated[str, typer.Option("--input-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = "1024",
     output_len: Annotated[str, typer.Option("--output-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = "256",
-    arrival: Annotated[str, typer.Option("--arrival", help="poisson, gamma, constant, closed")] = "poisson",
+    arrival: Annotated[str, typer.Option("--arrival", help="poisson, gamma, constant, closed, offline (all at t=0)")] = "poisson",
     cv: Annotated[float, typer.Option("--cv", help="Gamma arrivals: coefficient of variation (burstiness)")] = 1.0,
     users: Annotated[Optional[int], typer.Option("--users", help="Closed loop: concurrent users")] = None,
     think_s: Annotated[float, typer.Option("--think-s", help="Closed loop: mean think time, s")] = 0.0,
@@ -64,6 +67,7 @@ def simulate(
     warmup: Annotated[float, typer.Option("--warmup", help="Fraction of first requests excluded from metrics")] = 0.1,
     no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="One event per step (slow; for checks)")] = False,
     kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
+    compute_dtype: CompOpt = None, kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None,
     gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
     max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
     no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
@@ -80,14 +84,15 @@ def simulate(
     from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
     kind = output_kind(output, json_out)
-    card = load_card(model, weight_dtype, quant_group_size)
+    card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
     cfg = engine_config(
         tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         block_size=block_size, enable_chunked_prefill=False if no_chunked_prefill else None,
         enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, policy=policy, static_max_batch=max_batch,
-        static_max_wait_s=max_wait_ms / 1e3, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
+        static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
+        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
     if workload:
         spec = validate(WorkloadSpec, read_mapping(workload), workload)
     else:
@@ -96,7 +101,7 @@ def simulate(
         arr = {"kind": arrival, "cv": cv, "think_s": think_s}
         if arrival == "closed":
             arr["users"] = users
-        else:
+        elif arrival != "offline":
             if rate is None:
                 raise CapacityError("--rate is required for open-loop arrivals (or use --arrival closed --users N)")
             arr["rate_per_s"] = rate

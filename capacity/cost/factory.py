@@ -28,13 +28,19 @@ def profile_gpu(profile: str) -> str:
 
 
 def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dtype: str | None = None,
-                   profile: str | None = None, allow_mismatch: bool = False) -> StepCost:
+                   profile: str | None = None, allow_mismatch: bool = False, step_overhead_s: float | None = None,
+                   overhead_given: bool = False) -> StepCost:
     """The step cost for one replica (see module docstring). `gpu` None: the profile's own GPU, or h100-sxm.
-    `kv_dtype`: the resolved KV cache dtype (None or "auto": the card's dtype)."""
+    `kv_dtype`: the resolved KV cache dtype (None or "auto": the card's dtype). `step_overhead_s`: the engine
+    model's CPU time per step (the roofline's fixed term; a profile keeps its fitted one unless `overhead_given`)."""
     kv = None if kv_dtype in (None, "auto") else kv_dtype
     if profile is None:
         g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or DEFAULT_GPU)
-        return RooflineCost(card, g, tp, kv_dtype=kv)
+        if step_overhead_s is None:
+            return RooflineCost(card, g, tp, kv_dtype=kv)
+        from capacity.cost.roofline import RooflineParams
+
+        return RooflineCost(card, g, tp, kv_dtype=kv, params=RooflineParams(step_overhead_s=step_overhead_s))
     from capacity.cost.calibrated import CalibratedCost
     from capacity.cost.profile import load_profile, profile_label, resolve_profile
 
@@ -48,5 +54,20 @@ def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dt
             raise ConfigError(msg)
         warnings.warn(msg.split(": use the roofline")[0] + " (used anyway: attention is costed at the measured dtype)",
                       stacklevel=2)
+    from capacity.model.compute import gemm_dtypes
+
+    g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or prof.provenance.gpu or DEFAULT_GPU)
+    other = sorted({d for d in gemm_dtypes(card, g).values()} - {prof.provenance.dtype})
+    if other:
+        msg = (f"{label}: measured {prof.provenance.dtype} GEMMs; {card.name} multiplies in {', '.join(other)} on "
+               f"{g.name} (weight format {card.weight_format}): use the roofline (no --profile) or "
+               "--allow-profile-mismatch")
+        if not allow_mismatch:
+            raise ConfigError(msg)
+        warnings.warn(msg.split(": use the roofline")[0] + " (used anyway: GEMMs are costed at the measured dtype)",
+                      stacklevel=2)
     gpu_name = gpu.name if isinstance(gpu, GPU) else (get_gpu(gpu).name if gpu else None)
-    return CalibratedCost(prof, card, gpu=gpu_name, tp=tp, allow_mismatch=allow_mismatch, profile_path=label)
+    cost = CalibratedCost(prof, card, gpu=gpu_name, tp=tp, allow_mismatch=allow_mismatch, profile_path=label)
+    if overhead_given and step_overhead_s is not None:
+        cost.overhead_s = step_overhead_s
+    return cost

@@ -47,6 +47,8 @@ class RooflineParams(BaseModel):
     step_overhead_s: Secs = 2e-3  # scheduler, input preparation, detokenisation per step
     sampler_bytes_per_logit: NonNeg = 12.0  # fp32 logits, softmax, noise: read+write passes per logit
     attention: Literal["ideal", "dense_packed"] = "ideal"
+    # FP8 KV on Hopper/Blackwell: attention multiplies in FP8 (FlashAttention-3 and TRT-LLM's FMHA quantise q too)
+    fp8_attention: bool = True
 
 
 @dataclass
@@ -61,7 +63,12 @@ class RooflineCost:
 
     def __post_init__(self) -> None:
         self.kv_dtype = self.kv_dtype or self.card.dtype
-        self.source = f"roofline ({self.gpu.name} datasheet x efficiencies)"
+        from capacity.model.compute import describe, gemm_dtypes
+
+        # Each GEMM family at the tensor-core rate of the dtype it multiplies in (FP8 weights on an H100: FP8 GEMMs).
+        self.gemm_dtypes = gemm_dtypes(self.card, self.gpu)
+        self._fam_peak = {f: self.gpu.peak_flops(d) for f, d in self.gemm_dtypes.items()}
+        self.source = f"roofline ({self.gpu.name} datasheet x efficiencies, {describe(self.card, self.gpu)})"
         w = weight_bytes_per_rank(self.card, self.tp)
         L = self.card.num_layers
         # Per-layer weight bytes of each GEMM family on this rank.
@@ -74,7 +81,10 @@ class RooflineCost:
         self._expert_w = (w.get("experts_gate_up", 0.0) + w.get("experts_down", 0.0)) / (moe_layers * e)
         self._lm_w = w.get("lm_head", w["embed_tokens"])
         self._b = DTYPE_BYTES[self.card.dtype]
-        self._peak = self.gpu.peak_flops(self.card.dtype)
+        self._peak = self.gpu.peak_flops(self.card.dtype)  # LM head, router, norms: the activation dtype
+        fp8_attn = (self.params.fp8_attention and self.kv_dtype == "fp8" and self.gpu.fp8_flops is not None
+                    and self.gpu.arch.startswith(("Hopper", "Blackwell")))
+        self._attn_peak = self.gpu.peak_flops("fp8") if fp8_attn else self._peak
         # Memo tables: the simulator asks for the same token counts and chunks over and over.
         self._terms_memo: dict[tuple[int, int], tuple[float, float, float, float]] = {}
         self._chunk_memo: dict[tuple[int, int], float] = {}
@@ -86,24 +96,27 @@ class RooflineCost:
         self._kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype]
         p = self.params
         # ideal decode attention of one layer = keys x this + launch (both roofline terms scale with keys)
-        self._decode_s_per_key = max(self._per_key_flops / (self._peak * p.attn_flops_eff),
+        self._decode_s_per_key = max(self._per_key_flops / (self._attn_peak * p.attn_flops_eff),
                                      self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
 
     # ---- primitives -----------------------------------------------------------------------------
-    def _op(self, flops: float, bytes_: float, eff: float) -> float:
+    def _op(self, flops: float, bytes_: float, eff: float, peak: float | None = None) -> float:
         p = self.params
-        return max(flops / (self._peak * eff), bytes_ / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff)) + p.kernel_launch_s
+        return max(flops / ((peak or self._peak) * eff),
+                   bytes_ / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff)) + p.kernel_launch_s
 
-    def _gemm(self, tokens: int, weight_bytes: float, act_width: float, quantized: bool = True) -> float:
-        """A GEMM family over `tokens` rows: 2 FLOPs per weight element per token; reads its weights once
-        and `act_width` activation elements per token (inputs + outputs)."""
-        elems = self._elems(weight_bytes) if quantized else weight_bytes / self._b
+    def _gemm(self, tokens: int, weight_bytes: float, act_width: float, family: str | None = None) -> float:
+        """A GEMM family over `tokens` rows: 2 FLOPs per weight element per token, at the rate of the dtype the
+        family multiplies in; reads its weights once and `act_width` activation elements per token (inputs +
+        outputs). family None: an unquantised GEMM (the LM head) at the activation dtype."""
+        elems = self._elems(weight_bytes, family) if family else weight_bytes / self._b
         flops = 2.0 * tokens * elems
-        return self._op(flops, weight_bytes + tokens * act_width * self._b, self.params.gemm_flops_eff)
+        return self._op(flops, weight_bytes + tokens * act_width * self._b, self.params.gemm_flops_eff,
+                        self._fam_peak[family] if family else None)
 
-    def _elems(self, weight_bytes: float) -> float:
+    def _elems(self, weight_bytes: float, family: str) -> float:
         """Number of weight elements a GEMM family multiplies (its FLOPs per token / 2)."""
-        return weight_bytes / DTYPE_BYTES[self.card.weight_format]
+        return weight_bytes / DTYPE_BYTES[self.card.format_of(family)]
 
     # ---- per-layer pieces -----------------------------------------------------------------------
     def _attention_s(self, plan: StepPlan) -> float:
@@ -118,31 +131,32 @@ class RooflineCost:
         if self.params.attention == "dense_packed":
             q_tok = plan.num_tokens
             keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
-            return self._op(q_tok * keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff)
+            return self._op(q_tok * keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff, self._attn_peak)
         t = 0.0
         for p in plan.prefills:  # causal: the i-th new token sees cached + i keys
             pairs = p.new_tokens * (p.cached_tokens + (p.new_tokens + 1) / 2)
-            t += self._op(pairs * per_key_flops, (p.cached_tokens + p.new_tokens) * kv_tok, self.params.attn_flops_eff)
+            t += self._op(pairs * per_key_flops, (p.cached_tokens + p.new_tokens) * kv_tok, self.params.attn_flops_eff,
+                          self._attn_peak)
         if plan.decode_contexts:  # one batched decode kernel: streams every sequence's KV once
             keys = sum(d + 1 for d in plan.decode_contexts)
-            t += self._op(keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff)
+            t += self._op(keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff, self._attn_peak)
         return t
 
     def _mlp_s(self, tokens: int, moe_layer: bool) -> float:
         c = self.card
         h = c.hidden_size
         if not moe_layer:
-            return self._gemm(tokens, self._dense_w, 2 * h + 3 * c.intermediate_size / self.tp)
+            return self._gemm(tokens, self._dense_w, 2 * h + 3 * c.intermediate_size / self.tp, "dense_mlp")
         moe = c.moe
         assert moe is not None  # only MoE layers get here
         e, k = moe.num_experts, moe.experts_per_token
         touched = e * (1 - (1 - k / e) ** tokens)  # expected distinct experts hit by `tokens` tokens
-        flops = 2.0 * tokens * k * self._elems(self._expert_w)
+        flops = 2.0 * tokens * k * self._elems(self._expert_w, "experts")
         bytes_ = touched * self._expert_w + tokens * k * 2 * h * self._b
-        t = self._op(flops, bytes_, self.params.gemm_flops_eff)
+        t = self._op(flops, bytes_, self.params.gemm_flops_eff, self._fam_peak["experts"])
         t += self._op(2.0 * tokens * h * e, e * h * self._b, self.params.gemm_flops_eff)  # router
         if self._shared_w:
-            t += self._gemm(tokens, self._shared_w, 2 * h + 3 * moe.shared_intermediate / self.tp)
+            t += self._gemm(tokens, self._shared_w, 2 * h + 3 * moe.shared_intermediate / self.tp, "shared_experts")
         return t
 
     def _allreduce_s(self, tokens: int) -> float:
@@ -168,7 +182,7 @@ class RooflineCost:
         if got is None:
             pairs = new * (cached + (new + 1) / 2)  # causal: the i-th new token sees cached + i keys
             got = self._chunk_memo[(new, cached)] = self._op(
-                pairs * self._per_key_flops, (cached + new) * self._kv_tok, self.params.attn_flops_eff)
+                pairs * self._per_key_flops, (cached + new) * self._kv_tok, self.params.attn_flops_eff, self._attn_peak)
         return got
 
     def decode_step_s(self, batch: int, keys: int) -> float:
@@ -194,12 +208,12 @@ class RooflineCost:
     def _breakdown_full(self, plan: StepPlan, n: int, s: int) -> dict[str, float]:
         c = self.card
         h = c.hidden_size
-        gemm_attn = self._gemm(n, self._attn_w, 4 * h)
+        gemm_attn = self._gemm(n, self._attn_w, 4 * h, "attention")
         attn = self._attention_s(plan)
         norms = self._op(0.0, 6 * n * h * self._b, 1.0) * 2  # two RMSNorms (+rope) of read/write passes
         mlp = (c.num_dense_layers * self._mlp_s(n, False) if c.num_dense_layers else 0.0) + (
             c.num_moe_layers * self._mlp_s(n, True) if c.num_moe_layers else 0.0)
-        lm = self._gemm(s, self._lm_w, h + c.vocab_size / self.tp, quantized=False) if s else 0.0
+        lm = self._gemm(s, self._lm_w, h + c.vocab_size / self.tp) if s else 0.0
         sampler = self._op(0.0, s * c.vocab_size * self.params.sampler_bytes_per_logit, 1.0) if s else 0.0
         return {
             "gemm": c.num_layers * gemm_attn + mlp + lm,

@@ -37,6 +37,9 @@ class EngineModel(Protocol):
 
     def launch_notes(self, cfg: EngineConfig) -> list[str]: ...
 
+    def step_overhead_s(self, cfg: EngineConfig) -> float:
+        """CPU time per engine step that the GPU waits for (scheduling, input preparation, output handling)."""
+
 
 ENGINES: dict[str, EngineModel] = {"vllm": Vllm()}  # the current release of each engine
 _BY_SPEC: dict[str, EngineModel] = {}

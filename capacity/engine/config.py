@@ -73,6 +73,14 @@ class EngineConfig(BaseModel):
     policy: str = "continuous"  # one of capacity.sched.POLICIES
     static_max_batch: PosInt | None = None  # static policy: batch size (default: max_num_seqs)
     static_max_wait_s: NonNegFloat = 0.0  # static policy: how long the first request may wait for a batch
+    # KV reserved when a request is admitted. prompt: its input (vLLM; outputs take blocks as they grow, and a
+    # full cache preempts); prompt_and_output: input and every output token up front, so nothing is ever
+    # preempted (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler, its default). None: the engine's own.
+    kv_reservation: Literal["prompt", "prompt_and_output"] | None = None
+    # CPU time per engine step that the GPU waits for (scheduling, input preparation, output processing), ms.
+    # None: the engine model's figure (2 ms for vLLM, not yet checked against a measured run); a measured run
+    # fits it (see docs/fidelity.md). Applies to the roofline; a calibrated profile keeps its fitted overhead.
+    step_overhead_ms: Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)] | None = None
     usage_context: Literal["serve", "llm"] = "serve"  # `vllm serve` or the offline LLM class (different defaults)
     # vLLM's larger batching defaults (1024 sequences; 8192 tokens for serve). None: the release's own test on
     # the GPU (memory >= 70 GiB and, from 0.9, not an A100 by device name); True/False forces it.

@@ -466,7 +466,8 @@ class Vllm:
             kw = dict(max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                       block_size=limits.block_size, num_blocks=limits.num_blocks,
                       chunked_prefill=chunked, prefix_caching=self.prefix_caching(cfg),
-                      max_model_len=limits.max_model_len, kv_groups=limits.kv_groups)
+                      max_model_len=limits.max_model_len, kv_groups=limits.kv_groups,
+                      reserve_output=cfg.kv_reservation == "prompt_and_output")
         make_scheduler(cfg.policy, **kw)
         return lambda: make_scheduler(cfg.policy, **kw)
 
@@ -505,6 +506,10 @@ class Vllm:
             return "# offline: LLM(model=..., same keyword arguments); as a server:\n" + cmd
         return cmd
 
+    def step_overhead_s(self, cfg: EngineConfig) -> float:
+        """CPU time per step the GPU waits for: the configured figure, else STEP_OVERHEAD_S."""
+        return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
+
     def launch_notes(self, cfg: EngineConfig) -> list[str]:
         """What the launch command cannot express about the simulated configuration."""
         notes = []
@@ -512,9 +517,16 @@ class Vllm:
             notes.append(f"policy {cfg.policy} is not a vLLM scheduling policy: the command runs vLLM's fcfs")
         if not cfg.paged_kv:
             notes.append("contiguous KV (paged_kv false) is a what-if: vLLM always pages its KV cache")
+        if cfg.kv_reservation == "prompt_and_output":
+            notes.append("kv_reservation prompt_and_output (TensorRT-LLM's GUARANTEED_NO_EVICT) is a what-if: vLLM "
+                         "reserves the prompt only and preempts when the cache fills")
         notes.append(f"memory and defaults modelled on {self.release.label}; pin that release (pip install "
                      f"vllm=={'.'.join(map(str, self.release.version))}) or re-plan for the one you deploy")
         return notes
 
 
 VllmV1 = Vllm  # the name earlier code and tests use
+# Per-step CPU overhead the GPU waits for. The figure the roofline always used; it has not been checked against a
+# measured vLLM run (async scheduling, from 0.11, overlaps most of it with the GPU step): set
+# EngineConfig.step_overhead_ms from a measured run (docs/fidelity.md) where it matters (small batches, TPOT).
+STEP_OVERHEAD_S = 2e-3

@@ -123,6 +123,11 @@ def simulation_table(out: dict, console) -> None:
         console.print(ct)
     console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
                   f"over {s['window_s']:.1f} s simulated; step costs: {out['step_cost_source']}")
+    off = out.get("offline")
+    if off:
+        console.print(f"offline batch: {off['requests']} requests in a makespan of {off['makespan_s']:.2f} s: "
+                      f"{off['requests_per_s']:.3f} requests/s, {off['output_tokens_per_s']:,.0f} output tokens/s, "
+                      f"{off['total_tokens_per_s']:,.0f} total tokens/s")
     if s.get("goodput_req_per_s") is not None:
         console.print(f"goodput: {s['goodput_req_per_s']:.3f} requests/s meet every SLO ({s['slo_attainment']:.1%})")
     console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "

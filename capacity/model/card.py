@@ -20,6 +20,7 @@ NonNegInt = Annotated[int, Field(ge=0, le=10**7)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]  # names and ids: echoed in every output
 ComputeDtype = Literal["bf16", "fp16"]
 WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
+GemmDtype = Literal["auto", "bf16", "fp16", "fp8", "int8", "fp4"]
 # Module families whose storage format can differ from the card's weight_dtype (quantised experts with bf16
 # attention, an fp8 model that keeps its router in bf16 ...).
 Family = Literal["attention", "dense_mlp", "experts", "shared_experts", "lm_head", "vision"]
@@ -137,6 +138,9 @@ class ModelCard(_Frozen):
     weight_dtype: WeightDtype | None = None  # storage of linear-layer weights; None = dtype
     quant_group_size: PosInt | None = None  # int4: scales per group of inputs; fp8/int8: square blocks
     weight_formats: dict[Family, WeightDtype] = {}  # per-family storage where it differs from weight_dtype
+    # The dtype quantised GEMMs multiply in (capacity.model.compute): auto = what engines run for the weight format on
+    # the GPU (fp8 weights: FP8 x FP8 where the GPU has FP8 tensor cores); bf16/fp16 = weight-only (W8A16, W4A16).
+    gemm_dtype: GemmDtype = "auto"
     moe: MoE | None = None  # mixture-of-experts layers (below)
     mla: MLA | None = None  # multi-head latent attention (below)
     sliding_window: PosInt | None = None  # tokens a sliding-window layer attends to
@@ -172,6 +176,9 @@ class ModelCard(_Frozen):
             )
         if "int4" in (self.weight_dtype, *self.weight_formats.values()) and self.quant_group_size is None:
             raise ValueError("weight_dtype int4 needs quant_group_size (e.g. 128)")
+        quantised = {self.weight_format, *self.weight_formats.values()} - {"bf16", "fp16"}
+        if self.gemm_dtype in ("fp8", "int8", "fp4") and not quantised:
+            raise ValueError(f"gemm_dtype {self.gemm_dtype} needs quantised weights (weight_dtype is {self.weight_format})")
         if self.num_sliding_layers > self.num_layers:
             raise ValueError(f"num_sliding_layers ({self.num_sliding_layers}) exceeds num_layers ({self.num_layers})")
         if self.num_sliding_layers and self.sliding_window is None:

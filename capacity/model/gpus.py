@@ -39,6 +39,7 @@ class GPU(BaseModel):
     bf16_flops: PosFloat | None = None  # dense tensor-core peak, FLOP/s
     fp16_flops: PosFloat | None = None
     fp8_flops: PosFloat | None = None
+    fp4_flops: PosFloat | None = None  # NVFP4/MXFP4 tensor cores (Blackwell)
     int8_ops: PosFloat | None = None
     interconnect_bytes_per_s: PosFloat  # GPU-to-GPU, per direction
     interconnect: str = "pcie"  # GPU-to-GPU link (nvlink, pcie, infinity-fabric)
@@ -47,9 +48,8 @@ class GPU(BaseModel):
     confidence: str = ""  # how sure the datasheet figures are
 
     def peak_flops(self, dtype: str) -> float:
-        value = {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "int8": self.int8_ops}.get(
-            dtype
-        )
+        value = {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "fp4": self.fp4_flops,
+                 "int8": self.int8_ops}.get(dtype)
         if value is None:
             raise ConfigError(f"gpu {self.name}: no dense {dtype} tensor rate in the catalogue (the part lacks it)")
         return value

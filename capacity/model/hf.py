@@ -291,6 +291,7 @@ def _quant(quant: Any, card: dict, dtype: str, source: str) -> None:
             card["quant_group_size"] = g if g > 0 else 128  # -1 (one group per row): counted as 128, more scales
         elif bits == 8 and method.startswith("gptq"):
             card["weight_dtype"] = "int8"
+            card["gemm_dtype"] = dtype  # GPTQ is weight-only: Marlin W8A16
         else:
             raise ConfigError(f"{source}: quantization_config.bits {bits!r} is not supported for {method} (4, or 8 for GPTQ)")
     elif method == "compressed-tensors":
@@ -321,6 +322,9 @@ def _compressed_tensors(quant: dict, card: dict, source: str) -> None:
     if not isinstance(w, dict):
         raise ConfigError(f"{source}: quantization_config.config_groups has no weights scheme")
     bits, kind, strategy = w.get("num_bits"), w.get("type", "int"), w.get("strategy")
+    acts = next(iter(groups.values())).get("input_activations")
+    if not acts:  # weights only (W8A16, W4A16, NVFP4A16): the GEMMs multiply in the activation dtype
+        card["gemm_dtype"] = card.get("dtype", "bf16")
     if bits == 8 and kind == "float":
         card["weight_dtype"] = "fp8"
         block = w.get("block_structure")

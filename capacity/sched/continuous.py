@@ -41,6 +41,9 @@ class ContinuousConfig:
     # preemption) fits in free blocks, not just this step's chunk: vLLM's `scheduler_reserve_full_isl`
     # (default on in vLLM 0.32), which keeps chunked prefill from over-admitting and thrashing the cache.
     reserve_full_input: bool = True
+    # Reserve KV for the prompt and every output token at admission, so a running sequence never needs a block
+    # and nothing is preempted: TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (its default policy).
+    reserve_output: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
@@ -144,7 +147,9 @@ class ContinuousScheduler:
                 num_new = min(remaining, budget)
                 if not cfg.chunked_prefill and num_new < remaining:
                     break
-                if cfg.reserve_full_input and not kv.can_fit(seq, remaining):
+                if cfg.reserve_output:
+                    ok = kv.reserve(seq, seq.prompt + seq.output)
+                elif cfg.reserve_full_input and not kv.can_fit(seq, remaining):
                     ok = False
                 else:
                     ok = seq.computed + num_new <= seq.kv_capacity or kv.allocate_slots(seq, num_new)

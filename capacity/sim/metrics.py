@@ -174,9 +174,29 @@ class Summary:
         return cls(**kw)
 
 
+def tokens_in_window(rec: Records, t0: float, t1: float) -> float:
+    """Output tokens that requests outside the measured set (the warm-up) emit inside (t0, t1]: the first token at
+    its time, the others spread evenly over (first token, finish] (exact at a constant inter-token latency)."""
+    done = rec.subset(rec.finished)
+    if not len(done):
+        return 0.0
+    ft, fin, out = done.first_token, done.finish, done.output_tokens
+    first = ((ft > t0) & (ft <= t1)).astype(float)
+    span = fin - ft
+    overlap = np.clip(np.minimum(fin, t1) - np.maximum(ft, t0), 0.0, None)
+    rest = np.where(span > 0, (out - 1) * overlap / np.where(span > 0, span, 1.0), 0.0)
+    return float((first + rest).sum())
+
+
 def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng: np.random.Generator,
-              slos: list[SLO] | None = None, ci: bool = True, class_names: list[str] | None = None) -> Summary:
-    """The run's summary; with `class_names` (two or more), also each class's own latencies (`per_class`)."""
+              slos: list[SLO] | None = None, ci: bool = True, class_names: list[str] | None = None,
+              others: Records | None = None) -> Summary:
+    """The run's summary; with `class_names` (two or more), also each class's own latencies (`per_class`).
+
+    Throughput is measured over the window of the measured requests (first arrival to last finish) and counts every
+    token emitted in it: those of the requests left out as warm-up (`others`) too, which are still running when the
+    window opens (a closed loop of c users has c - 1 of them); counting only the measured requests' tokens would
+    report a rate the engine exceeded. Requests/s likewise counts the warm-up requests that finish in the window."""
     done = rec.subset(rec.finished)
     n = len(done)
     if n == 0:
@@ -191,9 +211,15 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
     if len(itl_values):
         itl = Dist(int(itl_weights.sum()), float(np.average(itl_values, weights=itl_weights)),
                    *(weighted_percentile(itl_values, itl_weights, p) for p in PCTS))
+    t0, t1 = float(done.arrival.min()), float(done.finish.max())
+    extra_tokens, extra_done = 0.0, 0
+    if others is not None:  # warm-up requests still running in the window: their tokens and finishes count
+        extra_tokens = tokens_in_window(others, t0, t1)
+        fin = others.finish[others.finished]
+        extra_done = int(((fin > t0) & (fin <= t1)).sum())  # (t0, t1]: a finish at t0 sent the first
     s = Summary(n, window, _pcts(ttft), _pcts(tpot), itl, _pcts(e2e), _pcts(wait),
-                float(done.output_tokens.sum() / window) if window > 0 else float("nan"),
-                float(n / window) if window > 0 else float("nan"),
+                float((done.output_tokens.sum() + extra_tokens) / window) if window > 0 else float("nan"),
+                float((n + extra_done) / window) if window > 0 else float("nan"),
                 preempted_requests=int((done.preemptions > 0).sum()))
     if ci:
         s.p99_ci_s = {"ttft": p99_ci(ttft, rng), "tpot": p99_ci(tpot, rng), "e2e": p99_ci(e2e, rng)}
@@ -206,7 +232,8 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
             if slo.tpot_s is not None:
                 ok[m] &= np.nan_to_num(tpot[m], nan=0.0) <= slo.tpot_s
         s.slo_attainment = float(ok.mean())
-        s.goodput_req_per_s = float(ok.sum() / window) if window > 0 else float("nan")
+        # the measured requests' attainment applied to the window's throughput (which counts warm-up finishes too)
+        s.goodput_req_per_s = float(ok.mean() * s.requests_per_s) if window > 0 else float("nan")
     if class_names and len(class_names) > 1:
         for c, name in enumerate(class_names):
             m = done.cls == c

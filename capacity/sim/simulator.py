@@ -91,6 +91,7 @@ class Simulation:
         self.stop = self.env.event()
         self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
         self.users: ClosedLoopUsers | None = None  # the closed-loop source, when there is one
+        self.offline = False  # an offline batch: the queue is the batch, never a sign of overload
         self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
         self.steps = self.events = 0
         self.longest_backlog: tuple[float, float, int] = (0.0, 0.0, 0)  # (start, end, tokens) of a backlog
@@ -148,7 +149,7 @@ class Simulation:
             return False
         if rec.backlog_since is None:
             rec.backlog_since = (self.env.now, rec.finished_total, rec.tokens_total)
-        if q > self.sat_queue and not self.stop.triggered:
+        if q > self.sat_queue and not self.stop.triggered and not self.offline:
             t0, _, k0 = rec.backlog_since
             cap = self.backlog_rate(t0, self.env.now, rec.tokens_total - k0)
             res.saturated = True
@@ -198,6 +199,7 @@ class Simulation:
             self.users = ClosedLoopUsers(self, workload)  # type: ignore[arg-type]
             self.users.start()
         else:
+            self.offline = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "offline"
             reqs = generate(workload, self.rng) if isinstance(workload, WorkloadSpec) else list(workload)
             env.process(OpenLoopSource(self, reqs).run())
         for rep in self.replicas:

@@ -67,4 +67,16 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 #   its decode stretch there; the random stream is consumed in another order, which moves each figure by <1%,
 #   and engine_events falls from 7,455 to 2,278 because the fast path now runs in closed loops (it was stopped at
 #   every step). tests/test_simulator.py::test_fast_forward_is_exact_in_closed_loop pins fast == step by step.
+# Re-recorded for issue 25 (serving fidelity), every simulate/sweep/plan case:
+# - step_cost_source (and `source` in plans and sweeps) names the GEMM compute dtype ("..., bf16 GEMMs"): every
+#   golden card is bf16, so no step time changed.
+# - summary.output_tokens_per_s / requests_per_s / goodput, sweep tokens_per_s, plan capacity_tokens_per_s: the
+#   measured window (first measured arrival to last measured finish) now also counts the tokens and finishes of
+#   warm-up requests that run inside it. Before, they were left out, which under-reported every rate by about
+#   (requests in flight) / (measured requests): 1-10% here (tests/test_simulator.py checks Little's law).
+# - plans: capacity_rate is read from the kept-full capacity probe's requests/s, so it rose 11% (plan_small
+#   16.6 -> 18.5 req/s); the rate search probes fractions of it, so its probe rates, P99s and max_rate moved with
+#   it. The open-loop probes verify the new max_rate (18.24 req/s meets the SLO, 19.40 fails): the old capacity
+#   was an under-estimate, not a margin. Frontier P99s at "the per-replica load" moved because that load is a
+#   share of the capacity.
 CHANGES: dict[tuple[str, str], str] = {}

@@ -1,0 +1,119 @@
+"""Predicted vs published: TensorRT-LLM's offline max-throughput tables (tests/data/published/trtllm_perf_overview.yaml).
+
+    python bench/published.py                     # every row (Llama 3.1 8B/70B/405B, H100/H200/B200), ~3 min
+    python bench/published.py --quick             # 8B and 70B on H100 only, 1,000 requests per row
+
+Each published row (trtllm-bench throughput: ISL/OSL fixed, every request queued at once, total output tokens/s of
+the TP group) is replayed as an offline batch (`--arrival offline`) through the run pipeline with the roofline step
+cost, in three variants that show what each modelling choice does to the answer:
+
+- `bf16 GEMMs`: FP8 weights costed at the bf16 tensor rate (what the roofline did before FP8 compute was modelled)
+  and vLLM's admission (reserve the prompt, preempt when the cache fills);
+- `fp8 GEMMs`: the GEMMs at the rate of the dtype engines multiply in (capacity.model.compute), FP8 attention;
+- `+ no-evict`: and TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (kv_reservation prompt_and_output).
+
+Engine settings (the page gives none; TensorRT-LLM's defaults): max_batch_size 2048, max_num_tokens 8192, FP8 KV
+cache, KV memory from the vLLM budget at gpu_memory_utilization 0.9 (TensorRT-LLM's free-memory fraction 0.9-0.95
+gives a little more: on the safe side). Requests per row: the page's count, capped by --max-requests (the makespan
+of a capped batch has relatively more ramp-up and tail, which lowers the predicted throughput a little).
+Writes bench/results/published_trtllm.json (rows, MAPE per variant, the host).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from capacity.cli.common import load_card  # noqa: E402
+from capacity.engine.config import EngineConfig  # noqa: E402
+from capacity.model.gpus import get_gpu  # noqa: E402
+from capacity.pipeline import Deployment, RunOptions, run  # noqa: E402
+from capacity.workload import Arrivals, WorkloadSpec, fixed  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "published" / "trtllm_perf_overview.yaml"
+OUT = ROOT / "bench" / "results" / "published_trtllm.json"
+VARIANTS = {  # name -> (compute dtype override, kv_reservation)
+    "bf16 GEMMs": ("bf16", "prompt"),
+    "fp8 GEMMs": (None, "prompt"),
+    "+ no-evict": (None, "prompt_and_output"),
+}
+WEIGHT = {"fp8": "fp8", "fp4": "nvfp4"}
+
+
+def predict(row: dict, n_requests: int, compute: str | None, reservation: str) -> float:
+    """Total output tokens/s of the TP group for one published row, as an offline batch."""
+    card = load_card(row["model"], WEIGHT[row["dtype"]], None, compute)
+    eng = EngineConfig(tensor_parallel_size=row["tp"], kv_cache_dtype="fp8", max_num_seqs=2048,
+                       max_num_batched_tokens=8192, max_model_len=row["isl"] + row["osl"],
+                       kv_reservation=reservation)  # type: ignore[arg-type]
+    spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(row["isl"]), output_len=fixed(row["osl"]),
+                        num_requests=n_requests)
+    res = run(Deployment(card, get_gpu(row["gpu"]), eng), spec, RunOptions(seed=0, ci=False, timeseries=False))
+    off = res.offline()
+    assert off is not None
+    return float(off["output_tokens_per_s"])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="8B and 70B on H100 only, 1,000 requests per row")
+    ap.add_argument("--max-requests", type=int, default=3000, help="cap on requests per row")
+    ap.add_argument("--out", type=Path, default=OUT)
+    a = ap.parse_args()
+    data = yaml.safe_load(DATA.read_text())
+    counts = {(d["isl"], d["osl"]): d["num_requests"] for d in data["source"]["dataset_num_requests"]}
+    rows = data["rows"]
+    cap = a.max_requests
+    if a.quick:
+        rows = [r for r in rows if r["gpu"] == "h100-sxm" and r["model"] != "llama-3.1-405b"]
+        cap = min(cap, 1000)
+    print(f"{len(rows)} published rows ({data['source']['url']})", flush=True)
+    t0 = time.time()
+    out = []
+    for i, r in enumerate(rows):
+        n = min(counts[(r["isl"], r["osl"])], cap)
+        pred = {v: predict(r, n, c, k) for v, (c, k) in VARIANTS.items()}
+        err = {v: p / r["output_tokens_per_s"] - 1 for v, p in pred.items()}
+        out.append({**{k: r[k] for k in ("model", "gpu", "tp", "dtype", "isl", "osl")}, "requests": n,
+                    "published": r["output_tokens_per_s"], "predicted": pred, "error": err})
+        print(f"[{i + 1}/{len(rows)}] {r['model']:15s} {r['gpu']:8s} tp{r['tp']} {r['dtype']} "
+              f"{r['isl']:>5}/{r['osl']:<5} published {r['output_tokens_per_s']:>8,.0f}  "
+              + "  ".join(f"{e:+.0%}" for e in err.values()), flush=True)
+    summary = {}
+    for v in VARIANTS:
+        e = np.array([o["error"][v] for o in out])
+        summary[v] = {"mape": float(np.mean(np.abs(e))), "median_abs": float(np.median(np.abs(e))),
+                      "median_signed": float(np.median(e)), "within_10pct": int((np.abs(e) <= 0.10).sum()),
+                      "within_25pct": int((np.abs(e) <= 0.25).sum()), "n": len(e)}
+    groups: dict[str, dict[str, float]] = {}
+    for key in sorted({(o["model"], o["gpu"], o["tp"], o["dtype"]) for o in out}):
+        sel = [o for o in out if (o["model"], o["gpu"], o["tp"], o["dtype"]) == key]
+        groups[f"{key[0]} {key[1]} tp{key[2]} {key[3]}"] = {
+            v: float(np.mean([abs(o["error"][v]) for o in sel])) for v in VARIANTS}
+    print(f"\nthroughput MAPE by group ({len(out)} rows; {time.time() - t0:.0f} s)")
+    print(f"{'group':38s}" + "".join(f"{v:>14s}" for v in VARIANTS))
+    for g, m in groups.items():
+        print(f"{g:38s}" + "".join(f"{m[v]:>14.1%}" for v in VARIANTS))
+    print(f"{'all: MAPE':38s}" + "".join(f"{summary[v]['mape']:>14.1%}" for v in VARIANTS))
+    print(f"{'all: median signed error':38s}" + "".join(f"{summary[v]['median_signed']:>+14.1%}" for v in VARIANTS))
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps({
+        "source": data["source"]["url"], "command": "python bench/published.py" + (" --quick" if a.quick else ""),
+        "host": {"machine": platform.machine(), "processor": platform.processor() or platform.platform(),
+                 "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "max_requests": cap, "variants": list(VARIANTS),
+        "summary": summary, "groups": groups, "rows": out}, indent=1) + "\n")
+    print(f"wrote {a.out}")
+
+
+if __name__ == "__main__":
+    main()

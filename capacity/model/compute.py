@@ -1,0 +1,69 @@
+"""The dtype each family of linear layers multiplies in, on a given GPU: what serving engines run for a weight format.
+
+The storage format (`ModelCard.weight_dtype`, `weight_formats`) sets the bytes a GEMM reads; the compute dtype sets
+the tensor-core rate it can reach. They differ: an FP8 checkpoint on an H100 runs FP8 x FP8 GEMMs (activations
+quantised per token on the fly) at twice the bf16 rate, while the same checkpoint on an A100, which has no FP8 tensor
+cores, runs weight-only (vLLM's Marlin kernels dequantise to bf16 in registers) at the bf16 rate. Read from vLLM's
+quantisation methods (model_executor/layers/quantization):
+
+| weight format | GPU has the rate      | GPU lacks it          | vLLM path                                       |
+| ------------- | --------------------- | --------------------- | ----------------------------------------------- |
+| fp8           | fp8 (W8A8, sm89+)     | bf16 (Marlin W8A16)   | Fp8LinearMethod: cutlass_scaled_mm, else Marlin  |
+| int8 W8A8     | int8                  | bf16                  | compressed-tensors W8A8Int8 (cutlass)           |
+| int4 (GPTQ/AWQ) | bf16 (W4A16)        | bf16                  | Marlin, always weight-only                      |
+| nvfp4         | fp4 (W4A4, sm100)     | bf16 (Marlin W4A16)   | ModelOpt/compressed-tensors NVFP4                |
+| mxfp4         | bf16 (W4A16)          | bf16                  | gpt-oss experts: Marlin/Triton with bf16 inputs |
+
+Checkpoints that quantise weights only (GPTQ int8, compressed-tensors W8A16/W4A16/NVFP4A16) say so in their
+config and set `ModelCard.gemm_dtype` to the activation dtype; `gemm_dtype` may also force a dtype (`--compute-dtype`),
+which the GPU must have. The LM head and the MoE router stay at the activation dtype (engines do not quantise them).
+Where an engine's choice is uncertain (MXFP4 on Blackwell can run MXFP8 inputs), the slower rate is taken: errors
+on the safe side.
+"""
+from __future__ import annotations
+
+from capacity.errors import ConfigError
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU
+
+# weight storage format -> the dtype engines multiply in when the GPU has that rate ("act": the activation dtype)
+NATIVE = {"bf16": "act", "fp16": "act", "fp8": "fp8", "int8": "int8", "int4": "act", "nvfp4": "fp4", "mxfp4": "act"}
+GEMM_FAMILIES = ("attention", "dense_mlp", "experts", "shared_experts")
+
+
+def _rate(gpu: GPU, dtype: str) -> float | None:
+    return {"bf16": gpu.bf16_flops, "fp16": gpu.fp16_flops, "fp8": gpu.fp8_flops, "fp4": gpu.fp4_flops,
+            "int8": gpu.int8_ops}.get(dtype)
+
+
+def gemm_dtype(card: ModelCard, family: str, gpu: GPU) -> str:
+    """The dtype one family's GEMMs run in on `gpu` (see the module docstring)."""
+    if card.gemm_dtype != "auto":
+        if _rate(gpu, card.gemm_dtype) is None:
+            raise ConfigError(f"compute_dtype {card.gemm_dtype}: gpu {gpu.name} has no dense {card.gemm_dtype} "
+                              "tensor rate in the catalogue")
+        if card.gemm_dtype in ("bf16", "fp16"):
+            return card.gemm_dtype
+        fmt = card.format_of(family)
+        # a low-precision compute dtype applies to quantised families only (an unquantised family stays bf16)
+        return card.gemm_dtype if fmt not in ("bf16", "fp16") else card.dtype
+    want = NATIVE[card.format_of(family)]
+    if want == "act" or _rate(gpu, want) is None:
+        return card.dtype
+    return want
+
+
+def gemm_dtypes(card: ModelCard, gpu: GPU) -> dict[str, str]:
+    """The compute dtype of every GEMM family the card has, on `gpu`."""
+    return {f: gemm_dtype(card, f, gpu) for f in GEMM_FAMILIES}
+
+
+def describe(card: ModelCard, gpu: GPU) -> str:
+    """One phrase for tables and sources: 'fp8 GEMMs', 'bf16 GEMMs', 'fp8 attention/MLP, bf16 experts'."""
+    d = gemm_dtypes(card, gpu)
+    used = {f: d[f] for f in GEMM_FAMILIES if f == "attention" or (f == "dense_mlp" and card.num_dense_layers)
+            or (f == "experts" and card.moe) or (f == "shared_experts" and card.moe and card.moe.shared_intermediate)}
+    kinds = sorted(set(used.values()))
+    if len(kinds) == 1:
+        return f"{kinds[0]} GEMMs"
+    return ", ".join(f"{f} {v}" for f, v in used.items()) + " GEMMs"
