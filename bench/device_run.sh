@@ -2,7 +2,8 @@
 # The whole GPU session as one prepared command (the device runner gives 15 minutes in all):
 #   1. device ceilings (bf16 matmul, copy) -> bench/results/gpu_peaks-<gpu>.json
 #   2. tests/test_devices.py on the GPU (kernels vs reference attention, quick suite, CUDA-graph replay)
-#   3. full calibration of each model -> capacity/data/profiles/<model>-<gpu>.json (time-boxed per model; an
+#   3. full calibration of each model (MODEL or MODEL:fp8 for FP8 GEMMs) -> capacity/data/profiles/<model>-<gpu>.json
+#      (time-boxed per model; an
 #      interrupted one leaves <profile>.partial.json, which a rerun resumes)
 #   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>-<gpu>.json
 # Everything lands in $OUT/results.tar.gz (re-packed after every stage, so a cut-off run still returns what
@@ -20,7 +21,8 @@ cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda:0}
 OUT=${OUT:-/tmp/device-out}
 PY=${PY:-python3}
-MODELS=${MODELS:-llama-3.1-8b mixtral-8x7b}
+# The bf16 Llama-8B profile is measured (2026-11-30); next: its FP8 GEMMs and Mixtral as CUDA graphs (issue 25).
+MODELS=${MODELS:-llama-3.1-8b:fp8 mixtral-8x7b}
 BUDGETS=(${BUDGETS:-230 170})       # seconds of calibration per model, in MODELS order
 SHAPES_MODELS=${SHAPES_MODELS:-llama-3.1-8b}
 QUICK=${QUICK:-}
@@ -76,13 +78,17 @@ fi
 stamp "3/4 calibration"
 i=0
 has calibrate || MODELS=""
-for m in $MODELS; do
+for spec in $MODELS; do  # MODEL or MODEL:WEIGHT_DTYPE (llama-3.1-8b:fp8 -> FP8 GEMMs, profile llama-3.1-8b-fp8-<gpu>)
+  m=${spec%%:*}
+  wd=${spec#"$m"}; wd=${wd#:}
+  WARG=(); name=$m
+  if [ -n "$wd" ]; then WARG=(--weight-dtype "$wd"); name="$m-$wd"; fi
   budget=${BUDGETS[$i]:-${BUDGETS[-1]}}
   i=$((i + 1))
-  stamp "calibrate $m (budget ${budget}s)"
+  stamp "calibrate $spec (budget ${budget}s)"
   start=$(date +%s)
   timeout --signal=INT --kill-after=20 "$budget" "$PY" -c "from capacity.cli import main; main()" calibrate \
-    --model "$m" --device "$DEVICE" --out "capacity/data/profiles/$m-$TAG.json" "${QARG[@]}"
+    --model "$m" "${WARG[@]}" --device "$DEVICE" --out "capacity/data/profiles/$name-$TAG.json" "${QARG[@]}"
   stamp "$m: rc=$? after $(( $(date +%s) - start )) s"
   pack
 done

@@ -1,7 +1,14 @@
-"""Predicted vs published: TensorRT-LLM's offline max-throughput tables (tests/data/published/trtllm_perf_overview.yaml).
+"""Predicted vs published: TensorRT-LLM's offline max-throughput tables and NVIDIA NIM's concurrency sweeps.
 
-    python bench/published.py                     # every row (Llama 3.1 8B/70B/405B, H100/H200/B200), ~3 min
+    python bench/published.py                     # TensorRT-LLM: 80 rows (Llama 3.1 8B/70B/405B, H100/H200/B200)
     python bench/published.py --quick             # 8B and 70B on H100 only, 1,000 requests per row
+    python bench/published.py --sweeps            # NIM 1.8.0: TTFT, ITL, tokens/s at concurrency 1-250 (79 rows)
+
+Concurrency sweeps (tests/data/published/concurrency_sweeps.yaml: NIM 1.8.0, Llama-3.1-8B on 1 x H100 and
+Llama-3.3-70B on 2 x H100, FP8; mostly from a third-party transcription of NVIDIA's page, see the file) run as
+closed loops of c users with no think time, fixed lengths, max(8c, 80) requests (at most 1,500), the first 10%
+left out, the same engine settings as below; scored on mean TTFT, mean ITL (TPOT: the page's ITL excludes the
+first token) and output tokens/s. Writes bench/results/published_nim.json.
 
 Each published row (trtllm-bench throughput: ISL/OSL fixed, every request queued at once, total output tokens/s of
 the TP group) is replayed as an offline batch (`--arrival offline`) through the run pipeline with the roofline step
@@ -40,6 +47,9 @@ from capacity.pipeline import Deployment, RunOptions, run  # noqa: E402
 from capacity.workload import Arrivals, WorkloadSpec, fixed  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "published" / "trtllm_perf_overview.yaml"
+SWEEPS = ROOT / "tests" / "data" / "published" / "concurrency_sweeps.yaml"
+OUT_SWEEPS = ROOT / "bench" / "results" / "published_nim.json"
+SWEEP_MODEL = {"llama-3.1-8b": "llama-3.1-8b", "llama-3.3-70b": "llama-3.1-70b"}
 OUT = ROOT / "bench" / "results" / "published_trtllm.json"
 VARIANTS = {  # name -> (compute dtype override, kv_reservation)
     "bf16 GEMMs": ("bf16", "prompt"),
@@ -63,12 +73,70 @@ def predict(row: dict, n_requests: int, compute: str | None, reservation: str) -
     return float(off["output_tokens_per_s"])
 
 
+def predict_sweep(src: dict, row: dict, compute: str | None, reservation: str) -> dict[str, float]:
+    """Mean TTFT (ms), mean ITL (ms) and output tokens/s of a closed loop of `concurrency` users."""
+    c = row["concurrency"]
+    card = load_card(SWEEP_MODEL[src["model"]], "fp8", None, compute)
+    eng = EngineConfig(tensor_parallel_size=src["tp"], kv_cache_dtype="fp8", max_num_seqs=2048,
+                       max_num_batched_tokens=8192, max_model_len=row["isl"] + row["osl"],
+                       kv_reservation=reservation)  # type: ignore[arg-type]
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=c), input_len=fixed(row["isl"]),
+                        output_len=fixed(row["osl"]), num_requests=min(1500, max(8 * c, 80)))
+    res = run(Deployment(card, get_gpu("h100-sxm"), eng), spec, RunOptions(seed=0, ci=False, timeseries=False))
+    s = res.summary
+    return {"ttft_ms": s.ttft_s.mean * 1e3, "itl_ms": s.tpot_s.mean * 1e3, "output_tokens_per_s": s.output_tokens_per_s}
+
+
+def sweeps(out_path: Path) -> None:
+    data = yaml.safe_load(SWEEPS.read_text())
+    srcs = {x["id"]: x for x in data["sources"]}
+    rows = data["rows"]
+    metrics = ("ttft_ms", "itl_ms", "output_tokens_per_s")
+    print(f"{len(rows)} published concurrency-sweep rows (NIM 1.8.0; see {SWEEPS.name} for provenance)", flush=True)
+    t0 = time.time()
+    out = []
+    for i, r in enumerate(rows):
+        src = srcs[r["source"]]
+        pred = {v: predict_sweep(src, r, c, k) for v, (c, k) in VARIANTS.items()}
+        err = {v: {m: p[m] / r[m] - 1 for m in metrics if r.get(m)} for v, p in pred.items()}
+        out.append({"source": r["source"], "model": src["model"], "isl": r["isl"], "osl": r["osl"],
+                    "concurrency": r["concurrency"], "check": r.get("check"),
+                    "published": {m: r.get(m) for m in metrics}, "predicted": pred, "error": err})
+        e = err["+ no-evict"]
+        print(f"[{i + 1}/{len(rows)}] {src['model']:13s} {r['isl']:>5}/{r['osl']:<5} c={r['concurrency']:<3}  "
+              + "  ".join(f"{m.split('_')[0]} {r[m]:>9,.1f} {e[m]:+.0%}" for m in metrics if r.get(m)), flush=True)
+    summary: dict = {}
+    for v in VARIANTS:
+        summary[v] = {}
+        for m in metrics:
+            e = np.array([o["error"][v][m] for o in out if m in o["error"][v]])
+            summary[v][m] = {"mape": float(np.mean(np.abs(e))), "median_abs": float(np.median(np.abs(e))),
+                             "median_signed": float(np.median(e)), "n": len(e)}
+    print(f"\nMAPE by metric ({len(out)} rows; {time.time() - t0:.0f} s)")
+    print(f"{'metric':24s}" + "".join(f"{v:>14s}" for v in VARIANTS))
+    for m in metrics:
+        print(f"{m:24s}" + "".join(f"{summary[v][m]['mape']:>14.1%}" for v in VARIANTS))
+        print(f"{'  median signed':24s}" + "".join(f"{summary[v][m]['median_signed']:>+14.1%}" for v in VARIANTS))
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps({
+        "source": [x["url"] for x in data["sources"]], "command": "python bench/published.py --sweeps",
+        "host": {"machine": platform.machine(), "processor": platform.processor() or platform.platform(),
+                 "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": list(VARIANTS),
+        "summary": summary, "rows": out}, indent=1) + "\n")
+    print(f"wrote {out_path}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="8B and 70B on H100 only, 1,000 requests per row")
     ap.add_argument("--max-requests", type=int, default=3000, help="cap on requests per row")
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--sweeps", action="store_true", help="score NIM's concurrency sweeps instead")
+    ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
+    if a.sweeps:
+        return sweeps(a.out or OUT_SWEEPS)
+    a.out = a.out or OUT
     data = yaml.safe_load(DATA.read_text())
     counts = {(d["isl"], d["osl"]): d["num_requests"] for d in data["source"]["dataset_num_requests"]}
     rows = data["rows"]

@@ -15,6 +15,12 @@ KV caches are shared across layers (values do not matter, sizes do), so a step o
 context fits where 32 separate layer caches would not. Layers may also share weights when the model would
 not fit in memory (`distinct_layers`); each distinct layer's weights are larger than a GPU's L2 cache for
 the cards this is used on, so sharing does not make the weights cache-resident.
+
+FP8 GEMMs (`gemm="fp8"`, the default for a card with FP8 weights on a device with FP8 tensor cores): the dense
+projections (qkv, o, gate/up, down, shared experts) hold e4m3 weights with a per-tensor scale and run
+`torch._scaled_mm`, the activations quantised per tensor on the fly (vLLM's dynamic FP8 scheme: a scale from the
+input's absolute maximum, then a cast), all on the device, so a step stays capturable as a CUDA graph. Routed
+experts, the router and the LM head stay in the activation dtype.
 """
 from __future__ import annotations
 
@@ -25,6 +31,29 @@ from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def fp8_supported(device: str) -> bool:
+    """Whether this torch runs FP8 GEMMs (`torch._scaled_mm`) on `device`: CUDA sm89+ (Ada, Hopper, Blackwell);
+    CPU builds run them too (slowly: a rehearsal of the GPU path, not a measure of any GPU)."""
+    import torch
+
+    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
+        return False
+    if device.startswith("cuda"):
+        return torch.cuda.get_device_capability(device) >= (8, 9)
+    return True
+
+
+def stack_gemm_dtype(card: ModelCard, device: str) -> str:
+    """The dtype the stack's dense GEMMs run in: FP8 for FP8 weights where the device has it and the card does
+    not ask for weight-only kernels (capacity.model.compute's rule), else the activation dtype."""
+    if card.weight_format == "fp8" and card.gemm_dtype in ("auto", "fp8") and fp8_supported(device):
+        return "fp8"
+    if card.gemm_dtype == "fp8":
+        raise ConfigError(f"compute_dtype fp8: torch on {device} cannot run FP8 GEMMs (torch._scaled_mm needs sm89+)")
+    return card.dtype
 
 
 def resolve_device(device: str) -> str:
@@ -96,33 +125,55 @@ def _rope(x, cos, sin):
 class Layer:
     """One decoder layer's weights on this rank and its per-op functions."""
 
-    def __init__(self, s: RankShapes, card: ModelCard, moe: bool, dtype, device, gen) -> None:
+    def __init__(self, s: RankShapes, card: ModelCard, moe: bool, dtype, device, gen, gemm: str = "bf16") -> None:
         import torch
 
         def w(*shape):
             return torch.randn(*shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
 
+        self.fp8 = gemm == "fp8"
+        self.dtype = dtype
+        self.one = torch.ones((), device=device, dtype=torch.float32)
+
+        def lin(k, n):  # a dense projection's weight: [k, n] in the activation dtype, or FP8 as _scaled_mm wants it
+            if not self.fp8:
+                return w(k, n)
+            t = torch.randn(n, k, generator=gen, device=device, dtype=dtype).mul_(0.02)
+            scale = t.abs().amax().float() / FP8_MAX
+            return ((t.float() / scale).to(torch.float8_e4m3fn).t(), scale)  # [k, n], column-major
+
         self.s, self.moe = s, moe
         h, d = s.hidden, s.head_dim
-        self.qkv_w = w(h, (s.q_heads + 2 * s.kv_heads) * d)
+        self.qkv_w = lin(h, (s.q_heads + 2 * s.kv_heads) * d)
         self.qkv_b = w((s.q_heads + 2 * s.kv_heads) * d) if card.attention_bias else None
         self.qk_norm = torch.ones(d, device=device, dtype=dtype) if card.qk_norm else None
-        self.o_w = w(s.q_heads * d, h)
+        self.o_w = lin(s.q_heads * d, h)
         self.norm_w = torch.ones(h, device=device, dtype=dtype)
         if moe:
             self.router_w = w(h, s.experts)
             self.e_gate_up = w(s.experts, h, 2 * s.expert_intermediate)
             self.e_down = w(s.experts, s.expert_intermediate, h)
             if s.shared_intermediate:
-                self.gate_up_w, self.down_w = w(h, 2 * s.shared_intermediate), w(s.shared_intermediate, h)
+                self.gate_up_w, self.down_w = lin(h, 2 * s.shared_intermediate), lin(s.shared_intermediate, h)
         else:
-            self.gate_up_w, self.down_w = w(h, 2 * s.intermediate), w(s.intermediate, h)
+            self.gate_up_w, self.down_w = lin(h, 2 * s.intermediate), lin(s.intermediate, h)
+
+    def mm(self, x, wt):
+        """x @ a dense projection: a plain matmul, or quantise x per tensor (dynamic) and run an FP8 GEMM."""
+        if not self.fp8:
+            return x @ wt
+        import torch
+
+        w8, sw = wt
+        sx = x.abs().amax().float().clamp_(min=1e-12) / FP8_MAX
+        x8 = (x / sx.to(x.dtype)).to(torch.float8_e4m3fn)
+        return torch._scaled_mm(x8, w8, scale_a=sx, scale_b=sw, out_dtype=self.dtype)
 
     # ---- GEMM families (timed as `linear[...]`) ---------------------------------------------------
     def qkv(self, r):
         # r: [n, h] -> q [n, Hq, d], k/v [n, Hk, d]
         s = self.s
-        y = r @ self.qkv_w
+        y = self.mm(r, self.qkv_w)
         if self.qkv_b is not None:
             y = y + self.qkv_b
         q, k, v = y.split([s.q_heads * s.head_dim, s.kv_heads * s.head_dim, s.kv_heads * s.head_dim], dim=-1)
@@ -130,13 +181,13 @@ class Layer:
                 v.view(-1, s.kv_heads, s.head_dim))
 
     def o(self, a):  # a: [n, Hq*d] -> [n, h]
-        return a @ self.o_w
+        return self.mm(a, self.o_w)
 
     def gate_up(self, r):  # [n, h] -> [n, 2I]
-        return r @ self.gate_up_w
+        return self.mm(r, self.gate_up_w)
 
     def down(self, m):  # [n, I] -> [n, h]
-        return m @ self.down_w
+        return self.mm(m, self.down_w)
 
     # ---- elementwise work of one layer (timed as `linear["elementwise"]`) -------------------------
     def pre_attn(self, x, q, k, cos, sin):
@@ -247,6 +298,7 @@ class DecoderStack:
         import torch
 
         self.card, self.tp, self.device = card, tp, device
+        self.gemm = stack_gemm_dtype(card, device)
         self.s = s = RankShapes.of(card, tp)
         self.dtype = getattr(torch, TORCH_DTYPES[card.dtype])
         self.max_context = max_context or card.max_position_embeddings
@@ -261,7 +313,7 @@ class DecoderStack:
         self.layers = []
         for i in range(self.distinct_layers):
             self.layers.append(Layer(s, card, moe=i >= n_dense and card.moe is not None, dtype=self.dtype,
-                                     device=device, gen=gen))
+                                     device=device, gen=gen, gemm=self.gemm))
         self.embed_w = torch.randn(s.vocab, s.hidden, generator=gen, device=device, dtype=self.dtype).mul_(0.02)
         self.lm_w = torch.randn(s.hidden, s.vocab, generator=gen, device=device, dtype=self.dtype).mul_(0.02)
         self.norm_w = torch.ones(s.hidden, device=device, dtype=self.dtype)
@@ -307,13 +359,12 @@ class DecoderStack:
         return impl
 
     def _layer_bytes(self) -> int:
-        s, b = self.s, 2
+        s, b = self.s, 1 if self.gemm == "fp8" else 2
         attn = s.hidden * (s.q_heads + 2 * s.kv_heads) * s.head_dim + s.q_heads * s.head_dim * s.hidden
         if self.card.moe is not None:
-            mlp = s.experts * 3 * s.hidden * s.expert_intermediate + 3 * s.hidden * s.shared_intermediate
-        else:
-            mlp = 3 * s.hidden * s.intermediate
-        return (attn + mlp) * b
+            mlp = 2 * s.experts * 3 * s.hidden * s.expert_intermediate + 3 * s.hidden * s.shared_intermediate * b
+            return attn * b + mlp
+        return (attn + 3 * s.hidden * s.intermediate) * b
 
     def layer(self, i: int) -> Layer:
         return self.layers[i % self.distinct_layers]

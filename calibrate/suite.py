@@ -295,7 +295,10 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
 
     info = device_info(dev)
     notes = []
-    if card.weight_format != card.dtype:
+    if stack.gemm == "fp8":
+        notes.append("FP8 GEMMs (torch._scaled_mm, per-tensor scales, activations quantised on the fly) for the dense "
+                     "projections" + ("; routed experts in " + card.dtype if card.moe else ""))
+    elif card.weight_format != card.dtype:
         notes.append(f"weights stored as {card.weight_format} in the card were run in {card.dtype}: quantised "
                      "GEMM kernels are not benchmarked")
     if stack.distinct_layers < card.num_layers:
@@ -313,7 +316,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     shape = model_shape(card)
     data = {
         "schema_version": SCHEMA_VERSION,
-        "provenance": {**info, "dtype": card.dtype,
+        "provenance": {**info, "dtype": card.dtype, "gemm_dtype": stack.gemm,
                        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                        "host": socket.gethostname(), "command": command or " ".join(sys.argv), "quick": quick,
                        "cuda_graphs": cuda_graphs,

@@ -29,6 +29,7 @@ def calibrate(
     max_seqs: Annotated[int, typer.Option("--max-seqs", help="--from-run: max sequences per step")] = 512,
     attention: Annotated[str, typer.Option("--attention", help="--from-run: per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file")] = False,
+    weight_dtype: WOpt = None, compute_dtype: CompOpt = None,
 ) -> None:
     """Measure step costs with real torch kernels on a device and write a profile (needs torch:
     `pip install torch==2.13.0`); or, with --from-run, fit an engine's step-cost terms to measured runs."""
@@ -36,7 +37,6 @@ def calibrate(
     from pathlib import Path
 
     from capacity.files import check_writable
-    from capacity.model.card import load_model_card, resolve_model_path
 
     if from_run:
         from capacity.truth.fit import fit_engine, load_run, save_fit
@@ -54,7 +54,7 @@ def calibrate(
         return
     if model is None:
         raise CapacityError("--model is required (unless --from-run)")
-    card = load_model_card(resolve_model_path(model))
+    card = load_card(model, weight_dtype, None, compute_dtype)
     try:
         import torch  # noqa: F401
     except ImportError:

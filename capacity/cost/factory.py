@@ -57,9 +57,10 @@ def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dt
     from capacity.model.compute import gemm_dtypes
 
     g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or prof.provenance.gpu or DEFAULT_GPU)
-    other = sorted({d for d in gemm_dtypes(card, g).values()} - {prof.provenance.dtype})
+    measured = prof.provenance.gemm_dtype or prof.provenance.dtype
+    other = sorted({d for d in gemm_dtypes(card, g).values()} - {measured})
     if other:
-        msg = (f"{label}: measured {prof.provenance.dtype} GEMMs; {card.name} multiplies in {', '.join(other)} on "
+        msg = (f"{label}: measured {measured} GEMMs; {card.name} multiplies in {', '.join(other)} on "
                f"{g.name} (weight format {card.weight_format}): use the roofline (no --profile) or "
                "--allow-profile-mismatch")
         if not allow_mismatch:

@@ -68,6 +68,7 @@ class Provenance(_Strict):
     driver_version: str | None = None
     cpu_threads: PosInt
     dtype: str
+    gemm_dtype: str | None = None  # the dtype the dense GEMMs ran in (None: dtype; fp8: torch._scaled_mm)
     date: str  # ISO 8601, UTC
     host: str = ""
     command: str = ""
