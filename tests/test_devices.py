@@ -233,3 +233,15 @@ def test_fp8_quick_suite_on_the_gpu_records_fp8_gemms_and_captures_graphs(tiny, 
     prof = load_profile(out)
     assert prof.provenance.gemm_dtype == "fp8" and prof.provenance.cuda_graphs
     assert not any("could not be captured" in n for n in prof.provenance.notes)
+
+
+@needs_cuda
+def test_nvml_samples_the_gpu_during_a_load_test():
+    """On a GPU machine with nvidia-ml-py: SM utilisation, memory, power and clock of GPU 0 are sampled."""
+    pytest.importorskip("pynvml")
+    from capacity.truth.utilisation import Sampler
+
+    s = Sampler()
+    s.sample(0.0)
+    row = s.close()["samples"][0]
+    assert 0 <= row["gpu0_util_pct"] <= 100 and row["gpu0_mem_used_gib"] > 0 and row["gpu0_power_w"] > 0

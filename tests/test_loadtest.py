@@ -110,6 +110,28 @@ def test_run_bound_cuts_a_long_run(fault_server):
 
 
 # ---- a real engine -----------------------------------------------------------------------------------------
+def start_engine(model_dir: str, blocks: int = 256, batch_tokens: int = 256):
+    """transformers serve --continuous-batching on 127.0.0.1 (one CPU thread): (process, url)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.Popen([str(Path(sys.executable).with_name("transformers")), "serve", model_dir,
+                             "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
+                             "--cb-num-blocks", str(blocks), "--cb-block-size", "16",
+                             "--cb-max-batch-tokens", str(batch_tokens)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(240):
+        try:
+            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
+                return proc, url
+        except OSError:
+            time.sleep(0.5)
+    proc.kill()
+    pytest.fail("transformers serve did not start")
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     pytest.importorskip("transformers")
@@ -118,24 +140,7 @@ def engine(tmp_path_factory):
     from bench.engines.tiny_hf import build
 
     d = build(str(ROOT / "models/tiny.yaml"), str(tmp_path_factory.mktemp("tinyhf")))
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen([str(Path(sys.executable).with_name("transformers")), "serve", str(d),
-                             "--continuous-batching", "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-                             "--cb-num-blocks", "256", "--cb-block-size", "16", "--cb-max-batch-tokens", "256"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(240):
-        try:
-            if urllib.request.urlopen(url + "/health", timeout=2).status == 200:
-                break
-        except OSError:
-            time.sleep(0.5)
-    else:
-        proc.kill()
-        pytest.fail("transformers serve did not start")
+    proc, url = start_engine(str(d))
     yield url, str(d)
     proc.terminate()
     proc.wait(timeout=30)
@@ -195,3 +200,50 @@ def test_ctrl_c_saves_partial_results(fault_server, tmp_path):
     run = json.loads(out.read_text())
     c = counts(run)
     assert run["meta"]["interrupted"] and sum(c.values()) == 40 and c.get("ok", 0) >= 2 and c.get("not_sent", 0) >= 20
+
+
+def test_regression_gate_on_a_real_engine(engine, tmp_path):
+    """The CI regression gate, end to end (issue 23): a baseline load test; the same configuration again passes the
+    gate; a server with a smaller token budget (16 tokens per step: a 64-token prompt takes 4 steps instead of 1)
+    fails it on TTFT, named, with exit 3."""
+    url, model = engine
+    load = ["loadtest", "--model", model, "--rate", "3", "-n", "30", "--input-len", "64", "--output-len", "8",
+            "--seed", "1", "--json"]
+    base = tmp_path / "base.json"
+    r = run_cli(*load, "--url", url, "--out", str(base), timeout=300)
+    assert r.returncode == 0, r.stderr
+    gate = ["--baseline", str(base), "--fail-on", "p50_ttft:+50%,throughput:-20%"]
+    r = run_cli(*load, "--url", url, *gate, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr
+    assert json.loads(r.stdout)["compare"]["failed"] == []
+    proc, slow = start_engine(model, batch_tokens=16)
+    try:
+        r = run_cli(*load, "--url", slow, *gate, timeout=300)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    assert r.returncode == 3, r.stdout[-2000:] + r.stderr
+    failed = json.loads(r.stdout)["compare"]["failed"]
+    assert failed and failed[0].startswith("p50_ttft:")
+
+
+def test_host_and_gpu_utilisation_are_sampled_or_said_absent(fault_server):
+    """Every load test samples host CPU/memory each second (psutil is in the loadtest extra) and the GPUs through
+    NVML; on a machine without NVML the GPU columns are absent and one note says why."""
+    from capacity.truth.utilisation import describe
+
+    run = run_load(fault_server, "ok", [Request(i, i * 0.3, 8, 5) for i in range(6)], timeout_s=10, max_duration_s=20)
+    u = run["utilisation"]
+    assert len(u["samples"]) >= 2 and all("host_cpu_pct" in s and s["host_mem_used_gib"] > 0 for s in u["samples"])
+    gpu = any(k.startswith("gpu0_") for k in u["samples"][0])
+    assert gpu or sum("GPU utilisation not sampled" in n for n in u["notes"]) == 1
+    lines = describe(u)
+    assert lines[0].startswith("host: CPU mean") and all(len(x) <= 100 for x in lines)
+
+
+def test_utilisation_summary_by_hand():
+    from capacity.truth.utilisation import summarize
+
+    rows = [{"t": float(i), "gpu0_util_pct": float(v)} for i, v in enumerate([10, 20, 30, 40, 100])]
+    s = summarize(rows)["gpu0_util_pct"]
+    assert s["mean"] == 40 and s["max"] == 100 and s["p95"] == pytest.approx(88.0)  # 40 + 0.8 x 60

@@ -1,6 +1,7 @@
 """`capacity simulate`: one simulated deployment through the run pipeline, percentiles and throughput."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -74,6 +75,8 @@ def simulate(
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
     engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
+    save_run: Annotated[Optional[str], typer.Option("--save-run", help="Also write the measured requests as a run file (for capacity compare)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --save-run file")] = False,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
@@ -115,7 +118,13 @@ def simulate(
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
                      replicas=replicas, router=router, frontend_s=frontend_ms / 1e3)  # type: ignore[arg-type]
+    if save_run:
+        from capacity.files import check_writable
+
+        check_writable(save_run, force, "--save-run")
     res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward))
+    if save_run:
+        Path(save_run).write_text(dumps(run_file(res), indent=None) + "\n")
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
     if kind == "json":
@@ -139,3 +148,18 @@ def simulate(
     from capacity.io.report import simulation_table
 
     simulation_table(out, Console())
+
+
+def run_file(res) -> dict:
+    """The measured (post-warm-up) simulated requests in `capacity loadtest`'s run-file format, so `capacity compare`
+    takes simulated and measured runs alike."""
+    r = res.sim.records
+    done = r.finished
+    reqs = []
+    for i in range(res.warmup_requests, len(r)):
+        reqs.append({"id": i, "status": "ok" if done[i] else "unfinished", "scheduled_s": float(r.arrival[i]),
+                     "sent_s": float(r.arrival[i]), "first_token_s": float(r.first_token[i]),
+                     "finish_s": float(r.finish[i]), "prompt_tokens": int(r.prompt_tokens[i]),
+                     "output_tokens": int(r.output_tokens[i]), "max_tokens": int(r.output_tokens[i])})
+    return {"meta": {"source": "capacity simulate", "step_cost_source": res.cost_source,
+                     "warmup_requests_excluded": res.warmup_requests}, "requests": reqs}

@@ -33,6 +33,8 @@ def loadtest(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: Annotated[Optional[str], typer.Option("--out", help="Run JSON to write (partial results on interrupt)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file")] = False,
+    baseline: Annotated[Optional[str], typer.Option("--baseline", help="A earlier run file: compare this run with it (A/B)")] = None,
+    fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="With --baseline: exit 3 on a significant regression beyond e.g. p95_ttft:+10%,throughput:-5%")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Load-test an OpenAI-compatible server; report the simulator's metrics (vllm bench serve conventions)."""
@@ -64,6 +66,16 @@ def loadtest(
         from capacity.files import check_writable
 
         check_writable(out, force, "--out")
+    base = None
+    rules = None
+    if fail_on and not baseline:
+        raise CapacityError("--fail-on needs --baseline (the run to compare with)")
+    if baseline:  # read and checked before the run, not after it
+        from capacity.truth.compare import Requests, parse_rules
+        from capacity.truth.fit import load_run
+
+        base = Requests.of_run(load_run(baseline), baseline)
+        rules = parse_rules(fail_on) if fail_on else {}
     if endpoint not in ("completions", "chat"):
         raise CapacityError(f"--endpoint {endpoint!r}: use completions or chat")
     li, lo = _lengths("--input-len", input_len), _lengths("--output-len", output_len)
@@ -121,17 +133,32 @@ def loadtest(
             typer.echo(f"interrupted: {counts(run)}; partial results "
                        + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
         run["summary"] = summarize_run(run)
+        if run.get("utilisation"):
+            run["summary"]["utilisation"] = run["utilisation"]["summary"]
         if v is not None:
             run["sweep"] = {kind + "_tokens": v}
         runs.append(run)
         if out:
             Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
                 dumps(run, indent=None) + "\n")
+    failed: list[str] = []
+    ab = None
+    if base is not None and not interrupted:
+        from capacity.truth.compare import Requests, as_dict, compare, gate
+
+        if swept:
+            raise CapacityError("--baseline compares one run: leave out the length sweep")
+        changes = compare(base, Requests.of_run(runs[0], "this run"))
+        failed = gate(changes, rules or {})
+        ab = {"baseline": baseline, "changes": as_dict(changes), "rules": rules, "failed": failed}
     if json_out:
         typer.echo(dumps([{"summary": r["summary"], **({"sweep": r["sweep"]} if "sweep" in r else {})}
-                               for r in runs] if swept else {"summary": runs[0]["summary"]}))
+                               for r in runs] if swept else {"summary": runs[0]["summary"],
+                                                             **({"compare": ab} if ab else {})}))
         if interrupted:
             raise typer.Exit(130)
+        if failed:
+            raise typer.Exit(3)
         return
     from rich.console import Console
 
@@ -146,8 +173,76 @@ def loadtest(
                           "kv_blocks_per_replica": 0, "block_size": 0, "littles_law": {"L": float("nan"), "lambda_W": float("nan")},
                           "notes": []}, con)
         con.print(f"outcomes: {counts(r)}" + (f"  ({r['sweep']})" if "sweep" in r else ""))
+        if r.get("utilisation"):
+            from capacity.truth.utilisation import describe
+
+            for line in describe(r["utilisation"]):
+                con.print(line, highlight=False)
     if interrupted:
         raise typer.Exit(130)  # the partial results are out; the exit code says the run did not complete
+    if ab is not None:
+        _print_changes(con, ab, f"this run against the baseline {baseline}")
+        if failed:
+            raise typer.Exit(3)
+
+
+def _print_changes(con, ab: dict, title: str) -> None:
+    from capacity.truth.compare import Change
+
+    con.print(f"[bold]{title}[/]", highlight=False)
+    how = "paired requests" if ab["changes"][0].get("paired") else "requests"
+    con.print(f"ms; throughput in output tokens/s; {ab['changes'][0]['level']:.0%} bootstrap intervals over {how}")
+    con.print(Change.HEADER, highlight=False)
+    for c in ab["changes"]:
+        con.print(Change(**c).line(), highlight=False)
+    for f in ab["failed"]:
+        con.print(f"[red]regression[/]: {f}")
+    if ab.get("rules") is not None and not ab["failed"]:
+        con.print("gate: passed" if ab["rules"] else "gate: no --fail-on rules")
+
+
+@app.command()
+def compare(
+    a: Annotated[str, typer.Argument(help="Run file A (the baseline): capacity loadtest --out or simulate --save-run")],
+    b: Annotated[str, typer.Argument(help="Run file B (the change)")],
+    level: Annotated[float, typer.Option("--level", help="Confidence level of the intervals")] = 0.95,
+    fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Exit 3 on a significant regression beyond e.g. p95_ttft:+10%,p99_tpot:+10%,throughput:-5%")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap")] = 0,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="CDF overlays of TTFT/TPOT/E2E: FILE.html, or FILE.png (needs kaleido)")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --plot file")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """A/B two runs: each metric's change with a bootstrap interval and a verdict (better, worse, no significant
+    change); with --fail-on, a regression gate for CI (exit 3)."""
+    from capacity.truth.compare import Requests, as_dict, gate, parse_rules
+    from capacity.truth.compare import compare as ab_compare
+    from capacity.truth.fit import load_run
+
+    if seed < 0:
+        raise CapacityError(f"--seed {seed}: must be >= 0")
+    rules = parse_rules(fail_on) if fail_on else {}
+    if plot:
+        from capacity.files import check_writable
+
+        if not plot.endswith((".html", ".png")):
+            raise CapacityError(f"--plot {plot[:80]!r}: use a .html or .png file")
+        check_writable(plot, force, "--plot")
+    ra, rb = Requests.of_run(load_run(a), a), Requests.of_run(load_run(b), b)
+    if plot:
+        from capacity.truth.compare import write_plot
+
+        write_plot(ra, rb, plot, (f"A: {Path(a).name}", f"B: {Path(b).name}"))
+    changes = ab_compare(ra, rb, level=level, seed=seed)
+    failed = gate(changes, rules)
+    ab = {"a": a, "b": b, "changes": as_dict(changes), "rules": rules, "failed": failed}
+    if json_out:
+        typer.echo(dumps(ab))
+    else:
+        from rich.console import Console
+
+        _print_changes(Console(), ab, f"A (baseline): {a}\nB: {b}")
+    if failed:
+        raise typer.Exit(3)
 
 
 @app.command()

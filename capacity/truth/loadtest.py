@@ -34,6 +34,7 @@ MAX_STREAM_BYTES = 64 << 20  # bytes of one streamed answer
 MAX_ERROR_BODY = 64 << 10  # bytes of an error body kept (the rest is not read)
 MAX_METRICS_BYTES = 4 << 20  # bytes of one /metrics page
 SCRAPE_TIMEOUT_S = 2.0  # a whole /metrics request, however slowly the server drips it
+UTILISATION_INTERVAL_S = 1.0  # host and GPU sampling period
 
 
 class _Hostile(Exception):
@@ -221,10 +222,13 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
                holder: dict) -> tuple[list[Outcome], list]:
     import httpx
 
+    from capacity.truth.utilisation import Sampler
+
     outs = [Outcome(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     scrapes: list = []
     quirks = ServerQuirks()
-    holder.update(outs=outs, scrapes=scrapes)  # what an interrupted run still returns
+    sampler = Sampler() if metrics else None
+    holder.update(outs=outs, scrapes=scrapes, sampler=sampler)  # what an interrupted run still returns
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     async with httpx.AsyncClient(timeout=httpx.Timeout(timeout_s, connect=5.0), limits=limits) as client:
         t0 = time.perf_counter()
@@ -275,7 +279,17 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
                 if think_s > 0:
                     await asyncio.sleep(float(np.random.default_rng(o.id).exponential(think_s)))
 
+        async def sample_host():  # host and GPU utilisation every second (capacity.truth.utilisation)
+            assert sampler is not None
+            while not stop.is_set():
+                sampler.sample(time.perf_counter() - t0)
+                try:
+                    await asyncio.wait_for(stop.wait(), UTILISATION_INTERVAL_S)
+                except TimeoutError:
+                    pass
+
         scraper = asyncio.create_task(scrape()) if metrics else None
+        sampling = asyncio.create_task(sample_host()) if sampler else None
         if users:
             queue = list(outs)
             tasks = [asyncio.create_task(user(queue)) for _ in range(users)]
@@ -293,6 +307,8 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
         if scraper:  # never wait on the server past the run bound
             scraper.cancel()
             await asyncio.gather(scraper, return_exceptions=True)
+        if sampling:
+            await asyncio.gather(sampling, return_exceptions=True)
     return outs, scrapes
 
 
@@ -336,7 +352,8 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
     return {"meta": {"url": url, "model": model, "endpoint": endpoint, "started_unix": started,
                      "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s,
                      "interrupted": interrupted},
-            "requests": [asdict(o) for o in outs], "metrics": scrapes}
+            "requests": [asdict(o) for o in outs], "metrics": scrapes,
+            "utilisation": holder["sampler"].close() if holder.get("sampler") else None}
 
 
 def counts(run: dict) -> dict[str, int]:
