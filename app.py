@@ -71,7 +71,10 @@ def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, prof
             "tpot": np.where(r.output_tokens > 1, (r.finish - r.first_token) / np.maximum(r.output_tokens - 1, 1),
                              np.nan).tolist(),
             "timeseries": res.sim.timeseries.tolist(), "saturated": res.sim.saturated, "saturation": res.sim.saturation,
-            "source": res.cost_source, "num_blocks": res.budget.planning_blocks}
+            "source": res.cost_source, "num_blocks": res.budget.planning_blocks,
+            # the run in `capacity compare`'s terms (an A/B of two configurations with the same seed pairs requests)
+            "sent": r.arrival.tolist(), "first_token": r.first_token.tolist(), "finish": r.finish.tolist(),
+            "output_tokens": r.output_tokens.tolist()}
 
 
 @st.cache_data(show_spinner=False)
@@ -336,6 +339,51 @@ def timeline_view(sim: dict):
     st.plotly_chart(fig, width="stretch")
 
 
+AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
+    "max_num_seqs": [8, 16, 32, 64, 128, 256, 512, 1024],
+    "max_num_batched_tokens": [1024, 2048, 4096, 8192, 16384],
+    "kv_cache_dtype": ["auto", "fp8"],
+    "enable_chunked_prefill": [True, False],
+    "gpu_memory_utilization": [0.7, 0.8, 0.85, 0.9, 0.95],
+}
+
+
+def _requests(sim: dict):
+    from capacity.truth.compare import Requests
+
+    ok = np.isfinite(np.array(sim["finish"], dtype=float))
+    f = lambda k: np.array(sim[k], dtype=float)[ok]
+    return Requests(f("sent"), f("first_token"), f("finish"), f("output_tokens"), ids=np.flatnonzero(ok))
+
+
+def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
+    """A/B of one engine setting: B is the sidebar's configuration with one setting changed, simulated with the
+    same seed (the same requests at the same times), compared as `capacity compare` does (paired bootstrap)."""
+    from capacity.truth.compare import cdf_figure, compare
+
+    st.write("Change one setting and see what it does to the same requests (same seed: paired comparison).")
+    c1, c2 = st.columns(2)
+    knob = c1.selectbox("setting to change (B)", list(AB_KNOBS), key="ab_knob")
+    options = [v for v in AB_KNOBS[knob] if v != engine.get(knob)]
+    value = c2.selectbox(f"B: {knob}", options, key="ab_value")
+    try:
+        sim_b = simulate(card, gpu, {**engine, knob: value}, workload, 0, profile)
+    except CapacityError as exc:
+        st.error(f"B ({knob} {value}): {exc}")
+        return
+    a, b = _requests(sim_a), _requests(sim_b)
+    if min(len(a.sent), len(b.sent)) < 10:
+        st.info("too few finished requests to compare")
+        return
+    rows = [{"metric": c.metric, "A": round(c.a, 2), "B": round(c.b, 2), "B/A-1": f"{c.change:+.1%}",
+             "95% interval": f"[{c.low:+.1%}, {c.high:+.1%}]" if c.low == c.low else "", "verdict": c.verdict}
+            for c in compare(a, b, resamples=1000)]
+    st.dataframe(rows, width="stretch")
+    st.plotly_chart(cdf_figure(a, b, (f"A: {knob} {engine.get(knob)}", f"B: {knob} {value}")), width="stretch")
+    st.caption("ms; throughput in output tokens/s; "
+               "the same comparison from the CLI: simulate --save-run a.json / b.json, then capacity compare a b")
+
+
 def plan_and_export(card, gpu, engine, workload, slo, profile, price):
     st.write("The full plan searches the max sustainable rate, the frontier and the GPU count (about 10-30 s).")
     scenario = {"model": card, "gpu": gpu, "engine": {k: v for k, v in engine.items()
@@ -436,7 +484,7 @@ def main():
             headline_view(headline(card, gpu, engine, workload, slo, profile, price), gpu, slo)
     except CapacityError as exc:
         st.error(str(exc))
-    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "Plan & export"])
+    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Plan & export"])
     with tabs[0]:
         memory_view(b, table)
     try:
@@ -449,6 +497,8 @@ def main():
         with tabs[3]:
             timeline_view(sim)
         with tabs[4]:
+            ab_view(card, gpu, engine, workload, profile, sim)
+        with tabs[5]:
             plan_and_export(card, gpu, engine, workload, slo, profile, price)
     except CapacityError as exc:
         st.error(str(exc))

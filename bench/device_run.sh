@@ -11,7 +11,9 @@
 #   python bench/step_accuracy.py --model llama-3.1-8b --profile capacity/data/profiles/llama-3.1-8b-h200.json ...
 #   python bench/step_shapes.py report --measured bench/results/step_shapes-llama-3.1-8b-h200.json ...
 #
-# Device machine (python3 holds CUDA torch; wheels for missing packages travel in .whl/):
+# Device machine (python3 holds CUDA torch; wheels for missing packages travel in .whl/, fetched beforehand with
+#   pip download --no-deps -d .whl pydantic pydantic-core simpy typer rich pyyaml scipy nvidia-ml-py psutil
+# nvidia-ml-py lets tests/test_devices.py check the load tester's NVML sampling against the real GPU):
 #   bash bench/device_run.sh
 # The same script on a CPU, end to end, in about two minutes:
 #   DEVICE=cpu QUICK=1 MODELS=tiny SHAPES_MODELS=tiny NO_WHEELS=1 OUT=/tmp/devout PY=.venv/bin/python \

@@ -121,3 +121,32 @@ def test_step_cost_sources_are_the_profiles_for_this_model_and_gpu():
     sc = shown_scenario(at)
     assert sc["profile"] and sc["profile"].endswith(src.options[-1] + ".json")
     assert_shows_library(at)
+
+
+def test_ab_tab_compares_two_configurations_as_the_cli_does():
+    """The A/B tab: B = the sidebar's scenario with max_num_seqs 16; the figures shown are capacity compare's on the
+    library's own two runs of that scenario (same seed: paired requests)."""
+    import numpy as np
+
+    from capacity.truth.compare import Requests, compare
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("max_num_seqs").run()
+    next(w for w in at.selectbox if w.label == "B: max_num_seqs").set_value(16).run()
+    assert not at.exception, [e.value for e in at.exception]
+    tables = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    assert len(tables) == 1
+    table = tables[0]
+    shown = {row["metric"]: row for _, row in table.iterrows()}
+    sc = shown_scenario(at)
+    runs = []
+    for seqs in (sc["engine"]["max_num_seqs"], 16):
+        _, res = library({**sc, "engine": {**sc["engine"], "max_num_seqs": seqs}})
+        r = res.sim.records
+        ok = np.isfinite(r.finish)
+        runs.append(Requests(r.arrival[ok], r.first_token[ok], r.finish[ok], r.output_tokens[ok].astype(float),
+                             ids=np.flatnonzero(ok)))
+    want = {c.metric: c for c in compare(*runs, resamples=1000)}
+    for m in ("p99_ttft", "mean_tpot", "throughput"):
+        assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
+        assert shown[m]["verdict"] == want[m].verdict

@@ -128,3 +128,18 @@ def test_cdf_plot_overlays_both_runs(tmp_path):
     assert r.returncode == 0 and (tmp_path / "cdf.html").read_text().count("<html") == 1
     r = run_cli("compare", str(f), str(f), "--plot", str(tmp_path / "cdf.svg"))
     assert r.returncode == 1 and "use a .html or .png file" in r.stderr
+
+
+def test_png_plot_for_a_ci_comment(tmp_path):
+    pytest.importorskip("matplotlib")
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps(make_run()))
+    g = tmp_path / "b.json"
+    g.write_text(json.dumps(make_run(ttft_scale=2.0)))
+    png = tmp_path / "cdf.png"
+    r = run_cli("compare", str(f), str(g), "--plot", str(png))
+    assert r.returncode == 0, r.stderr
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    r = run_cli("compare", str(f), str(g), "--plot", str(png))  # never overwritten without --force
+    assert r.returncode == 1 and "--force" in r.stderr

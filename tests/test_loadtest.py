@@ -162,8 +162,19 @@ def test_real_engine_exact_lengths_and_validation(engine, tmp_path):
     r = run_cli("calibrate", "--from-run", str(path), "--num-blocks", "256", "--block-size", "16",
                 "--max-batch-tokens", "256", "--attention", "packed", "--out", str(fit), timeout=300)
     assert r.returncode == 0, r.stderr
-    r = run_cli("validate", "--run", str(path), "--fit", str(fit), "--json")
+    page = tmp_path / "validate.html"
+    pred = tmp_path / "predicted.json"
+    r = run_cli("validate", "--run", str(path), "--fit", str(fit), "--json", "--plot", str(page),
+                "--save-prediction", str(pred))
     assert r.returncode == 0, r.stderr
+    r2 = run_cli("compare", str(path), str(pred), "--json")  # the measured run against its prediction, A/B style
+    assert r2.returncode == 0, r2.stderr
+    ab = {c["metric"]: c for c in json.loads(r2.stdout)["changes"]}
+    assert ab["mean_e2e"]["verdict"] in ("better", "worse", "no significant change")
+    assert ab["mean_e2e"]["a"] == pytest.approx(s["e2e_s"]["mean"] * 1e3, rel=1e-9)
+    html = page.read_text()
+    for name in ("TTFT predicted", "running (simulated)", "KV used (simulated)", "host cpu %"):
+        assert f'"name":"{name}"' in html, name
     rows = {f"{x['metric']} {x['stat']}": x for x in json.loads(r.stdout)["rows"]}
     assert abs(rows["TPOT p50"]["rel_err"]) < 0.5  # a broken model is off by far more; the bench reports accuracy
 
@@ -247,3 +258,23 @@ def test_utilisation_summary_by_hand():
     rows = [{"t": float(i), "gpu0_util_pct": float(v)} for i, v in enumerate([10, 20, 30, 40, 100])]
     s = summarize(rows)["gpu0_util_pct"]
     assert s["mean"] == 40 and s["max"] == 100 and s["p95"] == pytest.approx(88.0)  # 40 + 0.8 x 60
+
+
+def test_run_page_shows_what_the_run_has_and_says_what_it_lacks():
+    pytest.importorskip("plotly")
+    from capacity.truth.plots import run_figure
+
+    reqs = [{"id": i, "status": "ok", "sent_s": i * 0.5, "first_token_s": i * 0.5 + 0.05, "finish_s": i * 0.5 + 0.4,
+             "output_tokens": 8} for i in range(10)]
+    scrapes = [{"t": float(t), "vllm:num_requests_running": 1.0, "vllm:num_requests_waiting": 0.0,
+                "vllm:gpu_cache_usage_perc": 0.25} for t in range(5)]
+    util = {"samples": [{"t": float(t), "host_cpu_pct": 50.0, "gpu0_util_pct": 80.0} for t in range(5)]}
+    fig = run_figure({"requests": reqs, "metrics": scrapes, "utilisation": util})
+    names = {t.name for t in fig.data}
+    assert {"TTFT", "E2E", "running (engine)", "waiting (engine)", "KV used (engine)", "host cpu %",
+            "gpu0 util %"} <= names
+    kv = next(t for t in fig.data if t.name == "KV used (engine)")
+    assert list(kv.y) == [25.0] * 5  # a 0-1 fraction shown as %
+    bare = run_figure({"requests": reqs})
+    titles = [a.text for a in bare.layout.annotations]
+    assert "requests running / waiting: the server has no /metrics" in titles and "utilisation (%): not sampled" in titles

@@ -151,15 +151,9 @@ def simulate(
 
 
 def run_file(res) -> dict:
-    """The measured (post-warm-up) simulated requests in `capacity loadtest`'s run-file format, so `capacity compare`
-    takes simulated and measured runs alike."""
-    r = res.sim.records
-    done = r.finished
-    reqs = []
-    for i in range(res.warmup_requests, len(r)):
-        reqs.append({"id": i, "status": "ok" if done[i] else "unfinished", "scheduled_s": float(r.arrival[i]),
-                     "sent_s": float(r.arrival[i]), "first_token_s": float(r.first_token[i]),
-                     "finish_s": float(r.finish[i]), "prompt_tokens": int(r.prompt_tokens[i]),
-                     "output_tokens": int(r.output_tokens[i]), "max_tokens": int(r.output_tokens[i])})
-    return {"meta": {"source": "capacity simulate", "step_cost_source": res.cost_source,
-                     "warmup_requests_excluded": res.warmup_requests}, "requests": reqs}
+    """The measured (post-warm-up) simulated requests as a run file (capacity.truth.compare.records_run)."""
+    from capacity.truth.compare import records_run
+
+    return records_run(res.sim.records, res.warmup_requests,
+                       {"source": "capacity simulate", "step_cost_source": res.cost_source,
+                        "warmup_requests_excluded": res.warmup_requests})

@@ -35,6 +35,7 @@ def loadtest(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file")] = False,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="A earlier run file: compare this run with it (A/B)")] = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="With --baseline: exit 3 on a significant regression beyond e.g. p95_ttft:+10%,throughput:-5%")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Latency time line, engine /metrics and utilisation: FILE.html")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Load-test an OpenAI-compatible server; report the simulator's metrics (vllm bench serve conventions)."""
@@ -66,6 +67,7 @@ def loadtest(
         from capacity.files import check_writable
 
         check_writable(out, force, "--out")
+    _check_plot(plot, force)
     base = None
     rules = None
     if fail_on and not baseline:
@@ -141,6 +143,10 @@ def loadtest(
         if out:
             Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
                 dumps(run, indent=None) + "\n")
+    if plot and not swept:
+        from capacity.truth.plots import run_figure
+
+        run_figure(runs[0]).write_html(plot, include_plotlyjs="cdn")
     failed: list[str] = []
     ab = None
     if base is not None and not interrupted:
@@ -201,6 +207,19 @@ def _print_changes(con, ab: dict, title: str) -> None:
         con.print("gate: passed" if ab["rules"] else "gate: no --fail-on rules")
 
 
+def _check_plot(plot: str | None, force: bool) -> None:
+    """Before any work: an .html path that may be written, and plotly present."""
+    if not plot:
+        return
+    from capacity.errors import require
+    from capacity.files import check_writable
+
+    if not plot.endswith(".html"):
+        raise CapacityError(f"--plot {plot[:80]!r}: write the page to a .html file")
+    require("plotly", "dashboard", "--plot")
+    check_writable(plot, force, "--plot")
+
+
 @app.command()
 def compare(
     a: Annotated[str, typer.Argument(help="Run file A (the baseline): capacity loadtest --out or simulate --save-run")],
@@ -208,7 +227,7 @@ def compare(
     level: Annotated[float, typer.Option("--level", help="Confidence level of the intervals")] = 0.95,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="Exit 3 on a significant regression beyond e.g. p95_ttft:+10%,p99_tpot:+10%,throughput:-5%")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed of the bootstrap")] = 0,
-    plot: Annotated[Optional[str], typer.Option("--plot", help="CDF overlays of TTFT/TPOT/E2E: FILE.html, or FILE.png (needs kaleido)")] = None,
+    plot: Annotated[Optional[str], typer.Option("--plot", help="CDF overlays of TTFT/TPOT/E2E: FILE.html (plotly) or FILE.png (matplotlib)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --plot file")] = False,
     json_out: JsonOpt = False,
 ) -> None:
@@ -249,15 +268,36 @@ def compare(
 def validate(
     run_file: Annotated[str, typer.Option("--run", help="A run JSON from `capacity loadtest --out`")],
     fit: Annotated[str, typer.Option("--fit", help="Engine fit JSON from `capacity calibrate --from-run`")],
+    plot: Annotated[Optional[str], typer.Option("--plot", help="Measured and predicted time lines, utilisation: FILE.html")] = None,
+    save_prediction: Annotated[Optional[str], typer.Option("--save-prediction", help="The predicted requests as a run file: capacity compare RUN PREDICTION")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --plot or --save-prediction file")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Replay a measured run (same arrivals and lengths) through the simulator and compare percentiles."""
     from capacity.truth.fit import compare, load_fit, load_run, sim_summary, simulate_run
     from capacity.truth.loadtest import summarize_run
 
+    _check_plot(plot, force)
+    if save_prediction:
+        from capacity.files import check_writable
+
+        check_writable(save_prediction, force, "--save-prediction")
     run = load_run(run_file)
     cost, sched, frontend_s = load_fit(fit)
-    rows = compare(summarize_run(run), sim_summary(simulate_run(run, cost, sched, frontend_s=frontend_s)))
+    sim = simulate_run(run, cost, sched, frontend_s=frontend_s, timeseries=bool(plot))
+    rows = compare(summarize_run(run), sim_summary(sim))
+    if plot:
+        from capacity.truth.plots import run_figure
+
+        run_figure(run, sim, int(sched["num_blocks"])).write_html(plot, include_plotlyjs="cdn")
+    if save_prediction:
+        from capacity.truth.compare import records_run
+        from capacity.truth.fit import replay
+
+        ids = [q.id for q in replay(run)]  # the simulator numbers the replayed requests in this order
+        Path(save_prediction).write_text(dumps(records_run(sim.records, 0, {"source": "capacity validate",
+                                                                           "run": run_file, "fit": fit}, ids),
+                                               indent=None) + "\n")
     if json_out:
         typer.echo(dumps({"rows": rows, "source": cost.source}))
         return

@@ -162,6 +162,21 @@ def _throughput_ci(r: Requests, level: float, resamples: int, rng: np.random.Gen
     return float(np.percentile(vals, tail)), float(np.percentile(vals, 100 - tail))
 
 
+def records_run(r, start: int = 0, meta: dict | None = None, ids=None) -> dict:
+    """Simulated requests (`capacity.sim.metrics.Records`, from index `start`) in `capacity loadtest`'s run-file
+    format, so `capacity compare` takes simulated and measured runs alike. `ids`: request ids to use (a replay
+    keeps the measured run's)."""
+    done = r.finished
+    reqs = []
+    for i in range(start, len(r)):
+        reqs.append({"id": int(ids[i]) if ids is not None else i, "status": "ok" if done[i] else "unfinished",
+                     "scheduled_s": float(r.arrival[i]), "sent_s": float(r.arrival[i]),
+                     "first_token_s": float(r.first_token[i]), "finish_s": float(r.finish[i]),
+                     "prompt_tokens": int(r.prompt_tokens[i]), "output_tokens": int(r.output_tokens[i]),
+                     "max_tokens": int(r.output_tokens[i])})
+    return {"meta": meta or {}, "requests": reqs}
+
+
 # ---- the gate --------------------------------------------------------------------------------------------
 _RULE = re.compile(r"^\s*([a-z0-9_]+)\s*:\s*([+-])\s*(\d+(?:\.\d+)?)\s*%\s*$")
 
@@ -225,19 +240,40 @@ def cdf_figure(a: Requests, b: Requests, names: tuple[str, str] = ("A", "B")):
 
 
 def write_plot(a: Requests, b: Requests, path: str, names: tuple[str, str] = ("A", "B")) -> None:
-    """`.html`: a standalone plotly page; `.png`: an image through kaleido (for a CI comment)."""
+    """`.html`: a standalone plotly page (the dashboard's figure); `.png`: the same overlays drawn by matplotlib,
+    an image a CI job can attach to a comment. (plotly's own PNG export drives a headless Chrome through kaleido,
+    which failed here with the installed browser bindings: matplotlib needs no browser.)"""
     from capacity.errors import require
 
-    require("plotly", "dashboard", "--plot")
-    fig = cdf_figure(a, b, names)
     if path.endswith(".html"):
-        fig.write_html(path, include_plotlyjs="cdn")
+        require("plotly", "dashboard", "--plot")
+        cdf_figure(a, b, names).write_html(path, include_plotlyjs="cdn")
     elif path.endswith(".png"):
-        require("kaleido", "plot", "--plot PNG")
-        try:
-            fig.write_image(path)
-        except Exception as exc:  # kaleido drives a headless Chrome: a missing or mismatched browser
-            raise CapacityError(f"--plot {path[:80]}: kaleido could not render the PNG ({type(exc).__name__}: "
-                                f"{str(exc)[:120]}); write a .html plot instead") from None
+        require("matplotlib", "plot", "--plot PNG")
+        _cdf_png(a, b, path, names)
     else:
         raise CapacityError(f"--plot {path[:80]!r}: use a .html or .png file")
+
+
+def _cdf_png(a: Requests, b: Requests, path: str, names: tuple[str, str]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display, no GUI toolkit
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6), constrained_layout=True)
+    for ax, m in zip(axes, LATENCY):
+        for run, name, colour in ((a, names[0], "#1f77b4"), (b, names[1], "#d62728")):
+            x = np.sort(run.values(m))
+            ax.step(x, np.arange(1, len(x) + 1) / len(x), where="post", label=name, color=colour)
+        ax.set_xscale("log")
+        plain = FuncFormatter(lambda v, _: f"{v:g}")
+        ax.xaxis.set_major_formatter(plain)  # 20, 50, 100 rather than 2x10^1 (which overlap)
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else ""))
+        ax.set_title(f"{m.upper()} (ms)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("share of requests")
+    axes[0].legend(loc="lower right", fontsize=8)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

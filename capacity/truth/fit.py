@@ -63,12 +63,12 @@ def scheduler_for(sched_kw: dict):
     return get_engine("vllm").scheduler_factory(EngineConfig(), limits)
 
 
-def simulate_run(run: dict, cost, sched_kw: dict, seed: int = 0, frontend_s: float = 0.0):
+def simulate_run(run: dict, cost, sched_kw: dict, seed: int = 0, frontend_s: float = 0.0, timeseries: bool = False):
     """Simulate the run's requests with the fit's limits; with `frontend_s`, each request passes a front-end
     delay of that length before the scheduler, counted in its TTFT/E2E (records keep the client's arrival)."""
     from capacity.pipeline import RunOptions, simulate_requests
 
-    return simulate_requests(scheduler_for(sched_kw), cost, replay(run), RunOptions(seed=seed, timeseries=False),
+    return simulate_requests(scheduler_for(sched_kw), cost, replay(run), RunOptions(seed=seed, timeseries=timeseries),
                              frontend_s=frontend_s)
 
 
