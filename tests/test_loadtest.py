@@ -278,3 +278,27 @@ def test_run_page_shows_what_the_run_has_and_says_what_it_lacks():
     bare = run_figure({"requests": reqs})
     titles = [a.text for a in bare.layout.annotations]
     assert "requests running / waiting: the server has no /metrics" in titles and "utilisation (%): not sampled" in titles
+
+
+def test_warmup_requests_are_sent_first_and_the_summary_says_measured(fault_server, tmp_path):
+    """--warmup N sends N requests one at a time before the load and keeps them out of the run; the console
+    summary of a load test calls its data measured and prints no simulator internals (KV blocks, Little's law)."""
+    before = FaultHandler.served
+    out = tmp_path / "run.json"
+    r = run_cli("loadtest", "--url", fault_server, "--model", "ok", "--rate", "20", "-n", "5", "--input-len", "8",
+                "--output-len", "3", "--warmup", "3", "--out", str(out), timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert FaultHandler.served - before == 8 and "warm-up: {'ok': 3} (not measured)" in r.stderr
+    run = json.loads(out.read_text())
+    assert len(run["requests"]) == 5 and run["meta"]["warmup_requests"] == 3
+    assert "Measured ok at" in r.stdout and "Little's law" not in r.stdout and "KV 0 blocks" not in r.stdout
+
+
+def test_lognormal_lengths_can_be_clipped_on_the_command_line():
+    from capacity.cli.common import _lengths
+
+    li = _lengths("--input-len", "lognormal:512:1.5:16:2048")
+    x = li.draw(np.random.default_rng(0), 10_000)
+    assert (li.low, li.high) == (16, 2048) and x.min() >= 16 and x.max() <= 2048 and (x == 2048).any()
+    with pytest.raises(Exception, match=r"lognormal:MEAN:CV\[:MIN:MAX\]"):
+        _lengths("--input-len", "lognormal:512:1.5:16")

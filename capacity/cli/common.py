@@ -131,21 +131,25 @@ def engine_fields(engine=None, optimistic=False, usage_context=None, large_gpu_d
 
 
 def _lengths(flag: str, value: str):
-    """'1024' (fixed), '128-2048' (uniform), 'lognormal:MEAN:CV'."""
+    """'1024' (fixed), '128-2048' (uniform), 'lognormal:MEAN:CV[:MIN:MAX]' (clipped to [MIN, MAX])."""
     from capacity.files import validate
     from capacity.workload import Lengths
 
     v = value.strip().lower()
     try:
         if v.startswith("lognormal:"):
-            _, mean, cv = v.split(":")
-            data = {"kind": "lognormal", "mean": float(mean), "cv": float(cv)}
+            parts = v.split(":")
+            if len(parts) not in (3, 5):
+                raise ValueError
+            data = {"kind": "lognormal", "mean": float(parts[1]), "cv": float(parts[2])}
+            if len(parts) == 5:
+                data.update(low=int(parts[3]), high=int(parts[4]))
         elif "-" in v:
             lo, hi = v.split("-")
             data = {"kind": "uniform", "low": int(lo), "high": int(hi)}
         else:
             data = {"kind": "fixed", "value": int(v)}
     except ValueError:
-        raise CapacityError(f"{flag} {value!r}: expected N, LOW-HIGH or lognormal:MEAN:CV") from None
+        raise CapacityError(f"{flag} {value!r}: expected N, LOW-HIGH or lognormal:MEAN:CV[:MIN:MAX]") from None
     return validate(Lengths, data, flag)
 

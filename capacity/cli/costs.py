@@ -51,6 +51,13 @@ def calibrate(
                    f"per key {fitted.per_key_s * 1e9:.2f} ns, per pair {fitted.per_pair_s * 1e12:.2f} ps, "
                    f"front end {info['frontend_s'] * 1e3:.2f} ms; "
                    f"median |error| on the fitted runs {info['median_abs_rel_err']:.1%}")
+        unc = info.get("uncertainty", {})
+        if unc:
+            typer.echo("95% ranges (x/ factor): " + ", ".join(
+                f"{k} {'unbounded' if v['factor_95'] is None else format(v['factor_95'], '.2f')}"
+                for k, v in unc.items()))
+        for w in info.get("warnings", []):
+            typer.echo(f"warning: {w}", err=True)
         return
     if model is None:
         raise CapacityError("--model is required (unless --from-run)")

@@ -33,6 +33,7 @@ def loadtest(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: Annotated[Optional[str], typer.Option("--out", help="Run JSON to write (partial results on interrupt)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file")] = False,
+    warmup: Annotated[int, typer.Option("--warmup", help="Requests sent (one at a time) and discarded before the measured load: start-up compilation, caches")] = 0,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="A earlier run file: compare this run with it (A/B)")] = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="With --baseline: exit 3 on a significant regression beyond e.g. p95_ttft:+10%,throughput:-5%")] = None,
     plot: Annotated[Optional[str], typer.Option("--plot", help="Latency time line, engine /metrics and utilisation: FILE.html")] = None,
@@ -92,6 +93,16 @@ def loadtest(
                     "arrival options")
         reqs = generate(WorkloadSpec(arrivals=arr, input_len=li, output_len=lo, num_requests=requests),
                         np.random.default_rng(seed))
+    if warmup < 0:
+        raise CapacityError(f"--warmup {warmup}: must be >= 0")
+    bound("loadtest_requests", warmup, "--warmup")
+    if warmup:  # the first requests after start-up pay compilation and allocation: not what the engine serves at
+        warm = [dataclasses.replace(q, id=-1 - i, arrival_s=0.0) for i, q in enumerate(reqs[:warmup])]
+        warm += [dataclasses.replace(reqs[-1], id=-1 - i, arrival_s=0.0) for i in range(len(warm), warmup)]
+        wrun = run_load(url, model, warm, users=1, timeout_s=timeout_s, max_duration_s=max_duration_s,
+                        endpoint=endpoint, metrics=False)
+        if not json_out:
+            typer.echo(f"warm-up: {counts(wrun)} (not measured)", err=True)
     kind = ""  # a length sweep: which length, and its values
     values: list[int | None] = [None]
     swept = prefill_sweep or decode_sweep
@@ -134,6 +145,7 @@ def loadtest(
             interrupted = True
             typer.echo(f"interrupted: {counts(run)}; partial results "
                        + (f"saved to {out}" if out else "not saved (no --out)"), err=True)
+        run["meta"]["warmup_requests"] = warmup
         run["summary"] = summarize_run(run)
         if run.get("utilisation"):
             run["summary"]["utilisation"] = run["utilisation"]["summary"]

@@ -96,8 +96,11 @@ def simulation_table(out: dict, console) -> None:
     if out["saturated"]:
         console.print(f"[bold red]{out['saturation']}[/] (offered {out['offered_rate_per_s']} req/s): the "
                       "percentiles below describe an overloaded system that was stopped early")
-    t = Table(title=f"Simulated {out['model']} on {out['replicas']} x {out['gpu']} (tp={out['tp']}), "
-                    f"{out['policy']} batching, {s['n_requests']} measured requests", title_justify="left")
+    measured = out["policy"] == "measured"  # a load test's summary: no simulated engine behind it
+    title = (f"Measured {out['model']} at {out['gpu']}, {s['n_requests']} requests" if measured else
+             f"Simulated {out['model']} on {out['replicas']} x {out['gpu']} (tp={out['tp']}), "
+             f"{out['policy']} batching, {s['n_requests']} measured requests")
+    t = Table(title=title, title_justify="left")
     cols = ["metric (ms)", "mean", "p50", "p90", "p95", "p99", "p99 95% CI"]
     for c in cols:
         t.add_column(c, justify="left" if c.startswith("metric") else "right")
@@ -122,7 +125,8 @@ def simulation_table(out: dict, console) -> None:
                        "-" if att is None else f"{att:.1%}")
         console.print(ct)
     console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
-                  f"over {s['window_s']:.1f} s simulated; step costs: {out['step_cost_source']}")
+                  f"over {s['window_s']:.1f} s {'measured' if measured else 'simulated'}"
+                  + ("" if measured else f"; step costs: {out['step_cost_source']}"))
     off = out.get("offline")
     if off:
         console.print(f"offline batch: {off['requests']} requests in a makespan of {off['makespan_s']:.2f} s: "
@@ -130,10 +134,13 @@ def simulation_table(out: dict, console) -> None:
                       f"{off['total_tokens_per_s']:,.0f} total tokens/s")
     if s.get("goodput_req_per_s") is not None:
         console.print(f"goodput: {s['goodput_req_per_s']:.3f} requests/s meet every SLO ({s['slo_attainment']:.1%})")
-    console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "
-                  f"{out['preemptions']} preemptions; KV {out['kv_blocks_per_replica']:,} blocks x {out['block_size']} "
-                  f"tokens per replica; Little's law L={out['littles_law']['L']:.2f} vs lambda*W="
-                  f"{out['littles_law']['lambda_W']:.2f}[/]")
+    if measured:  # no engine internals to report: the server's own /metrics are in the run file
+        console.print(f"[dim]{s['definitions']}[/]")
+    else:
+        console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "
+                      f"{out['preemptions']} preemptions; KV {out['kv_blocks_per_replica']:,} blocks x "
+                      f"{out['block_size']} tokens per replica; Little's law L={out['littles_law']['L']:.2f} vs "
+                      f"lambda*W={out['littles_law']['lambda_W']:.2f}[/]")
     for n in out["notes"]:
         console.print(f"[dim]note: {n}[/]")
 

@@ -154,9 +154,53 @@ def fit_engine(runs: list[dict], sched_kw: dict, attention: str = "per_sequence"
     for run in runs:
         cmp = compare(summarize_run(run), sim_summary(simulate_run(run, fit, sched_kw, frontend_s=front)))
         errs += [abs(r["rel_err"]) for r in cmp if r["metric"] in ("TTFT", "TPOT") and r["stat"] in ("p50", "p90")]
+    unc, warn = term_uncertainty(res, [*COST_TERMS, "frontend_s"], len(runs))
     return fit, {"frontend_s": front, "median_abs_rel_err": float(np.median(errs)),
                  "max_abs_rel_err": float(np.max(errs)), "evaluations": int(res.nfev), "runs": len(runs),
-                 "requests": int(sum(len(m[0]) for m in measured))}
+                 "requests": int(sum(len(m[0]) for m in measured)), "uncertainty": unc, "warnings": warn}
+
+
+# The probe run that pins each term down: the workload whose steps are dominated by that term.
+PINNED_BY = {
+    "fixed_s": "a single stream (one request at a time, short prompts: every step is small)",
+    "per_token_s": "a long-prompt burst (prefill-heavy steps of many tokens)",
+    "per_seq_s": "a decode burst (many short prompts with long outputs: wide decode batches)",
+    "per_key_s": "long prompts with long outputs (decodes over long contexts)",
+    "per_pair_s": "a long-prompt burst (attention pairs grow with the square of the prompt)",
+    "frontend_s": "a single stream at a low rate (the TTFT of an idle engine)",
+}
+UNPINNED_FACTOR = 2.0  # a term the runs allow anywhere within x/2..2x (95%) is not determined by them
+NOISE_FLOOR = 0.01  # relative timing error of one request below which measurements are not trusted
+
+
+def term_uncertainty(res, names: list[str], n_runs: int = 1) -> tuple[dict, list[str]]:
+    """Each fitted term's 95% range from the Jacobian of the least-squares fit (parameters are log terms, so
+    the range is a factor), and a warning for every term the runs do not pin down, naming the probe that would.
+
+    Gauss-Newton: cov(log terms) = (J^T J)^-1 x s^2, s^2 = the residual variance. A term whose column of J is
+    (nearly) zero, or collinear with another's, gets a huge variance: changing it changes nothing the runs
+    measured, so two-run fits that report a small error can still be arbitrary in that term."""
+    J = np.asarray(res.jac, dtype=float)
+    m, n = J.shape
+    # residuals are per-request log errors / sqrt(requests in the run); timings are not trusted below NOISE_FLOOR
+    # per request, so a (synthetic) perfect fit does not make every term look pinned
+    s2 = max(2.0 * float(res.cost) / max(1, m - n), NOISE_FLOOR ** 2 * n_runs / max(1, m))
+    unc, warn = {}, []
+    for i, name in enumerate(names):
+        # var(term i) = s^2 / |what of column i the other columns do not explain|^2 (the i-th diagonal of
+        # s^2 (J^T J)^-1, also when J^T J is singular: a collinear or empty column gets an unbounded variance)
+        col, others = J[:, i], np.delete(J, i, axis=1)
+        beta = np.linalg.lstsq(others, col, rcond=None)[0] if others.size else np.zeros(0)
+        own = float(np.linalg.norm(col - others @ beta)) if others.size else float(np.linalg.norm(col))
+        se = math.sqrt(s2) / own if own > 0 else math.inf
+        factor = math.exp(1.96 * se) if se < 50 else math.inf
+        value = float(np.exp(res.x[i]))
+        unc[name] = {"value": value, "factor_95": factor if math.isfinite(factor) else None}  # None: unbounded
+        if factor > UNPINNED_FACTOR:
+            rng = "any value" if not math.isfinite(factor) else f"{value / factor:.3g} to {value * factor:.3g}"
+            warn.append(f"{name} = {value:.3g} is not determined by these runs ({rng} fits as well, 95%); "
+                        f"if your workloads stress it, add {PINNED_BY.get(name, 'a run that varies it')}")
+    return unc, warn
 
 
 def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str]) -> None:
