@@ -159,8 +159,10 @@ def test_real_engine_exact_lengths_and_validation(engine, tmp_path):
     path = tmp_path / "run.json"
     path.write_text(json.dumps(run))
     fit = tmp_path / "fit.json"
+    # transformers CB has no batch cap of its own: 512 stands for "never binding" here
     r = run_cli("calibrate", "--from-run", str(path), "--num-blocks", "256", "--block-size", "16",
-                "--max-batch-tokens", "256", "--attention", "packed", "--out", str(fit), timeout=300)
+                "--max-batch-tokens", "256", "--max-seqs", "512", "--attention", "packed", "--out", str(fit),
+                timeout=300)
     assert r.returncode == 0, r.stderr
     page = tmp_path / "validate.html"
     pred = tmp_path / "predicted.json"
@@ -286,11 +288,15 @@ def test_warmup_requests_are_sent_first_and_the_summary_says_measured(fault_serv
     before = FaultHandler.served
     out = tmp_path / "run.json"
     r = run_cli("loadtest", "--url", fault_server, "--model", "ok", "--rate", "20", "-n", "5", "--input-len", "8",
-                "--output-len", "3", "--warmup", "3", "--out", str(out), timeout=120)
+                "--output-len", "3", "--warmup", "3", "--out", str(out),
+                "--engine-config", "num_blocks=64,block_size=16,max_num_batched_tokens=256,max_num_seqs=8", timeout=120)
     assert r.returncode == 0, r.stderr
     assert FaultHandler.served - before == 8 and "warm-up: {'ok': 3} (not measured)" in r.stderr
     run = json.loads(out.read_text())
     assert len(run["requests"]) == 5 and run["meta"]["warmup_requests"] == 3
+    assert run["meta"]["engine"] == {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 256,
+                                     "max_num_seqs": 8}
+    assert run["meta"]["provenance"]["host"]["cpu"] and run["meta"]["provenance"]["host"]["logical_cpus"] >= 1
     assert "Measured ok at" in r.stdout and "Little's law" not in r.stdout and "KV 0 blocks" not in r.stdout
 
 

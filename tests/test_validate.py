@@ -99,3 +99,42 @@ def test_a_fit_says_which_terms_its_runs_do_not_determine():
     fit, info = fit_engine([prefill_mix, decode_mix, one], SCHED)
     for term in ("fixed_s", "per_token_s", "frontend_s"):
         assert info["uncertainty"][term]["factor_95"] < 2, (term, info["uncertainty"][term])
+
+
+def test_fits_take_each_runs_engine_limits_and_refuse_to_guess(tmp_path):
+    """A run records the engine's limits (`loadtest --engine-config`) and where it was measured; a fit takes each
+    run's own limits (runs measured with different limits fit together), refuses a run without them unless all
+    four are given, and `validate` warns when a run was measured elsewhere than the fit's runs."""
+    import json
+
+    from tests.conftest import run_cli
+
+    rng = np.random.default_rng(1)
+    small = {**SCHED, "num_blocks": 64}
+    runs = {"a": synthetic_run(2, 3.0, np.clip(rng.lognormal(5.6, 0.9, 40), 16, 1536).astype(int), [4] * 40),
+            "b": synthetic_run(3, 6.0, [64] * 50, np.clip(rng.lognormal(4.3, 0.7, 50), 8, 400).astype(int))}
+    here = {"host": {"cpu": "Intel(R) Xeon(R) Processor", "cpu_flags": ["avx2", "avx512_bf16"]}}
+    for name, run in runs.items():
+        run["meta"] = {"engine": SCHED if name == "a" else small, "provenance": here}
+        (tmp_path / f"{name}.json").write_text(json.dumps(run))
+    bare = dict(runs["a"], meta={})
+    (tmp_path / "bare.json").write_text(json.dumps(bare))
+    fit = tmp_path / "fit.json"
+    r = run_cli("calibrate", "--from-run", str(tmp_path / "a.json"), "--from-run", str(tmp_path / "b.json"),
+                "--out", str(fit), timeout=300)
+    assert r.returncode == 0, r.stderr
+    saved = json.loads(fit.read_text())
+    assert saved["run_engines"] == [SCHED, small] and saved["provenance"] == here
+    r = run_cli("calibrate", "--from-run", str(tmp_path / "bare.json"), "--out", str(tmp_path / "f2.json"))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "--engine-config" in r.stderr
+    r = run_cli("calibrate", "--from-run", str(tmp_path / "bare.json"), "--num-blocks", "64",
+                "--out", str(tmp_path / "f2.json"))
+    assert r.returncode == 1 and "missing --block-size, --max-batch-tokens, --max-seqs" in r.stderr
+    elsewhere = dict(runs["a"], meta={"engine": SCHED, "provenance": {"host": {"cpu": "AMD EPYC 7B13",
+                                                                                "cpu_flags": ["avx2"]}}})
+    (tmp_path / "c.json").write_text(json.dumps(elsewhere))
+    r = run_cli("validate", "--run", str(tmp_path / "c.json"), "--fit", str(fit), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert any("CPU: Intel(R) Xeon(R) Processor vs AMD EPYC 7B13" in w for w in out["warnings"])
+    assert out["engine"] == SCHED and out["preemptions"]["measured"] is None and out["preemptions"]["predicted"] >= 0

@@ -23,10 +23,10 @@ def calibrate(
     cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--eager", help="Time CUDA graph replays (default: on for CUDA and cards without MoE)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and step shapes")] = 0,
     from_run: Annotated[Optional[list[str]], typer.Option("--from-run", help="Fit engine terms to measured runs instead")] = None,
-    num_blocks: Annotated[int, typer.Option("--num-blocks", help="--from-run: the engine's KV blocks")] = 512,
-    block_size: Annotated[int, typer.Option("--block-size", help="--from-run: the engine's block size")] = 16,
-    max_batch_tokens: Annotated[int, typer.Option("--max-batch-tokens", help="--from-run: token budget per step")] = 512,
-    max_seqs: Annotated[int, typer.Option("--max-seqs", help="--from-run: max sequences per step")] = 512,
+    num_blocks: Annotated[Optional[int], typer.Option("--num-blocks", help="--from-run: the engine's KV blocks (default: each run's record)")] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="--from-run: the engine's block size")] = None,
+    max_batch_tokens: Annotated[Optional[int], typer.Option("--max-batch-tokens", help="--from-run: token budget per step")] = None,
+    max_seqs: Annotated[Optional[int], typer.Option("--max-seqs", help="--from-run: max sequences per step")] = None,
     attention: Annotated[str, typer.Option("--attention", help="--from-run: per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file")] = False,
     weight_dtype: WOpt = None, compute_dtype: CompOpt = None,
@@ -40,12 +40,20 @@ def calibrate(
 
     if from_run:
         from capacity.truth.fit import fit_engine, load_run, save_fit
+        from capacity.truth.provenance import mismatches
 
-        sched = {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_batch_tokens,
-                 "max_num_seqs": max_seqs}
-        fitted, info = fit_engine([load_run(r) for r in from_run], sched, attention=attention)
+        given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
+        runs = [load_run(r) for r in from_run]
+        from capacity.truth.provenance import run_engine
+
+        scheds = [run_engine(run, given, path) for run, path in zip(runs, from_run)]
+        provs = [(run.get("meta") or {}).get("provenance") for run in runs]
+        for path, p in zip(from_run[1:], provs[1:]):
+            for m in mismatches(provs[0], p):
+                typer.echo(f"warning: {path} was measured elsewhere than {from_run[0]}: {m}", err=True)
         dest = check_writable(out or "engine-fit.json", force, "--out")
-        save_fit(dest, fitted, info, sched, list(from_run))
+        fitted, info = fit_engine(runs, scheds, attention=attention)
+        save_fit(dest, fitted, info, scheds[0], list(from_run), provs[0], scheds)
         typer.echo(f"wrote {dest}: fixed {fitted.fixed_s * 1e3:.3f} ms, per token {fitted.per_token_s * 1e6:.2f} us, "
                    f"per sequence {fitted.per_seq_s * 1e6:.2f} us, "
                    f"per key {fitted.per_key_s * 1e9:.2f} ns, per pair {fitted.per_pair_s * 1e12:.2f} ps, "
@@ -206,3 +214,21 @@ def profiles(
         typer.echo("no bundled profile matches" + (f" --model {model}" if model else "") + (f" --gpu {gpu}" if gpu else ""))
         return
     Console().print(t)
+
+
+def engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs) -> dict | None:
+    """The engine limits given on the command line: all four, or none (then each run's own record is used)."""
+    vals = {"num_blocks": num_blocks, "block_size": block_size, "max_num_batched_tokens": max_batch_tokens,
+            "max_num_seqs": max_seqs}
+    given = {k: v for k, v in vals.items() if v is not None}
+    if not given:
+        return None
+    flag = {"num_blocks": "--num-blocks", "block_size": "--block-size", "max_num_batched_tokens": "--max-batch-tokens",
+            "max_num_seqs": "--max-seqs"}
+    if len(given) < 4:
+        raise CapacityError("give all of --num-blocks, --block-size, --max-batch-tokens, --max-seqs or none (then "
+                            f"each run's recorded engine config is used); missing {', '.join(flag[k] for k in vals if k not in given)}")
+    for k, v in given.items():
+        if v <= 0:
+            raise CapacityError(f"{flag[k]} {v}: must be > 0")
+    return given

@@ -33,6 +33,7 @@ def loadtest(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     out: Annotated[Optional[str], typer.Option("--out", help="Run JSON to write (partial results on interrupt)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out file")] = False,
+    engine_config: Annotated[Optional[str], typer.Option("--engine-config", help="The server's limits, recorded for fits: num_blocks=N,block_size=N,max_num_batched_tokens=N,max_num_seqs=N")] = None,
     warmup: Annotated[int, typer.Option("--warmup", help="Requests sent (one at a time) and discarded before the measured load: start-up compilation, caches")] = 0,
     baseline: Annotated[Optional[str], typer.Option("--baseline", help="A earlier run file: compare this run with it (A/B)")] = None,
     fail_on: Annotated[Optional[str], typer.Option("--fail-on", help="With --baseline: exit 3 on a significant regression beyond e.g. p95_ttft:+10%,throughput:-5%")] = None,
@@ -95,6 +96,11 @@ def loadtest(
                         np.random.default_rng(seed))
     if warmup < 0:
         raise CapacityError(f"--warmup {warmup}: must be >= 0")
+    eng = None
+    if engine_config:
+        from capacity.truth.provenance import parse_engine_config
+
+        eng = parse_engine_config(engine_config)
     bound("loadtest_requests", warmup, "--warmup")
     if warmup:  # the first requests after start-up pay compilation and allocation: not what the engine serves at
         warm = [dataclasses.replace(q, id=-1 - i, arrival_s=0.0) for i, q in enumerate(reqs[:warmup])]
@@ -136,7 +142,7 @@ def loadtest(
             try:
                 run = run_load(url, model, rr, users=users, think_s=think_s, timeout_s=timeout_s,
                                max_duration_s=max_duration_s, endpoint=endpoint,
-                               progress=lambda task=task: bar.advance(task))
+                               progress=lambda task=task: bar.advance(task), engine=eng)
             finally:
                 if out and run:
                     Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
@@ -281,6 +287,10 @@ def validate(
     run_file: Annotated[str, typer.Option("--run", help="A run JSON from `capacity loadtest --out`")],
     fit: Annotated[str, typer.Option("--fit", help="Engine fit JSON from `capacity calibrate --from-run`")],
     plot: Annotated[Optional[str], typer.Option("--plot", help="Measured and predicted time lines, utilisation: FILE.html")] = None,
+    num_blocks: Annotated[Optional[int], typer.Option("--num-blocks", help="The engine's KV blocks (default: the run's record, else the fit's)")] = None,
+    block_size: Annotated[Optional[int], typer.Option("--block-size", help="The engine's block size")] = None,
+    max_batch_tokens: Annotated[Optional[int], typer.Option("--max-batch-tokens", help="Token budget per step")] = None,
+    max_seqs: Annotated[Optional[int], typer.Option("--max-seqs", help="Max sequences per step")] = None,
     save_prediction: Annotated[Optional[str], typer.Option("--save-prediction", help="The predicted requests as a run file: capacity compare RUN PREDICTION")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --plot or --save-prediction file")] = False,
     json_out: JsonOpt = False,
@@ -294,10 +304,24 @@ def validate(
         from capacity.files import check_writable
 
         check_writable(save_prediction, force, "--save-prediction")
+    from capacity.cli.costs import engine_flags
+    from capacity.truth.fit import fit_provenance
+    from capacity.truth.provenance import mismatches, run_engine
+
+    given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
     run = load_run(run_file)
     cost, sched, frontend_s = load_fit(fit)
+    warnings = []
+    if given or (run.get("meta") or {}).get("engine"):
+        sched = run_engine(run, given, run_file)  # the limits this run was measured with
+    else:
+        warnings.append(f"{run_file} does not record the engine's limits: simulated with the fit's "
+                        f"({', '.join(f'{k}={v}' for k, v in sched.items())})")
+    warnings += [f"measured elsewhere than the fit's runs (theirs vs this run's): {m}"
+                 for m in mismatches(fit_provenance(fit), (run.get("meta") or {}).get("provenance"))]
     sim = simulate_run(run, cost, sched, frontend_s=frontend_s, timeseries=bool(plot))
     rows = compare(summarize_run(run), sim_summary(sim))
+    preempt = {"predicted": int(sim.preemptions), "measured": measured_preemptions(run)}
     if plot:
         from capacity.truth.plots import run_figure
 
@@ -311,8 +335,11 @@ def validate(
                                                                            "run": run_file, "fit": fit}, ids),
                                                indent=None) + "\n")
     if json_out:
-        typer.echo(dumps({"rows": rows, "source": cost.source}))
+        typer.echo(dumps({"rows": rows, "source": cost.source, "engine": sched, "preemptions": preempt,
+                          "warnings": warnings}))
         return
+    for w in warnings:
+        typer.echo(f"warning: {w}", err=True)
     from rich.console import Console
     from rich.table import Table
 
@@ -324,3 +351,14 @@ def validate(
         t.add_row(r["metric"], r["stat"], f"{r['measured_s'] * scale:,.1f}", f"{r['predicted_s'] * scale:,.1f}",
                   f"{r['rel_err']:+.1%}")
     Console().print(t)
+    m = preempt["measured"]
+    typer.echo(f"preemptions: measured {'-' if m is None else m} (from the engine's /metrics), predicted "
+               f"{preempt['predicted']}; engine limits {', '.join(f'{k}={v}' for k, v in sched.items())}")
+
+
+def measured_preemptions(run: dict) -> int | None:
+    """Preemptions during the run, from the engine's own counter in its /metrics (last minus first scrape);
+    None when the server exposes none."""
+    vals = [sum(v for k, v in row.items() if k != "t" and "preemption" in k) for row in run.get("metrics") or []
+            if any("preemption" in k for k in row)]
+    return int(round(vals[-1] - vals[0])) if len(vals) >= 2 else None

@@ -112,17 +112,21 @@ def compare(measured: dict, predicted: dict) -> list[dict]:
 COST_TERMS = ("fixed_s", "per_token_s", "per_seq_s", "per_key_s", "per_pair_s")
 
 
-def fit_engine(runs: list[dict], sched_kw: dict, attention: str = "per_sequence",
+def fit_engine(runs: list[dict], sched_kw: dict | list[dict], attention: str = "per_sequence",
                x0: LinearCost | None = None) -> tuple[LinearCost, dict]:
     """Fit LinearCost terms (with the engine's attention kind: "per_sequence" for paged/varlen kernels as in
     vLLM, "packed" for one masked attention over the step as transformers CB runs on a CPU) and a front-end
     latency, so that simulating each run reproduces every request's measured TTFT and TPOT. Returns the
-    cost and an info dict (with `frontend_s` and the fit's errors)."""
+    cost and an info dict (with `frontend_s` and the fit's errors). `sched_kw`: the engine's limits, one dict for
+    every run or one per run (runs measured with different limits fit together)."""
     from scipy.optimize import least_squares
 
     if attention not in ("packed", "per_sequence"):
         raise CapacityError(f"attention: must be packed or per_sequence (got {attention!r})")
     measured = [per_request(r) for r in runs]
+    scheds = sched_kw if isinstance(sched_kw, list) else [sched_kw] * len(runs)
+    if len(scheds) != len(runs):
+        raise CapacityError(f"{len(scheds)} engine configurations for {len(runs)} runs")
     x0 = x0 or LinearCost(2e-3, 2e-5, 1e-7, 1e-9, per_seq_s=1e-4)
     p0 = np.log([max(getattr(x0, n), 1e-12) for n in COST_TERMS] + [1e-3])
     k = len(COST_TERMS)
@@ -133,8 +137,8 @@ def fit_engine(runs: list[dict], sched_kw: dict, attention: str = "per_sequence"
     def resid(p):
         c, front = cost_of(p), float(np.exp(p[k]))
         out = []
-        for run, (m_ttft, m_tpot) in zip(runs, measured):
-            s_ttft, s_tpot = _sim_per_request(simulate_run(run, c, sched_kw, frontend_s=front))
+        for run, sk, (m_ttft, m_tpot) in zip(runs, scheds, measured):
+            s_ttft, s_tpot = _sim_per_request(simulate_run(run, c, sk, frontend_s=front))
             if len(s_ttft) != len(m_ttft):
                 raise CapacityError("simulated and measured request counts differ; cannot fit per request")
             r = [np.log(s_ttft / m_ttft)]
@@ -151,8 +155,8 @@ def fit_engine(runs: list[dict], sched_kw: dict, attention: str = "per_sequence"
     from capacity.truth.loadtest import summarize_run
 
     errs = []
-    for run in runs:
-        cmp = compare(summarize_run(run), sim_summary(simulate_run(run, fit, sched_kw, frontend_s=front)))
+    for run, sk in zip(runs, scheds):
+        cmp = compare(summarize_run(run), sim_summary(simulate_run(run, fit, sk, frontend_s=front)))
         errs += [abs(r["rel_err"]) for r in cmp if r["metric"] in ("TTFT", "TPOT") and r["stat"] in ("p50", "p90")]
     unc, warn = term_uncertainty(res, [*COST_TERMS, "frontend_s"], len(runs))
     return fit, {"frontend_s": front, "median_abs_rel_err": float(np.median(errs)),
@@ -203,12 +207,25 @@ def term_uncertainty(res, names: list[str], n_runs: int = 1) -> tuple[dict, list
     return unc, warn
 
 
-def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str]) -> None:
+def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str],
+             provenance: dict | None = None, run_engines: list[dict] | None = None) -> None:
+    """`provenance`: where the fitted runs were measured (host, server), checked when the fit is applied."""
     Path(path).write_text(json.dumps({"kind": "engine_fit", "schema_version": 1,
                                       "cost": {**{k: getattr(fit, k) for k in COST_TERMS},
                                                "attention": fit.attention},
                                       "frontend_s": info.get("frontend_s", 0.0),
-                                      "scheduler": sched_kw, "fit": info, "runs": sources}, indent=1) + "\n")
+                                      "scheduler": sched_kw, "fit": info, "runs": sources,
+                                      "run_engines": run_engines or [sched_kw], "provenance": provenance},
+                                     indent=1) + "\n")
+
+
+def fit_provenance(path: str | Path) -> dict | None:
+    """The provenance a fit recorded (None for fits written before it was recorded)."""
+    from capacity.files import read_json
+
+    d = read_json(Path(path), "engine fit")
+    p = d.get("provenance") if isinstance(d, dict) else None
+    return p if isinstance(p, dict) else None
 
 
 def load_fit(path: str | Path) -> tuple[LinearCost, dict, float]:

@@ -314,13 +314,17 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
 
 def run_load(url: str, model: str, requests: list[Request], *, users: int | None = None, think_s: float = 0.0,
              timeout_s: float = 60.0, max_duration_s: float = 600.0, endpoint: str = "completions",
-             metrics: bool = True, progress=None) -> dict:
-    """Run the load and return the run record (JSON-ready)."""
+             metrics: bool = True, progress=None, engine: dict | None = None) -> dict:
+    """Run the load and return the run record (JSON-ready). `engine`: the server's scheduler limits, recorded for
+    fits (capacity.truth.provenance.ENGINE_KEYS); the run also records where it was measured."""
     from capacity.errors import require
 
     for mod in ("httpx", "httpx_sse", "prometheus_client"):
         require(mod, "loadtest", "the load tester")
     url = url.rstrip("/")
+    from capacity.truth.provenance import host, server_info
+
+    provenance = {"host": host(), "server": server_info(url) if metrics else {}}
     started = time.time()
     holder: dict = {}
     interrupted = False
@@ -351,7 +355,7 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
             signal.signal(sig, handler)
     return {"meta": {"url": url, "model": model, "endpoint": endpoint, "started_unix": started,
                      "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s,
-                     "interrupted": interrupted},
+                     "interrupted": interrupted, "engine": engine, "provenance": provenance},
             "requests": [asdict(o) for o in outs], "metrics": scrapes,
             "utilisation": holder["sampler"].close() if holder.get("sampler") else None}
 
