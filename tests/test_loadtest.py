@@ -308,3 +308,27 @@ def test_lognormal_lengths_can_be_clipped_on_the_command_line():
     assert (li.low, li.high) == (16, 2048) and x.min() >= 16 and x.max() <= 2048 and (x == 2048).any()
     with pytest.raises(Exception, match=r"lognormal:MEAN:CV\[:MIN:MAX\]"):
         _lengths("--input-len", "lognormal:512:1.5:16")
+
+
+def test_guided_engine_fit_runs_its_probes_fits_and_checks_a_held_out_run(fault_server, tmp_path):
+    """`capacity fit-engine` end to end against an SSE server (the fault server's well-behaved mode: its timing is
+    not an engine's, so only the workflow is checked here; bench/fidelity.py scores fits on real engines): warm-up,
+    four closed-loop probes, a fit with each term's range, a held-out open loop at a rate derived from a probe, and
+    every run saved with the engine's limits."""
+    out = tmp_path / "fit"
+    r = run_cli("fit-engine", "--url", fault_server, "--model", "ok", "--engine-config",
+                "num_blocks=256,block_size=16,max_num_batched_tokens=256,max_num_seqs=8", "--out-dir", str(out),
+                "--scale", "0.25", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rep = json.loads(r.stdout)
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["fit.json", "held-out.json", "probe-decode-burst.json", "probe-long-prompt-burst.json",
+                     "probe-short-prompt-burst.json", "probe-single-stream.json", "report.json"]
+    assert set(rep["terms"]) == {"fixed_s", "per_token_s", "per_seq_s", "per_key_s", "per_pair_s", "frontend_s"}
+    assert rep["held_out_rate_per_s"] > 0 and {(x["metric"], x["stat"]) for x in rep["held_out_check"]} >= {
+        ("TTFT", "p50"), ("TPOT", "p99")}
+    probe = json.loads((out / "probe-decode-burst.json").read_text())
+    assert probe["meta"]["engine"]["max_num_seqs"] == 8 and probe["meta"]["users"] == 8
+    r = run_cli("fit-engine", "--url", fault_server, "--model", "ok", "--engine-config",
+                "num_blocks=256,block_size=16,max_num_batched_tokens=256,max_num_seqs=8", "--out-dir", str(out))
+    assert r.returncode == 1 and "--force" in r.stderr

@@ -362,3 +362,54 @@ def measured_preemptions(run: dict) -> int | None:
     vals = [sum(v for k, v in row.items() if k != "t" and "preemption" in k) for row in run.get("metrics") or []
             if any("preemption" in k for k in row)]
     return int(round(vals[-1] - vals[0])) if len(vals) >= 2 else None
+
+
+@app.command("fit-engine")
+def fit_engine_cmd(
+    url: Annotated[str, typer.Option("--url", help="Server base URL, e.g. http://127.0.0.1:8000")],
+    model: Annotated[str, typer.Option("--model", "-m", help="Model name the server expects")],
+    engine_config: Annotated[str, typer.Option("--engine-config", help="The server's limits: num_blocks=N,block_size=N,max_num_batched_tokens=N,max_num_seqs=N")],
+    out_dir: Annotated[str, typer.Option("--out-dir", help="Folder for the probe runs, the fit and the report")] = "engine-fit",
+    attention: Annotated[str, typer.Option("--attention", help="per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
+    scale: Annotated[float, typer.Option("--scale", help="Multiply every probe's request count (0.25-4)")] = 1.0,
+    timeout_s: Annotated[float, typer.Option("--timeout-s", help="Per-request timeout")] = 120.0,
+    force: Annotated[bool, typer.Option("--force", help="Write into an existing --out-dir")] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """The guided engine fit: warm up, run four probes (single stream, short- and long-prompt bursts, a decode
+    burst) against a live server, fit the step-cost terms with their uncertainty, and check the fit on a held-out
+    run at a rate derived from the probes."""
+    import math
+
+    from capacity.truth.provenance import parse_engine_config
+    from capacity.truth.recipe import run_recipe
+
+    if not url.startswith(("http://", "https://")) or len(url) > 2048:
+        raise CapacityError(f"--url {url[:80]!r}: expected http://HOST:PORT or https://...")
+    if not math.isfinite(scale) or not 0.25 <= scale <= 4:
+        raise CapacityError(f"--scale {scale}: must be in [0.25, 4]")
+    if not math.isfinite(timeout_s) or timeout_s <= 0:
+        raise CapacityError(f"--timeout-s {timeout_s}: must be a finite number > 0")
+    if attention not in ("per_sequence", "packed"):
+        raise CapacityError(f"--attention {attention!r}: use per_sequence or packed")
+    eng = parse_engine_config(engine_config)
+    d = Path(out_dir)
+    if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not force)):
+        raise CapacityError(f"--out-dir {out_dir}: exists and is not an empty folder (use --force to write into it)")
+    d.mkdir(parents=True, exist_ok=True)
+    say = (lambda msg: None) if json_out else (lambda msg: typer.echo(msg, err=True))
+    rep = run_recipe(url, model, eng, d, attention=attention, scale=scale, timeout_s=timeout_s, say=say)
+    if json_out:
+        typer.echo(dumps(rep))
+        return
+    terms = rep["terms"] or {}
+    typer.echo(f"fit: {rep['fit']} (median |error| on the probes {rep['fit_median_abs_rel_err']:.1%})")
+    for k, v in terms.items():
+        f = v["factor_95"]
+        typer.echo(f"  {k:12s} {v['value']:.4g}  95% x/ {'unbounded' if f is None else format(f, '.2f')}")
+    for w in rep["warnings"]:
+        typer.echo(f"warning: {w}", err=True)
+    typer.echo(f"held-out run ({rep['held_out_rate_per_s']:.2f} req/s, never fitted): predicted vs measured")
+    for r in rep["held_out_check"]:
+        typer.echo(f"  {r['metric']} {r['stat']}: {r['predicted_s'] * 1e3:8.2f} vs {r['measured_s'] * 1e3:8.2f} ms "
+                   f"({r['rel_err']:+.1%})")
