@@ -20,11 +20,11 @@ def _models() -> list[tuple[str, type[BaseModel]]]:
     from capacity.model.card import MLA, ModelCard, MoE
     from capacity.model.gpus import GPU
     from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
-    from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
+    from capacity.workload import Arrivals, Lengths, PrefixGroups, RateCurve, RequestClass, WorkloadSpec
 
     return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", EngineConfig),
             ("engine.memory_params", MemoryModelParams), ("workload (also `simulate --workload`)", WorkloadSpec),
-            ("workload.arrivals", Arrivals), ("lengths (input_len, output_len)", Lengths),
+            ("workload.arrivals", Arrivals), ("workload.arrivals.curve", RateCurve), ("lengths (input_len, output_len)", Lengths),
             ("workload.classes[]", RequestClass), ("workload.prefix", PrefixGroups), ("slo", SLOSpec),
             ("search", SearchSpec), ("Model card (`models/*.yaml`)", ModelCard), ("model card: moe", MoE),
             ("model card: mla", MLA), ("GPU (a catalogue entry or your own GPU YAML)", GPU)]

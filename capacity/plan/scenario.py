@@ -75,6 +75,15 @@ class Scenario(_Strict):
     profile: str | None = None  # a profile file, or the name of a bundled one (`capacity profiles`)
     search: SearchSpec = SearchSpec()  # how hard the planner searches
 
+    @field_validator("workload")
+    @classmethod
+    def _steady(cls, v: WorkloadSpec) -> WorkloadSpec:
+        # the planner sizes one steady rate (target_rate_per_s): a curve would be replaced by it without a word
+        if v.arrivals.kind == "curve":
+            raise ValueError("arrivals.kind curve: a plan sizes one steady rate (target_rate_per_s); simulate a "
+                             "rate curve with `capacity simulate --workload`, or plan for its peak rate")
+        return v
+
     @field_validator("profile")
     @classmethod
     def _profile_path(cls, v: str | None) -> str | None:
