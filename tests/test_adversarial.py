@@ -496,6 +496,7 @@ def test_loadtest_slow_metrics_cannot_stretch_the_run_bound(tmp_path):
     assert took < 30 and {q["status"] for q in run["requests"]} == {"ok"}
 
 
+@pytest.mark.slow  # three loadtests killed by a signal: in CI (`pytest -m slow`)
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_loadtest_signal_saves_the_partial_run_and_exits_nonzero(tmp_path, sig):
     srv, url = _serve("slow")

@@ -12,6 +12,7 @@ from tests.conftest import ROOT
 pytest.importorskip("transformers")
 
 
+@pytest.mark.slow  # a real engine: in CI (`pytest -m slow`), not in the default local run
 def test_quick_fidelity_against_a_real_engine(tmp_path):
     out = tmp_path / "fidelity.json"
     r = subprocess.run([sys.executable, str(ROOT / "bench/fidelity.py"), "--quick", "--out", str(out),

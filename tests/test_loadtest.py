@@ -146,6 +146,7 @@ def engine(tmp_path_factory):
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow  # a real engine: in CI (`pytest -m slow`), not in the default local run
 def test_real_engine_exact_lengths_and_validation(engine, tmp_path):
     url, model = engine
     rng = np.random.default_rng(0)
@@ -215,6 +216,7 @@ def test_ctrl_c_saves_partial_results(fault_server, tmp_path):
     assert run["meta"]["interrupted"] and sum(c.values()) == 40 and c.get("ok", 0) >= 2 and c.get("not_sent", 0) >= 20
 
 
+@pytest.mark.slow  # a real engine: in CI (`pytest -m slow`), not in the default local run
 def test_regression_gate_on_a_real_engine(engine, tmp_path):
     """The CI regression gate, end to end (issue 23): a baseline load test; the same configuration again passes the
     gate; a server with a smaller token budget (16 tokens per step: a 64-token prompt takes 4 steps instead of 1)

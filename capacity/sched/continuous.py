@@ -119,18 +119,26 @@ class ContinuousScheduler:
         budget = cfg.max_num_batched_tokens
         step = Step(StepPlan())
         sched: list[tuple[Seq, int]] = []
+        decodes: list[int] = []  # contexts of the running decodes, classified as they are scheduled
+        chunks: list[tuple[Seq, int]] = []  # the other scheduled sequences (prefill chunks), in order
         running = self.running
+        chunked = cfg.chunked_prefill
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
-            rem = seq.prompt + seq.generated - seq.computed
+            c = seq.computed
+            rem = seq.prompt + seq.generated - c
             num_new = rem if rem < budget else budget
-            if num_new < rem and not cfg.chunked_prefill:
+            if num_new < rem and not chunked:
                 i += 1
                 continue
             while True:
-                if seq.computed + num_new <= seq.kv_capacity or kv.allocate_slots(seq, num_new):
+                if c + num_new <= seq.kv_capacity or kv.allocate_slots(seq, num_new):
                     sched.append((seq, num_new))
+                    if rem == 1 and seq.generated:
+                        decodes.append(c)
+                    else:
+                        chunks.append((seq, num_new))
                     budget -= num_new
                     i += 1
                     break
@@ -161,15 +169,23 @@ class ContinuousScheduler:
                 if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                     seq.first_scheduled_s = now
                 sched.append((seq, num_new))
+                if remaining == 1 and seq.generated:  # a resumed sequence whose cached prefix left one token
+                    decodes.append(seq.computed)
+                else:
+                    chunks.append((seq, num_new))
                 budget -= num_new
-        prefills, decodes = [], []
-        for seq, n in sched:
-            c = seq.computed
-            if n == 1 and seq.generated > 0 and seq.prompt + seq.generated - c == 1:
-                decodes.append(c)
-            else:
-                prefills.append(PrefillChunk(n, c, c + n == seq.prompt + seq.generated))
-        step.plan = StepPlan(tuple(prefills), tuple(decodes))
+        if not step.preempted:  # the common case: each sequence was classified when it was scheduled
+            step.plan = StepPlan(tuple(PrefillChunk(n, q.computed, q.computed + n == q.prompt + q.generated)
+                                       for q, n in chunks), tuple(decodes))
+        else:  # classified after the whole step, as a preemption may have reset a scheduled sequence
+            prefills, decodes = [], []
+            for seq, n in sched:
+                c = seq.computed
+                if n == 1 and seq.generated > 0 and seq.prompt + seq.generated - c == 1:
+                    decodes.append(c)
+                else:
+                    prefills.append(PrefillChunk(n, c, c + n == seq.prompt + seq.generated))
+            step.plan = StepPlan(tuple(prefills), tuple(decodes))
         step.scheduled = sched
         return step
 
@@ -177,18 +193,19 @@ class ContinuousScheduler:
         """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
         emitted: list[Seq] = []
         finished: list[Seq] = []
-        prefix = self.cfg.prefix_caching
+        prefix = self.kv.cache_full_blocks if self.cfg.prefix_caching else None
         for seq, n in step.scheduled:
-            seq.computed += n
-            if prefix:
-                self.kv.cache_full_blocks(seq)
-            if seq.computed == seq.prompt + seq.generated:
-                seq.generated += 1
-                if seq.generated == 1:
+            c = seq.computed = seq.computed + n
+            if prefix is not None:
+                prefix(seq)
+            g = seq.generated
+            if c == seq.prompt + g:
+                g = seq.generated = g + 1
+                if g == 1:
                     seq.first_token_s = end_s
                 seq.last_token_s = end_s
                 emitted.append(seq)
-                if seq.generated >= seq.output:
+                if g >= seq.output:
                     seq.finish_s = end_s
                     finished.append(seq)
         if finished:
@@ -207,7 +224,7 @@ class ContinuousScheduler:
         run = self.running
         if not run or len(run) > self.cfg.max_num_batched_tokens:
             return 0
-        if self.waiting and len(run) < self.cfg.max_num_seqs:
+        if self.waiting and len(run) < self.cfg.max_num_seqs and not self._admission_blocked():
             return 0
         k = max_steps
         for s in run:
@@ -230,6 +247,31 @@ class ContinuousScheduler:
                     hi = mid - 1
             k = lo
         return k if k >= 2 else 0
+
+    def _admission_blocked(self) -> bool:
+        """Whether the head of the queue stays out for a whole decode-only stretch: it cannot be admitted now
+        for want of KV blocks (or of token budget next to the decodes), and a stretch cannot change that. The
+        budget left beside the decodes stays the same, free blocks only shrink while the batch decodes (nothing
+        finishes before the stretch's last step), and the head is the same (a stretch stops at the step during
+        which a request arrives). So a KV-limited queue, the usual state of an overloaded engine, need not stop
+        the fast path. Without prefix caching only: admitting would reference cached blocks."""
+        cfg = self.cfg
+        if cfg.prefix_caching:
+            return False
+        seq = self.waiting.peek()
+        budget = cfg.max_num_batched_tokens - len(self.running)
+        if budget <= 0:
+            return True
+        remaining = seq.prompt + seq.generated - seq.computed
+        num_new = min(remaining, budget)
+        if not cfg.chunked_prefill and num_new < remaining:
+            return True
+        kv = self.kv
+        if cfg.reserve_output:
+            return not kv.can_fit(seq, seq.prompt + seq.output - seq.computed)
+        if cfg.reserve_full_input:
+            return not kv.can_fit(seq, remaining)
+        return seq.computed + num_new > seq.kv_capacity and not kv.can_fit(seq, num_new)
 
     def advance_decodes(self, k: int, end_s: float) -> list[Seq]:
         """Apply k decode-only steps to every running sequence (the last ending at `end_s`); returns the

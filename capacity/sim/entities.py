@@ -25,6 +25,7 @@ import numpy as np
 import simpy
 
 from capacity.cost.step import decode_run_s
+from capacity.sched.base import NAN
 from capacity.sim.metrics import Records
 from capacity.workload import Request, WorkloadSpec, draw_attributes
 
@@ -46,8 +47,9 @@ class Recorder:
         self.finished_total = 0
         self.tokens_total = 0  # output tokens emitted (the capacity estimate of an overloaded run counts them)
         self.backlog_since: tuple[float, int, int] | None = None  # (start, finished, tokens) of the queue's backlog
-        self.gap_v: list[float] = []  # ITL samples of single steps (one token each)
+        self.gap_v: list[float] = []  # ITL samples of single steps
         self.gap_t: list[float] = []
+        self.gap_w: list[int] = []  # how many tokens saw each (those that emitted at the step's start share one)
         self.stretches: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # durations, ends, first weight, rest
         self.ts: list[tuple[float, int, int, int, int]] = []
 
@@ -87,7 +89,7 @@ class Recorder:
 
     def itl(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, weights, emission times) of every ITL sample; a decode run's step counts once per sequence."""
-        vs, ws, ts = [np.array(self.gap_v, dtype=float)], [np.ones(len(self.gap_v))], [np.array(self.gap_t, dtype=float)]
+        vs, ws, ts = [np.array(self.gap_v, dtype=float)], [np.array(self.gap_w, dtype=float)], [np.array(self.gap_t, dtype=float)]
         for durs, ends, first_w, rest_w in self.stretches:
             w = np.full(len(durs), float(rest_w))
             w[0] = first_w
@@ -201,13 +203,14 @@ class Replica:
                     # ITL of the first step: the step itself for sequences that emitted at `now` (nearly all),
                     # the gap since their last token for the rest; then k-1 steps x every sequence.
                     first_end = now + float(cum[0])
-                    same = 0
-                    for s in run:
-                        if s.last_token_s == now:
-                            same += 1
-                        else:
-                            rec.gap_v.append(first_end - s.last_token_s)
-                            rec.gap_t.append(first_end)
+                    lasts = [s.last_token_s for s in run]
+                    same = lasts.count(now)
+                    if same < len(lasts):
+                        for t in lasts:
+                            if t != now:
+                                rec.gap_v.append(first_end - t)
+                                rec.gap_t.append(first_end)
+                                rec.gap_w.append(1)
                     rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
                     yield env.timeout(float(cum[k - 1]))
                     sim.steps += k
@@ -223,16 +226,29 @@ class Replica:
             if out.plan.num_tokens == 0:  # nothing schedulable until something arrives
                 yield from self._sleep()
                 continue
-            prev = [(s, s.last_token_s) for s, _ in out.scheduled if s.generated > 0]
+            # ITL of the tokens this step emits: the sequences that emitted at `now` (the end of this replica's
+            # previous step: nearly the whole batch) are decodes, which always emit, and share one sample
+            # weighted by their count; the others (after a pause or a preemption) are looked at one by one
+            last = [s.last_token_s for s, _ in out.scheduled]
+            same = last.count(now)
+            prev = None
+            if same + last.count(NAN) < len(last):
+                prev = [(s, t) for (s, _), t in zip(out.scheduled, last) if t != now and s.generated > 0]
             yield env.timeout(cost.step_s(out.plan))
             sim.steps += 1
             end = env.now
             emitted, done = sched.complete(out, end)
             rec.tokens_total += len(emitted)
-            for s, t in prev:
-                if s.last_token_s == end:  # it emitted a token in this step
-                    rec.gap_v.append(end - t)
-                    rec.gap_t.append(end)
+            if same:
+                rec.gap_v.append(end - now)
+                rec.gap_t.append(end)
+                rec.gap_w.append(same)
+            if prev:
+                for s, t in prev:
+                    if s.last_token_s == end:  # it emitted a token in this step
+                        rec.gap_v.append(end - t)
+                        rec.gap_t.append(end)
+                        rec.gap_w.append(1)
             if done:
                 sim.finish(done)
             if rec.timeseries:
