@@ -51,11 +51,21 @@ def memory(
     target_concurrency: Annotated[Optional[int], typer.Option(
         "--target-concurrency", help="Also solve: smallest utilisation/TP and largest max_model_len for this many sequences")] = None,
     at_context: Annotated[int, typer.Option("--at-context", help="Context (tokens) for --target-concurrency")] = 4096,
+    mem_fraction_static: Annotated[Optional[float], typer.Option(
+        "--mem-fraction-static", help="--engine sglang: SGLang's F (default: the release's own rule)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """VRAM budget per rank (weights, activations, non-torch, CUDA graphs, KV), blocks, concurrency, and
-    the batch x context table, as vLLM would reserve it at start-up."""
+    the batch x context table, as vLLM would reserve it at start-up (`--engine sglang[@X.Y]`: as SGLang sizes its
+    KV pool)."""
     from capacity.engine import memory as mem
+
+    if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
+        _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
+                       max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out)
+        return
+    if mem_fraction_static is not None:
+        raise CapacityError("--mem-fraction-static: an SGLang setting (use it with --engine sglang)")
 
     card, g, cfg = _scenario(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, gpu_memory_utilization,
                              max_model_len, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager,
@@ -103,6 +113,51 @@ def memory(
             val = inverse[key]
             console.print(f"{key} for {target_concurrency} x {at_context if key != 'max_model_len' else 'max_model_len'} tokens: "
                           + (str(val) if val is not None else f"[red]none[/] ({inverse[key + '_why']})"))
+
+
+def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
+                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out) -> None:
+    """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
+    from capacity.engine.sglang import parse_release, sglang_budget
+    from capacity.model.gpus import get_gpu, with_memory
+    from capacity.units import GiB
+
+    card = load_card(model, weight_dtype, quant_group_size)
+    g = with_memory(get_gpu(gpu), gpu_memory_gib)
+    b = sglang_budget(card, g, tp, release=parse_release(engine), mem_fraction_static=mem_fraction_static,
+                      context_len=max_model_len, kv_cache_dtype=kv_dtype, chunked_prefill_size=max_num_batched_tokens,
+                      max_running=max_num_seqs)
+    if json_out:
+        typer.echo(dumps({"fits": b.fits, "budget": b.as_dict(), "units": "bytes, tokens"}))
+    else:
+        from rich.console import Console
+        from rich.table import Table
+
+        t = Table(title=f"SGLang {b.release} start-up memory: {card.name} on {g.name}, tp={tp} (GiB per rank)",
+                  title_justify="left")
+        t.add_column("term")
+        t.add_column("GiB", justify="right")
+        t.add_column("how")
+        f_how = "the release's default" if b.mem_fraction_default else "given"
+        for name, v, how in (
+                ("GPU total", b.total_bytes / GiB, "what the GPU reports"),
+                ("CUDA context + distributed init", b.context_bytes / GiB, "estimate (before SGLang's T0)"),
+                ("T0: free at start-up", b.free_at_start_bytes / GiB, "mem_fraction_static is a share of it"),
+                ("weights", b.weights_bytes / GiB, "counted from the card"),
+                ("A: free after the weights", b.avail_after_weights_bytes / GiB, ""),
+                ("reserve T0 x (1 - F)", b.reserve_bytes / GiB, "activations, CUDA graphs, request table"),
+                ("KV pool", b.kv_pool_bytes / GiB, f"A - reserve; {b.kv_bytes_per_token:,} B per token")):
+            t.add_row(name, f"{v:.2f}", how)
+        con = Console()
+        con.print(t)
+        con.print(f"mem_fraction_static {b.mem_fraction_static:.3f} ({f_how}); KV pool {b.kv_tokens:,} tokens "
+                  f"(conservative {b.kv_tokens_low:,}); max_running_requests {b.max_running_requests:,}; "
+                  f"chunked_prefill_size {b.chunked_prefill_size:,}; cuda_graph_max_bs {b.cuda_graph_max_bs}; "
+                  f"context_len {b.context_len:,}")
+        for n in b.notes:
+            con.print(f"note: {n}")
+    if not b.fits:
+        raise CapacityError(f"does not fit: {b.notes[0]}")
 
 
 @app.command()

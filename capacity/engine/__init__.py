@@ -49,6 +49,9 @@ def get_engine(spec: str) -> EngineModel:
     """The engine model for `vllm`, `vllm@0.11`, `vllm@0.9.2:v0` (see capacity.engine.vllm_release)."""
     if spec in ENGINES:
         return ENGINES[spec]
+    if spec == "sglang" or spec.startswith("sglang@"):
+        raise ConfigError(f"engine {spec!r}: SGLang's scheduling (new_token_ratio admission, retraction) is not "
+                          "simulated yet; `capacity memory --engine sglang` answers its start-up memory")
     got = _BY_SPEC.get(spec)
     if got is not None:
         return got
