@@ -26,6 +26,7 @@ from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.sim.autoscale import AutoscaleConfig
 from capacity.sim.metrics import SLO, Summary, summarize
 from capacity.sim.simulator import SimConfig, SimResult, littles_law, simulate
 from capacity.workload import Request, WorkloadSpec
@@ -44,6 +45,7 @@ class Deployment:
     replicas: int = 1
     router: Literal["round_robin", "least_outstanding"] = "round_robin"
     frontend_s: float = 0.0
+    autoscale: AutoscaleConfig | None = None  # a pool that follows the load (replicas is then ignored)
 
     def __post_init__(self) -> None:
         from capacity.limits import check
@@ -173,7 +175,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     p = prepared or prepare(dep)
     rng = np.random.default_rng(opts.seed)
     cfg = SimConfig(replicas=dep.replicas, router=dep.router, fast_forward=opts.fast_forward,
-                    max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s)
+                    max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
+                    autoscale=dep.autoscale)
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
     rec = sim.records
     offline = workload.arrivals.kind == "offline"

@@ -30,6 +30,7 @@ import simpy
 
 from capacity.errors import CapacityError
 from capacity.sched.base import Scheduler, Seq
+from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
 from capacity.sim.entities import ClosedLoopUsers, Delay, OpenLoopSource, Recorder, Replica, Router
 from capacity.sim.metrics import Records
 from capacity.workload import Request, WorkloadSpec, generate
@@ -46,6 +47,7 @@ class SimConfig:
     timeseries: bool = True
     overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
     frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
+    autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored)
 
     def __post_init__(self) -> None:
         if self.replicas <= 0:
@@ -74,6 +76,7 @@ class SimResult:
     preemptions: int = 0
     cost_source: str = ""
     kv_blocks_total: int = 0  # per replica: the denominator of the time series' KV column
+    autoscale: Timeline | None = None  # the pool over time, when it autoscaled
 
 
 class Simulation:
@@ -84,8 +87,10 @@ class Simulation:
         self.env = simpy.Environment()
         self.cost, self.rng, self.cfg = cost, rng, cfg
         self.recorder = Recorder(self.env, cfg.timeseries)
-        self.replicas = [Replica(self, i, make_scheduler()) for i in range(cfg.replicas)]
-        self.router = Router(self, self.replicas, cfg.router)
+        n = cfg.autoscale.max_replicas if cfg.autoscale is not None else cfg.replicas
+        self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
+        self.router = Router(self, list(self.replicas), cfg.router)
+        self.autoscaler = Autoscaler(self, cfg.autoscale) if cfg.autoscale is not None else None
         self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if cfg.frontend_s > 0 else None
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
@@ -149,7 +154,7 @@ class Simulation:
             return False
         if rec.backlog_since is None:
             rec.backlog_since = (self.env.now, rec.finished_total, rec.tokens_total)
-        if q > self.sat_queue and not self.stop.triggered and not self.offline:
+        if q > self.sat_queue and not self.stop.triggered and not self.offline and self.autoscaler is None:
             t0, _, k0 = rec.backlog_since
             cap = self.backlog_rate(t0, self.env.now, rec.tokens_total - k0)
             res.saturated = True
@@ -204,6 +209,8 @@ class Simulation:
             env.process(OpenLoopSource(self, reqs).run())
         for rep in self.replicas:
             env.process(rep.run())
+        if self.autoscaler is not None:
+            env.process(self.autoscaler.run())
         until = self.stop if not math.isfinite(cfg.max_sim_s) else env.any_of([self.stop, env.timeout(cfg.max_sim_s)])
         try:
             env.run(until=until)
@@ -223,6 +230,8 @@ class Simulation:
         res.records = rec.records()
         res.itl_values, res.itl_weights, res.itl_times = rec.itl()
         res.timeseries = rec.timeseries_array()
+        if self.autoscaler is not None:
+            res.autoscale = self.autoscaler.close()
         return res
 
 

@@ -1,0 +1,147 @@
+"""Autoscaling a replica pool over a time-varying load (capacity.sim.autoscale): hand-traced timings of the
+controller, conservation of requests through drains, GPU time, and the closed-form checks of the fleet issue
+(a predictive controller with no start-up delay has no SLO violations; a longer start-up delay has more)."""
+import math
+
+import numpy as np
+import pytest
+
+from capacity.cost.step import LinearCost
+from capacity.errors import ConfigError
+from capacity.sched import make_scheduler
+from capacity.sim.autoscale import AutoscaleConfig, window_metrics
+from capacity.sim.simulator import SimConfig, simulate
+from capacity.workload import Arrivals, RateCurve, WorkloadSpec, fixed
+
+# Each request: a 64-token prefill then 16 decode steps; a replica serves at most 4 at once. With these costs
+# a replica sustains about 4 / (0.0106 + 16 x 0.0104) ~ 22 req/s when its batch is full.
+COST = LinearCost(fixed_s=0.01, per_token_s=1e-5, source="test")
+SCHED = dict(max_num_seqs=4, max_num_batched_tokens=256, block_size=16, num_blocks=10_000)
+
+
+def run(curve: RateCurve, n: int, asc: AutoscaleConfig, seed: int = 0):
+    spec = WorkloadSpec(arrivals=Arrivals(kind="curve", curve=curve), input_len=fixed(64), output_len=fixed(16),
+                        num_requests=n)
+    return simulate(spec, COST, lambda: make_scheduler("continuous", **SCHED), np.random.default_rng(seed),
+                    SimConfig(autoscale=asc))
+
+
+STEP_UP = RateCurve(points=[(0, 5.0), (300, 60.0)])  # 5 req/s, then 60 req/s from t=300 s
+
+
+def test_a_step_in_load_starts_replicas_that_are_ready_after_the_startup_delay():
+    asc = AutoscaleConfig(min_replicas=1, max_replicas=6, policy="concurrency", target=3, interval_s=10,
+                          startup_s=60, cooldown_s=1e9)
+    res = run(STEP_UP, 5000, asc)
+    tl = res.autoscale.arrays()
+    assert tl["ready"][0] == 1 and tl["starting"][0] == 0
+    # the first decision that starts replicas comes at a controller tick (a multiple of 10 s) after the step ...
+    first = int(np.argmax(tl["starting"] > 0))
+    t_start = tl["t"][first]
+    assert t_start >= 300 and t_start % 10 == pytest.approx(0, abs=1e-9)
+    # ... and the first replica it started is ready exactly 60 s later
+    later = np.flatnonzero((tl["ready"] > tl["ready"][first]) & (tl["t"] > t_start))
+    assert tl["t"][later[0]] == pytest.approx(t_start + 60)
+    assert tl["ready"].max() == 6  # the load needs them all (60 req/s > 6 x ~22 x ... is close to the cap)
+    assert np.isfinite(res.records.finish).all()  # every request answered
+
+
+def test_drained_replicas_finish_what_they_hold_and_gpu_time_is_the_integral():
+    down = RateCurve(points=[(0, 60.0), (30, 2.0)])  # about 1,800 requests, then 2 req/s
+    # target 1 request per replica: 60 req/s keeps about 11 in flight (all 5 wanted), 2 req/s well under one
+    asc = AutoscaleConfig(min_replicas=1, max_replicas=5, initial=5, policy="concurrency", target=1,
+                          interval_s=5, startup_s=0, cooldown_s=30)
+    res = run(down, 2400, asc)
+    r = res.records
+    assert np.isfinite(r.finish).all() and len(r) == 2400  # nothing lost in a drain
+    tl = res.autoscale.arrays()
+    assert tl["ready"][-1] < 5 and tl["ready"].min() >= 1
+    # no scale-down before the load falls plus the cooldown
+    first_drop = tl["t"][int(np.argmax(tl["ready"] + tl["draining"] < 5))]
+    assert first_drop >= 30 + 30 - 5
+    # replica-seconds: the integral of the provisioned count, by hand from the rows
+    prov = tl["ready"] + tl["starting"] + tl["draining"]
+    assert res.autoscale.replica_seconds == pytest.approx(float(np.sum(prov[:-1] * np.diff(tl["t"]))))
+    # after the drop, a drained replica serves no request that arrived after it started draining
+    assert set(np.unique(r.replica[r.arrival > first_drop + 1])) < set(range(5))
+
+
+def test_predictive_scaling_without_startup_delay_meets_the_slo_and_a_delay_costs_violations():
+    """The fleet issue's closed-form check: a controller that knows the curve and a safe per-replica rate, with
+    no start-up delay, never lets a window miss the SLO; reacting to concurrency with a 120 s start-up delay,
+    the ramp's windows miss it."""
+    ramp = RateCurve(points=[(0, 4.0), (200, 60.0), (500, 4.0)], shape="step")
+    slo = 0.5
+    pred = AutoscaleConfig(min_replicas=1, max_replicas=8, policy="predictive", per_replica_rate=10.0, curve=ramp,
+                           interval_s=5, startup_s=0, cooldown_s=0)
+    res = run(ramp, 20_000, pred)
+    w = window_metrics(res.records, 30.0, slo_ttft_s=slo)
+    assert w["met"].all(), w["ttft_s"]
+    late = AutoscaleConfig(min_replicas=1, max_replicas=8, policy="concurrency", target=3, interval_s=5,
+                           startup_s=120, cooldown_s=60)
+    res2 = run(ramp, 20_000, late)
+    w2 = window_metrics(res2.records, 30.0, slo_ttft_s=slo)
+    assert (~w2["met"]).sum() >= 2  # the ramp's first windows, before the new replicas are ready
+
+
+def test_autoscaling_uses_fewer_gpu_seconds_than_static_peak_provisioning():
+    day = RateCurve(points=[(0, 4.0), (300, 40.0), (600, 4.0)], period_s=900)
+    asc = AutoscaleConfig(min_replicas=1, max_replicas=6, policy="concurrency", target=3, interval_s=5,
+                          startup_s=30, cooldown_s=60)
+    res = run(day, 12_000, asc)
+    peak = max(res.autoscale.ready)
+    static_s = peak * res.end_s
+    assert res.autoscale.replica_seconds < 0.8 * static_s
+
+
+def test_window_metrics_by_hand():
+    from capacity.sim.metrics import Records
+
+    arr = np.array([0.0, 10.0, 20.0, 65.0])
+    rec = Records(arrival=arr, first_scheduled=arr, first_token=arr + np.array([0.1, 0.2, 0.3, 2.0]),
+                  finish=np.array([1.1, 11.2, np.nan, 70.0]), prompt_tokens=np.full(4, 8),
+                  output_tokens=np.array([11, 11, 11, 6]), cls=np.zeros(4, dtype=np.int64),
+                  preemptions=np.zeros(4, dtype=np.int64), replica=np.zeros(4, dtype=np.int64))
+    w = window_metrics(rec, 60.0, slo_ttft_s=1.0)
+    assert w["requests"].tolist() == [3, 1]
+    assert w["ttft_s"][0] == pytest.approx(0.3) and w["ttft_s"][1] == pytest.approx(2.0)
+    assert math.isinf(w["tpot_s"][0])  # a request that never finished is infinitely late
+    assert w["tpot_s"][1] == pytest.approx((70.0 - 67.0) / 5)
+    assert w["met"].tolist() == [True, False]
+
+
+@pytest.mark.parametrize("kw, field", [
+    (dict(min_replicas=3, max_replicas=2), "replicas"), (dict(policy="magic"), "policy"),
+    (dict(target=0), "target"), (dict(startup_s=-1), "startup_s"), (dict(policy="predictive"), "predictive"),
+    (dict(policy="kv", target=2), "kv"), (dict(initial=9), "initial")])
+def test_bad_autoscale_settings_name_the_field(kw, field):
+    with pytest.raises(ConfigError, match=field):
+        AutoscaleConfig(**kw)
+
+
+def test_autoscale_cli_compares_with_static_provisioning(tmp_path):
+    """`capacity autoscale` through the run pipeline: the autoscaled pool and the static one at its peak, GPU-hours
+    from the timeline, violation minutes per window, one-line errors for a workload without a curve."""
+    import json
+
+    from tests.conftest import run_cli
+
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("arrivals: {kind: curve, curve: {points: [[0, 2], [120, 30], [240, 2]], period_s: 360}}\n"
+                  "input_len: {kind: fixed, value: 256}\noutput_len: {kind: fixed, value: 64}\nnum_requests: 3000\n")
+    r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--max-model-len", "4096", "--target", "4",
+                "--max", "6", "--startup-s", "30", "--cooldown-s", "30", "--interval-s", "5", "--window-s", "60",
+                "--slo-ttft-ms", "300", "--price-per-gpu-hour", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    a, s = out["autoscaled"], out["static"]
+    assert s["replicas"] == a["replicas"]["max"] >= 2
+    assert a["gpu_hours"] < s["gpu_hours"] and a["cost_usd"] == pytest.approx(2 * a["gpu_hours"])
+    assert s["gpu_hours"] == pytest.approx(s["replicas"] * s["simulated_s"] / 3600)
+    assert a["violation_minutes"] == pytest.approx(sum(not m for m in a["window"]["met"]))  # 60-s windows
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("arrivals: {kind: poisson, rate_per_s: 2}\n")
+    r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(bad))
+    assert r.returncode == 1 and "arrivals.kind" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--min", "5", "--max", "2")
+    assert r.returncode == 1 and "replicas" in r.stderr and len(r.stderr.strip().splitlines()) == 1
