@@ -28,7 +28,7 @@ from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
 from capacity.sim.metrics import SLO, Summary, summarize
-from capacity.sim.simulator import SimConfig, SimResult, littles_law, simulate
+from capacity.sim.simulator import Disaggregation, SimConfig, SimResult, littles_law, simulate
 from capacity.workload import Request, WorkloadSpec
 
 
@@ -168,15 +168,66 @@ def simulate_requests(make_scheduler: Callable[[], object], cost, workload: Work
     return simulate(workload, cost, make_scheduler, np.random.default_rng(opts.seed), cfg)  # type: ignore[arg-type]
 
 
+# KV transfer links between a prefill and a decode replica: nominal line rate per GPU (each TP rank sends its
+# shard over its own link) and a one-way latency. Achieved rates are lower (protocol, NIXL/UCX handshakes):
+# measure yours and give --link-gbps. nvlink: the GPU catalogue's per-direction GPU-to-GPU rate.
+LINKS: dict[str, tuple[float | None, float]] = {
+    "nvlink": (None, 10e-6),  # within a node
+    "ib-400": (50e9, 20e-6),  # InfiniBand NDR / ConnectX-7, 400 Gb/s per GPU
+    "roce-200": (25e9, 30e-6),  # RoCE, 200 Gb/s per GPU
+    "eth-100": (12.5e9, 50e-6),  # 100 GbE per GPU
+}
+
+
+@dataclass(frozen=True)
+class Disagg:
+    """Disaggregated prefill/decode: the Deployment's replicas are the prefill pool; `decode` is the decode pool's
+    deployment (its own TP, memory budget and step cost; its `replicas` is the pool size). The prompt's KV moves
+    over `link` (a name in LINKS, or `bandwidth_gbps` per GPU) with min(TP_p, TP_d) ranks sending in parallel."""
+
+    decode: Deployment
+    link: str = "nvlink"
+    bandwidth_gbps: float | None = None  # GB/s per GPU, overrides the link's rate
+    latency_s: float | None = None
+    shared_link: bool = False  # one link for the whole prefill pool instead of one per prefill replica
+
+    def __post_init__(self) -> None:
+        if self.link not in LINKS:
+            raise ConfigError(f"link {self.link!r}: use one of {', '.join(LINKS)} (or give its GB/s)")
+        if self.bandwidth_gbps is not None and not (math.isfinite(self.bandwidth_gbps) and self.bandwidth_gbps > 0):
+            raise ConfigError(f"link bandwidth: must be a finite number of GB/s > 0 (got {self.bandwidth_gbps})")
+        if self.latency_s is not None and not (math.isfinite(self.latency_s) and self.latency_s >= 0):
+            raise ConfigError(f"link latency: must be a finite number >= 0 (got {self.latency_s})")
+
+    def spec(self, prefill: Deployment, decode: Prepared) -> Disaggregation:
+        rate, lat = LINKS[self.link]
+        per_gpu = self.bandwidth_gbps * 1e9 if self.bandwidth_gbps is not None else (
+            rate if rate is not None else prefill.gpu.interconnect_bytes_per_s)
+        lanes = min(prefill.engine.tensor_parallel_size, self.decode.engine.tensor_parallel_size)
+        from capacity.engine.budget import kv_bytes_per_token
+
+        per_token = kv_bytes_per_token(prefill.card, decode.budget.kv_dtype, 1)  # the whole model's, all ranks
+        return Disaggregation(prefill.replicas, self.decode.replicas, decode.cost, decode.make_scheduler,  # type: ignore[arg-type]
+                              float(per_token), per_gpu * lanes, self.latency_s if self.latency_s is not None else lat,
+                              "shared" if self.shared_link else "per_prefill")
+
+
 def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),
-        prepared: Prepared | None = None) -> RunResult:
-    """The whole path (see module docstring)."""
+        prepared: Prepared | None = None, disagg: Disagg | None = None) -> RunResult:
+    """The whole path (see module docstring). With `disagg`, `dep` is the prefill pool."""
     check_policy(dep.engine, workload)
     p = prepared or prepare(dep)
     rng = np.random.default_rng(opts.seed)
+    dg = None
+    if disagg is not None:
+        if dep.autoscale is not None:
+            raise ConfigError("autoscaling a disaggregated deployment is not modelled")
+        if disagg.decode.card.name != dep.card.name:
+            raise ConfigError("disaggregation: the prefill and decode pools must serve the same model")
+        dg = disagg.spec(dep, prepare(disagg.decode))
     cfg = SimConfig(replicas=dep.replicas, router=dep.router, fast_forward=opts.fast_forward,
                     max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
-                    autoscale=dep.autoscale)
+                    autoscale=dep.autoscale, disagg=dg)
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
     rec = sim.records
     offline = workload.arrivals.kind == "offline"

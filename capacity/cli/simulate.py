@@ -75,6 +75,13 @@ def simulate(
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
     engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
+    disagg: Annotated[Optional[str], typer.Option("--disagg", help="Disaggregated prefill/decode: P:D replicas "
+                                                  "(P prefill, D decode; --replicas is then ignored)")] = None,
+    decode_tp: Annotated[Optional[int], typer.Option("--decode-tp", help="--disagg: TP of a decode replica (default --tp)")] = None,
+    link: Annotated[str, typer.Option("--link", help="--disagg: nvlink, ib-400, roce-200 or eth-100")] = "nvlink",
+    link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="--disagg: GB/s per GPU (overrides --link's)")] = None,
+    link_latency_us: Annotated[Optional[float], typer.Option("--link-latency-us", help="--disagg: one-way latency, us")] = None,
+    shared_link: Annotated[bool, typer.Option("--shared-link", help="--disagg: one link for the whole prefill pool")] = False,
     save_run: Annotated[Optional[str], typer.Option("--save-run", help="Also write the measured requests as a run file (for capacity compare)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --save-run file")] = False,
     json_out: JsonOpt = False, output: OutputOpt = None,
@@ -122,11 +129,43 @@ def simulate(
         from capacity.files import check_writable
 
         check_writable(save_run, force, "--save-run")
-    res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward))
+    dis = None
+    if disagg is not None:
+        from capacity.pipeline import Disagg
+
+        try:
+            n_p, n_d = (int(x) for x in disagg.split(":"))
+        except ValueError:
+            raise CapacityError(f"--disagg: expected P:D replicas, e.g. 1:2 (got {disagg!r})") from None
+        if n_p < 1 or n_d < 1:
+            raise CapacityError(f"--disagg: need at least one prefill and one decode replica (got {disagg!r})")
+        dcfg = cfg.model_copy(update={"tensor_parallel_size": decode_tp or tp})
+        dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
+                         replicas=n_p, router=router, frontend_s=frontend_ms / 1e3)  # type: ignore[arg-type]
+        dis = Disagg(Deployment(card, g, dcfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
+                                replicas=n_d, router=router),  # type: ignore[arg-type]
+                     link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)
+    res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward), disagg=dis)
     if save_run:
         Path(save_run).write_text(dumps(run_file(res), indent=None) + "\n")
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
+    if dis is not None:
+        import numpy as np
+
+        s = res.sim
+        waits, times = s.transfer_waits, s.transfer_times
+        assert waits is not None and times is not None
+        n_p, n_d, tp_d = dep.replicas, dis.decode.replicas, dis.decode.engine.tensor_parallel_size
+        out["replicas"] = n_p + n_d
+        out["disaggregated"] = {
+            "prefill_replicas": n_p, "decode_replicas": n_d, "prefill_tp": tp, "decode_tp": tp_d,
+            "gpus": n_p * tp + n_d * tp_d, "link": link, "shared_link": shared_link,
+            "transfers": int(times.size),
+            "transfer_s": {"mean": float(times.mean()) if times.size else None,
+                           "p99": float(np.percentile(times, 99)) if times.size else None},
+            "link_wait_s": {"mean": float(waits.mean()) if waits.size else None,
+                            "p99": float(np.percentile(waits, 99)) if waits.size else None}}
     if kind == "json":
         typer.echo(dumps(out))
         return
@@ -147,7 +186,17 @@ def simulate(
 
     from capacity.io.report import simulation_table
 
-    simulation_table(out, Console())
+    con = Console()
+    simulation_table(out, con)
+    d = out.get("disaggregated")
+    if d:
+        ms = lambda x: "-" if x is None else f"{x * 1e3:.2f} ms"
+        con.print(f"disaggregated: {d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} "
+                  f"decode (tp={d['decode_tp']}) = {d['gpus']} GPUs; KV over {d['link']}"
+                  f"{' (one shared link)' if d['shared_link'] else ''}: {d['transfers']} transfers, mean "
+                  f"{ms(d['transfer_s']['mean'])}, P99 {ms(d['transfer_s']['p99'])}, queued for the link P99 "
+                  f"{ms(d['link_wait_s']['p99'])}; TTFT = prefill queue + prefill + transfer + the decode "
+                  "pool's first step")
 
 
 def run_file(res) -> dict:

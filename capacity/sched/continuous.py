@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import Seq, Step
+from capacity.sched.base import NAN, Seq, Step
 from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.workload import Request
@@ -103,6 +103,19 @@ class ContinuousScheduler:
         seq = Seq(req)
         self.waiting.add(seq)
         return seq
+
+    def resume(self, seq: Seq) -> None:
+        """A sequence whose prompt was computed elsewhere (a prefill pool) and whose KV arrived with it: it waits
+        to be admitted with every prompt token but the last counted as computed, so its first step here computes
+        that one token and emits the first output token, as vLLM's decode instance does with a remote prefill.
+        Its blocks are taken on admission."""
+        seq.computed = seq.prompt - 1
+        seq.generated = 0
+        seq.blocks = seq.shared_blocks = seq.kv_capacity = 0
+        seq.output = seq.req.output_tokens
+        seq.last_token_s = NAN
+        seq.phase = 2
+        self.waiting.add(seq)
 
     def _preempt(self, seq: Seq, step: Step) -> None:
         self.running.remove(seq)

@@ -31,7 +31,7 @@ from capacity.workload import Request, WorkloadSpec, draw_attributes
 
 if TYPE_CHECKING:
     from capacity.sched.base import Scheduler, Seq
-    from capacity.sim.simulator import Simulation
+    from capacity.sim.simulator import Disaggregation, Simulation
 
 
 class Recorder:
@@ -118,6 +118,16 @@ class Router:
             return rep
         return min(self.replicas, key=lambda r: (r.sched.outstanding, r.idx))
 
+    def dispatch_seq(self, seq: Seq) -> None:
+        """A sequence from the prefill pool (disaggregated serving) to a decode replica."""
+        rep = self.pick()
+        why = rep.sched.admissible(seq.req)
+        if why:
+            self.sim.recorder.count(-1)  # it leaves the system unanswered
+            self.sim.reject(seq.req, f"decode pool: {why}")
+            return
+        rep.resume(seq)
+
     def dispatch(self, req: Request) -> None:
         rep = self.pick()
         why = rep.sched.admissible(req)
@@ -155,18 +165,68 @@ class Delay:
             self.deliver(item)
 
 
+class KVTransfer:
+    """The KV cache of a finished prefill, moved to the decode pool: `latency_s + bytes / bandwidth` on a link
+    that carries one transfer at a time (a SimPy Resource), so concurrent transfers queue for it. One link per
+    prefill replica (its NIC, or its NVLink to the decode GPUs) or one link shared by the whole prefill pool.
+    Then the decode pool's router places the sequence."""
+
+    def __init__(self, sim: Simulation, spec: Disaggregation) -> None:
+        self.sim, self.spec = sim, spec
+        n = 1 if spec.link_mode == "shared" else spec.prefill_replicas
+        self.links = [simpy.Resource(sim.env, capacity=1) for _ in range(n)]
+        self.waits: list[float] = []  # per transfer: time queued for the link, s
+        self.times: list[float] = []  # per transfer: time on the link, s
+
+    def send(self, seq: Seq) -> None:
+        link = self.links[0 if len(self.links) == 1 else seq.replica]
+        self.sim.env.process(self._go(seq, link))
+
+    def _go(self, seq: Seq, link: simpy.Resource) -> Generator:
+        env, sp = self.sim.env, self.spec
+        t0 = env.now
+        with link.request() as got:
+            yield got
+            t1 = env.now
+            dt = sp.latency_s + seq.prompt * sp.kv_bytes_per_token / sp.bandwidth_bytes_per_s
+            yield env.timeout(dt)
+        self.waits.append(t1 - t0)
+        self.times.append(dt)
+        self.sim.decode_router.dispatch_seq(seq)
+
+
 class Replica:
     """One engine: asks its scheduler for a step, advances the clock by the step's cost, applies it; decode-only
     stretches run as one event with exact per-step durations (`decode_run_s`)."""
 
-    def __init__(self, sim: Simulation, idx: int, sched: Scheduler) -> None:
+    def __init__(self, sim: Simulation, idx: int, sched: Scheduler, role: str = "both", cost=None) -> None:
         self.sim, self.idx, self.sched = sim, idx, sched
+        self.role = role  # both | prefill | decode (disaggregated serving)
+        self.cost = cost if cost is not None else sim.cost
         self.wake_event: simpy.Event | None = None
+        self.proc: simpy.Process | None = None
+        self.stretching = False  # in a decode stretch that a delivered sequence may cut (see resume)
 
     def admit(self, req: Request) -> None:
         seq = self.sched.add(req)
         seq.replica = self.idx
+        if self.role == "prefill":  # the prefill pool computes the prompt and samples the first token only
+            seq.output, seq.phase = 1, 1
         self.sim.recorder.admitted(seq)
+        self._wake()
+
+    def resume(self, seq: Seq) -> None:
+        """A sequence from the prefill pool, its KV transferred: decoded here (the decode pool). Deliveries come
+        at times no one knew when a decode stretch began, so one that arrives during a stretch cuts it at the
+        end of the step in progress, exactly where a step-by-step run would first see it."""
+        self.sched.resume(seq)  # type: ignore[attr-defined]
+        seq.replica = self.idx
+        if self.stretching and len(self.sched.running) < self.sched.max_running and self.proc is not None:
+            self.stretching = False
+            self.proc.interrupt("delivery")
+        self._wake()
+
+    def _wake(self) -> None:
         if self.wake_event is not None and not self.wake_event.triggered:
             self.wake_event.succeed()
 
@@ -181,7 +241,7 @@ class Replica:
 
     def run(self) -> Generator:
         sim, sched, rec = self.sim, self.sched, self.sim.recorder
-        env, cost, cfg = sim.env, sim.cost, sim.cfg
+        env, cost, cfg = sim.env, self.cost, sim.cfg
         max_seqs = sched.max_running
         while True:
             if not sched.has_work:
@@ -211,8 +271,19 @@ class Replica:
                                 rec.gap_v.append(first_end - t)
                                 rec.gap_t.append(first_end)
                                 rec.gap_w.append(1)
+                    self.stretching = self.role == "decode"
+                    try:
+                        yield env.timeout(float(cum[k - 1]))
+                    except simpy.Interrupt:  # a delivered sequence: stop at the end of the step in progress
+                        k = int(np.searchsorted(cum[:k], env.now - now, side="left")) + 1
+                        end = now + float(cum[k - 1])
+                        while env.now < end:
+                            try:
+                                yield env.timeout(end - env.now)
+                            except simpy.Interrupt:
+                                pass
+                    self.stretching = False
                     rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
-                    yield env.timeout(float(cum[k - 1]))
                     sim.steps += k
                     rec.tokens_total += k * len(run)
                     sim.finish(sched.advance_decodes(k, env.now))

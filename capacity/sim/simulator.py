@@ -31,9 +31,36 @@ import simpy
 from capacity.errors import CapacityError
 from capacity.sched.base import Scheduler, Seq
 from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
-from capacity.sim.entities import ClosedLoopUsers, Delay, OpenLoopSource, Recorder, Replica, Router
+from capacity.sim.entities import ClosedLoopUsers, Delay, KVTransfer, OpenLoopSource, Recorder, Replica, Router
 from capacity.sim.metrics import Records
 from capacity.workload import Request, WorkloadSpec, generate
+
+
+@dataclass(frozen=True)
+class Disaggregation:
+    """Disaggregated prefill/decode: `prefill_replicas` engines run each prompt and sample its first token, the
+    prompt's KV moves over a link, and `decode_replicas` engines (their own step cost and scheduler) generate the
+    rest. The simulator's main cost and scheduler are the prefill pool's."""
+
+    prefill_replicas: int
+    decode_replicas: int
+    decode_cost: object
+    make_decode_scheduler: Callable[[], Scheduler]
+    kv_bytes_per_token: float  # the whole model's KV bytes per token (all layers, all heads): what moves
+    bandwidth_bytes_per_s: float
+    latency_s: float = 0.0
+    link_mode: Literal["per_prefill", "shared"] = "per_prefill"
+
+    def __post_init__(self) -> None:
+        if self.prefill_replicas < 1 or self.decode_replicas < 1:
+            raise CapacityError(f"disaggregation: need >= 1 prefill and decode replicas (got "
+                                f"{self.prefill_replicas}:{self.decode_replicas})")
+        if not (self.bandwidth_bytes_per_s > 0 and math.isfinite(self.bandwidth_bytes_per_s)):
+            raise CapacityError(f"link bandwidth: must be a finite number > 0 (got {self.bandwidth_bytes_per_s})")
+        if not (self.latency_s >= 0 and math.isfinite(self.latency_s)):
+            raise CapacityError(f"link latency: must be a finite number >= 0 (got {self.latency_s})")
+        if self.link_mode not in ("per_prefill", "shared"):
+            raise CapacityError(f"link mode {self.link_mode!r}: use per_prefill or shared")
 
 
 @dataclass
@@ -48,6 +75,7 @@ class SimConfig:
     overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
     frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
     autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored)
+    disagg: Disaggregation | None = None  # prefill and decode pools (replicas is then ignored)
 
     def __post_init__(self) -> None:
         if self.replicas <= 0:
@@ -77,6 +105,8 @@ class SimResult:
     cost_source: str = ""
     kv_blocks_total: int = 0  # per replica: the denominator of the time series' KV column
     autoscale: Timeline | None = None  # the pool over time, when it autoscaled
+    transfer_waits: np.ndarray | None = None  # disaggregated: per KV transfer, time queued for the link, s
+    transfer_times: np.ndarray | None = None  # disaggregated: per KV transfer, time on the link, s
 
 
 class Simulation:
@@ -87,9 +117,24 @@ class Simulation:
         self.env = simpy.Environment()
         self.cost, self.rng, self.cfg = cost, rng, cfg
         self.recorder = Recorder(self.env, cfg.timeseries)
-        n = cfg.autoscale.max_replicas if cfg.autoscale is not None else cfg.replicas
-        self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
-        self.router = Router(self, list(self.replicas), cfg.router)
+        d = cfg.disagg
+        if d is not None:
+            if cfg.autoscale is not None:
+                raise CapacityError("autoscaling a disaggregated deployment is not modelled")
+            pre = [Replica(self, i, make_scheduler(), "prefill") for i in range(d.prefill_replicas)]
+            dec = [Replica(self, d.prefill_replicas + i, d.make_decode_scheduler(), "decode", d.decode_cost)
+                   for i in range(d.decode_replicas)]
+            if not all(hasattr(r.sched, "resume") for r in dec):
+                raise CapacityError("disaggregation needs a continuous-batching decode pool (not static batching)")
+            self.replicas = pre + dec
+            self.router = Router(self, pre, cfg.router)
+            self.decode_router = Router(self, dec, cfg.router)
+            self.transfer: KVTransfer | None = KVTransfer(self, d)
+        else:
+            n = cfg.autoscale.max_replicas if cfg.autoscale is not None else cfg.replicas
+            self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
+            self.router = Router(self, list(self.replicas), cfg.router)
+            self.transfer = None
         self.autoscaler = Autoscaler(self, cfg.autoscale) if cfg.autoscale is not None else None
         self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if cfg.frontend_s > 0 else None
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
@@ -127,6 +172,10 @@ class Simulation:
 
     def finish(self, done: list[Seq]) -> None:
         for s in done:
+            if s.phase == 1:  # a prefill done: its KV moves to the decode pool, the request goes on
+                assert self.transfer is not None
+                self.transfer.send(s)
+                continue
             self.recorder.finished(s)
             w = self.waiters.pop(s.req.id, None)
             if w is not None:  # a closed-loop user: when it will send again is known now (the fast path's horizon)
@@ -208,7 +257,7 @@ class Simulation:
             reqs = generate(workload, self.rng) if isinstance(workload, WorkloadSpec) else list(workload)
             env.process(OpenLoopSource(self, reqs).run())
         for rep in self.replicas:
-            env.process(rep.run())
+            rep.proc = env.process(rep.run())
         if self.autoscaler is not None:
             env.process(self.autoscaler.run())
         until = self.stop if not math.isfinite(cfg.max_sim_s) else env.any_of([self.stop, env.timeout(cfg.max_sim_s)])
@@ -232,6 +281,9 @@ class Simulation:
         res.timeseries = rec.timeseries_array()
         if self.autoscaler is not None:
             res.autoscale = self.autoscaler.close()
+        if self.transfer is not None:
+            res.transfer_waits = np.array(self.transfer.waits)
+            res.transfer_times = np.array(self.transfer.times)
         return res
 
 

@@ -1,0 +1,119 @@
+"""Disaggregated prefill/decode in the simulator: hand-traced timelines of a request through the prefill pool,
+the KV transfer and the decode pool; contention on a shared link; the fast path exact with deliveries that
+arrive during decode stretches."""
+import numpy as np
+import pytest
+
+from capacity.cost.step import LinearCost
+from capacity.errors import CapacityError
+from capacity.sched import make_scheduler
+from capacity.sim.simulator import Disaggregation, SimConfig, simulate
+from capacity.workload import Arrivals, Lengths, Request, WorkloadSpec
+
+# prefill step: 10 ms + 1 ms per token; decode step: 20 ms + 1 ms per token (no attention term)
+PRE = LinearCost(fixed_s=0.010, per_token_s=0.001, source="prefill")
+DEC = LinearCost(fixed_s=0.020, per_token_s=0.001, source="decode")
+SCHED = dict(max_num_seqs=16, max_num_batched_tokens=4096, block_size=16, num_blocks=10_000)
+
+
+def sched():
+    return make_scheduler("continuous", **SCHED)
+
+
+def disagg(p=1, d=1, mode="per_prefill", bw=1e6, lat=0.005):
+    # 1,000 bytes of KV per token over a 1 MB/s link: 100 tokens take 0.1 s (+ 5 ms latency)
+    return Disaggregation(p, d, DEC, sched, kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=bw, latency_s=lat,
+                          link_mode=mode)
+
+
+def run(reqs, dg, fast=True):
+    return simulate(reqs, PRE, sched, np.random.default_rng(0), SimConfig(disagg=dg, fast_forward=fast))
+
+
+def test_one_request_through_prefill_transfer_and_decode():
+    """Prompt 100, output 4, arriving at t=0:
+    prefill 0 -> 0.010 + 0.100 = 0.110 (its first token is the prefill pool's, not the client's);
+    transfer 0.110 -> + 0.005 + 100 x 1000 / 1e6 = 0.215;
+    decode: the last prompt token (1 token, 0.021 s) emits the first output token at 0.236, then 3 decode steps
+    of 0.021 s: the last token at 0.299."""
+    res = run([Request(0, 0.0, 100, 4)], disagg())
+    r = res.records
+    assert r.first_scheduled[0] == pytest.approx(0.0)
+    assert r.first_token[0] == pytest.approx(0.236)
+    assert r.finish[0] == pytest.approx(0.299)
+    assert r.replica[0] == 1  # the decode replica (after the one prefill replica)
+    # ITL as the client sees it: three gaps of one decode step each
+    assert res.itl_weights.sum() == 3 and res.itl_values == pytest.approx([0.021] * len(res.itl_values))
+
+
+@pytest.mark.parametrize("mode, p, first_tokens", [
+    # one prefill replica and its link: both prompts in one prefill step (0 -> 0.21), transfers 0.21 -> 0.315 and
+    # 0.315 -> 0.42; the first decodes 0.315 -> 0.336 (its first token) ... 0.399, the second 0.42 -> 0.441
+    ("per_prefill", 1, [0.336, 0.441]),
+    # two prefill replicas, a link each: both prefills 0 -> 0.11, both transfers end at 0.215, one decode step
+    # of two 1-token chunks (0.020 + 0.002) gives both first tokens at 0.237
+    ("per_prefill", 2, [0.237, 0.237]),
+    # two replicas, one shared link: 0.11 -> 0.215, then the second 0.215 -> 0.32; the first decodes 0.215 ->
+    # 0.236 ... 0.299, the second 0.32 -> 0.341
+    ("shared", 2, [0.236, 0.341]),
+])
+def test_transfers_queue_for_a_shared_link(mode, p, first_tokens):
+    reqs = [Request(0, 0.0, 100, 4), Request(1, 0.0, 100, 4)]
+    res = run(reqs, disagg(p=p, mode=mode))
+    r = res.records
+    assert sorted(r.first_token) == pytest.approx(first_tokens)
+    assert np.isfinite(r.finish).all()
+
+
+def test_fast_path_is_exact_with_deliveries_during_decode_stretches():
+    """Costs and link off the round-number lattice of the hand-traced cases: with whole-millisecond steps and
+    transfers, a delivery and a step end can fall on the same instant, where the two modes' float sums (a
+    cumulative sum against step-by-step additions) may order them differently."""
+    pre = LinearCost(fixed_s=0.0101234, per_token_s=0.00097531, source="prefill")
+    dec = LinearCost(fixed_s=0.0203457, per_token_s=0.00101117, source="decode")
+    dg = Disaggregation(2, 2, dec, sched, kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=4.87e6,
+                        latency_s=0.0051357)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=6.0),
+                        input_len=Lengths(kind="uniform", low=32, high=400),
+                        output_len=Lengths(kind="uniform", low=8, high=120), num_requests=400)
+    runs = []
+    for fast in (True, False):
+        runs.append(simulate(spec, pre, sched, np.random.default_rng(3), SimConfig(disagg=dg, fast_forward=fast)))
+    fast, slow = runs
+    assert fast.events < slow.events / 2 and fast.steps == slow.steps
+    for attr in ("arrival", "first_scheduled", "first_token", "finish"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+    assert fast.itl_weights.sum() == slow.itl_weights.sum()
+
+
+def test_bad_disaggregation_settings():
+    for kw in (dict(p=0), dict(bw=0.0), dict(lat=-1.0), dict(mode="ring")):
+        with pytest.raises(CapacityError):
+            disagg(**kw)
+    with pytest.raises(CapacityError, match="static"):
+        simulate([Request(0, 0.0, 10, 2)], PRE, sched, np.random.default_rng(0),
+                 SimConfig(disagg=Disaggregation(1, 1, DEC, lambda: make_scheduler("static", max_batch=2),
+                                                 1000.0, 1e6)))
+
+
+def test_simulate_cli_disaggregated_through_the_pipeline():
+    """`simulate --disagg 1:2`: the prefill pool's and the decode pool's budgets and costs from the one run path,
+    the transfer time from the KV bytes and the link (4,096 tokens x 128 KiB of Llama-3.1-8B KV = 512 MiB over
+    50 GB/s of ib-400 at TP 1: 10.7 ms + 20 us), GPUs counted over both pools, Little's law intact."""
+    import json
+
+    from tests.conftest import run_cli
+
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--max-model-len", "8192", "--rate", "4", "-n", "300",
+                "--input-len", "4096", "--output-len", "64", "--disagg", "1:2", "--decode-tp", "2", "--link", "ib-400",
+                "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    d = out["disaggregated"]
+    assert d["gpus"] == 1 * 1 + 2 * 2 and d["transfers"] == 300
+    assert d["transfer_s"]["mean"] == pytest.approx(4096 * 131072 / 50e9 + 20e-6, rel=1e-9)
+    assert out["littles_law"]["L"] == pytest.approx(out["littles_law"]["lambda_W"], rel=1e-6)
+    for bad, msg in ((["--disagg", "2"], "P:D"), (["--disagg", "0:2"], "at least one"),
+                     (["--disagg", "1:1", "--link", "carrier-pigeon"], "link")):
+        r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "10", *bad)
+        assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
