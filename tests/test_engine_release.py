@@ -35,7 +35,7 @@ def test_engine_strings():
 
 @pytest.mark.parametrize("spec, msg", [
     ("vllm@0.99", "not modelled"), ("vllm@0.3", "not modelled"), ("vllm@banana", "expected MAJOR.MINOR"),
-    ("vllm@0.12:v0", "removed in 0.11"), ("vllm@0.6:v1", "starts with 0.7"), ("sglang@0.4", "unknown engine"),
+    ("vllm@0.12:v0", "removed in 0.11"), ("vllm@0.6:v1", "starts with 0.7"), ("tgi@1.0", "unknown engine"),
     ("vllm@@0.1", "expected MAJOR.MINOR"), ("vllm 0.11", "expected NAME"),
 ])
 def test_bad_engine_strings_are_one_line_errors(spec, msg):
