@@ -212,6 +212,31 @@ class Disagg:
                               "shared" if self.shared_link else "per_prefill")
 
 
+def disagg_launch_hints(prefill: Deployment, dis: Disagg) -> str:
+    """vLLM commands for the layout, as text to adapt: each pool's `vllm serve` (the simulated knobs of its own
+    budget) with the NIXL KV connector, one port per instance, and vLLM's toy proxy that sends each request to
+    a prefiller with max_tokens 1, then to a decoder (tests/v1/kv_connector/nixl_integration/ in vLLM's repo)."""
+    kv = """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
+    lines = []
+    ports: dict[str, list[int]] = {"prefill": [], "decode": []}
+    for role, d, base in (("prefill", prefill, 8100), ("decode", dis.decode, 8200)):
+        p = prepare(d)
+        cmd = p.engine_model.launch_command(d.card, d.engine, p.budget)
+        for i in range(d.replicas):
+            port = base + i
+            ports[role].append(port)
+            lines.append(f"VLLM_NIXL_SIDE_CHANNEL_PORT={5600 + len(lines)} UCX_NET_DEVICES=all {cmd} "
+                         f"--port {port} {kv}  # {role} {i + 1} of {d.replicas}")
+    lines.append("python tests/v1/kv_connector/nixl_integration/toy_proxy_server.py --port 8192 "
+                 f"--prefiller-hosts {' '.join(['localhost'] * len(ports['prefill']))} "
+                 f"--prefiller-ports {' '.join(map(str, ports['prefill']))} "
+                 f"--decoder-hosts {' '.join(['localhost'] * len(ports['decode']))} "
+                 f"--decoder-ports {' '.join(map(str, ports['decode']))}")
+    lines.append("# not generated: CUDA_VISIBLE_DEVICES per instance, hosts across nodes (and "
+                 "VLLM_NIXL_SIDE_CHANNEL_HOST), UCX transports, a production router (llm-d, Dynamo)")
+    return "\n".join(lines)
+
+
 def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),
         prepared: Prepared | None = None, disagg: Disagg | None = None) -> RunResult:
     """The whole path (see module docstring). With `disagg`, `dep` is the prefill pool."""

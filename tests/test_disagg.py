@@ -113,6 +113,10 @@ def test_simulate_cli_disaggregated_through_the_pipeline():
     assert d["gpus"] == 1 * 1 + 2 * 2 and d["transfers"] == 300
     assert d["transfer_s"]["mean"] == pytest.approx(4096 * 131072 / 50e9 + 20e-6, rel=1e-9)
     assert out["littles_law"]["L"] == pytest.approx(out["littles_law"]["lambda_W"], rel=1e-6)
+    hints = d["launch_hints"].splitlines()
+    assert sum("NixlConnector" in h for h in hints) == 3  # one per instance: 1 prefill + 2 decode
+    assert sum("--tensor-parallel-size 2" in h for h in hints) == 2
+    assert "--decoder-ports 8200 8201" in hints[3] and hints[-1].startswith("# not generated")
     for bad, msg in ((["--disagg", "2"], "P:D"), (["--disagg", "0:2"], "at least one"),
                      (["--disagg", "1:1", "--link", "carrier-pigeon"], "link")):
         r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "10", *bad)

@@ -157,8 +157,11 @@ def simulate(
         waits, times = s.transfer_waits, s.transfer_times
         assert waits is not None and times is not None
         n_p, n_d, tp_d = dep.replicas, dis.decode.replicas, dis.decode.engine.tensor_parallel_size
+        from capacity.pipeline import disagg_launch_hints
+
         out["replicas"] = n_p + n_d
         out["disaggregated"] = {
+            "launch_hints": disagg_launch_hints(dep, dis),
             "prefill_replicas": n_p, "decode_replicas": n_d, "prefill_tp": tp, "decode_tp": tp_d,
             "gpus": n_p * tp + n_d * tp_d, "link": link, "shared_link": shared_link,
             "transfers": int(times.size),
@@ -197,6 +200,8 @@ def simulate(
                   f"{ms(d['transfer_s']['mean'])}, P99 {ms(d['transfer_s']['p99'])}, queued for the link P99 "
                   f"{ms(d['link_wait_s']['p99'])}; TTFT = prefill queue + prefill + transfer + the decode "
                   "pool's first step")
+        con.print("launch hints (vLLM with the NIXL connector; adapt):")
+        con.print(d["launch_hints"], soft_wrap=True, markup=False, highlight=False)
 
 
 def run_file(res) -> dict:
