@@ -1,11 +1,12 @@
 """What-if dashboard: `streamlit run app.py`.
 
 Thin on purpose: widgets -> a scenario -> the same functions the CLI uses (memory.budget, run_task /
-run_scenario, make_plan, export.write_review), cached by their inputs -> plotly figures. No formulas here.
+run_scenario, make_plan, fleet.autoscale_report, export.write_review), cached by their inputs -> plotly figures. No formulas here.
 """
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from pathlib import Path
 
@@ -421,6 +422,227 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
         st.download_button("Download the plan JSON", json.dumps(p, indent=1), file_name="capacity-plan.json")
 
 
+# ---- autoscaling over a load curve ------------------------------------------------------------------------
+MAX_CURVE_BYTES = 2_000_000  # a curve file: 100,000 points (MAX_CURVE_POINTS) of "t,rate" fit in about 2 MB
+BUNDLED_CURVE = ROOT / "capacity/data/curves/diurnal.yaml"
+AUTOSCALE_TARGETS = {"concurrency": (32.0, "requests in flight per replica"),
+                     "queue": (4.0, "requests waiting per ready replica"),
+                     "kv": (0.8, "share of the KV cache in use (<= 1)"),
+                     "predictive": (32.0, "not used: the predictive policy divides the curve by the per-replica rate")}
+
+
+@st.cache_data(show_spinner=False)
+def load_rate_curve(source: str, text: str | None) -> dict:
+    """A rate curve's fields: the bundled diurnal day (text None), or pasted/uploaded CSV or YAML/JSON text read by
+    the parsers and bounds of a curve file (`capacity.workload.load_curve`): one error line names the bad line."""
+    from capacity.workload import _curve_csv, _curve_yaml, load_curve
+
+    if text is None:
+        return load_curve(BUNDLED_CURVE).model_dump()
+    if len(text) > MAX_CURVE_BYTES:
+        raise CapacityError(f"{source}: {len(text):,} bytes is more than the {MAX_CURVE_BYTES:,} a curve may be")
+    name = Path(source)
+    if name.suffix.lower() == ".csv" or (name.suffix.lower() not in (".yaml", ".yml", ".json")
+                                         and not re.search(r"^\s*(points\s*:|\{)", text, re.M)):
+        return _curve_csv(name, text).model_dump()
+    from capacity.files import parse_text
+
+    data = parse_text(text, source, "json" if name.suffix.lower() == ".json" else "yaml")
+    if not isinstance(data, dict):
+        raise CapacityError(f"{source}: expected CSV lines (t,rate) or a YAML mapping with points: [[t, rate], ...]")
+    return _curve_yaml(name, data).model_dump()
+
+
+def fit_curve_to_run(curve: dict, minutes: float, peak: float) -> tuple[dict, float | None]:
+    """The curve played faster or slower (one period, or the points' span, in `minutes`; 0: as given) at a peak of
+    `peak` req/s (0: as given), and the run's length: one period (or the span)."""
+    pts = [tuple(p) for p in curve["points"]]
+    span = curve.get("period_s") or pts[-1][0]
+    out = dict(curve)
+    if minutes > 0 and span > 0:
+        f = minutes * 60 / span
+        out["points"] = [(t * f, r) for t, r in pts]
+        out["period_s"] = curve["period_s"] * f if curve.get("period_s") else None
+        span *= f
+    if peak > 0:
+        out["scale"] = peak / max(r for _, r in pts)
+    return out, (span or None)
+
+
+@st.cache_data(show_spinner=False)
+def autoscale_run(card: dict, gpu: str, engine: dict, workload: dict, autoscale: dict, static: int | None,
+                  window_s: float, slo_ttft_s: float | None, slo_tpot_s: float | None, price: float | None, seed: int,
+                  profile: str | None) -> dict:
+    """capacity.io.fleet.autoscale_report (what `capacity autoscale --json` prints) for these plain inputs."""
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+    from capacity.io.fleet import autoscale_report
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
+    from capacity.sim.autoscale import AutoscaleConfig
+    from capacity.workload import WorkloadSpec
+
+    spec = validate(WorkloadSpec, workload, "workload")
+    asc = AutoscaleConfig(**autoscale, curve=spec.arrivals.rate_curve() if autoscale["policy"] == "predictive" else None)
+    return autoscale_report(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"), spec,
+                            asc, static, window_s=window_s, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, price=price,
+                            seed=seed, profile=profile)
+
+
+def autoscale_figure(rep: dict, curve: dict) -> go.Figure:
+    """The run over time: the arrival rate (shaded, left outer axis), ready and starting replicas (steps, left
+    axis), P99 TTFT per window of the autoscaled and the static pool against the SLO (right axis)."""
+    from capacity.workload import RateCurve
+
+    a, reps = rep["autoscaled"], rep["autoscaled"]["replicas"]
+    end = max(a["simulated_s"], reps["t_s"][-1], 1e-9)
+    rc = RateCurve.model_validate(curve)
+    t = np.linspace(0.0, end, 600)
+    knots = np.array([x for x, _ in rc.points])
+    if rc.period_s:
+        knots = (knots[None, :] + rc.period_s * np.arange(int(end // rc.period_s) + 1)[:, None]).ravel()
+    if knots.size < 20_000:
+        t = np.unique(np.concatenate([t, knots[knots <= end]]))
+    fig = go.Figure()
+    fig.add_scatter(x=t / 60, y=rc.rate(t), name="arrival rate (req/s)", yaxis="y3", mode="lines", fill="tozeroy",
+                    line=dict(color="rgba(120,120,120,0.6)", width=1, shape="hv" if rc.shape == "step" else "linear"),
+                    fillcolor="rgba(160,160,160,0.15)")
+    tr = np.array(reps["t_s"]) / 60
+    fig.add_scatter(x=tr, y=reps["ready"], name="ready replicas", mode="lines",
+                    line=dict(shape="hv", width=2.5, color="#1f77b4"))
+    fig.add_scatter(x=tr, y=reps["starting"], name="starting replicas", mode="lines",
+                    line=dict(shape="hv", dash="dot", color="#1f77b4"))
+    w, sw = a["window"], rep["static"]["window"]
+    mid = lambda starts: (np.array(starts, dtype=float) + rep["window_s"] / 2) / 60
+    ttft = lambda vals: [None if v is None else v * 1e3 for v in vals]
+    fig.add_scatter(x=mid(w["start_s"]), y=ttft(w["ttft_s"]), name="P99 TTFT per window (ms)", yaxis="y2",
+                    mode="lines+markers", line=dict(color="#d62728"))
+    fig.add_scatter(x=mid(sw["start_s"]), y=ttft(sw["ttft_s"]), name=f"static ({rep['static']['replicas']}): "
+                    "P99 TTFT (ms)", yaxis="y2", mode="lines", line=dict(color="#d62728", dash="dot", width=1))
+    miss = [i for i, ok in enumerate(w["met"]) if not ok]
+    slo = rep["slo"].get("ttft_s")
+    if miss:
+        fig.add_scatter(x=mid([w["start_s"][i] for i in miss]),
+                        y=[(w["ttft_s"][i] or slo or 0) * 1e3 for i in miss], name="window misses the SLO",
+                        yaxis="y2", mode="markers", marker=dict(symbol="x", size=10, color="black"))
+    if slo:
+        fig.add_scatter(x=[0, end / 60], y=[slo * 1e3] * 2, name="SLO P99 TTFT", yaxis="y2", mode="lines",
+                        line=dict(color="#d62728", dash="dash", width=1))
+    fig.update_layout(
+        height=420, margin=dict(t=30, l=50, r=10), legend=dict(orientation="h", y=-0.18),
+        xaxis=dict(title="simulated time (min)", domain=[0.1, 0.92]),
+        yaxis=dict(title="replicas", rangemode="tozero", dtick=1 if reps["max"] <= 12 else None),
+        yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", type="log", showgrid=False),
+        yaxis3=dict(title="req/s", overlaying="y", side="left", anchor="free", position=0.0, rangemode="tozero",
+                    showgrid=False))
+    return fig
+
+
+def autoscale_view(card, gpu, engine, workload, slo, profile, price):
+    """Autoscaling over a load curve against static provisioning for its peak: `capacity autoscale` for the sidebar's
+    model, GPU, engine and request lengths."""
+    st.write("A replica pool that follows a load curve (the autoscaler starts replicas that are ready after the "
+             "start-up delay and drains them after the cooldown) against a static pool sized for the peak, on the "
+             "same requests. The curve is played fast so the run answers in seconds: the CLI's `capacity autoscale` "
+             "runs the same for a real day.")
+    c1, c2, c3 = st.columns(3)
+    source = c1.radio("load curve", ["bundled diurnal day", "paste a curve", "upload a curve file"], key="as_source",
+                      help="diurnal: capacity/data/curves/diurnal.yaml, 24 hourly points (night 2, noon 10 req/s); "
+                      "a curve: CSV `t,rate` lines (or hour,rate_per_s...) or YAML `points: [[t, rate], ...]`")
+    try:
+        if source == "paste a curve":
+            text = c1.text_area("curve (CSV or YAML)", value="t,rate\n0,2\n120,30\n240,2\n", height=120,
+                                key="as_curve_text")
+            curve = load_rate_curve("pasted curve", text)
+        elif source == "upload a curve file":
+            up = c1.file_uploader("curve file", type=["csv", "yaml", "yml", "json"], key="as_curve_file")
+            if up is None:
+                st.info("upload a curve file (.csv, .yaml or .json)")
+                return
+            curve = load_rate_curve(up.name, up.getvalue().decode("utf-8", errors="replace"))
+        else:
+            curve = load_rate_curve("diurnal", None)
+    except CapacityError as exc:
+        st.error(str(exc))
+        return
+    bundled = source == "bundled diurnal day"
+    minutes = c1.number_input("play one period of the curve in (min; 0: as given)", 0.0, 24 * 60.0,
+                              10.0 if bundled else 0.0, 1.0, key=f"as_minutes_{bundled}")
+    peak = c1.number_input("peak arrival rate (req/s; 0: as given)", 0.0, 10_000.0, 20.0 if bundled else 0.0, 1.0,
+                           key=f"as_peak_{bundled}")
+    policy = c2.selectbox("policy", list(AUTOSCALE_TARGETS), key="as_policy")
+    default, meaning = AUTOSCALE_TARGETS[policy]
+    target = c2.number_input(f"target ({meaning})", 0.01, 100_000.0, default, key=f"as_target_{policy}")
+    per_rate = (c2.number_input("per-replica rate (req/s under the SLO: the headline's max rate per replica)", 0.01,
+                                10_000.0, 8.0, key="as_per_rate") if policy == "predictive" else None)
+    lo = c2.number_input("min replicas", 1, 1024, 1, key="as_min")
+    hi = c2.number_input("max replicas", 1, 1024, 8, key="as_max")
+    static = c2.number_input("static replicas (0: the autoscaled peak)", 0, 1024, 0, key="as_static")
+    startup = c3.number_input("start-up delay (s)", 0.0, 3600.0, 30.0, 5.0, key="as_startup")
+    cooldown = c3.number_input("cooldown (s)", 0.0, 7200.0, 60.0, 5.0, key="as_cooldown")
+    interval = c3.number_input("controller interval (s)", 1.0, 600.0, 5.0, 1.0, key="as_interval")
+    window = c3.number_input("SLO window (s)", 1.0, 3600.0, 30.0, 5.0, key="as_window")
+    ttft = c3.number_input("SLO P99 TTFT per window (ms)", 1.0, 600_000.0, slo["ttft_s"] * 1e3, 50.0, key="as_ttft")
+    tpot = c3.number_input("SLO P99 TPOT per window (ms; 0: none)", 0.0, 10_000.0, slo["tpot_s"] * 1e3, 1.0,
+                           key="as_tpot")
+    cap = c3.select_slider("most requests simulated", [1000, 2000, 5000, 10_000, 20_000, 50_000], value=10_000,
+                           key="as_requests", help="the run stops after one period of the curve or this many requests")
+    played, duration = fit_curve_to_run(curve, minutes, peak)
+    wl = {**{k: v for k, v in workload.items() if k != "arrivals"}, "num_requests": int(cap),
+          "arrivals": {"kind": "curve", "curve": played, **({"duration_s": duration} if duration else {})}}
+    asc = {"min_replicas": int(lo), "max_replicas": int(hi), "policy": policy, "target": float(target),
+           "interval_s": float(interval), "startup_s": float(startup), "cooldown_s": float(cooldown),
+           "per_replica_rate": per_rate}
+    args = {"card": card, "gpu": gpu, "engine": engine, "workload": wl, "autoscale": asc,
+            "static": int(static) or None, "window_s": float(window), "slo_ttft_s": ttft / 1e3,
+            "slo_tpot_s": tpot / 1e3 or None, "price": price or None, "seed": 0, "profile": profile}
+    scale = peak / max(r for _, r in curve["points"]) if peak > 0 else curve.get("scale", 1.0)
+    st.caption(f"curve: {len(curve['points'])} points, peak {max(r for _, r in curve['points']) * scale:,.2f} req/s"
+               + (f"; one run of {duration / 60:,.1f} min" if duration else ""))
+    if not (st.button("Run the autoscaling simulation", key="run_autoscale") or st.session_state.get("autoscale_done")):
+        return
+    st.session_state["autoscale_done"] = True
+    try:
+        with st.spinner("simulating the autoscaled pool and the static one..."):
+            rep = autoscale_run(**args)
+    except CapacityError as exc:
+        st.error(str(exc))
+        return
+    a, s = rep["autoscaled"], rep["static"]
+    has_slo = bool(rep["slo"]["ttft_s"] or rep["slo"]["tpot_s"])
+    m = st.columns(4)
+    m[0].metric("GPU-hours, autoscaled", f"{a['gpu_hours']:.3f}")
+    m[1].metric(f"GPU-hours, static ({s['replicas']})", f"{s['gpu_hours']:.3f}")
+    m[2].metric("GPU-hours saved", f"{1 - a['gpu_hours'] / s['gpu_hours']:.0%}" if s["gpu_hours"] else "-")
+    m[3].metric("SLO-miss minutes, autoscaled", f"{a['violation_minutes']:g}",
+                help=f"of {a['windows'] * rep['window_s'] / 60:g} minutes; static: {s['violation_minutes']:g}")
+    if a["saturated"] or s["saturated"]:
+        st.warning("a pool saturated: requests were still waiting when the run ended (see the P99s)")
+    st.plotly_chart(autoscale_figure(rep, played), width="stretch", key="autoscale_chart")
+    rows = [{"layout": name, "replicas": reps, "GPU-hours": d["gpu_hours"], "cost (USD)": d["cost_usd"],
+             "SLO-miss minutes": d["violation_minutes"] if has_slo else None,
+             "P99 TTFT (ms)": None if d["p99_ttft_s"] is None else d["p99_ttft_s"] * 1e3,
+             "P99 TPOT (ms)": None if d["p99_tpot_s"] is None else d["p99_tpot_s"] * 1e3, "requests": d["requests"]}
+            for name, d, reps in (("autoscaled", a, f"{a['replicas']['min']}-{a['replicas']['max']}"),
+                                  ("static", s, str(s["replicas"])))]
+    fmt = st.column_config.NumberColumn
+    st.dataframe(rows, width="stretch", hide_index=True, key="autoscale_table",
+                 column_config={"GPU-hours": fmt(format="%.3f"), "cost (USD)": fmt(format="%.2f"),
+                                "SLO-miss minutes": fmt(format="%.1f"), "P99 TTFT (ms)": fmt(format="%.0f"),
+                                "P99 TPOT (ms)": fmt(format="%.1f")})
+    with st.expander("Inputs behind these numbers (capacity.io.fleet.autoscale_report's arguments)"):
+        st.code(json.dumps({"autoscale": args}, indent=1), language="json")
+    from capacity.io.export import write_review
+
+    st.download_button("Download the autoscale report (JSON, as `capacity autoscale --json`)",
+                       json.dumps(rep, indent=1), file_name="capacity-autoscale.json")
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "capacity-autoscale.xlsx"
+        write_review(path, autoscale=rep)
+        st.download_button("Download the XLSX (Autoscale sheet)", path.read_bytes(),
+                           file_name="capacity-autoscale.xlsx")
+
+
 @st.cache_data(show_spinner=False)
 def headline(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, profile: str | None, price: float):
     """The answer for the sidebar as it stands: the max rate one replica sustains under the SLOs (a short
@@ -484,7 +706,7 @@ def main():
             headline_view(headline(card, gpu, engine, workload, slo, profile, price), gpu, slo)
     except CapacityError as exc:
         st.error(str(exc))
-    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Plan & export"])
+    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Autoscale", "Plan & export"])
     with tabs[0]:
         memory_view(b, table)
     try:
@@ -499,6 +721,8 @@ def main():
         with tabs[4]:
             ab_view(card, gpu, engine, workload, profile, sim)
         with tabs[5]:
+            autoscale_view(card, gpu, engine, workload, slo, profile, price)
+        with tabs[6]:
             plan_and_export(card, gpu, engine, workload, slo, profile, price)
     except CapacityError as exc:
         st.error(str(exc))

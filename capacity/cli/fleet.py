@@ -41,12 +41,10 @@ def autoscale(
 ) -> None:
     """Autoscaling over a load curve: replicas over time, P99 TTFT/TPOT per window against the SLO (violation
     minutes), GPU-hours and cost, against static provisioning for the peak."""
-    import numpy as np
-
     from capacity.files import read_mapping, validate
+    from capacity.io.fleet import autoscale_report, ready_at
     from capacity.model.gpus import get_gpu, with_memory
-    from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.sim.autoscale import AutoscaleConfig, window_metrics
+    from capacity.sim.autoscale import AutoscaleConfig
     from capacity.workload import WorkloadSpec
 
     spec = validate(WorkloadSpec, read_mapping(workload), workload)
@@ -57,42 +55,17 @@ def autoscale(
     asc = AutoscaleConfig(min_replicas=min_replicas, max_replicas=max_replicas, policy=policy,  # type: ignore[arg-type]
                           target=target, interval_s=interval_s, startup_s=startup_s, cooldown_s=cooldown_s,
                           per_replica_rate=per_replica_rate, curve=curve if policy == "predictive" else None)
+    if static is not None and static < 1:
+        raise CapacityError(f"--static: must be >= 1 (got {static})")
     card = load_card(model)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
     cfg = engine_config(tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
-    opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
-    auto = run(Deployment(card, g, cfg, autoscale=asc), spec, opts)
-    tl = auto.sim.autoscale
-    assert tl is not None
-    peak = max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining))
-    n_static = static if static is not None else peak
-    if n_static < 1:
-        raise CapacityError(f"--static: must be >= 1 (got {n_static})")
-    fixed = run(Deployment(card, g, cfg, replicas=n_static), spec, opts)
     slo_t = slo_ttft_ms / 1e3 if slo_ttft_ms else None
     slo_p = slo_tpot_ms / 1e3 if slo_tpot_ms else None
-
-    def describe(res, gpu_s: float) -> dict:
-        w = window_metrics(res.sim.records, window_s, slo_t, slo_p)
-        gpu_h = gpu_s * tp / 3600
-        return {"gpu_hours": gpu_h, "cost_usd": gpu_h * price if price else None,
-                "violation_minutes": float((~w["met"]).sum() * window_s / 60), "windows": int(w["met"].size),
-                "p99_ttft_s": res.summary.ttft_s.p99, "p99_tpot_s": res.summary.tpot_s.p99,
-                "simulated_s": res.sim.end_s, "requests": len(res.sim.records), "saturated": res.sim.saturated,
-                "window": {k: ([bool(x) for x in v] if k == "met" else
-                               [None if not np.isfinite(x) else float(x) for x in v]) for k, v in w.items()}}
-
-    a = describe(auto, tl.replica_seconds)
-    s = describe(fixed, n_static * fixed.sim.end_s)
-    arrays = tl.arrays()
-    a["replicas"] = {"t_s": arrays["t"].tolist(), "ready": arrays["ready"].tolist(),
-                     "starting": arrays["starting"].tolist(), "draining": arrays["draining"].tolist(),
-                     "min": int(arrays["ready"].min()), "max": int(peak)}
-    out = {"model": card.name, "gpu": g.name, "tp": tp, "policy": policy, "target": target,
-           "startup_s": startup_s, "cooldown_s": cooldown_s, "window_s": window_s,
-           "slo": {"ttft_s": slo_t, "tpot_s": slo_p}, "curve_mean_rate_per_s": curve.mean_rate,
-           "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
-           "units": "seconds, GPU-hours, USD"}
+    out = autoscale_report(card, g, cfg, spec, asc, static, window_s=window_s, slo_ttft_s=slo_t, slo_tpot_s=slo_p,
+                           price=price, seed=seed)
+    a, s = out["autoscaled"], out["static"]
+    n_static = s["replicas"]
     if json_out:
         typer.echo(dumps(out))
         return
@@ -101,14 +74,15 @@ def autoscale(
 
     con = Console()
     t = Table(title=f"Autoscaling {card.name} on {g.name} (tp={tp}): {policy} policy, start-up {startup_s:g} s, "
-                    f"{len(auto.sim.records):,} requests over {auto.sim.end_s / 3600:.2f} h", title_justify="left")
+                    f"{a['requests']:,} requests over {a['simulated_s'] / 3600:.2f} h", title_justify="left")
     for c in ("layout", "replicas", "GPU-hours", "cost $", "SLO-miss min", "P99 TTFT ms", "P99 TPOT ms"):
         t.add_column(c, justify="left" if c == "layout" else "right")
     for name, d, reps in (("auto", a, f"{a['replicas']['min']}-{a['replicas']['max']}"),
                           ("static", s, str(n_static))):
         t.add_row(name, reps, f"{d['gpu_hours']:.2f}", f"{d['cost_usd']:.2f}" if d["cost_usd"] is not None else "-",
                   f"{d['violation_minutes']:.0f}" if (slo_t or slo_p) else "-",
-                  f"{d['p99_ttft_s'] * 1e3:.0f}", f"{(d['p99_tpot_s'] or 0) * 1e3:.1f}")
+                  f"{d['p99_ttft_s'] * 1e3:.0f}" if d["p99_ttft_s"] is not None else ("inf" if d["saturated"] else "-"),
+                  f"{(d['p99_tpot_s'] or 0) * 1e3:.1f}")
     con.print(t)
     saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
     con.print(f"autoscaling uses {saved:.0%} fewer GPU-hours than {n_static} static replicas"
@@ -123,7 +97,7 @@ def autoscale(
         tt.add_column(c, justify="right")
     for i in range(0, len(w["start_s"]), step):
         t0 = w["start_s"][i]
-        ready = int(arrays["ready"][max(0, int(np.searchsorted(arrays["t"], t0, side="right")) - 1)])
+        ready = ready_at(out, t0)
         ttft = w["ttft_s"][i]
         tt.add_row(f"{t0 / 3600:.2f} h", f"{w['requests'][i]:.0f}", str(ready),
                    "-" if ttft is None else ("inf" if ttft == float("inf") else f"{ttft * 1e3:.0f}"),

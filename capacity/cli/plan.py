@@ -370,11 +370,18 @@ def export(
     xlsx: Annotated[str, typer.Option("--xlsx", help="Workbook to write (.xlsx); CSV and JSON land next to it")],
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (`capacity plan --json`)")] = None,
     sweep_file: Annotated[Optional[str], typer.Option("--sweep", help="Sweep rows JSON (`capacity sweep --out x.json`)")] = None,
+    autoscale_file: Annotated[Optional[str], typer.Option(
+        "--autoscale", help="An autoscale report JSON (`capacity autoscale --json`): adds the Autoscale sheet")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
 ) -> None:
-    """Write the capacity-review workbook from a saved plan and/or sweep."""
+    """Write the capacity-review workbook from a saved plan, sweep and/or autoscale report."""
     from capacity.io.export import load_saved, write_review
 
-    plan_d, rows = load_saved(plan_file, sweep_file)
-    paths = write_review(xlsx, plan_d, rows, force=force)
+    plan_d, rows = load_saved(plan_file, sweep_file) if plan_file or sweep_file or not autoscale_file else (None, None)
+    report = None
+    if autoscale_file:
+        from capacity.io.fleet import load_report
+
+        report = load_report(autoscale_file)
+    paths = write_review(xlsx, plan_d, rows, force=force, autoscale=report)
     typer.echo(f"wrote {', '.join(map(str, paths))}")

@@ -20,7 +20,9 @@ from capacity.io.tables import GiB, Table, mean_output_tokens, ms, scenario_line
 INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
 
-def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table]) -> None:
+def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autoscale: dict | None = None) -> None:
+    """The review's sheets from a plan's JSON form and its tables, plus the Autoscale sheet from an autoscale
+    report (`capacity autoscale --json`, checked by the caller: capacity.io.fleet.check_report)."""
     from openpyxl import Workbook
 
     wb = Workbook()
@@ -40,11 +42,13 @@ def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table]) -> Non
         _percentiles(wb, plan, tabs["Percentiles"])
     if "Sweep" in tabs:
         _table_sheet(wb, "Sweep", tabs["Sweep"])
+    if autoscale is not None:
+        _autoscale(wb, autoscale)
     for ws in wb.worksheets:  # print/PDF: landscape, one page (a sweep: one page wide, as long as it needs)
         ws.page_setup.orientation = "landscape"
         ws.sheet_properties.pageSetUpPr.fitToPage = True
         ws.page_setup.fitToWidth = 1
-        ws.page_setup.fitToHeight = 0 if ws.title == "Sweep" else 1
+        ws.page_setup.fitToHeight = 0 if ws.title in ("Sweep", "Autoscale") else 1
     wb.save(dest)
 
 
@@ -338,3 +342,99 @@ def _percentiles(wb, plan: dict, table: Table) -> None:
         lc.series[1].graphicalProperties.line.dashStyle = "dash"
         lc.height, lc.width = 8, 16
         ws.add_chart(lc, anchor)
+
+
+# ---- Autoscale -------------------------------------------------------------------------------------------------
+def _autoscale(wb, report: dict) -> None:
+    """Autoscaled against static (the summary), the settings, a chart of the ready replicas and the P99 TTFT per
+    window against the SLO, and the per-window table (capacity.io.fleet's tables, the same as the CSV)."""
+    from openpyxl.chart import LineChart, Reference
+    from openpyxl.chart.axis import TextAxis
+
+    from capacity.io.fleet import WINDOW_HEAD, summary_table, window_table
+
+    st = _styles()
+    ws = wb.create_sheet("Autoscale")
+    a, s, slo = report["autoscaled"], report["static"], report["slo"]
+    put(ws, 1, 1, f"Autoscaling {report['model']} on {report['gpu']} (TP {report['tp']}): {report['policy']} policy "
+                  f"against {s['replicas']} static replicas").font = st["title"]
+    saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
+    put(ws, 2, 1, f"{a['requests']:,} requests over {a['simulated_s'] / 3600:.2f} h of the load curve; autoscaling "
+                  f"uses {saved:.0%} fewer GPU-hours than the static pool").font = st["dim"]
+    head, rows = summary_table(report)
+    first = 4
+    end = _table(ws, (head, rows), first)
+    for i in range(first + 1, end + 1):
+        label = ws.cell(i, 1).value
+        fmt = "#,##0.00" if label in ("GPU-hours", "Cost") else "#,##0.0" if "P99" in str(label) or "minutes" in str(
+            label) else "#,##0"
+        for j in (2, 3):
+            if isinstance(ws.cell(i, j).value, (int, float)):
+                ws.cell(i, j).number_format = fmt
+    settings = [
+        ("Policy", report["policy"], "concurrency, queue, kv or predictive"),
+        ("Target", report["target"], {"concurrency": "requests in flight per replica",
+                                      "queue": "requests waiting per ready replica",
+                                      "kv": "share of the KV cache"}.get(report["policy"], "(not used)")),
+        ("Start-up delay", report["startup_s"], "s (model load + engine start)"),
+        ("Cooldown", report["cooldown_s"], "s"),
+        ("Window", report["window_s"], "s (the P99s and the SLO per window)"),
+        ("SLO P99 TTFT per window", ms(slo.get("ttft_s")), "ms" if slo.get("ttft_s") else "ms (none)"),
+        ("SLO P99 TPOT per window", ms(slo.get("tpot_s")), "ms" if slo.get("tpot_s") else "ms (none)"),
+        ("Load curve mean rate", report["curve_mean_rate_per_s"], "requests/s"),
+        ("Load curve peak rate", report["curve_peak_rate_per_s"], "requests/s"),
+    ]
+    r0 = end + 2
+    for j, h in enumerate(("setting", "value", "", "unit"), 1):
+        put(ws, r0, j, h).font = st["bold"]
+    for i, (label, val, unit) in enumerate(settings, r0 + 1):
+        put(ws, i, 1, label)
+        put(ws, i, 2, val, "#,##0.00" if isinstance(val, float) else None)
+        put(ws, i, 4, unit)
+    # the chart beside the summary, the per-window table below both
+    top = max(r0 + len(settings) + 2, first + 24)
+    put(ws, top - 1, 1, "Per window: the requests arriving in it, the pool at its start, their P99s (blank: no "
+                        "request, or one that never finished)").font = st["bold"]
+    wt = window_table(report)
+    last = _table(ws, wt, top)
+    ws.print_title_rows = f"{top}:{top}"
+    ws.column_dimensions["A"].width = 50
+    ws.column_dimensions["D"].width = max(ws.column_dimensions["D"].width or 0, 26)
+    for j, h in enumerate(wt[0], 1):
+        if h == "meets SLO" or h == "static meets SLO":
+            for i, row in enumerate(wt[1], top + 1):
+                if row[j - 1] == "no":
+                    ws.cell(i, j).fill = st["red"]
+    if not wt[1]:
+        return
+    col = {h: WINDOW_HEAD.index(h) + 1 for h in WINDOW_HEAD}
+    reps = LineChart()
+    reps.title = "Ready replicas and P99 TTFT per window" + (", SLO dashed" if slo.get("ttft_s") else "")
+    reps.add_data(Reference(ws, min_col=col["ready replicas (at start)"], min_row=top, max_row=last),
+                  titles_from_data=True)
+    reps.set_categories(Reference(ws, min_col=col["window start (min)"], min_row=top + 1, max_row=last))
+    reps.x_axis.title = "window start (min)"
+    reps.x_axis.number_format = "General"
+    reps.y_axis.title = "replicas"
+    reps.y_axis.majorGridlines = None
+    latency = LineChart()
+    latency.add_data(Reference(ws, min_col=col["P99 TTFT (ms)"], min_row=top, max_row=last), titles_from_data=True)
+    if slo.get("ttft_s"):
+        latency.add_data(Reference(ws, min_col=col["SLO P99 TTFT (ms)"], min_row=top, max_row=last),
+                         titles_from_data=True)
+        latency.series[1].graphicalProperties.line.dashStyle = "dash"
+    latency.y_axis.axId = 200  # the secondary axis, on the right, against a hidden category axis of its own
+    latency.y_axis.title = "P99 TTFT (ms)"
+    latency.y_axis.crosses = "max"
+    latency.x_axis = TextAxis(axId=500, crossAx=200, delete=True)
+    latency.y_axis.crossAx = 500
+    for chart in (reps, latency):
+        for series in chart.series:
+            series.smooth = False
+    for axis in (reps.x_axis, reps.y_axis, latency.y_axis):
+        axis.delete = False  # openpyxl 3.1 hides axes unless told
+    reps.display_blanks = "gap"  # a window without a P99 is a gap, not a zero
+    reps += latency
+    reps.legend.position = "b"
+    reps.height, reps.width = 10, 20
+    ws.add_chart(reps, "F4")

@@ -1,0 +1,253 @@
+"""Autoscaling against static provisioning, as one JSON-ready report: what `capacity autoscale --json` prints, the
+dashboard's Autoscale tab shows and `capacity export --autoscale` turns into a workbook sheet.
+
+`autoscale_report` runs the pool that follows the workload's load curve (capacity.sim.autoscale through the run
+pipeline) and a static pool of `static` replicas (default: the autoscaled pool's peak) on the same requests, and
+measures both per window against the SLO. `check_report` reads such a report back (a saved file) with one-line
+errors; `window_table` and `summary_table` are its tables, in the units of their headers.
+"""
+from __future__ import annotations
+
+import bisect
+import math
+from typing import TYPE_CHECKING, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    model_validator,
+)
+
+from capacity.errors import CapacityError
+from capacity.io.tables import Table, ms, yn
+
+if TYPE_CHECKING:
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import GPU
+    from capacity.sim.autoscale import AutoscaleConfig
+    from capacity.workload import WorkloadSpec
+
+
+def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: WorkloadSpec, asc: AutoscaleConfig,
+                     static: int | None = None, *, window_s: float = 300.0, slo_ttft_s: float | None = None,
+                     slo_tpot_s: float | None = None, price: float | None = None, seed: int = 0,
+                     profile: str | None = None) -> dict[str, Any]:
+    """The autoscaled pool and the static one over the workload's curve (arrivals.kind curve), in strict JSON form
+    (non-finite numbers are null): settings, then per layout GPU-hours, cost (USD, with `price` per GPU-hour),
+    SLO-miss minutes over windows of `window_s`, P99 TTFT/TPOT of the run and per window; the autoscaled pool's
+    replicas over time. Both runs use `seed`: the same requests at the same times."""
+    import numpy as np
+
+    from capacity.files import strict_json
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.sim.autoscale import window_metrics
+
+    if spec.arrivals.kind != "curve":
+        raise CapacityError(f"workload: arrivals.kind is {spec.arrivals.kind}; autoscaling follows a curve "
+                            "(arrivals: {kind: curve, curve_file: ...})")
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise CapacityError(f"window_s: must be a finite number > 0 (got {window_s})")
+    if static is not None and (isinstance(static, bool) or not isinstance(static, int) or static < 1):
+        raise CapacityError(f"static: must be a whole number of replicas >= 1 (got {static!r})")
+    curve = spec.arrivals.rate_curve()
+    tp = engine_cfg.tensor_parallel_size
+    opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
+    auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc), spec, opts)
+    tl = auto.sim.autoscale
+    assert tl is not None
+    peak = max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining))
+    n_static = static if static is not None else peak
+    fixed = run(Deployment(card, gpu, engine_cfg, profile=profile, replicas=n_static), spec, opts)
+
+    def describe(res, gpu_s: float) -> dict:
+        w = window_metrics(res.sim.records, window_s, slo_ttft_s, slo_tpot_s)
+        gpu_h = gpu_s * tp / 3600
+        return {"gpu_hours": gpu_h, "cost_usd": gpu_h * price if price else None,
+                "violation_minutes": float((~w["met"]).sum() * window_s / 60), "windows": int(w["met"].size),
+                "p99_ttft_s": res.summary.ttft_s.p99, "p99_tpot_s": res.summary.tpot_s.p99,
+                "simulated_s": res.sim.end_s, "requests": len(res.sim.records), "saturated": res.sim.saturated,
+                "window": {k: ([bool(x) for x in v] if k == "met" else
+                               [None if not np.isfinite(x) else float(x) for x in v]) for k, v in w.items()}}
+
+    a = describe(auto, tl.replica_seconds)
+    s = describe(fixed, n_static * fixed.sim.end_s)
+    arrays = tl.arrays()
+    a["replicas"] = {"t_s": arrays["t"].tolist(), "ready": arrays["ready"].tolist(),
+                     "starting": arrays["starting"].tolist(), "draining": arrays["draining"].tolist(),
+                     "min": int(arrays["ready"].min()), "max": int(peak)}
+    return strict_json({
+        "model": card.name, "gpu": gpu.name, "tp": tp, "policy": asc.policy, "target": asc.target,
+        "startup_s": asc.startup_s, "cooldown_s": asc.cooldown_s, "window_s": window_s,
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
+        "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
+        "units": "seconds, GPU-hours, USD"})
+
+
+# ---- a saved report, read back --------------------------------------------------------------------------------
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # a later version may add fields; the ones read here must be right
+
+
+class _Window(_Model):
+    start_s: list[NonNegativeFloat]
+    requests: list[NonNegativeFloat]
+    ttft_s: list[NonNegativeFloat | None]
+    tpot_s: list[NonNegativeFloat | None]
+    met: list[bool]
+
+    @model_validator(mode="after")
+    def _same_length(self) -> _Window:
+        n = {k: len(getattr(self, k)) for k in ("start_s", "requests", "ttft_s", "tpot_s", "met")}
+        if len(set(n.values())) > 1:
+            raise ValueError("window: start_s, requests, ttft_s, tpot_s and met must have one value per window "
+                             f"(lengths {', '.join(f'{k} {v}' for k, v in n.items())})")
+        return self
+
+
+class _Replicas(_Model):
+    t_s: list[NonNegativeFloat]
+    ready: list[NonNegativeInt]
+    starting: list[NonNegativeInt]
+    draining: list[NonNegativeInt]
+    min: NonNegativeInt
+    max: PositiveInt
+
+    @model_validator(mode="after")
+    def _same_length(self) -> _Replicas:
+        n = {k: len(getattr(self, k)) for k in ("t_s", "ready", "starting", "draining")}
+        if len(set(n.values())) > 1 or not self.t_s:
+            raise ValueError("replicas: t_s, ready, starting and draining must have one value per change of the "
+                             f"pool, at least one (lengths {', '.join(f'{k} {v}' for k, v in n.items())})")
+        if any(b < a for a, b in zip(self.t_s, self.t_s[1:])):
+            raise ValueError("replicas: t_s must not decrease")
+        return self
+
+
+class _Layout(_Model):
+    gpu_hours: NonNegativeFloat
+    cost_usd: NonNegativeFloat | None
+    violation_minutes: NonNegativeFloat
+    windows: NonNegativeInt
+    p99_ttft_s: NonNegativeFloat | None
+    p99_tpot_s: NonNegativeFloat | None
+    simulated_s: NonNegativeFloat
+    requests: NonNegativeInt
+    saturated: bool
+    window: _Window
+
+
+class _Autoscaled(_Layout):
+    replicas: _Replicas
+
+
+class _Static(_Layout):
+    replicas: PositiveInt
+
+
+class _Slo(_Model):
+    ttft_s: PositiveFloat | None
+    tpot_s: PositiveFloat | None
+
+
+class AutoscaleReport(_Model):
+    """The fields of `capacity autoscale --json` that the export reads."""
+
+    model: str
+    gpu: str
+    tp: PositiveInt
+    policy: str
+    target: PositiveFloat
+    startup_s: NonNegativeFloat
+    cooldown_s: NonNegativeFloat
+    window_s: PositiveFloat
+    slo: _Slo
+    curve_mean_rate_per_s: NonNegativeFloat
+    curve_peak_rate_per_s: NonNegativeFloat
+    autoscaled: _Autoscaled
+    static: _Static
+
+
+def check_report(data: Any, source: str) -> dict[str, Any]:
+    """`data` as an autoscale report (`capacity autoscale --json`), or one CapacityError naming `source` and what is
+    missing or wrong. Returns the report as given (the fields checked, the rest kept)."""
+    if not isinstance(data, dict):
+        raise CapacityError(f"{source}: not an autoscale report (expected a JSON object): write one with "
+                            "`capacity autoscale --json`")
+    if "autoscaled" not in data or "static" not in data:
+        raise CapacityError(f"{source}: not an autoscale report (no autoscaled/static): write one with "
+                            "`capacity autoscale --json`")
+    from capacity.files import validate
+
+    validate(AutoscaleReport, data, f"{source}: not a complete autoscale report")
+    return data
+
+
+def load_report(path: str) -> dict[str, Any]:
+    """A saved `capacity autoscale --json` report, checked (one CapacityError line otherwise)."""
+    from capacity.files import read_json
+
+    data = read_json(path, "autoscale report")
+    if isinstance(data, dict) and "autoscaled" not in data and isinstance(data.get("autoscale"), dict):
+        data = data["autoscale"]  # an export's .json: {"plan": ..., "sweep": ..., "autoscale": ...}
+    return check_report(data, path)
+
+
+# ---- its tables --------------------------------------------------------------------------------------------------
+def ready_at(report: dict, t: float) -> int:
+    """Replicas of the autoscaled pool ready at time `t`, s (the last change at or before `t`)."""
+    reps = report["autoscaled"]["replicas"]
+    return int(reps["ready"][max(0, bisect.bisect_right(reps["t_s"], t) - 1)])
+
+
+def starting_at(report: dict, t: float) -> int:
+    reps = report["autoscaled"]["replicas"]
+    return int(reps["starting"][max(0, bisect.bisect_right(reps["t_s"], t) - 1)])
+
+
+SUMMARY_HEAD = ["figure", "autoscaled", "static", "unit"]
+WINDOW_HEAD = ["window start (s)", "window start (min)", "requests", "ready replicas (at start)",
+               "starting replicas (at start)", "P99 TTFT (ms)", "P99 TPOT (ms)", "meets SLO", "static P99 TTFT (ms)",
+               "static meets SLO", "SLO P99 TTFT (ms)"]
+
+
+def summary_table(report: dict) -> Table:
+    """Autoscaled against static: replicas, GPU-hours, cost, SLO-miss minutes, P99s, requests, simulated time."""
+    a, s = report["autoscaled"], report["static"]
+    slo = report["slo"]
+    has_slo = bool(slo.get("ttft_s") or slo.get("tpot_s"))
+    rows: list[list] = [
+        ["Replicas (autoscaled: fewest ready to peak provisioned)", f"{a['replicas']['min']}-{a['replicas']['max']}",
+         s["replicas"], "replicas"],
+        ["GPU-hours", a["gpu_hours"], s["gpu_hours"], f"GPU-hours (TP {report['tp']})"],
+        ["Cost", a["cost_usd"], s["cost_usd"], "USD" if a["cost_usd"] is not None else "USD (no price given)"],
+        ["SLO-miss minutes", a["violation_minutes"] if has_slo else None, s["violation_minutes"] if has_slo else None,
+         f"minutes, of {a['windows'] * report['window_s'] / 60:g} in windows of {report['window_s']:g} s"
+         if has_slo else "minutes (no SLO given)"],
+        ["P99 TTFT (whole run)", ms(a["p99_ttft_s"]), ms(s["p99_ttft_s"]), "ms"],
+        ["P99 TPOT (whole run)", ms(a["p99_tpot_s"]), ms(s["p99_tpot_s"]), "ms"],
+        ["Requests", a["requests"], s["requests"], "requests"],
+        ["Simulated time", a["simulated_s"], s["simulated_s"], "s"],
+        ["Saturated", yn(a["saturated"]), yn(s["saturated"]), ""],
+    ]
+    return SUMMARY_HEAD, rows
+
+
+def window_table(report: dict) -> Table:
+    """One row per window: the requests arriving in it, the autoscaled pool at its start, the P99s of those
+    requests (ms; blank: no request, or one that never finished) and whether it met the SLO; the static pool's
+    P99 TTFT and verdict for the same window; the TTFT SLO (blank without one), for the chart's line."""
+    a, s = report["autoscaled"], report["static"]
+    slo = ms(report["slo"].get("ttft_s"))
+    w, sw = a["window"], s["window"]
+    rows = []
+    for i, t0 in enumerate(w["start_s"]):
+        static_ok = i < len(sw["start_s"])
+        rows.append([t0, t0 / 60, w["requests"][i], ready_at(report, t0), starting_at(report, t0),
+                     ms(w["ttft_s"][i]), ms(w["tpot_s"][i]), yn(w["met"][i]),
+                     ms(sw["ttft_s"][i]) if static_ok else None, yn(sw["met"][i]) if static_ok else None, slo])
+    return WINDOW_HEAD, rows
