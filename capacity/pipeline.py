@@ -217,7 +217,7 @@ def disagg_launch_hints(prefill: Deployment, dis: Disagg) -> str:
     budget) with the NIXL KV connector, one port per instance, and vLLM's toy proxy that sends each request to
     a prefiller with max_tokens 1, then to a decoder (tests/v1/kv_connector/nixl_integration/ in vLLM's repo)."""
     kv = """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
-    lines = []
+    lines: list[str] = []
     ports: dict[str, list[int]] = {"prefill": [], "decode": []}
     for role, d, base in (("prefill", prefill, 8100), ("decode", dis.decode, 8200)):
         p = prepare(d)

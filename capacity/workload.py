@@ -38,6 +38,7 @@ class Request:
     priority: int = 0  # lower is served first (vLLM convention)
     prefix_group: int = -1  # -1: no shared prefix
     prefix_tokens: int = 0  # leading prompt tokens shared with the group
+    service: int = 0  # which model serves it, in a simulation of several (capacity.sim.simulator.Service)
 
 
 class _Strict(BaseModel):

@@ -121,3 +121,52 @@ def test_simulate_cli_disaggregated_through_the_pipeline():
                      (["--disagg", "1:1", "--link", "carrier-pigeon"], "link")):
         r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "10", *bad)
         assert r.returncode == 1 and msg in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+# ---- several models on shared GPUs (capacity.sim.simulator.Service) ----------------------------------------
+def test_two_models_on_one_gpu_take_turns_step_by_step():
+    """Model A (prompt 10, 2 outputs) and model B (prompt 20, 2 outputs), both at t=0, steps of 10 ms + 1 ms per
+    token. On one shared GPU: A's prefill 0 -> 0.020, B's prefill waits for it, 0.020 -> 0.050, A's decode
+    waits for that, 0.050 -> 0.061, B's decode 0.061 -> 0.072. On a GPU each: A 0.020 and 0.031, B 0.030 and
+    0.041."""
+    from capacity.sim.simulator import Service
+
+    cost = LinearCost(fixed_s=0.010, per_token_s=0.001, source="t")
+    reqs = [Request(0, 0.0, 10, 2, service=0), Request(1, 0.0, 20, 2, service=1)]
+    for devices, want in (((0,), {0: (0.020, 0.061), 1: (0.050, 0.072)}),
+                          ((None,), {0: (0.020, 0.031), 1: (0.030, 0.041)})):
+        svc = tuple(Service(n, cost, sched, 1, devices) for n in ("a", "b"))
+        res = simulate(list(reqs), cost, sched, np.random.default_rng(0), SimConfig(services=svc))
+        r = res.records
+        for rid in range(len(r)):
+            ft, fin = want[int(r.replica[rid])]
+            assert r.first_token[rid] == pytest.approx(ft) and r.finish[rid] == pytest.approx(fin)
+
+
+def test_colocate_cli_compares_separate_and_shared_gpus(tmp_path):
+    """`capacity colocate`: the shared layout uses fewer GPUs, gives each engine its share of memory (fewer KV
+    blocks) and slows every model's decode steps (they take turns on the GPU); bad fleets are one-line errors."""
+    import json
+
+    from tests.conftest import run_cli
+
+    wl = ("{arrivals: {kind: poisson, rate_per_s: %g}, input_len: {kind: fixed, value: 512}, "
+          "output_len: {kind: fixed, value: 64}, num_requests: 200}")
+    f = tmp_path / "fleet.yaml"
+    f.write_text("gpu: h100-sxm\ngpus: 1\nmodels:\n"
+                 f"  - {{model: llama-3.1-8b, engine: {{max_model_len: 4096}}, slo_tpot_s: 0.05, workload: {wl % 8}}}\n"
+                 f"  - {{model: mistral-7b, engine: {{max_model_len: 4096}}, slo_tpot_s: 0.05, workload: {wl % 6}}}\n")
+    r = run_cli("colocate", "--fleet", str(f), "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    sep, sh = out["separate"], out["shared"]
+    assert (sep["gpus"], sh["gpus"]) == (2, 1)
+    for a, b in zip(sep["models"], sh["models"]):
+        assert b["gpu_memory_utilization"] == pytest.approx(0.45) and b["kv_blocks"] < a["kv_blocks"]
+        assert b["p50_tpot_s"] > 1.3 * a["p50_tpot_s"]  # the other model's steps in between
+        assert a["requests"] == b["requests"]
+    f.write_text("gpu: h100-sxm\nmodels:\n  - {model: llama-3.1-8b, share: 0.6, workload: {arrivals: {kind: poisson, "
+                 "rate_per_s: 1}}}\n  - {model: mistral-7b, share: 0.6, workload: {arrivals: {kind: poisson, "
+                 "rate_per_s: 1}}}\n")
+    r = run_cli("colocate", "--fleet", str(f))
+    assert r.returncode == 1 and "share" in r.stderr and len(r.stderr.strip().splitlines()) == 1

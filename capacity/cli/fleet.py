@@ -2,7 +2,7 @@
 static provisioning for the peak, through the run pipeline."""
 from __future__ import annotations
 
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -103,3 +103,46 @@ def autoscale(
                    "-" if ttft is None else ("inf" if ttft == float("inf") else f"{ttft * 1e3:.0f}"),
                    "ok" if w["met"][i] else "[red]miss[/]")
     con.print(tt)
+
+
+@app.command()
+def colocate(
+    fleet: Annotated[str, typer.Option("--fleet", help="Fleet YAML/JSON: gpu, gpus, models [{model, workload, "
+                                       "slo_ttft_s, slo_tpot_s, replicas, share, engine}]")],
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    json_out: JsonOpt = False,
+) -> None:
+    """Several models on GPUs of their own vs sharing GPUs (their steps taking turns, memory split by shares):
+    GPUs, each model's KV blocks and P99 TTFT/TPOT against its SLO, in both layouts."""
+    from capacity.files import read_mapping, validate
+    from capacity.plan.colocate import Fleet, simulate_fleet
+
+    f = validate(Fleet, read_mapping(fleet), fleet)
+    out: dict[str, Any] = {"separate": simulate_fleet(f, "separate", seed),
+                           "shared": simulate_fleet(f, "shared", seed), "units": "seconds"}
+    if json_out:
+        typer.echo(dumps(out))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"{len(f.models)} models on {f.gpu}: GPUs of their own vs shared (P99s in ms; mem: the "
+                    "engine's share of GPU memory)", title_justify="left")
+    for c in ("layout", "model", "GPUs", "mem", "KV blocks", "TTFT", "TPOT", "SLO"):
+        t.add_column(c, justify="left" if c in ("layout", "model", "SLO") else "right")
+    for lay in ("separate", "shared"):
+        r = out[lay]
+        for i, m in enumerate(r["models"]):
+            ms = lambda x: "-" if x is None else f"{x * 1e3:.1f}"
+            t.add_row(lay if i == 0 else "", m["model"], str(r["gpus"]) if i == 0 else "",
+                      f"{m['gpu_memory_utilization']:.2f}", f"{m['kv_blocks']:,}", ms(m["p99_ttft_s"]),
+                      ms(m["p99_tpot_s"]), "met" if m["meets_slo"] else "[red]missed[/]")
+    con.print(t)
+    a, b = out["separate"], out["shared"]
+    verdict = ("shared" if b["meets_slo"] and b["gpus"] < a["gpus"] else
+               "separate" if a["meets_slo"] else "neither (both miss an SLO)")
+    con.print(f"separate: {a['gpus']} GPUs, {'every SLO met' if a['meets_slo'] else 'an SLO missed'}; shared: "
+              f"{b['gpus']} GPUs, {'every SLO met' if b['meets_slo'] else 'an SLO missed'} -> {verdict}. On a shared "
+              "GPU the models' steps take turns (each waits for the others'), and each engine has only its share "
+              "of memory for KV.")

@@ -205,6 +205,7 @@ class Replica:
         self.cost = cost if cost is not None else sim.cost
         self.wake_event: simpy.Event | None = None
         self.proc: simpy.Process | None = None
+        self.device: simpy.Resource | None = None  # a GPU shared with other models' replicas (one step at a time)
         self.stretching = False  # in a decode stretch that a delivered sequence may cut (see resume)
 
     def admit(self, req: Request) -> None:
@@ -249,6 +250,11 @@ class Replica:
                 continue
             now = env.now
             sim.events += 1
+            if self.device is not None:
+                yield from self._shared_step()
+                if sim.stop.triggered:
+                    return
+                continue
             k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward else 0
             if k:
                 run = sched.running
@@ -326,6 +332,40 @@ class Replica:
                 rec.sample(self)
             if sim.check_saturation(self):
                 return
+
+
+    def _shared_step(self) -> Generator:
+        """One step on a device shared with other models: wait for the device, plan the step with what is queued
+        then, run it, release the device (see capacity.sim.simulator.Service)."""
+        sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
+        assert self.device is not None
+        with self.device.request() as req:
+            yield req
+            now = env.now
+            out = sched.schedule(now)
+            if isinstance(out, float) or out.plan.num_tokens == 0:  # nothing to run: release, then sleep
+                sleep_until = out if isinstance(out, float) else None
+            else:
+                sim.events += 1
+                scheduled = out.scheduled
+                prev = [(s, s.last_token_s) for s, _ in scheduled if s.generated > 0]
+                yield env.timeout(self.cost.step_s(out.plan))
+                sim.steps += 1
+                end = env.now
+                emitted, done = sched.complete(out, end)
+                rec.tokens_total += len(emitted)
+                for s, t in prev:
+                    if s.last_token_s == end:
+                        rec.gap_v.append(end - t)
+                        rec.gap_t.append(end)
+                        rec.gap_w.append(1)
+                if done:
+                    sim.finish(done)
+                if rec.timeseries:
+                    rec.sample(self)
+                sim.check_saturation(self)
+                return
+        yield from self._sleep(sleep_until)
 
 
 class OpenLoopSource:

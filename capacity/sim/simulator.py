@@ -63,6 +63,29 @@ class Disaggregation:
             raise CapacityError(f"link mode {self.link_mode!r}: use per_prefill or shared")
 
 
+@dataclass(frozen=True)
+class Service:
+    """One model of a fleet simulated together: its step cost, its scheduler, its replicas, and for each replica
+    the device it shares (None: a GPU of its own). Replicas that share a device take turns: one step at a time
+    holds it (a SimPy Resource), so a model's steps wait for the other models' steps on that GPU, which is how
+    co-located engines time-slice one GPU (each CUDA context runs its kernels in turn; MPS and MIG, which would
+    overlap or partition them, are not modelled). A replica on a shared device runs step by step (no decode
+    stretches: another model may take the device between any two steps). Requests name their service
+    (`Request.service`)."""
+
+    name: str
+    cost: object
+    make_scheduler: Callable[[], Scheduler]
+    replicas: int = 1
+    devices: tuple[int | None, ...] | None = None  # per replica: a shared device id, or None
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise CapacityError(f"service {self.name}: replicas must be >= 1 (got {self.replicas})")
+        if self.devices is not None and len(self.devices) != self.replicas:
+            raise CapacityError(f"service {self.name}: {len(self.devices)} devices for {self.replicas} replicas")
+
+
 @dataclass
 class SimConfig:
     replicas: int = 1
@@ -76,6 +99,7 @@ class SimConfig:
     frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
     autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored)
     disagg: Disaggregation | None = None  # prefill and decode pools (replicas is then ignored)
+    services: tuple[Service, ...] | None = None  # several models (cost and scheduler then come from each)
 
     def __post_init__(self) -> None:
         if self.replicas <= 0:
@@ -118,7 +142,25 @@ class Simulation:
         self.cost, self.rng, self.cfg = cost, rng, cfg
         self.recorder = Recorder(self.env, cfg.timeseries)
         d = cfg.disagg
-        if d is not None:
+        self.routers: list[Router] = []
+        self.replicas: list[Replica] = []
+        self.transfer: KVTransfer | None = None
+        if cfg.services is not None:
+            if d is not None or cfg.autoscale is not None:
+                raise CapacityError("a fleet of several models is simulated without autoscaling or disaggregation")
+            devices: dict[int, simpy.Resource] = {}
+            for sv in cfg.services:
+                mine = []
+                for j in range(sv.replicas):
+                    rep = Replica(self, len(self.replicas), sv.make_scheduler(), cost=sv.cost)
+                    dev = sv.devices[j] if sv.devices is not None else None
+                    if dev is not None:
+                        rep.device = devices.setdefault(dev, simpy.Resource(self.env, capacity=1))
+                    self.replicas.append(rep)
+                    mine.append(rep)
+                self.routers.append(Router(self, mine, cfg.router))
+            self.router = self.routers[0]
+        elif d is not None:
             if cfg.autoscale is not None:
                 raise CapacityError("autoscaling a disaggregated deployment is not modelled")
             pre = [Replica(self, i, make_scheduler(), "prefill") for i in range(d.prefill_replicas)]
@@ -129,13 +171,14 @@ class Simulation:
             self.replicas = pre + dec
             self.router = Router(self, pre, cfg.router)
             self.decode_router = Router(self, dec, cfg.router)
-            self.transfer: KVTransfer | None = KVTransfer(self, d)
+            self.transfer = KVTransfer(self, d)
         else:
             n = cfg.autoscale.max_replicas if cfg.autoscale is not None else cfg.replicas
             self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
             self.router = Router(self, list(self.replicas), cfg.router)
-            self.transfer = None
         self.autoscaler = Autoscaler(self, cfg.autoscale) if cfg.autoscale is not None else None
+        if cfg.frontend_s > 0 and self.routers:
+            raise CapacityError("a front-end delay in a fleet of several models is not modelled")
         self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if cfg.frontend_s > 0 else None
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
@@ -152,9 +195,11 @@ class Simulation:
 
     # ---- shared actions -------------------------------------------------------------------------------
     def enter(self, req: Request) -> None:
-        """A request leaves its client: through the front-end delay, if any, to the router."""
+        """A request leaves its client: through the front-end delay, if any, to the router (its service's)."""
         if self.delay is not None:
             self.delay.put(req)
+        elif self.routers:
+            self.routers[req.service].dispatch(req)
         else:
             self.router.dispatch(req)
 

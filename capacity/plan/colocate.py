@@ -1,0 +1,128 @@
+"""Several models: each on GPUs of its own, or all of them sharing GPUs, simulated together on the run pipeline
+(one engine configuration, one cost factory per model), with each model's P99s against its SLO.
+
+- separate: model i runs `replicas` replicas on GPUs of its own (GPUs = the sum);
+- shared: `gpus` GPUs each host one replica of every model; each engine gets `share` of the GPU's memory
+  (vLLM's gpu_memory_utilization, so the KV cache of each is smaller), and their steps take turns on the GPU
+  (capacity.sim.simulator.Service: one step at a time holds the device). Sharing packs models with little load
+  onto fewer GPUs; the price is memory per model and every step of one model waiting for the others'.
+
+A fleet file (YAML/JSON): `gpu`, `gpus` (the shared layout's), `models: [{model, workload, slo_ttft_s,
+slo_tpot_s, replicas, share, engine}]`. `capacity colocate --fleet fleet.yaml` prints both layouts.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from capacity.engine.config import EngineConfig
+from capacity.errors import ConfigError
+from capacity.workload import WorkloadSpec, generate
+
+MAX_MODELS = 16
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FleetModel(_Strict):
+    model: str  # card path or bundled name
+    workload: WorkloadSpec  # its traffic (open loop: poisson, gamma, constant, curve or trace)
+    slo_ttft_s: Annotated[float, Field(gt=0)] | None = None  # P99 TTFT objective, s
+    slo_tpot_s: Annotated[float, Field(gt=0)] | None = None  # P99 TPOT objective, s
+    replicas: Annotated[int, Field(ge=1, le=256)] = 1  # separate layout: replicas (GPUs x TP) of its own
+    share: Annotated[float, Field(gt=0, lt=1)] | None = None  # shared layout: its gpu_memory_utilization (default 0.9 / models)
+    engine: EngineConfig = EngineConfig()  # engine knobs (tensor_parallel_size 1 in the shared layout)
+
+
+class Fleet(_Strict):
+    gpu: str = "h100-sxm"
+    gpus: Annotated[int, Field(ge=1, le=256)] = 1  # shared layout: GPUs, each hosting one replica of every model
+    models: list[FleetModel]
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+
+    @model_validator(mode="after")
+    def _check(self) -> Fleet:
+        if not 1 <= len(self.models) <= MAX_MODELS:
+            raise ValueError(f"models: 1 to {MAX_MODELS} models (got {len(self.models)})")
+        shares = [m.share if m.share is not None else 0.9 / len(self.models) for m in self.models]
+        if sum(shares) > 0.95 + 1e-9:
+            raise ValueError(f"models[].share: the shares add up to {sum(shares):.2f}, more than 0.95 of a GPU")
+        for m in self.models:
+            if m.workload.arrivals.kind in ("closed", "offline"):
+                raise ValueError(f"models[{m.model}].workload: {m.workload.arrivals.kind} arrivals are not "
+                                 "simulated in a fleet (use an open-loop rate)")
+        return self
+
+
+def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
+    """One layout of the fleet, simulated: per model its GPUs' share, KV blocks, P99 TTFT/TPOT and whether its
+    SLO holds; the layout's GPU count."""
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, prepare
+    from capacity.sim.metrics import SLO, summarize
+    from capacity.sim.simulator import Service, SimConfig, simulate
+
+    if layout not in ("separate", "shared"):
+        raise ConfigError(f"layout {layout!r}: use separate or shared")
+    gpu = get_gpu(fleet.gpu)
+    n = len(fleet.models)
+    services, reqs, cards, budgets, services_util = [], [], [], [], []
+    gpus = 0
+    for i, m in enumerate(fleet.models):
+        card = load_model_card(resolve_model_path(m.model))
+        eng = m.engine
+        if layout == "shared":
+            if eng.tensor_parallel_size != 1:
+                raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the shared layout puts one replica of "
+                                  "every model on each GPU (TP 1)")
+            eng = eng.model_copy(update={"gpu_memory_utilization": m.share or 0.9 / n})
+        try:
+            p = prepare(Deployment(card, gpu, eng))
+        except ConfigError as exc:
+            raise ConfigError(f"models[{i}] ({card.name}), {layout} layout: {exc}") from None
+        if layout == "shared":
+            sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)))  # type: ignore[arg-type]
+        else:
+            sv = Service(card.name, p.cost, p.make_scheduler, m.replicas, None)  # type: ignore[arg-type]
+            gpus += m.replicas * eng.tensor_parallel_size
+        services.append(sv)
+        services_util.append(eng.gpu_memory_utilization)
+        cards.append(card)
+        budgets.append(p.budget)
+        for r in generate(m.workload, np.random.default_rng([seed, i])):
+            r.service = i
+            reqs.append(r)
+    if layout == "shared":
+        gpus = fleet.gpus
+    reqs.sort(key=lambda r: (r.arrival_s, r.service, r.id))
+    for k, r in enumerate(reqs):
+        r.id = k
+    res = simulate(reqs, services[0].cost, services[0].make_scheduler, np.random.default_rng(seed),
+                   SimConfig(services=tuple(services), timeseries=False))
+    rec = res.records
+    bounds = np.cumsum([0] + [s.replicas for s in services])
+    models = []
+    for i, m in enumerate(fleet.models):
+        mine = rec.subset((rec.replica >= bounds[i]) & (rec.replica < bounds[i + 1]))
+        order = np.arange(len(mine))
+        n_warm = int(len(mine) * fleet.warmup_fraction)
+        measured = mine.subset(order >= n_warm)
+        s = summarize(measured, np.zeros(0), np.zeros(0), np.random.default_rng(seed), ci=False,
+                      slos=[SLO(m.slo_ttft_s, m.slo_tpot_s)])
+        p99_t, p99_p = s.ttft_s.p99, s.tpot_s.p99
+        ok = not res.saturated and (m.slo_ttft_s is None or (p99_t is not None and p99_t <= m.slo_ttft_s)) and (
+            m.slo_tpot_s is None or (p99_p is not None and p99_p <= m.slo_tpot_s))
+        b = budgets[i]
+        models.append({"model": cards[i].name, "replicas": services[i].replicas,
+                       "gpu_memory_utilization": services_util[i],
+                       "kv_blocks": b.planning_blocks, "requests": len(mine), "p99_ttft_s": p99_t, "p99_tpot_s": p99_p,
+                       "p50_ttft_s": s.ttft_s.p50, "p50_tpot_s": s.tpot_s.p50,
+                       "slo_ttft_s": m.slo_ttft_s, "slo_tpot_s": m.slo_tpot_s, "meets_slo": bool(ok)})
+    return {"layout": layout, "gpus": gpus, "gpu": gpu.name, "saturated": res.saturated,
+            "saturation": res.saturation, "models": models, "meets_slo": all(x["meets_slo"] for x in models)}
+
