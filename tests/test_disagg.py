@@ -170,3 +170,44 @@ def test_colocate_cli_compares_separate_and_shared_gpus(tmp_path):
                  "rate_per_s: 1}}}\n")
     r = run_cli("colocate", "--fleet", str(f))
     assert r.returncode == 1 and "share" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_layouts_of_a_unit_by_hand():
+    from capacity.plan.disagg import Layout, layouts
+
+    assert [x.name for x in layouts(2, (1, 2))] == ["2xTP1", "1xTP2", "P 1xTP1 + D 1xTP1"]
+    four = layouts(4, (1, 2, 4))
+    assert len(four) == 9 and all(x.gpus == 4 for x in four)  # 3 aggregated + 6 prefill/decode splits
+    assert Layout(2, 1, 1, 2).name == "P 2xTP1 + D 1xTP2" and not Layout(2, 1, 1, 2).aggregated
+
+
+def test_verdict_names_the_binding_slo():
+    from capacity.plan.disagg import verdict
+
+    agg = {"layout": "2xTP2", "max_rate": 5.0, "p99_ttft_s": 0.5, "p99_tpot_s": 0.034, "total_gpus": 8}
+    dis = {"layout": "P 2xTP2 + D 2xTP2", "max_rate": 6.5, "p99_ttft_s": 1.9, "p99_tpot_s": 0.024, "total_gpus": 8}
+    v = verdict(agg, dis, (2.0, 0.035), by_gpus=False)
+    assert v.startswith("disaggregated wins (P 2xTP2 + D 2xTP2: 1.30x")
+    assert "aggregated layout is bound by TPOT (34.0 of 35 ms)" in v and "by TTFT (1900 of 2000 ms)" in v
+    assert verdict(agg, None, (2.0, 0.035), True) == "only aggregated layouts meet the SLO"
+
+
+def test_disagg_cli_compares_layouts_for_a_target_rate():
+    import json
+    import math
+
+    from tests.conftest import run_cli
+
+    r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "2", "--input-len", "2048", "--output-len", "64",
+                "--slo-tpot-ms", "20", "--target-rate", "10", "--price-per-gpu-hour", "2", "--requests", "200",
+                "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert [x["layout"] for x in out["rows"]] == ["2xTP1", "1xTP2", "P 1xTP1 + D 1xTP1"]
+    for x in out["rows"]:
+        if x["max_rate"]:
+            assert x["total_gpus"] == 2 * math.ceil(10 / x["max_rate"] - 1e-9)  # units of 2 GPUs for 10 req/s
+            assert x["cost_per_1m_output_tokens"] == pytest.approx(x["total_gpus"] * 2 / (10 * 64 * 3600) * 1e6)
+    assert out["verdict"]
+    r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "100")
+    assert r.returncode == 1 and "gpus" in r.stderr and "Traceback" not in r.stderr
