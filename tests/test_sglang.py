@@ -155,9 +155,14 @@ def test_memory_cli_with_engine_sglang():
     r = run_cli("memory", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--engine", "sglang")
     assert r.returncode == 0, r.stderr
     assert "mem_fraction_static" in r.stdout and "KV pool" in r.stdout
-    r = run_cli("simulate", "-m", "llama-3.1-8b", "--engine", "sglang", "--rate", "1")
-    assert r.returncode == 1 and "Traceback" not in r.stderr and "sglang" in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
+    # simulate runs SGLang's own scheduler (capacity.sched.sglang; tests/test_sglang_sched.py) ...
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--engine", "sglang", "--rate", "1", "-n", "100",
+                "--max-model-len", "8192", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["engine"]["engine"] == "sglang"
+    # ... and a vLLM-only knob is refused in one line, not ignored
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--engine", "sglang", "--rate", "1", "--gpu-memory-utilization", "0.8")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 def test_every_collected_log_is_described():

@@ -1,6 +1,7 @@
 """Engine models: one object per serving engine that owns its defaults, its start-up memory accounting, its
 scheduling behaviour and its launch command (`EngineModel`). vLLM is the first (`vllm.py`, every release from
-0.4: `vllm@0.11`); a second engine is a new module with the same methods and one line in `ENGINES`.
+0.4: `vllm@0.11`); SGLang the second (`sglang.py`: `sglang`, `sglang@0.4.6`, memory by release, scheduling of
+v0.5.5); another engine is a new module with the same methods and one line in `ENGINES`.
 
 `EngineConfig` (config.py) is the one typed configuration every door uses; `MemoryBudget` (budget.py) the
 shape of the memory answer; `memory.py` the questions built on a budget (tables, inverse queries).
@@ -12,6 +13,7 @@ from typing import Protocol
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, ResolvedEngine
+from capacity.engine.sglang import Sglang, parse_release
 from capacity.engine.vllm import Vllm
 from capacity.engine.vllm_release import parse_engine, release
 from capacity.errors import ConfigError
@@ -41,20 +43,27 @@ class EngineModel(Protocol):
         """CPU time per engine step that the GPU waits for (scheduling, input preparation, output handling)."""
 
 
-ENGINES: dict[str, EngineModel] = {"vllm": Vllm()}  # the current release of each engine
+ENGINES: dict[str, EngineModel] = {"vllm": Vllm(), "sglang": Sglang()}  # the current release of each engine
 _BY_SPEC: dict[str, EngineModel] = {}
 
 
 def get_engine(spec: str) -> EngineModel:
-    """The engine model for `vllm`, `vllm@0.11`, `vllm@0.9.2:v0` (see capacity.engine.vllm_release)."""
+    """The engine model for `vllm`, `vllm@0.11`, `vllm@0.9.2:v0` (see capacity.engine.vllm_release), `sglang`,
+    `sglang@0.4.6` (see capacity.engine.sglang.parse_release)."""
     if spec in ENGINES:
         return ENGINES[spec]
-    if spec == "sglang" or spec.startswith("sglang@"):
-        raise ConfigError(f"engine {spec!r}: SGLang's scheduling (new_token_ratio admission, retraction) is not "
-                          "simulated yet; `capacity memory --engine sglang` answers its start-up memory")
     got = _BY_SPEC.get(spec)
     if got is not None:
         return got
+    if spec.startswith("sglang@"):
+        try:
+            rel = parse_release(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"unknown engine {spec!r}: {str(exc).split(': ', 1)[-1]}") from None
+        sg = Sglang(rel)
+        if len(_BY_SPEC) < 256:
+            _BY_SPEC[spec] = sg
+        return sg
     name, version, runner = parse_engine(spec)
     if name not in ENGINES:
         raise ConfigError(f"unknown engine {spec!r}: use {', '.join(ENGINES)} (optionally with @VERSION)")

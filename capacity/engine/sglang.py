@@ -1,5 +1,6 @@
-"""SGLang: its start-up memory accounting (`sglang_budget`), read from SGLang's code, and the vLLM plan's
-configuration as an SGLang launch command (`launch_command`).
+"""The SGLang engine model (`Sglang`): its start-up memory accounting (`sglang_budget`), read from SGLang's code,
+its scheduler (`capacity.sched.sglang`), its defaults and its launch command; and `launch_command`, the vLLM
+plan's configuration translated into an SGLang command.
 
 How SGLang sizes its KV pool (v0.5.5, `python/sglang/srt/model_executor/model_runner.py`,
 `profile_max_num_token` and `init_memory_pool`; the same line in 0.4.3 to 0.5.23):
@@ -20,11 +21,22 @@ chunked_prefill_size and cuda_graph_max_bs depend on the GPU's memory, TP and th
 
 Checked on 11 real start-up logs (tests/data/sglang_startup/, hand checks in docs/sglang.md): given a log's T0,
 A and F, the formula gives its token count within 0.12% (median 0.02%); predicted from the model card and the GPU
-alone, within 2%. SGLang's scheduling (new_token_ratio admission, retraction) is not simulated: `--engine
-sglang` answers the memory question only.
+alone, within 2%.
 
-The launch command translates the vLLM plan by meaning: vLLM's `--gpu-memory-utilization U` bounds everything
-the engine allocates to U x total memory; F must hold weights + the planned pool out of T0, and
+`Sglang` (`get_engine("sglang")`, `get_engine("sglang@0.4.6")`) maps the vLLM-named EngineConfig onto SGLang's
+flags: max_model_len = --context-length, max_num_seqs = --max-running-requests (default: SGLang's rule from the
+pool), max_num_batched_tokens = --chunked-prefill-size (--max-prefill-tokens with chunking off), block_size =
+--page-size (default 1), num_gpu_blocks_override x page = --max-total-tokens (SGLang takes the smaller of it
+and the profiled pool), memory_params.cuda_context_bytes = everything taken before T0. F is always the release's
+default (EngineConfig has no field for it): a gpu_memory_utilization other than 0.9 is refused, as are the other
+vLLM-only knobs. In the MemoryBudget, usable = the whole GPU, "non-torch" = the memory taken before T0,
+"activation" = SGLang's reserve T0 x (1 - F) (activations, graphs, request table, workspaces) and graphs 0; the
+planner's pool is `kv_tokens_low` (the conservative end) unless kv_estimate is middle. Scheduling follows v0.5.5
+for every release (older ones differ in details: 0.4.3 retracts until the kept requests have 20 decode steps of
+room).
+
+The translation (`launch_command`) reads the vLLM plan by meaning: vLLM's `--gpu-memory-utilization U` bounds
+everything the engine allocates to U x total memory; F must hold weights + the planned pool out of T0, and
 `--max-total-tokens` pins the pool to the planned number of tokens. The other knobs map one to one
 (`--max-running-requests` = max_num_seqs, `--context-length` = max_model_len, `--chunked-prefill-size` =
 max_num_batched_tokens, -1 to disable chunking). SGLang's radix (prefix) cache is on by default; it is disabled
@@ -34,13 +46,15 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from capacity.engine.budget import MemoryBudget
-from capacity.engine.config import EngineConfig
+from capacity.engine.budget import MemoryBudget, SchedLimits
+from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.sched.sglang import MAX_PREFILL_TOKENS
 from capacity.units import DTYPE_BYTES, GiB
 
 KV_DTYPE = {"auto": "auto", "fp8": "fp8_e4m3", "int8": "auto"}
@@ -174,6 +188,7 @@ class SglangBudget:
     max_running_requests: int
     kv_tokens_low: int  # the pool with the context at the high end of its range (what a plan may count on)
     notes: list[str] = field(default_factory=list)
+    context_high_bytes: float = 0.0  # the high end of context_bytes (the one kv_tokens_low assumes)
 
     @property
     def fits(self) -> bool:
@@ -236,7 +251,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                       max_total_tokens)
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
                      t0 * (1 - f), cell, tokens, tokens * cell, ctx, page_size, chunk, graph_bs,
-                     max_running_requests(tokens, ctx, max_running, release), low)
+                     max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high)
     if tokens <= 0:
         b.notes.append("no KV pool: the weights take more than F x T0 (SGLang stops: 'Not enough memory. Please "
                        "try to increase --mem-fraction-static')")
@@ -261,3 +276,217 @@ def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
     if cfg.policy == "priority":
         parts.append("--enable-priority-scheduling")
     return " ".join(parts)
+
+
+# ---- the engine model --------------------------------------------------------------------------------------
+class Sglang:
+    """The SGLang engine model of one release's memory rules (see the module docstring); scheduling is v0.5.5's
+    (`capacity.sched.sglang`)."""
+
+    name = "sglang"
+
+    def __init__(self, release: str = CURRENT) -> None:
+        if release not in RELEASES:
+            raise ConfigError(f"SGLang release {release!r}: modelled ones are {', '.join(RELEASES)}")
+        self.release = release
+
+    @property
+    def label(self) -> str:
+        return f"sglang@{self.release}"
+
+    # ---- configuration -------------------------------------------------------------------------------
+    def _check(self, cfg: EngineConfig) -> None:
+        """Refuse, in one line, the EngineConfig knobs that have no SGLang meaning (rather than ignore them)."""
+        if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
+            raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning (SGLang's "
+                              "--mem-fraction-static is the release's default here); size the KV pool with "
+                              "num_gpu_blocks_override (SGLang's --max-total-tokens, in pages)")
+        if cfg.policy != "continuous":
+            raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
+                              "--schedule-policy fcfs) only; use policy continuous")
+        vllm_only = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget", "activation_bytes", "non_torch_bytes",
+                                 "cuda_graph_bytes", "kv_reservation") if getattr(cfg, k) is not None]
+        vllm_only += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
+                      if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
+        if not cfg.paged_kv:
+            vllm_only.append("paged_kv")
+        if vllm_only:
+            raise ConfigError(f"{', '.join(vllm_only)}: vLLM settings with no SGLang meaning (engine {self.label})")
+        if cfg.kv_cache_dtype == "int8":
+            raise ConfigError(f"kv_cache_dtype {cfg.kv_cache_dtype}: SGLang's are auto and fp8 here")
+
+    def _context_bytes(self, cfg: EngineConfig) -> float | None:
+        c = cfg.memory_params.cuda_context_bytes
+        return None if c == MemoryModelParams().cuda_context_bytes else c
+
+    def _resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> tuple[ResolvedEngine, SglangBudget]:
+        self._check(cfg)
+        tp = cfg.tensor_parallel_size
+        check_tp(card, tp)
+        used: list[str] = []
+        ctx = cfg.max_model_len
+        if ctx is None:
+            ctx = card.max_position_embeddings
+            used.append("max_model_len")
+        elif ctx > card.max_position_embeddings:
+            raise ConfigError(f"max_model_len {ctx} exceeds the model's max_position_embeddings "
+                              f"{card.max_position_embeddings} ({card.name})")
+        chunked = cfg.enable_chunked_prefill
+        if chunked is None:
+            chunked = True
+            used.append("enable_chunked_prefill")
+        gpu_mib = gpu.usable_memory_bytes / MiB
+        mnbt = cfg.max_num_batched_tokens
+        if mnbt is None:
+            mnbt = default_chunked_prefill_size(gpu_mib, self.release) if chunked else MAX_PREFILL_TOKENS
+            used.append("max_num_batched_tokens")
+        page = cfg.block_size
+        if page is None:
+            page = 1
+            used.append("block_size")
+        override = cfg.num_gpu_blocks_override
+        sb = sglang_budget(card, gpu, tp, release=self.release, context_len=ctx, kv_cache_dtype=cfg.kv_cache_dtype,
+                           chunked_prefill_size=mnbt if (cfg.max_num_batched_tokens is not None or not chunked) else None,
+                           max_total_tokens=override * page if override is not None else None,
+                           max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg))
+        if cfg.max_num_seqs is None:
+            used.append("max_num_seqs")
+        kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        eng = ResolvedEngine(cfg, tp, ctx, sb.max_running_requests, mnbt, page, kv_dtype, tuple(used),
+                             chunked_prefill=chunked, release=self.label)
+        return eng, sb
+
+    def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
+        """Every knob the configuration leaves to SGLang, as SGLang fills it in: context_len (the model's),
+        chunked_prefill_size (by GPU memory and release), max_running_requests (from the pool), page_size 1."""
+        return self._resolve(cfg, card, gpu)[0]
+
+    def default_max_num_batched_tokens(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> int:
+        """SGLang's default --chunked-prefill-size on this GPU (--max-prefill-tokens with chunking off)."""
+        if cfg.enable_chunked_prefill is False:
+            return MAX_PREFILL_TOKENS
+        return default_chunked_prefill_size(gpu.usable_memory_bytes / MiB, self.release)
+
+    # ---- memory --------------------------------------------------------------------------------------
+    def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
+        """SGLang's start-up memory as a MemoryBudget (see the module docstring for where each term goes). With
+        check_fit, a model whose weights leave no pool, or a pool smaller than one context_len request, raises
+        DoesNotFit."""
+        from capacity.errors import DoesNotFit
+
+        eng, sb = self._resolve(cfg, card, gpu)
+        page, cell, ctx = eng.block_size, sb.kv_bytes_per_token, eng.max_model_len
+        f, total, w = sb.mem_fraction_static, sb.total_bytes, sb.weights_bytes
+        t0_low = total - sb.context_high_bytes
+        blocks, blocks_lo = sb.kv_tokens // page, sb.kv_tokens_low // page
+        planning = blocks_lo if cfg.kv_estimate == "conservative" else blocks
+        estimates = ["cuda_context"] + (["distributed_init"] if eng.tp > 1 else [])
+        warnings = [n for n in sb.notes if not n.startswith("no KV pool") and not n.startswith("the pool holds")]
+        if cfg.num_gpu_blocks_override is not None and cfg.num_gpu_blocks_override * page > sb.kv_tokens:
+            warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} pages is more than the "
+                            f"{sb.kv_tokens:,} tokens SGLang would profile: it keeps the smaller (--max-total-tokens)")
+        b = MemoryBudget(
+            model=card.name, gpu=gpu.name, tp=eng.tp, total_bytes=total, gpu_memory_utilization=1.0,
+            usable_bytes=total, weights_bytes=w, activation_bytes=sb.reserve_bytes,
+            non_torch_bytes=sb.context_bytes, cuda_graph_bytes=0.0, cuda_graphs_in_budget=False,
+            kv_budget_bytes=sb.free_at_start_bytes * f - w, kv_dtype=eng.kv_dtype, kv_bytes_per_token=cell,
+            block_size=page, num_blocks=blocks, kv_tokens=sb.kv_tokens, max_model_len=ctx,
+            max_num_seqs=eng.max_num_seqs, max_num_batched_tokens=eng.max_num_batched_tokens,
+            max_concurrency=sb.kv_tokens / ctx, paged_kv=True, contiguous_max_seqs=sb.kv_tokens // ctx,
+            outside_budget_bytes=0.0, estimates=estimates, defaults_used=[*eng.defaults_used, "mem_fraction_static"],
+            warnings=warnings, engine=self.name, release=self.label, release_checked=True,
+            ranges={"weights": [w, w + LOAD_EXTRA_HIGH_GIB * GiB], "activation": [t0_low * (1 - f), sb.reserve_bytes],
+                    "non_torch": [sb.context_bytes, sb.context_high_bytes], "cuda_graphs": [0.0, 0.0],
+                    "kv_budget": [sb.kv_tokens_low * cell, sb.kv_tokens * cell]},
+            num_blocks_range=[blocks_lo, blocks], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
+            block_bytes=page * cell, chunked_prefill=eng.chunked_prefill)
+        why = self.fit_problem(b, sb)
+        b.fits, b.reason = why is None, why or ""
+        if why is None and cfg.kv_estimate == "conservative" and sb.kv_tokens_low < ctx:
+            b.warnings.append(f"at the conservative end of the estimate ({sb.kv_tokens_low:,} tokens) one request of "
+                              f"context_len {ctx} does not fit: SGLang would cap requests at the pool")
+        if check_fit and why:
+            raise DoesNotFit(why)
+        return b
+
+    def fit_problem(self, b: MemoryBudget, sb: SglangBudget) -> str | None:
+        """Why SGLang would not start (no pool), or would cut a context_len request (pool < context_len)."""
+        f, t0 = sb.mem_fraction_static, sb.free_at_start_bytes
+        if sb.kv_tokens <= 0:
+            return (f"no KV pool: weights {sb.weights_bytes / GiB:.2f} GiB per rank leave nothing of F x T0 = {f} x "
+                    f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: 'Not enough memory. Please try to increase "
+                    "--mem-fraction-static'); raise tp")
+        if sb.kv_tokens < b.max_model_len:
+            return (f"one request of context_len {b.max_model_len} tokens needs {b.max_model_len:,} KV slots, but the "
+                    f"pool holds {sb.kv_tokens:,} at tp={b.tp} (SGLang would start and cut requests at the pool); "
+                    f"the largest max_model_len that fits is {sb.kv_tokens}")
+        return None
+
+    # ---- scheduling ----------------------------------------------------------------------------------
+    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
+        """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
+        field named and not inside a simulation."""
+        from capacity.sched import make_scheduler
+        self._check(cfg)
+        if limits.kv_groups is not None:
+            raise ConfigError("sliding-window KV groups: SGLang's split of the pool is not modelled")
+        chunked = cfg.enable_chunked_prefill
+        if chunked is None:
+            chunked = limits.chunked_prefill if limits.chunked_prefill is not None else True
+        kw = dict(max_total_tokens=limits.num_blocks * limits.block_size, page_size=limits.block_size,
+                  max_running_requests=limits.max_num_seqs,
+                  chunked_prefill_size=limits.max_num_batched_tokens if chunked else None,
+                  max_prefill_tokens=MAX_PREFILL_TOKENS if chunked else limits.max_num_batched_tokens,
+                  context_len=limits.max_model_len)
+        make_scheduler("sglang", **kw)
+        return lambda: make_scheduler("sglang", **kw)
+
+    def step_overhead_s(self, cfg: EngineConfig) -> float:
+        """CPU time per step the GPU waits for: the configured figure, else vLLM's STEP_OVERHEAD_S (2 ms), which
+        has not been measured for SGLang."""
+        from capacity.engine.vllm import STEP_OVERHEAD_S
+
+        return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
+
+    # ---- launch command ------------------------------------------------------------------------------
+    def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
+        """`python -m sglang.launch_server` with every knob that decides the simulated configuration spelled
+        out: F (the release's default the budget used), the pool pinned to the simulated one (--max-total-tokens:
+        SGLang keeps the smaller of it and what it profiles), FCFS. The radix cache stays on (SGLang's default):
+        with it, SGLang admits every request by the new_token_ratio rule modelled here (with it off, requests
+        sent with ignore_eos take a stricter path)."""
+        t0 = b.total_bytes - b.non_torch_bytes
+        f = round(1 - b.activation_bytes / t0, 4)  # the reserve is T0 x (1 - F)
+        chunk = b.max_num_batched_tokens if b.chunked_prefill else -1
+        parts = [f"python -m sglang.launch_server --model-path {card.hf_id or card.name}", f"--tp {b.tp}",
+                 f"--context-length {b.max_model_len}", f"--max-running-requests {b.max_num_seqs}",
+                 f"--mem-fraction-static {f}", f"--max-total-tokens {b.planning_blocks * b.block_size}",
+                 f"--chunked-prefill-size {chunk}"]
+        if not b.chunked_prefill:
+            parts.append(f"--max-prefill-tokens {b.max_num_batched_tokens}")
+        if b.block_size != 1:
+            parts.append(f"--page-size {b.block_size}")
+        parts += [f"--kv-cache-dtype {KV_DTYPE[cfg.kv_cache_dtype]}", "--schedule-policy fcfs"]
+        if cfg.enforce_eager:
+            parts.append("--disable-cuda-graph")
+        cmd = " ".join(parts)
+        if cfg.usage_context == "llm":
+            return "# offline: sglang.Engine(model_path=..., same keyword arguments); as a server:\n" + cmd
+        return cmd
+
+    def launch_notes(self, cfg: EngineConfig) -> list[str]:
+        """What the simulation leaves out, and what the command cannot express."""
+        notes = [f"SGLang modelled: memory by {self.label}'s rules; scheduling by v0.5.5's (new_token_ratio admission, "
+                 "the batch-full mark, prefill and decode as separate steps, retraction to the back of the queue)",
+                 "not modelled: the radix cache's prefix reuse (no prefix is shared: shared prefixes run better than "
+                 "simulated), mixed chunked prefill, the overlap scheduler's one-step lag, speculative decoding, "
+                 "DP attention, priority scheduling",
+                 "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
+                 "does not check at start-up: an OOM shows at graph capture or the first long prefill",
+                 "gpu_memory_utilization has no SGLang meaning: F is the release's default, spelled out in the command"]
+        if cfg.enable_prefix_caching:
+            notes.append("enable_prefix_caching: the command keeps SGLang's radix cache on, but the simulation shares "
+                         "no prefix")
+        if cfg.step_overhead_ms is None:
+            notes.append("step overhead: vLLM's 2 ms per step, not measured for SGLang")
+        return notes
