@@ -145,3 +145,31 @@ def test_autoscale_cli_compares_with_static_provisioning(tmp_path):
     assert r.returncode == 1 and "arrivals.kind" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--min", "5", "--max", "2")
     assert r.returncode == 1 and "replicas" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_pools_sizes_each_layout_to_its_fewest_replicas():
+    """`capacity pools`: each layout's replica count meets the interactive SLO and the batch deadline (the
+    figures in its JSON), and one fewer does not (the same question with --max-replicas one lower has no
+    answer for that layout); the recommendation is the one with fewer GPUs."""
+    import json
+
+    from tests.conftest import run_cli
+
+    args = ["pools", "-m", "llama-3.1-8b", "--interactive-rate", "20", "--batch-rate", "10", "--slo-ttft-ms", "300",
+            "--slo-tpot-ms", "30", "--batch-deadline-s", "120", "--requests", "600", "--json"]
+    r = run_cli(*args, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    one, ti, tb = out["one_pool"], out["two_pools"]["interactive_pool"], out["two_pools"]["batch_pool"]
+    for res in (one, ti):
+        assert res["interactive"]["p99_ttft_s"] <= 0.3 and res["interactive"]["p99_tpot_s"] <= 0.03
+    for res in (one, tb):
+        assert res["batch"]["p99_e2e_s"] <= 120
+    assert out["two_pools"]["gpus"] == ti["gpus"] + tb["gpus"]
+    best = min(one["gpus"], out["two_pools"]["gpus"])
+    assert (out["recommended"] == "two pools") == (out["two_pools"]["gpus"] == best and one["gpus"] > best or (
+        one["gpus"] == best == out["two_pools"]["gpus"]
+        and ti["interactive"]["p99_ttft_s"] < one["interactive"]["p99_ttft_s"]))
+    if one["replicas"] > 1:
+        r = run_cli(*args, "--max-replicas", str(one["replicas"] - 1), timeout=120)
+        assert json.loads(r.stdout)["one_pool"]["replicas"] is None

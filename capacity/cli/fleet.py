@@ -216,3 +216,74 @@ def disagg(
     for tp, why in out["tp_that_does_not_fit"].items():
         con.print(f"TP {tp} left out: {why}")
     con.print(out["verdict"])
+
+
+@app.command()
+def pools(
+    model: ModelOpt,
+    interactive_rate: Annotated[float, typer.Option("--interactive-rate", help="Interactive requests/s")],
+    batch_rate: Annotated[float, typer.Option("--batch-rate", help="Batch requests/s")],
+    gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU")] = "h100-sxm",
+    tp: TpOpt = 1,
+    interactive_input: Annotated[str, typer.Option("--interactive-input-len")] = "1024",
+    interactive_output: Annotated[str, typer.Option("--interactive-output-len")] = "256",
+    batch_input: Annotated[str, typer.Option("--batch-input-len")] = "2048",
+    batch_output: Annotated[str, typer.Option("--batch-output-len")] = "512",
+    slo_ttft_ms: Annotated[float, typer.Option("--slo-ttft-ms", help="Interactive P99 TTFT")] = 500.0,
+    slo_tpot_ms: Annotated[float, typer.Option("--slo-tpot-ms", help="Interactive P99 TPOT")] = 50.0,
+    batch_deadline_s: Annotated[float, typer.Option("--batch-deadline-s", help="Batch P99 end-to-end")] = 600.0,
+    max_model_len: Annotated[int, typer.Option("--max-model-len")] = 8192,
+    max_replicas: Annotated[int, typer.Option("--max-replicas")] = 32,
+    requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per simulation (at least)")] = 2000,
+    price: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Interactive and batch traffic of one model: one pool with priority scheduling vs two pools, each sized to
+    the fewest replicas that hold the interactive SLO and the batch deadline; the cheaper one recommended."""
+    from capacity.cli.common import _lengths
+    from capacity.model.gpus import get_gpu
+    from capacity.plan.pools import size_pools
+
+    if not 100 <= requests <= 100_000:
+        raise CapacityError(f"--requests: 100 to 100000 (got {requests})")
+    card = load_card(model)
+    g = get_gpu(gpu)
+    eng = engine_config(tensor_parallel_size=tp, max_model_len=max_model_len)
+    from rich.console import Console
+
+    err = Console(stderr=True)
+    with err.status("sizing") as status:
+        out = size_pools(card, g, eng, interactive_rate=interactive_rate, batch_rate=batch_rate,
+                         interactive_len=(_lengths("--interactive-input-len", interactive_input),
+                                          _lengths("--interactive-output-len", interactive_output)),
+                         batch_len=(_lengths("--batch-input-len", batch_input),
+                                    _lengths("--batch-output-len", batch_output)),
+                         slo_ttft_s=slo_ttft_ms / 1e3, slo_tpot_s=slo_tpot_ms / 1e3, batch_deadline_s=batch_deadline_s,
+                         max_replicas=max_replicas, requests=requests, price_per_gpu_hour=price,
+                         progress=None if json_out else (lambda m: status.update(f"sizing {m}")))
+    if json_out:
+        typer.echo(dumps(out))
+        return
+    from rich.table import Table
+
+    def f(x, scale=1e3, fmt=".0f"):
+        return "-" if x is None else format(x * scale, fmt)
+
+    t = Table(title=f"{card.name} on {g.name} (tp={tp}): {interactive_rate:g} interactive + {batch_rate:g} batch "
+                    f"req/s; interactive P99 TTFT <= {slo_ttft_ms:g} ms, TPOT <= {slo_tpot_ms:g} ms; batch P99 E2E "
+                    f"<= {batch_deadline_s:g} s", title_justify="left")
+    for c in ("layout", "replicas", "GPUs", "int. TTFT ms", "int. TPOT ms", "batch E2E s"):
+        t.add_column(c, justify="left" if c == "layout" else "right")
+    one, two = out["one_pool"], out["two_pools"]
+    t.add_row("one pool, priority", str(one["replicas"] or "-"), str(one["gpus"] or "-"),
+              f(one.get("interactive", {}).get("p99_ttft_s")), f(one.get("interactive", {}).get("p99_tpot_s"), fmt=".1f"),
+              f(one.get("batch", {}).get("p99_e2e_s"), 1, ".1f"))
+    ti, tb = two["interactive_pool"], two["batch_pool"]
+    t.add_row("two pools", f"{ti['replicas'] or '-'} + {tb['replicas'] or '-'}", str(two["gpus"] or "-"),
+              f(ti.get("interactive", {}).get("p99_ttft_s")), f(ti.get("interactive", {}).get("p99_tpot_s"), fmt=".1f"),
+              f(tb.get("batch", {}).get("p99_e2e_s"), 1, ".1f"))
+    con = Console()
+    con.print(t)
+    con.print(f"recommended: {out['recommended'] or 'neither fits within --max-replicas'}"
+              + (" (cost per hour: " + ", ".join(f"{k} ${v:.2f}" for k, v in out["cost_per_hour"].items() if v)
+                 + ")" if out.get("cost_per_hour") else ""))
