@@ -67,6 +67,15 @@ class Recorder:
         self.count(-1)
         self.finished_total += 1
 
+    def gaps(self, prev: list[tuple[Seq, float]], end: float) -> None:
+        """ITL samples of a step that ended at `end`: each sequence of (sequence, its previous token time) that
+        emitted a token in it."""
+        for s, t in prev:
+            if s.last_token_s == end:
+                self.gap_v.append(end - t)
+                self.gap_t.append(end)
+                self.gap_w.append(1)
+
     def sample(self, rep: Replica) -> None:
         """One time-series row (callers check `timeseries` first: this runs at every engine event)."""
         s = rep.sched
@@ -321,11 +330,7 @@ class Replica:
                 rec.gap_t.append(end)
                 rec.gap_w.append(same)
             if prev:
-                for s, t in prev:
-                    if s.last_token_s == end:  # it emitted a token in this step
-                        rec.gap_v.append(end - t)
-                        rec.gap_t.append(end)
-                        rec.gap_w.append(1)
+                rec.gaps(prev, end)
             if done:
                 sim.finish(done)
             if rec.timeseries:
@@ -354,11 +359,7 @@ class Replica:
                 end = env.now
                 emitted, done = sched.complete(out, end)
                 rec.tokens_total += len(emitted)
-                for s, t in prev:
-                    if s.last_token_s == end:
-                        rec.gap_v.append(end - t)
-                        rec.gap_t.append(end)
-                        rec.gap_w.append(1)
+                rec.gaps(prev, end)
                 if done:
                     sim.finish(done)
                 if rec.timeseries:
