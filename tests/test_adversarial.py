@@ -505,7 +505,10 @@ def test_loadtest_signal_saves_the_partial_run_and_exits_nonzero(tmp_path, sig):
     try:
         p = subprocess.Popen([sys.executable, "-c", "from capacity.cli import main; main()", "loadtest", "--url", url,
                               "-m", "m", "--rate", "50", "-n", "20", "--output-len", "600", "--out", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                             # a shell's background job starts with SIGINT ignored, and a child inherits that: the
+                             # user's Ctrl-C reaches a foreground process, so the test gives the child that disposition
+                             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
         time.sleep(6)
         p.send_signal(sig)
         _, err = p.communicate(timeout=60)
