@@ -307,6 +307,7 @@ def _ids():
         "run.json fit_negative.json fit_nan.json profile_deep.json existing.json existing.csv").split()})]
 
 
+@pytest.mark.slow  # a batch of ~40 hostile CLI runs under a memory limit (30 s): in CI (`pytest -m slow`), not in the default local run
 @pytest.mark.parametrize("attack", _ids())
 def test_attack_is_bounded_and_answered_in_one_line(batch, attack):
     attacks, got, proc, _ = batch
@@ -326,12 +327,14 @@ def test_attack_is_bounded_and_answered_in_one_line(batch, attack):
         assert a["needle"] in lines[-1], lines[-1]
 
 
+@pytest.mark.slow  # the hostile batch: in CI (`pytest -m slow`), not in the default local run
 def test_the_batch_stays_within_its_memory(batch):
     _, got, proc, _ = batch
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert max(r["maxrss_mib"] for r in got.values()) < 2500
 
 
+@pytest.mark.slow  # the hostile batch: in CI (`pytest -m slow`), not in the default local run
 def test_nothing_is_written_outside_the_asked_paths(batch):
     _, _, _, d = batch
     assert (d / "existing.json").read_text() == "{}"  # refused without --force: untouched
@@ -340,6 +343,7 @@ def test_nothing_is_written_outside_the_asked_paths(batch):
 
 
 # ---- formula injection: a workbook and CSV from hostile strings ----------------------------------------------------
+@pytest.mark.slow  # a plan, a workbook and LibreOffice (10 s): in CI (`pytest -m slow`), not in the default local run
 def test_hostile_strings_are_text_in_the_workbook_and_csv(tmp_path):
     pytest.importorskip("openpyxl")
     import openpyxl

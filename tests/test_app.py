@@ -106,6 +106,7 @@ def test_oversized_paste_is_refused():
     assert not at.exception and "more than the 1,000,000" in at.error[0].value
 
 
+@pytest.mark.slow  # the dashboard over every bundled profile (20 s): in CI (`pytest -m slow`), not in the default local run
 def test_step_cost_sources_are_the_profiles_for_this_model_and_gpu():
     from capacity.cost.profile import bundled_profiles
 

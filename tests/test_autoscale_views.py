@@ -177,6 +177,7 @@ def test_workbook_sheet_reads_back_the_report(book, report):
     assert json.loads(book.with_suffix(".json").read_text())["autoscale"] == report
 
 
+@pytest.mark.slow  # LibreOffice renders the workbook: in CI (`pytest -m slow`), not in the default local run
 def test_workbook_sheet_renders(book, tmp_path):
     soffice = shutil.which("soffice") or shutil.which("libreoffice")
     if soffice is None:

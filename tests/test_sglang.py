@@ -176,3 +176,23 @@ def test_every_collected_log_is_described():
             assert d["source_resolved"] is False, f.name
         if d["figures"].get("kv_tokens") is not None:
             assert any(str(d["figures"]["kv_tokens"]) in line for line in d["lines"]), f.name
+
+
+@pytest.mark.slow  # two plans: in CI (`pytest -m slow`), not in the default local run
+def test_plan_compares_vllm_and_sglang_at_the_same_slo():
+    """`plan --engine vllm,sglang`: one plan per engine for the same question, side by side, each with its own
+    launch command; the cheapest first."""
+    import json
+
+    r = run_cli("plan", "-m", str(ROOT / "tests/golden/plan_small.yaml"), "--engine", "vllm,sglang",
+                "--executor", "serial", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = out["comparison"]
+    assert sorted(x["engine"] for x in rows) == ["sglang", "vllm"]
+    assert set(out["plans"]) == {"h100-sxm (vllm)", "h100-sxm (sglang)"}
+    assert out["plans"]["h100-sxm (sglang)"]["vllm_command"].startswith("python -m sglang.launch_server")
+    assert out["plans"]["h100-sxm (vllm)"]["vllm_command"].startswith("vllm serve")
+    fits = [x for x in rows if x["fits"]]
+    costs = [x["cost_per_million_tokens"] for x in fits]
+    assert costs == sorted(costs)

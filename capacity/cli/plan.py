@@ -132,7 +132,8 @@ def plan(
         ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
         ("enable_prefix_caching", prefix_caching), ("policy", policy), ("kv_reservation", kv_reservation),
         ("step_overhead_ms", step_overhead_ms)) if v is not None}
-    eng_flags.update(engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
+    engines = [e.strip() for e in engine.split(",") if e.strip()] if engine and "," in engine else None
+    eng_flags.update(engine_fields(None if engines else engine, optimistic, usage_context, large_gpu_defaults))
     if eng_flags:
         flags["engine"] = eng_flags
     if gpu_memory_gib is not None:
@@ -144,9 +145,9 @@ def plan(
         from capacity.io.export import check_destination
 
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
-    if len(gpus) > 1:
+    if len(gpus) > 1 or engines:
         return _plan_gpus(model, flags, gpus, prices, (weight_dtype, quant_group_size, compute_dtype), executor, ray_address, no_cache,
-                          xlsx, force, json_out)
+                          xlsx, force, json_out, engines)
     flags["gpu"] = gpus[0]
     flags["price_per_gpu_hour"] = prices.get(gpus[0] or "")
     sc, card = load_scenario(model, flags)
@@ -225,8 +226,10 @@ def _weights(card, weight_dtype, group, compute_dtype=None):
     return card.with_overrides(gemm_dtype=compute_dtype) if compute_dtype is not None else card
 
 
-def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_cache, xlsx, force, json_out):
-    """`--gpu a,b,c`: one plan per GPU type, compared by cost per 1M output tokens (GPUs when unpriced)."""
+def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_cache, xlsx, force, json_out,
+               engines=None):
+    """`--gpu a,b,c` and/or `--engine vllm,sglang`: one plan per GPU type and engine, compared by cost per 1M
+    output tokens (GPUs when unpriced), each labelled `gpu (engine)` when engines are compared."""
     import time
 
     from capacity.errors import CapacityError
@@ -235,8 +238,12 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
 
     scenarios = []
     for g in gpus:
-        sc, card = load_scenario(model, {**flags, "gpu": g, "price_per_gpu_hour": prices.get(g)})
-        scenarios.append((sc, _weights(card, *weights)))
+        for e in engines or [None]:
+            f = {**flags, "gpu": g, "price_per_gpu_hour": prices.get(g or "")}
+            if e is not None:
+                f["engine"] = {**flags.get("engine", {}), "engine": e}
+            sc, card = load_scenario(model, f)
+            scenarios.append((sc, _weights(card, *weights)))
     ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
                        cache=not no_cache)
     t0 = time.perf_counter()
@@ -256,7 +263,7 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
             typer.echo(f"wrote {', '.join(map(str, paths))} (the plan of {best.gpu}, the first in the comparison)")
     if json_out:
         typer.echo(dumps({"comparison": [o.row() for o in options],
-                          "plans": {o.gpu: o.plan.as_dict() for o in options if o.plan is not None},
+                          "plans": {o.label: o.plan.as_dict() for o in options if o.plan is not None},
                           "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
         return
     from rich.console import Console

@@ -364,7 +364,8 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
     first = next(o.plan for o in options if o.plan is not None)
     pct, slo = first.slo.percentile, first.slo
     t = Table(title=f"{first.model} at {first.target_rate:g} req/s, SLO P{pct} TTFT <= {slo.ttft_s * 1e3:.0f} ms and "
-                    f"TPOT <= {slo.tpot_s * 1e3:.0f} ms: GPU types compared (replicas at {first.headroom:.0%} of their "
+                    f"TPOT <= {slo.tpot_s * 1e3:.0f} ms: {'engines' if any(o.engine for o in options) else 'GPU types'} "
+                    f"compared (replicas at {first.headroom:.0%} of their "
                     f"max rate)", title_justify="left")
     for c in ("GPU", "TP", "replicas", "GPUs", "max_num_seqs", f"P{pct} TTFT ms", f"P{pct} TPOT ms", "USD/h",
               "USD/1M tok"):
@@ -372,15 +373,15 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
     for o in options:
         r = o.row()
         if not r["fits"]:
-            t.add_row(o.gpu, "[dim]" + r["why"][:70] + "[/]", "", "", "", "", "", "", "")
+            t.add_row(o.label, "[dim]" + r["why"][:70] + "[/]", "", "", "", "", "", "", "")
             continue
-        t.add_row(o.gpu, str(r["tp"]), str(r["replicas"]), str(r["gpus"]), str(r["max_num_seqs"]), _ms(r["p_ttft_s"]),
+        t.add_row(o.label, str(r["tp"]), str(r["replicas"]), str(r["gpus"]), str(r["max_num_seqs"]), _ms(r["p_ttft_s"]),
                   _ms(r["p_tpot_s"], 1), f"{r['usd_per_hour']:,.2f}" if r["usd_per_hour"] else "-",
                   f"{r['cost_per_million_tokens']:.3f}" if r["cost_per_million_tokens"] else "-")
     console.print(t)
     for o in options:
         if o.plan is not None:
-            console.print(f"  {o.gpu}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
+            console.print(f"  {o.label}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
     console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")
 
 

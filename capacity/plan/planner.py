@@ -609,6 +609,11 @@ class GpuOption:
     plan: Plan | None
     why: str = ""
     price_per_gpu_hour: float | None = None
+    engine: str | None = None  # set when engines are compared: the option is `gpu (engine)`
+
+    @property
+    def label(self) -> str:
+        return self.gpu if self.engine is None else f"{self.gpu} ({self.engine})"
 
     @property
     def sort_key(self) -> tuple:
@@ -620,9 +625,9 @@ class GpuOption:
     def row(self) -> dict:
         p = self.plan
         if p is None:
-            return {"gpu": self.gpu, "fits": False, "why": self.why}
+            return {"gpu": self.gpu, "engine": self.engine, "fits": False, "why": self.why}
         rec = p.recommended
-        return {"gpu": self.gpu, "fits": True, "tp": p.tp, "replicas": p.replicas, "gpus": p.gpus,
+        return {"gpu": self.gpu, "engine": self.engine, "fits": True, "tp": p.tp, "replicas": p.replicas, "gpus": p.gpus,
                 "max_num_seqs": rec.max_num_seqs if rec else None, "max_model_len": rec.max_model_len if rec else None,
                 "max_rate_per_replica": p.rec_search.max_rate if p.rec_search else None,
                 "verified": p.verification.passed, "p_ttft_s": p.verification.p_ttft_s,
@@ -635,9 +640,11 @@ def compare_gpus(scenarios: list[tuple[Scenario, object]], executor) -> list[Gpu
     """The same question on several GPU types (one scenario each): every plan, sorted by cost per 1M output
     tokens (by GPU count when unpriced); a GPU that cannot serve it says why instead of vanishing."""
     out = []
+    several = len({sc.engine.engine for sc, _ in scenarios}) > 1
     for sc, card in scenarios:
+        eng = sc.engine.engine if several else None
         try:
-            out.append(GpuOption(sc.gpu_name, make_plan(sc, card, executor), "", sc.price_per_gpu_hour))
+            out.append(GpuOption(sc.gpu_name, make_plan(sc, card, executor), "", sc.price_per_gpu_hour, eng))
         except CapacityError as exc:  # does not fit, or no configuration meets the SLO: an answer for this GPU
-            out.append(GpuOption(sc.gpu_name, None, str(exc), sc.price_per_gpu_hour))
+            out.append(GpuOption(sc.gpu_name, None, str(exc), sc.price_per_gpu_hour, eng))
     return sorted(out, key=lambda o: o.sort_key)
