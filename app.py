@@ -434,8 +434,8 @@ AUTOSCALE_TARGETS = {"concurrency": (32.0, "requests in flight per replica"),
 @st.cache_data(show_spinner=False)
 def load_rate_curve(source: str, text: str | None) -> dict:
     """A rate curve's fields: the bundled diurnal day (text None), or pasted/uploaded CSV or YAML/JSON text read by
-    the parsers and bounds of a curve file (`capacity.workload.load_curve`): one error line names the bad line."""
-    from capacity.workload import _curve_csv, _curve_yaml, load_curve
+    the parsers and bounds of a curve file (`capacity.curves.load_curve`): one error line names the bad line."""
+    from capacity.curves import _curve_csv, _curve_yaml, load_curve
 
     if text is None:
         return load_curve(BUNDLED_CURVE).model_dump()
@@ -492,7 +492,7 @@ def autoscale_run(card: dict, gpu: str, engine: dict, workload: dict, autoscale:
 def autoscale_figure(rep: dict, curve: dict) -> go.Figure:
     """The run over time: the arrival rate (shaded, left outer axis), ready and starting replicas (steps, left
     axis), P99 TTFT per window of the autoscaled and the static pool against the SLO (right axis)."""
-    from capacity.workload import RateCurve
+    from capacity.curves import RateCurve
 
     a, reps = rep["autoscaled"], rep["autoscaled"]["replicas"]
     end = max(a["simulated_s"], reps["t_s"][-1], 1e-9)

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from capacity.cost.step import LinearCost
+from capacity.curves import RateCurve
 from capacity.errors import ConfigError
 from capacity.sched import make_scheduler
 from capacity.sim.autoscale import AutoscaleConfig, window_metrics
 from capacity.sim.simulator import SimConfig, simulate
-from capacity.workload import Arrivals, RateCurve, WorkloadSpec, fixed
+from capacity.workload import Arrivals, WorkloadSpec, fixed
 
 # Each request: a 64-token prefill then 16 decode steps; a replica serves at most 4 at once. With these costs
 # a replica sustains about 4 / (0.0106 + 16 x 0.0104) ~ 22 req/s when its batch is full.

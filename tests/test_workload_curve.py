@@ -7,21 +7,10 @@ import pytest
 from scipy import stats
 
 import capacity
+from capacity.curves import MAX_CURVE_POINTS, RateCurve, curve_arrivals, fit_curve, load_curve, save_curve
 from capacity.errors import ConfigError
 from capacity.files import validate
-from capacity.workload import (
-    MAX_CURVE_POINTS,
-    Arrivals,
-    RateCurve,
-    RequestClass,
-    WorkloadSpec,
-    curve_arrivals,
-    fit_curve,
-    generate,
-    interarrival_gaps,
-    load_curve,
-    save_curve,
-)
+from capacity.workload import Arrivals, RequestClass, WorkloadSpec, generate, interarrival_gaps
 
 CURVES = Path(capacity.__file__).parent / "data" / "curves"
 STEP = [(0.0, 2.0), (10.0, 5.0), (30.0, 1.0)]

@@ -16,11 +16,12 @@ UNITS = "SI units throughout: seconds (`_s`), bytes (`_bytes`), requests/s (`_pe
 
 
 def _models() -> list[tuple[str, type[BaseModel]]]:
+    from capacity.curves import RateCurve
     from capacity.engine.config import EngineConfig, MemoryModelParams
     from capacity.model.card import MLA, ModelCard, MoE
     from capacity.model.gpus import GPU
     from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
-    from capacity.workload import Arrivals, Lengths, PrefixGroups, RateCurve, RequestClass, WorkloadSpec
+    from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
 
     return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", EngineConfig),
             ("engine.memory_params", MemoryModelParams), ("workload (also `simulate --workload`)", WorkloadSpec),

@@ -31,10 +31,10 @@ import numpy as np
 from capacity.errors import ConfigError
 
 if TYPE_CHECKING:
+    from capacity.curves import RateCurve
     from capacity.sim.entities import Replica
     from capacity.sim.metrics import Records
     from capacity.sim.simulator import Simulation
-    from capacity.workload import RateCurve
 
 POLICIES = ("concurrency", "queue", "kv", "predictive")
 
