@@ -174,3 +174,26 @@ def test_pools_sizes_each_layout_to_its_fewest_replicas():
     if one["replicas"] > 1:
         r = run_cli(*args, "--max-replicas", str(one["replicas"] - 1), timeout=120)
         assert json.loads(r.stdout)["one_pool"]["replicas"] is None
+
+
+def test_constant_load_converges_to_the_steady_state_replica_count():
+    """The fleet issue's closed-form check: at a constant rate R, a concurrency target set to what one replica
+    holds in flight at its planned rate r (Little's law, measured by a static run of one replica at r) makes the
+    controller settle at the steady-state count ceil(R / r), as the planner would size it, give or take one
+    replica of noise."""
+    from capacity.sim.simulator import littles_law
+
+    r = 8.0  # one replica's planned rate (about a third of its capacity here)
+    one = simulate(WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=r), input_len=fixed(64),
+                                output_len=fixed(16), num_requests=4000),
+                   COST, lambda: make_scheduler("continuous", **SCHED), np.random.default_rng(1), SimConfig())
+    in_flight = littles_law(one)[0]  # time-average requests in the system of one replica at r
+    R = 3.5 * r
+    asc = AutoscaleConfig(min_replicas=1, max_replicas=8, policy="concurrency", target=in_flight, interval_s=5,
+                          startup_s=10, cooldown_s=30)
+    res = run(RateCurve(points=[(0, R)]), 12_000, asc)
+    tl = res.autoscale.arrays()
+    late = tl["ready"][tl["t"] > tl["t"][-1] / 2]  # the second half: settled
+    values, counts = np.unique(late, return_counts=True)
+    assert values[np.argmax(counts)] == math.ceil(R / r) == 4
+    assert late.min() >= 3 and late.max() <= 5

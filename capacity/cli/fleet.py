@@ -25,6 +25,8 @@ def autoscale(
     startup_s: Annotated[float, typer.Option("--startup-s", help="Model load + engine start-up, s")] = 120.0,
     cooldown_s: Annotated[float, typer.Option("--cooldown-s", help="Scale down after wanting fewer this long, s")] = 300.0,
     interval_s: Annotated[float, typer.Option("--interval-s", help="Controller period, s")] = 15.0,
+    metric_window_s: Annotated[float, typer.Option("--metric-window-s", help="The controller averages its metric "
+                                                   "over this window, s (Knative's stable window; 0: instantaneous)")] = 60.0,
     per_replica_rate: Annotated[Optional[float], typer.Option(
         "--per-replica-rate", help="predictive: req/s one replica sustains under the SLO (`capacity plan`'s max rate)")] = None,
     static: Annotated[Optional[int], typer.Option("--static", help="Replicas of the static comparison (default: "
@@ -54,6 +56,7 @@ def autoscale(
     curve = spec.arrivals.rate_curve()
     asc = AutoscaleConfig(min_replicas=min_replicas, max_replicas=max_replicas, policy=policy,  # type: ignore[arg-type]
                           target=target, interval_s=interval_s, startup_s=startup_s, cooldown_s=cooldown_s,
+                          window_s=metric_window_s,
                           per_replica_rate=per_replica_rate, curve=curve if policy == "predictive" else None)
     if static is not None and static < 1:
         raise CapacityError(f"--static: must be >= 1 (got {static})")

@@ -22,6 +22,7 @@ TTFT/TPOT per window against an SLO (violation minutes), the output of `capacity
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -46,6 +47,10 @@ class AutoscaleConfig:
     policy: Literal["concurrency", "queue", "kv", "predictive"] = "concurrency"
     target: float = 32.0  # concurrency: requests per replica; queue: waiting per ready replica; kv: cache share
     interval_s: float = 15.0  # the controller's period
+    # the metric is averaged over this window before the rule is applied (Knative's stable window, 60 s):
+    # in-flight requests as a time average (exact, from the simulation's time-in-system integral), queue and KV
+    # as the mean of the controller's samples. 0: the instantaneous value.
+    window_s: float = 60.0
     startup_s: float = 120.0  # from the decision to a replica that takes requests (model load + engine start)
     cooldown_s: float = 300.0  # scale down only after wanting fewer replicas for this long
     initial: int | None = None  # replicas ready at t=0 (default: min_replicas)
@@ -63,7 +68,7 @@ class AutoscaleConfig:
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ConfigError(f"autoscale {name}: must be a finite number > 0 (got {v})")
-        for name in ("startup_s", "cooldown_s"):
+        for name in ("startup_s", "cooldown_s", "window_s"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v >= 0):
                 raise ConfigError(f"autoscale {name}: must be a finite number >= 0 (got {v})")
@@ -108,6 +113,7 @@ class Autoscaler:
         self.want_fewer_since: float | None = None
         self.timeline = Timeline()
         self._t_last = 0.0
+        self._samples: deque[tuple[float, float, float]] = deque()  # (time, in-system integral, sample)
         self._record(n0)
 
     @property
@@ -126,16 +132,30 @@ class Autoscaler:
         tl.draining.append(len(self.draining))
         tl.desired.append(desired)
 
+    def _averaged(self, sample: float) -> tuple[float, float]:
+        """(time-average of requests in the system, mean of `sample`) over the last window_s."""
+        sim, cfg = self.sim, self.cfg
+        now = sim.env.now
+        rec = sim.recorder
+        rec.count(0)  # bring the time-in-system integral up to now
+        self._samples.append((now, rec.area, sample))
+        while len(self._samples) > 1 and self._samples[0][0] < now - cfg.window_s - 1e-9:
+            self._samples.popleft()
+        t0, a0, _ = self._samples[0]
+        in_flight = (rec.area - a0) / (now - t0) if now > t0 else float(rec.n_sys)
+        return in_flight, sum(s for _, _, s in self._samples) / len(self._samples)
+
     def desired(self) -> int:
         cfg, ready = self.cfg, self.ready
         pool = ready + self.draining
         if cfg.policy == "concurrency":
-            want = math.ceil(sum(r.sched.outstanding for r in pool) / cfg.target - 1e-9)
+            in_flight, _ = self._averaged(0.0)
+            want = math.ceil(in_flight / cfg.target - 1e-9)
         elif cfg.policy == "queue":
-            waiting = sum(r.sched.num_waiting for r in pool)
+            _, waiting = self._averaged(sum(r.sched.num_waiting for r in pool))
             want = len(ready) + math.ceil(waiting / (cfg.target * max(1, len(ready))) - 1e-9)
         elif cfg.policy == "kv":
-            used = sum(r.sched.kv_blocks_used for r in pool)
+            _, used = self._averaged(sum(r.sched.kv_blocks_used for r in pool))
             want = math.ceil(used / (cfg.target * max(1, ready[0].sched.kv_blocks_total if ready else 1)) - 1e-9)
         else:
             assert cfg.curve is not None and cfg.per_replica_rate is not None
