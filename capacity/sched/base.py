@@ -10,7 +10,7 @@ policy's configuration or its block pool.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from capacity.cost.step import StepPlan
 from capacity.workload import Request
@@ -52,6 +52,26 @@ class Seq:
     @property
     def is_decode(self) -> bool:
         return self.generated > 0 and self.prompt + self.generated - self.computed == 1
+
+
+class QueueView:
+    """The read-only views every scheduler derives the same way from its waiting queue and its KV cache manager
+    (`self.waiting`, `self.kv`)."""
+
+    waiting: Any
+    kv: Any
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.waiting)
+
+    @property
+    def kv_blocks_used(self) -> int:
+        return self.kv.num_used_blocks
+
+    @property
+    def kv_blocks_total(self) -> int:
+        return self.kv.num_blocks
 
 
 @dataclass

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import NAN, Seq, Step
+from capacity.sched.base import NAN, QueueView, Seq, Step
 from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.workload import Request
@@ -51,7 +51,7 @@ class ContinuousConfig:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
 
 
-class ContinuousScheduler:
+class ContinuousScheduler(QueueView):
     """vLLM-v1-style continuous batching (see module docstring)."""
 
     def __init__(self, cfg: ContinuousConfig) -> None:
@@ -71,20 +71,8 @@ class ContinuousScheduler:
         return len(self.running) + len(self.waiting)
 
     @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
     def max_running(self) -> int:
         return self.cfg.max_num_seqs
-
-    @property
-    def kv_blocks_used(self) -> int:
-        return self.kv.num_used_blocks
-
-    @property
-    def kv_blocks_total(self) -> int:
-        return self.kv.num_blocks
 
     # ---- queue ------------------------------------------------------------------------------------
     def admissible(self, req: Request) -> str | None:

@@ -47,7 +47,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import Seq, Step
+from capacity.sched.base import QueueView, Seq, Step
 from capacity.sched.kv import KVCacheManager
 from capacity.workload import Request
 
@@ -94,7 +94,7 @@ class SglangConfig:
         return min(self.context_len - 1, pool - 1) if self.context_len is not None else pool - 1
 
 
-class SglangScheduler:
+class SglangScheduler(QueueView):
     """SGLang v0.5.5's scheduling (see module docstring)."""
 
     def __init__(self, cfg: SglangConfig) -> None:
@@ -135,20 +135,8 @@ class SglangScheduler:
         return len(self.running) + len(self.waiting) + extra
 
     @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
     def max_running(self) -> int:
         return self.cfg.max_running_requests
-
-    @property
-    def kv_blocks_used(self) -> int:
-        return self.kv.num_used_blocks
-
-    @property
-    def kv_blocks_total(self) -> int:
-        return self.kv.num_blocks
 
     # ---- queue ---------------------------------------------------------------------------------------
     def admissible(self, req: Request) -> str | None:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import Seq, Step
+from capacity.sched.base import QueueView, Seq, Step
 from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import FCFSQueue
 from capacity.workload import Request
@@ -32,7 +32,7 @@ class StaticConfig:
             raise ConfigError(f"max_wait_s: must be a finite number >= 0 (got {self.max_wait_s})")
 
 
-class StaticScheduler:
+class StaticScheduler(QueueView):
     """Collect a batch, run it to completion, repeat (see module docstring)."""
 
     def __init__(self, cfg: StaticConfig) -> None:
@@ -55,20 +55,8 @@ class StaticScheduler:
         return len(self.batch) + len(self.waiting)
 
     @property
-    def num_waiting(self) -> int:
-        return len(self.waiting)
-
-    @property
     def max_running(self) -> int:
         return self.cfg.max_batch
-
-    @property
-    def kv_blocks_used(self) -> int:
-        return self.kv.num_used_blocks
-
-    @property
-    def kv_blocks_total(self) -> int:
-        return self.kv.num_blocks
 
     def admissible(self, req: Request) -> str | None:
         total = req.prompt_tokens + req.output_tokens
