@@ -538,6 +538,49 @@ def autoscale_figure(rep: dict, curve: dict) -> go.Figure:
     return fig
 
 
+MAX_DAY_REPORT_BYTES = 16 << 20
+
+
+def load_day_report_text(source: str, text: str) -> dict:
+    """A pasted or uploaded `capacity fleet-day --json` report, bounded and checked (one error line)."""
+    from capacity.files import parse_text
+    from capacity.io.fleetday import check_day_report
+
+    if len(text) > MAX_DAY_REPORT_BYTES:
+        raise CapacityError(f"{source}: {len(text):,} bytes is more than the {MAX_DAY_REPORT_BYTES:,} a report may be")
+    return check_day_report(parse_text(text, source, "json"), source)
+
+
+def fleet_day_view() -> None:
+    """A fleet of models over a day (`capacity fleet-day`): a day of several models takes minutes, so the
+    dashboard shows a saved report rather than running one while a person waits."""
+    from capacity.io.fleetday import day_table, totals_table
+
+    with st.expander("A fleet of models over a day: load a `capacity fleet-day --json` report"):
+        up = st.file_uploader("report (.json)", type=["json"], key="day_file")
+        text = st.text_area("...or paste it", value="", height=80, key="day_text")
+        if up is None and not text.strip():
+            st.caption("`capacity fleet-day --fleet day.yaml --json > day.json` (docs/fleet.md) simulates static, "
+                       "reactive and predictive scaling per model and the models sharing GPUs")
+            return
+        try:
+            rep = (load_day_report_text(up.name, up.getvalue().decode("utf-8", errors="replace")) if up is not None
+                   else load_day_report_text("pasted report", text))
+        except CapacityError as exc:
+            st.error(str(exc))
+            return
+        head, rows = totals_table(rep)
+        rows = [r for r in rows if r[2] is not None]
+        fig = go.Figure(go.Bar(x=[r[0] if r[0] != "shared" else f"shared ({r[1]} GPUs)" for r in rows],
+                               y=[r[2] for r in rows], text=[f"{r[2]:,.1f}" for r in rows], textposition="outside"))
+        fig.update_layout(title=f"GPU-hours per day, {len(rep['models'])} models on {rep['gpu']}",
+                          yaxis_title="GPU-hours", height=340, margin=dict(t=50, b=30))
+        st.plotly_chart(fig, width="stretch", key="day_chart")
+        st.dataframe([dict(zip(head, r)) for r in rows], hide_index=True, width="stretch", key="day_totals")
+        head, rows = day_table(rep)
+        st.dataframe([dict(zip(head, r)) for r in rows], hide_index=True, width="stretch", key="day_models")
+
+
 def autoscale_view(card, gpu, engine, workload, slo, profile, price):
     """Autoscaling over a load curve against static provisioning for its peak: `capacity autoscale` for the sidebar's
     model, GPU, engine and request lengths."""
@@ -721,6 +764,7 @@ def main():
         with tabs[4]:
             ab_view(card, gpu, engine, workload, profile, sim)
         with tabs[5]:
+            fleet_day_view()
             autoscale_view(card, gpu, engine, workload, slo, profile, price)
         with tabs[6]:
             plan_and_export(card, gpu, engine, workload, slo, profile, price)

@@ -28,7 +28,7 @@ from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
 from capacity.sim.metrics import SLO, Summary, summarize
-from capacity.sim.simulator import Disaggregation, SimConfig, SimResult, littles_law, simulate
+from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
 from capacity.workload import Request, WorkloadSpec
 
 
@@ -43,7 +43,8 @@ class Deployment:
     profile: str | None = None  # a calibrated profile (file or bundled name); None: the roofline
     allow_profile_mismatch: bool = False
     replicas: int = 1
-    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "queue"] = "round_robin"
+    router_max_ongoing: int | None = None  # router "queue": requests per replica before the router holds them
     frontend_s: float = 0.0
     autoscale: AutoscaleConfig | None = None  # a pool that follows the load (replicas is then ignored)
 
@@ -55,8 +56,14 @@ class Deployment:
         check("replicas", self.replicas, "replicas")
         if not math.isfinite(self.frontend_s) or self.frontend_s < 0:
             raise ConfigError(f"frontend_s: must be a finite number >= 0 (got {self.frontend_s})")
-        if self.router not in ("round_robin", "least_outstanding"):
-            raise ConfigError(f"router {self.router!r}: use round_robin or least_outstanding")
+        if self.router not in ROUTERS:
+            raise ConfigError(f"router {self.router!r}: use {', '.join(ROUTERS)}")
+        if self.router_max_ongoing is not None:
+            if (isinstance(self.router_max_ongoing, bool) or not isinstance(self.router_max_ongoing, int)
+                    or self.router_max_ongoing < 1):
+                raise ConfigError(f"router_max_ongoing: must be a whole number >= 1 (got {self.router_max_ongoing!r})")
+            if self.router != "queue":
+                raise ConfigError("router_max_ongoing: only the queue router holds requests (use router queue)")
 
 
 @dataclass(frozen=True)
@@ -250,8 +257,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         if disagg.decode.card.name != dep.card.name:
             raise ConfigError("disaggregation: the prefill and decode pools must serve the same model")
         dg = disagg.spec(dep, prepare(disagg.decode))
-    cfg = SimConfig(replicas=dep.replicas, router=dep.router, fast_forward=opts.fast_forward,
-                    max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
+    cfg = SimConfig(replicas=dep.replicas, router=dep.router, router_max_ongoing=dep.router_max_ongoing,
+                    fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
                     autoscale=dep.autoscale, disagg=dg)
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
     rec = sim.records

@@ -151,3 +151,35 @@ def test_ab_tab_compares_two_configurations_as_the_cli_does():
     for m in ("p99_ttft", "mean_tpot", "throughput"):
         assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
         assert shown[m]["verdict"] == want[m].verdict
+
+
+def hand_day_report() -> dict:
+    """A fleet-day report written by hand (one model): what `capacity fleet-day --json` prints, cut to the fields
+    the dashboard reads."""
+    lay = lambda gh, lo, hi: {"gpu_hours": gh, "cost_usd": 2 * gh, "violation_minutes": 5.0, "p99_ttft_s": 0.2,
+                              "p99_tpot_s": 0.02, "requests": 1000, "saturated": False, "replicas_min": lo,
+                              "replicas_max": hi}
+    return {"gpu": "h100-sxm", "price_per_gpu_hour": 2.0, "startup_s": 120, "window_s": 300, "wall_s": 10,
+            "models": [{"model": "m", "tp": 1, "per_replica_rate": 4.0, "rate_source": "given", "target": 6,
+                        "target_source": "given", "peak_rate_per_s": 10, "mean_rate_per_s": 5,
+                        "layouts": {"static": lay(72.0, 3, 3), "reactive": lay(50.5, 1, 3),
+                                    "predictive": lay(48.25, 1, 3)}}],
+            "totals": {"static": {"gpu_hours": 72.0, "cost_usd": 144.0, "violation_minutes": 5.0},
+                       "reactive": {"gpu_hours": 50.5, "cost_usd": 101.0, "violation_minutes": 5.0},
+                       "predictive": {"gpu_hours": 48.25, "cost_usd": 96.5, "violation_minutes": 5.0},
+                       "shared": {"gpu_hours": 24.0, "cost_usd": 48.0, "violation_minutes": None}},
+            "shared": {"gpus": 1, "hours": 24.0, "why": ""}}
+
+
+def test_fleet_day_report_shows_its_own_figures():
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    box = next(w for w in at.text_area if w.key == "day_text")
+    box.set_value(json.dumps(hand_day_report())).run()
+    assert not at.exception, [e.value for e in at.exception]
+    totals = next(d.value for d in at.dataframe if "note" in d.value.columns)
+    assert list(totals["GPU-hours"]) == [72.0, 50.5, 48.25, 24.0]
+    models = next(d.value for d in at.dataframe if "replicas (fewest-most)" in d.value.columns)
+    assert list(models["replicas (fewest-most)"]) == ["3", "1-3", "1-3"]
+    box = next(w for w in at.text_area if w.key == "day_text")
+    box.set_value('{"models": []}').run()
+    assert any("fleet-day report" in e.value for e in at.error)

@@ -143,6 +143,27 @@ def test_two_models_on_one_gpu_take_turns_step_by_step():
             assert r.first_token[rid] == pytest.approx(ft) and r.finish[rid] == pytest.approx(fin)
 
 
+def test_two_models_swap_on_one_gpu_by_hand():
+    """Swap mode (vLLM sleep mode): one model resident at a time; it keeps the GPU until nothing is in flight.
+    Steps of 10 ms + 1 ms per token; A wakes in 0.1 s and sleeps in 0.05 s, B 0.2 s and 0.08 s.
+    t=0: A (10 in, 2 out) and B (20 in, 2 out) arrive; A asks first: wake 0 -> 0.1, prefill -> 0.120, decode ->
+    0.131, idle. B: A sleeps and B wakes, 0.131 -> 0.381, prefill 20 -> 0.411, decode -> 0.422. An A request at
+    0.2 waited for all of that: B sleeps, A wakes 0.422 -> 0.602, -> 0.622, -> 0.633. A B request at 0.7: A
+    sleeps, B wakes, 0.7 -> 0.95, -> 0.98, -> 0.991. A B request at 1.5 finds B resident: 1.53, 1.541."""
+    from capacity.sim.simulator import Service
+
+    cost = LinearCost(fixed_s=0.010, per_token_s=0.001, source="t")
+    reqs = [Request(0, 0.0, 10, 2, service=0), Request(1, 0.0, 20, 2, service=1), Request(2, 0.2, 10, 2, service=0),
+            Request(3, 0.7, 20, 2, service=1), Request(4, 1.5, 20, 2, service=1)]
+    svc = (Service("a", cost, sched, 1, (0,), swap_s=0.1, sleep_s=0.05),
+           Service("b", cost, sched, 1, (0,), swap_s=0.2, sleep_s=0.08))
+    res = simulate(reqs, cost, sched, np.random.default_rng(0), SimConfig(services=svc, device_sharing="swap"))
+    r = res.records
+    np.testing.assert_allclose(r.first_token, [0.120, 0.411, 0.622, 0.98, 1.53], atol=1e-12)
+    np.testing.assert_allclose(r.finish, [0.131, 0.422, 0.633, 0.991, 1.541], atol=1e-12)
+    assert [(round(t, 9), a, b) for t, a, b in res.swaps] == [(0.0, -1, 0), (0.131, 0, 1), (0.422, 1, 0), (0.7, 0, 1)]
+
+
 def test_colocate_cli_compares_separate_and_shared_gpus(tmp_path):
     """`capacity colocate`: the shared layout uses fewer GPUs, gives each engine its share of memory (fewer KV
     blocks) and slows every model's decode steps (they take turns on the GPU); bad fleets are one-line errors."""
@@ -159,8 +180,13 @@ def test_colocate_cli_compares_separate_and_shared_gpus(tmp_path):
     r = run_cli("colocate", "--fleet", str(f), "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
-    sep, sh = out["separate"], out["shared"]
-    assert (sep["gpus"], sh["gpus"]) == (2, 1)
+    sep, sh, sw = out["separate"], out["shared"], out["swapped"]
+    assert (sep["gpus"], sh["gpus"], sw["gpus"]) == (2, 1, 1)
+    # swapped: each model has the whole GPU's KV when resident; 16 GB / 25 GB/s = 0.64 s a wake-up; steady
+    # traffic to both keeps swapping: a model waits for the other to drain, then for the swap
+    assert sw["swap_s"][0] == pytest.approx(16.06e9 / 25e9, rel=0.01) and sw["swaps"] >= 2
+    for a, b in zip(sep["models"], sw["models"]):
+        assert b["kv_blocks"] == a["kv_blocks"] and b["p99_ttft_s"] > a["p99_ttft_s"] + 0.6
     for a, b in zip(sep["models"], sh["models"]):
         assert b["gpu_memory_utilization"] == pytest.approx(0.45) and b["kv_blocks"] < a["kv_blocks"]
         assert b["p50_tpot_s"] > 1.3 * a["p50_tpot_s"]  # the other model's steps in between

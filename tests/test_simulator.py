@@ -88,6 +88,78 @@ def test_the_queue_meets_pollaczek_khinchine(rho):
     assert C * C * (2 - P) / P ** 2 * (rho / (C / P)) / (2 * (1 - rho)) == pytest.approx(rho * (C / P) / (1 - rho), rel=0.01)
 
 
+# ---- M/M/c: a pool of replicas behind one queue at the router (issue 21) ------------------------------------
+# Router "queue" holds requests in one FIFO and sends the head to a replica with room (Ray Serve's
+# max_ongoing_requests, Knative's containerConcurrency). With one request per replica the pool is M/G/c; with
+# geometric service (CV^2 0.998) Erlang C's mean wait applies. Same two-part check as above: (1) per request, the
+# simulator's waits are the FCFS multi-server recursion's (the Kiefer-Wolfowitz workload vector, kept as a heap
+# of the servers' free times), (2) that recursion over 2M requests meets Erlang C within batch-means error.
+def mgc_waits(arrival: np.ndarray, service: np.ndarray, c: int) -> np.ndarray:
+    """FCFS c-server waits: each request takes the server that frees first, when it frees (or on arrival)."""
+    import heapq
+
+    free = [0.0] * c
+    w = np.empty(len(arrival))
+    for i, (t, x) in enumerate(zip(arrival.tolist(), service.tolist())):
+        start = max(heapq.heappop(free), t)
+        w[i] = start - t
+        heapq.heappush(free, start + x)
+    return w
+
+
+def erlang_c_wait(lam: float, mu: float, c: int) -> float:
+    """Mean wait in queue of M/M/c: P(wait) / (c mu - lambda), P(wait) by Erlang C (hand-coded from the
+    textbook sums, not the code under test: the simulator has no queueing formula)."""
+    from math import factorial
+
+    a = lam / mu
+    rho = a / c
+    top = a ** c / factorial(c) / (1 - rho)
+    p_wait = top / (sum(a ** k / factorial(k) for k in range(c)) + top)
+    return p_wait / (c * mu - lam)
+
+
+def test_erlang_c_by_hand():
+    """c = 2, lambda = 1, mu = 1 (a = 1, rho = 0.5): P(wait) = (1/2 / 0.5) / (1 + 1 + 1) = 1/3, Wq = 1/3."""
+    assert erlang_c_wait(1.0, 1.0, 2) == pytest.approx(1 / 3, rel=1e-12)
+    assert erlang_c_wait(0.5, 1.0, 1) == pytest.approx(1.0, rel=1e-12)  # M/M/1: rho / (mu - lambda)
+
+
+@pytest.mark.parametrize("c, rho", [(2, 0.7), (4, 0.85)])
+def test_router_queue_is_the_multi_server_fifo_request_by_request(c, rho):
+    rng = np.random.default_rng(c)
+    n = 40_000
+    tok = rng.geometric(P, n)
+    t = np.cumsum(rng.exponential(C / P / (rho * c), n))
+    reqs = [Request(i, float(t[i]), int(tok[i]), 1) for i in range(n)]
+    res = simulate(reqs, LinearCost(per_token_s=C), one_at_a_time, np.random.default_rng(0),
+                   SimConfig(replicas=c, router="queue", timeseries=False))
+    waits = res.records.first_scheduled - res.records.arrival
+    np.testing.assert_allclose(waits, mgc_waits(t, C * tok, c), rtol=1e-9, atol=1e-12)
+    L, lw = littles_law(res)  # requests waiting at the router count as in the system
+    assert L == pytest.approx(lw, rel=1e-9)
+    # the other routers are not M/M/c: round-robin splits the stream into c slower M/G/1 queues
+    rr = simulate([Request(i, float(t[i]), int(tok[i]), 1) for i in range(n)], LinearCost(per_token_s=C),
+                  one_at_a_time, np.random.default_rng(0), SimConfig(replicas=c, router="round_robin",
+                                                                     timeseries=False))
+    assert mean_wait(rr) > 1.4 * float(waits.mean())  # measured 1.67x at c = 2, rho = 0.7; 2.9x at c = 4
+
+
+@pytest.mark.parametrize("c, rho", [(2, 0.8), (4, 0.9)])
+def test_the_pool_meets_erlang_c(c, rho):
+    """Mean wait of 2M requests through the c-server recursion vs Erlang C, within 3 batch-means standard
+    errors plus 0.3% (the geometric service's CV^2 of 0.998 shifts Wq by about 0.1%)."""
+    rng = np.random.default_rng(2026 + c)
+    n = 2_000_000
+    s = C * rng.geometric(P, n)
+    lam = rho * c * P / C
+    t = np.cumsum(rng.exponential(1 / lam, n))
+    want = erlang_c_wait(lam, P / C, c)
+    m, se = batch_means(mgc_waits(t, s, c))
+    assert abs(m - want) <= 3 * se + 0.003 * want, (c, rho, m, want, se)
+    assert se < 0.02 * want
+
+
 # ---- Little's law, every policy ---------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def roofline(card):
@@ -110,6 +182,7 @@ CB = dict(max_num_seqs=64, max_num_batched_tokens=2048, block_size=16, num_block
     ("continuous", dict(CB, num_blocks=300), 1, "round_robin"),  # KV-starved: preemptions
     ("priority", CB, 2, "least_outstanding"),
     ("static", dict(max_batch=8, max_wait_s=0.2), 1, "round_robin"),
+    ("continuous", dict(CB, max_num_seqs=8), 3, "queue"),
 ])
 def test_littles_law_holds(roofline, policy, kw, replicas, router):
     spec = WorkloadSpec(arrivals=Arrivals(kind="gamma", rate_per_s=6.0, cv=2.0),
@@ -191,6 +264,30 @@ def test_fast_forward_is_exact_when_the_queue_waits_for_kv(roofline, policy, ext
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
     for a, b in ((fast.itl_values, slow.itl_values), (fast.itl_weights, slow.itl_weights)):
         assert a.sum() == pytest.approx(b.sum(), rel=1e-9)
+
+
+@pytest.mark.parametrize("max_ongoing", [None, 4, 12])
+def test_fast_forward_is_exact_behind_the_router_queue(roofline, max_ongoing):
+    """Router "queue" sends requests at replicas' finishes as well as at arrivals; the fast path must still give
+    the step-by-step answer, whether a replica takes as many as it batches (None: max_num_seqs 8), fewer, or
+    more (the rest wait in its own queue)."""
+    from capacity.workload import Lengths
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=30.0),
+                        input_len=Lengths(kind="uniform", low=64, high=1500),
+                        output_len=Lengths(kind="uniform", low=16, high=300), num_requests=600)
+    runs = []
+    for fast in (True, False):
+        runs.append(simulate(spec, roofline, lambda: make_scheduler("continuous", **dict(CB, max_num_seqs=8)),
+                             np.random.default_rng(9), SimConfig(replicas=3, router="queue", fast_forward=fast,
+                                                                 router_max_ongoing=max_ongoing)))
+    fast, slow = runs
+    assert fast.steps == slow.steps and fast.events < slow.events / 2
+    for attr in ("arrival", "first_scheduled", "first_token", "finish", "replica"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+    held = fast.timeseries[:, 1] + fast.timeseries[:, 2]  # a replica's waiting + running
+    assert held.max() == (max_ongoing or 8)  # never more than the router lets it hold, and that many at peak
+    assert (fast.records.first_scheduled - fast.records.arrival).max() > 0.05  # the router's queue was used
 
 
 # ---- static batching: bigger batches, longer tails at the same load ---------------------------------------

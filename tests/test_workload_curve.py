@@ -201,6 +201,7 @@ def test_csv_and_yaml_units_convert(tmp_path):
     ("a.csv", "t,rate\n0,1\n5,-2\n", r"line 3: rate -2 is negative"),
     ("a.csv", "t,rate\n0,1\n5,nan\n", r"line 3: t=5, rate=nan: times and rates must be finite"),
     ("a.csv", "t,rate\n0,1\n5,lots\n", r"line 3: '5,lots' is not two numbers"),
+    ("a.csv", "hour,rate\n0,1\n2,\n", r"line 3: '2,' is not two numbers"),  # an hour without its rate
     ("a.csv", "t,rate\n0,1,2\n", r"line 2: expected 2 values"),
     ("a.csv", "", "no header"),
     ("a.csv", "t,rate\n", "no points after the header"),

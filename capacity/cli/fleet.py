@@ -115,14 +115,15 @@ def colocate(
     seed: Annotated[int, typer.Option("--seed")] = 0,
     json_out: JsonOpt = False,
 ) -> None:
-    """Several models on GPUs of their own vs sharing GPUs (their steps taking turns, memory split by shares):
-    GPUs, each model's KV blocks and P99 TTFT/TPOT against its SLO, in both layouts."""
+    """Several models on GPUs of their own, sharing GPUs (their steps taking turns, memory split by shares) or
+    swapped in and out of GPUs (one resident at a time, vLLM sleep mode): GPUs, each model's KV blocks and P99
+    TTFT/TPOT against its SLO, in each layout."""
     from capacity.files import read_mapping, validate
-    from capacity.plan.colocate import Fleet, simulate_fleet
+    from capacity.plan.colocate import LAYOUTS, Fleet, simulate_fleet
 
     f = validate(Fleet, read_mapping(fleet), fleet)
-    out: dict[str, Any] = {"separate": simulate_fleet(f, "separate", seed),
-                           "shared": simulate_fleet(f, "shared", seed), "units": "seconds"}
+    out: dict[str, Any] = {lay: simulate_fleet(f, lay, seed) for lay in LAYOUTS}
+    out["units"] = "seconds"
     if json_out:
         typer.echo(dumps(out))
         return
@@ -130,25 +131,28 @@ def colocate(
     from rich.table import Table
 
     con = Console()
-    t = Table(title=f"{len(f.models)} models on {f.gpu}: GPUs of their own vs shared (P99s in ms; mem: the "
-                    "engine's share of GPU memory)", title_justify="left")
+    t = Table(title=f"{len(f.models)} models on {f.gpu}: GPUs of their own, shared or swapped (P99s in ms; mem: "
+                    "the engine's share of GPU memory)", title_justify="left")
     for c in ("layout", "model", "GPUs", "mem", "KV blocks", "TTFT", "TPOT", "SLO"):
         t.add_column(c, justify="left" if c in ("layout", "model", "SLO") else "right")
-    for lay in ("separate", "shared"):
+    for lay in LAYOUTS:
         r = out[lay]
         for i, m in enumerate(r["models"]):
             ms = lambda x: "-" if x is None else f"{x * 1e3:.1f}"
             t.add_row(lay if i == 0 else "", m["model"], str(r["gpus"]) if i == 0 else "",
                       f"{m['gpu_memory_utilization']:.2f}", f"{m['kv_blocks']:,}", ms(m["p99_ttft_s"]),
                       ms(m["p99_tpot_s"]), "met" if m["meets_slo"] else "[red]missed[/]")
+        t.rows[-1].end_section = True
     con.print(t)
-    a, b = out["separate"], out["shared"]
-    verdict = ("shared" if b["meets_slo"] and b["gpus"] < a["gpus"] else
-               "separate" if a["meets_slo"] else "neither (both miss an SLO)")
-    con.print(f"separate: {a['gpus']} GPUs, {'every SLO met' if a['meets_slo'] else 'an SLO missed'}; shared: "
-              f"{b['gpus']} GPUs, {'every SLO met' if b['meets_slo'] else 'an SLO missed'} -> {verdict}. On a shared "
-              "GPU the models' steps take turns (each waits for the others'), and each engine has only its share "
-              "of memory for KV.")
+    ok = [lay for lay in LAYOUTS if out[lay]["meets_slo"]]
+    verdict = min(ok, key=lambda lay: (out[lay]["gpus"], LAYOUTS.index(lay))) if ok else "none (each misses an SLO)"
+    con.print("; ".join(f"{lay}: {out[lay]['gpus']} GPUs, {'every SLO met' if out[lay]['meets_slo'] else 'an SLO missed'}"
+                        for lay in LAYOUTS) + f" -> {verdict} (the fewest GPUs; on a tie the more isolated layout).")
+    sw = out["swapped"]
+    con.print(f"Shared: the models' steps take turns on a GPU and each engine has only its share of memory for KV. "
+              f"Swapped: {sw['swaps']} swaps ({sw['swaps_per_hour']:.0f}/h), each "
+              f"{'/'.join(f'{x:.2f}' for x in sw['swap_s'])} s to wake (weights over a {f.host_link_gbps:g} GB/s host "
+              "link) plus the sleeping model's copy out; a model keeps the GPU while it has requests in flight.")
 
 
 @app.command()
@@ -290,3 +294,80 @@ def pools(
     con.print(f"recommended: {out['recommended'] or 'neither fits within --max-replicas'}"
               + (" (cost per hour: " + ", ".join(f"{k} ${v:.2f}" for k, v in out["cost_per_hour"].items() if v)
                  + ")" if out.get("cost_per_hour") else ""))
+
+
+@app.command("fleet-day")
+def fleet_day(
+    fleet: Annotated[Optional[str], typer.Option("--fleet", help="Day fleet YAML/JSON: gpu, price_per_gpu_hour, startup_s, "
+                                                 "models [{model, workload (curve arrivals), slo_ttft_s, slo_tpot_s, "
+                                                 "engine, share}]")] = None,
+    report: Annotated[Optional[str], typer.Option("--report", help="Print a saved `fleet-day --json` report instead")] = None,
+    seed: Annotated[int, typer.Option("--seed")] = 0,
+    workers: Annotated[Optional[int], typer.Option("--workers", help="Processes for the day runs (default: cores)")] = None,
+    shared: Annotated[bool, typer.Option("--shared/--no-shared", help="Also size the models sharing GPUs")] = True,
+    json_out: JsonOpt = False,
+) -> None:
+    """Several models over a day: static provisioning for the peak, reactive and predictive autoscaling per model,
+    and the models sharing GPUs; GPU-hours, cost and SLO-miss minutes per model and for the fleet."""
+    from capacity.files import read_mapping, validate
+    from capacity.io.fleetday import day_table, load_day_report, totals_table
+
+    if (fleet is None) == (report is None):
+        raise CapacityError("give one of --fleet (simulate a day) or --report (print a saved report)")
+    if workers is not None and not 1 <= workers <= 256:
+        raise CapacityError(f"--workers: 1 to 256 (got {workers})")
+    if report is not None:
+        out = load_day_report(report)
+    else:
+        from capacity.plan.fleetday import DayFleet
+        from capacity.plan.fleetday import fleet_day as run_day
+
+        f = validate(DayFleet, read_mapping(fleet), fleet)  # type: ignore[arg-type]
+        out = run_day(f, seed, workers=workers, progress=not json_out, shared=shared)
+    if json_out:
+        typer.echo(dumps(out))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    money = out["price_per_gpu_hour"] is not None
+    head, rows = day_table(out)
+    t = Table(title=f"{len(out['models'])} models on {out['gpu']} over their day (start-up {out['startup_s']:g} s): "
+                    f"GPU-hours, {'cost, ' if money else ''}SLO-miss minutes ({out['window_s'] / 60:g}-min windows), "
+                    "P99s in ms", title_justify="left")
+    keep = [0, 1, 2, 3] + ([4] if money else []) + [5, 6, 7]
+    short = {"replicas (fewest-most)": "replicas", "cost (USD)": "USD", "SLO-miss minutes": "miss min",
+             "P99 TTFT (ms)": "TTFT", "P99 TPOT (ms)": "TPOT"}
+    for j in keep:
+        t.add_column(short.get(head[j], head[j]), justify="left" if j < 2 else "right")
+    fmt = {3: "{:.1f}", 4: "{:,.0f}", 5: "{:.0f}", 6: "{:.0f}", 7: "{:.1f}"}
+    for k, row in enumerate(rows):
+        cells = [("-" if row[j] is None else fmt[j].format(row[j]) if j in fmt else str(row[j])) for j in keep]
+        if k % 3:
+            cells[0] = ""
+        if row[9] == "yes":
+            cells[keep.index(5)] += " sat"
+        t.add_row(*cells, end_section=k % 3 == 2)
+    con.print(t)
+    head, rows = totals_table(out)
+    tt = Table(title="The fleet", title_justify="left")
+    for c in ("layout", "GPU-h") + (("USD",) if money else ()) + ("miss min",):
+        tt.add_column(c, justify="left" if c == "layout" else "right")
+    for r in rows:
+        if r[2] is None:
+            continue
+        name = r[0] if r[0] != "shared" else f"shared, {r[1]} GPUs all day"
+        miss = "met at the peaks" if r[0] == "shared" else f"{r[4]:.0f}"
+        tt.add_row(name, f"{r[2]:.1f}", *([f"{r[3]:,.0f}"] if money else []), miss)
+    con.print(tt)
+    sh = out.get("shared")
+    if sh is not None and sh["gpus"] is None:
+        con.print(f"shared: not possible: {sh['why']}")
+    for m in out["models"]:
+        con.print(f"{m['model']}: {m['per_replica_rate']:.3g} req/s per replica ({m['rate_source']}); reactive "
+                  f"target {m['target']:.3g} in flight ({m['target_source']}); peak {m['peak_rate_per_s']:.3g}, "
+                  f"mean {m['mean_rate_per_s']:.3g} req/s")
+    con.print(f"{out['wall_s']:.0f} s of simulation (day runs in parallel)." + (
+        " Shared GPUs are checked with every model at its peak at once (conservative when the peaks differ) and "
+        "provisioned all day." if sh is not None else ""))

@@ -379,16 +379,24 @@ def export(
     sweep_file: Annotated[Optional[str], typer.Option("--sweep", help="Sweep rows JSON (`capacity sweep --out x.json`)")] = None,
     autoscale_file: Annotated[Optional[str], typer.Option(
         "--autoscale", help="An autoscale report JSON (`capacity autoscale --json`): adds the Autoscale sheet")] = None,
+    fleet_day_file: Annotated[Optional[str], typer.Option(
+        "--fleet-day", help="A fleet-day report JSON (`capacity fleet-day --json`): adds the Fleet day sheet")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
 ) -> None:
-    """Write the capacity-review workbook from a saved plan, sweep and/or autoscale report."""
+    """Write the capacity-review workbook from a saved plan, sweep, autoscale and/or fleet-day report."""
     from capacity.io.export import load_saved, write_review
 
-    plan_d, rows = load_saved(plan_file, sweep_file) if plan_file or sweep_file or not autoscale_file else (None, None)
+    plan_d, rows = (load_saved(plan_file, sweep_file) if plan_file or sweep_file or not (autoscale_file or fleet_day_file)
+                    else (None, None))
     report = None
     if autoscale_file:
         from capacity.io.fleet import load_report
 
         report = load_report(autoscale_file)
-    paths = write_review(xlsx, plan_d, rows, force=force, autoscale=report)
+    day = None
+    if fleet_day_file:
+        from capacity.io.fleetday import load_day_report
+
+        day = load_day_report(fleet_day_file)
+    paths = write_review(xlsx, plan_d, rows, force=force, autoscale=report, fleet_day=day)
     typer.echo(f"wrote {', '.join(map(str, paths))}")

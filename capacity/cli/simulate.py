@@ -56,7 +56,11 @@ def simulate(
     workload: Annotated[Optional[str], typer.Option("--workload", help="Workload YAML/JSON (overrides the flags above)")] = None,
     policy: Annotated[str, typer.Option("--policy", help="continuous, priority, sjf or static")] = "continuous",
     replicas: Annotated[int, typer.Option("--replicas", help="Replicas behind the router")] = 1,
-    router: Annotated[str, typer.Option("--router", help="round_robin or least_outstanding")] = "round_robin",
+    router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, or queue (one FIFO at the "
+                                        "router, each replica taking up to --router-max-ongoing)")] = "round_robin",
+    router_max_ongoing: Annotated[Optional[int], typer.Option(
+        "--router-max-ongoing", help="Router queue: requests per replica before the router holds them "
+                                     "(default: max_num_seqs; Ray Serve max_ongoing_requests)")] = None,
     max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Static batching: batch size")] = None,
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Static batching: batching window")] = 0.0,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching",
@@ -124,7 +128,8 @@ def simulate(
     if frontend_ms < 0:
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
-                     replicas=replicas, router=router, frontend_s=frontend_ms / 1e3)  # type: ignore[arg-type]
+                     replicas=replicas, router=router, router_max_ongoing=router_max_ongoing,  # type: ignore[arg-type]
+                     frontend_s=frontend_ms / 1e3)
     if save_run:
         from capacity.files import check_writable
 

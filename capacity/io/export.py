@@ -5,8 +5,10 @@ can rebuild a workbook from a saved plan or sweep.
 Sheets: Summary (the answer, with live input cells that the dependent figures follow), Assumptions (every
 resolved setting), Memory (every term, a stacked bar, the batch x context table), Frontier (one row per
 configuration, the recommended one marked), Context (the request-context trade-off), Percentiles (with
-charts against the SLO), Sweep, and Autoscale when given an autoscale report (`capacity autoscale --json`:
-autoscaled against static, the per-window table, a chart of the pool and the P99 TTFT over time). The set of files is written into a temporary folder and moved into place
+charts against the SLO), Sweep, Autoscale when given an autoscale report (`capacity autoscale --json`:
+autoscaled against static, the per-window table, a chart of the pool and the P99 TTFT over time), and Fleet day
+when given a fleet-day report (`capacity fleet-day --json`: the fleet per layout with a chart, one row per
+model and layout). The set of files is written into a temporary folder and moved into place
 only when every file was written, so a failure (a full disk) leaves no half set behind; nothing existing is
 overwritten without `force`. CSV cells that a spreadsheet would run as formulas are escaped (OWASP).
 """
@@ -22,6 +24,7 @@ from capacity.io.tables import tables
 
 SHEETS = ("Summary", "Assumptions", "Memory", "Frontier", "Context", "Percentiles", "Sweep")  # of a plan + sweep
 AUTOSCALE_SHEET = "Autoscale"  # after them, when the export is given an autoscale report
+FLEET_DAY_SHEET = "Fleet day"  # and a fleet-day report
 
 
 def check_destination(path: str | Path, force: bool) -> None:
@@ -38,7 +41,7 @@ def check_destination(path: str | Path, force: bool) -> None:
 def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | None, list[dict] | None]:
     """A plan JSON (as `capacity plan --json` prints it, or an export's .json) and/or sweep rows."""
     if not plan_file and not sweep_file:
-        raise CapacityError("give --plan, --sweep and/or --autoscale")
+        raise CapacityError("give --plan, --sweep, --autoscale and/or --fleet-day")
     plan = rows = None
     for f, kind in ((plan_file, "plan"), (sweep_file, "sweep")):
         if not f:
@@ -66,7 +69,7 @@ def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | No
 
 
 def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = None,
-                 force: bool = False, autoscale: dict | None = None) -> list[Path]:
+                 force: bool = False, autoscale: dict | None = None, fleet_day: dict | None = None) -> list[Path]:
     """Write the workbook and, next to it, `<stem>.json` and `<stem>.<table>.csv`. `plan` is a `Plan` or its
     JSON form; `autoscale` a `capacity autoscale --json` report (capacity.io.fleet), checked here. Returns the
     paths written."""
@@ -74,8 +77,12 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         from capacity.files import strict_json
 
         plan = strict_json(plan.as_dict())  # the same form `capacity plan --json` saves
-    if plan is None and not sweep_rows and autoscale is None:
-        raise CapacityError("nothing to export: give a plan, sweep rows or an autoscale report")
+    if plan is None and not sweep_rows and autoscale is None and fleet_day is None:
+        raise CapacityError("nothing to export: give a plan, sweep rows, an autoscale or a fleet-day report")
+    if fleet_day is not None:
+        from capacity.io.fleetday import check_day_report
+
+        check_day_report(fleet_day, "fleet-day report")
     if autoscale is not None:
         from capacity.io.fleet import check_report
 
@@ -87,6 +94,10 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         from capacity.io.fleet import window_table
 
         tabs[AUTOSCALE_SHEET] = window_table(autoscale)
+    if fleet_day is not None:
+        from capacity.io.fleetday import day_table
+
+        tabs[FLEET_DAY_SHEET] = day_table(fleet_day)
     targets = [path, path.with_suffix(".json")] + [
         path.with_name(f"{path.stem}.{name.lower().replace(' ', '_')}.csv") for name in tabs]
     if not force:
@@ -99,8 +110,9 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         from capacity.files import dumps
         from capacity.io.workbook import write_workbook
 
-        write_workbook(tmp / targets[0].name, plan, tabs, autoscale)
-        saved = {"plan": plan, "sweep": sweep_rows} | ({"autoscale": autoscale} if autoscale is not None else {})
+        write_workbook(tmp / targets[0].name, plan, tabs, autoscale, fleet_day)
+        saved = {"plan": plan, "sweep": sweep_rows} | ({"autoscale": autoscale} if autoscale is not None else {}) | (
+            {"fleet_day": fleet_day} if fleet_day is not None else {})
         (tmp / targets[1].name).write_text(dumps(saved, indent=1) + "\n")
         for (head, rows), target in zip(tabs.values(), targets[2:]):
             with (tmp / target.name).open("w", newline="") as f:

@@ -41,11 +41,8 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
     (non-finite numbers are null): settings, then per layout GPU-hours, cost (USD, with `price` per GPU-hour),
     SLO-miss minutes over windows of `window_s`, P99 TTFT/TPOT of the run and per window; the autoscaled pool's
     replicas over time. Both runs use `seed`: the same requests at the same times."""
-    import numpy as np
-
     from capacity.files import strict_json
     from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.sim.autoscale import window_metrics
 
     if spec.arrivals.kind != "curve":
         raise CapacityError(f"workload: arrivals.kind is {spec.arrivals.kind}; autoscaling follows a curve "
@@ -64,15 +61,10 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
     n_static = static if static is not None else peak
     fixed = run(Deployment(card, gpu, engine_cfg, profile=profile, replicas=n_static), spec, opts)
 
+    from capacity.plan.fleetday import layout_metrics
+
     def describe(res, gpu_s: float) -> dict:
-        w = window_metrics(res.sim.records, window_s, slo_ttft_s, slo_tpot_s)
-        gpu_h = gpu_s * tp / 3600
-        return {"gpu_hours": gpu_h, "cost_usd": gpu_h * price if price else None,
-                "violation_minutes": float((~w["met"]).sum() * window_s / 60), "windows": int(w["met"].size),
-                "p99_ttft_s": res.summary.ttft_s.p99, "p99_tpot_s": res.summary.tpot_s.p99,
-                "simulated_s": res.sim.end_s, "requests": len(res.sim.records), "saturated": res.sim.saturated,
-                "window": {k: ([bool(x) for x in v] if k == "met" else
-                               [None if not np.isfinite(x) else float(x) for x in v]) for k, v in w.items()}}
+        return layout_metrics(res, gpu_s * tp, window_s, slo_ttft_s, slo_tpot_s, price)
 
     a = describe(auto, tl.replica_seconds)
     s = describe(fixed, n_static * fixed.sim.end_s)

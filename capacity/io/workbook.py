@@ -20,9 +20,11 @@ from capacity.io.tables import GiB, Table, mean_output_tokens, ms, scenario_line
 INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
 
-def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autoscale: dict | None = None) -> None:
+def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autoscale: dict | None = None,
+                   fleet_day: dict | None = None) -> None:
     """The review's sheets from a plan's JSON form and its tables, plus the Autoscale sheet from an autoscale
-    report (`capacity autoscale --json`, checked by the caller: capacity.io.fleet.check_report)."""
+    report (`capacity autoscale --json`, checked by the caller: capacity.io.fleet.check_report) and the Fleet day
+    sheet from a fleet-day report (`capacity fleet-day --json`: capacity.io.fleetday.check_day_report)."""
     from openpyxl import Workbook
 
     wb = Workbook()
@@ -44,11 +46,13 @@ def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autosc
         _table_sheet(wb, "Sweep", tabs["Sweep"])
     if autoscale is not None:
         _autoscale(wb, autoscale)
+    if fleet_day is not None:
+        _fleet_day(wb, fleet_day)
     for ws in wb.worksheets:  # print/PDF: landscape, one page (a sweep: one page wide, as long as it needs)
         ws.page_setup.orientation = "landscape"
         ws.sheet_properties.pageSetUpPr.fitToPage = True
         ws.page_setup.fitToWidth = 1
-        ws.page_setup.fitToHeight = 0 if ws.title in ("Sweep", "Autoscale") else 1
+        ws.page_setup.fitToHeight = 0 if ws.title in ("Sweep", "Autoscale", "Fleet day") else 1
     wb.save(dest)
 
 
@@ -438,3 +442,54 @@ def _autoscale(wb, report: dict) -> None:
     reps.legend.position = "b"
     reps.height, reps.width = 10, 20
     ws.add_chart(reps, "F4")
+
+
+def _fleet_day(wb, report: dict) -> None:
+    """A fleet over a day: the fleet per layout (GPU-hours, cost, SLO-miss minutes), a bar chart of them, and one
+    row per model and layout (capacity.io.fleetday's tables, the same as the CSV)."""
+    from openpyxl.chart import BarChart, Reference
+
+    from capacity.io.fleetday import day_table, totals_table
+
+    st = _styles()
+    ws = wb.create_sheet("Fleet day")
+    put(ws, 1, 1, f"{len(report['models'])} models on {report['gpu']} over a day: static, reactive and predictive "
+                  "scaling per model, and shared GPUs").font = st["title"]
+    price = report.get("price_per_gpu_hour")
+    put(ws, 2, 1, f"Start-up delay {report['startup_s']:g} s; SLO windows of {report['window_s'] / 60:g} min; "
+                  + (f"{price:g} USD per GPU-hour" if price else "no price given")).font = st["dim"]
+    th = totals_table(report)
+    first = 4
+    end = _table(ws, th, first)
+    for i in range(first + 1, end + 1):
+        for j, fmt in ((3, "#,##0.0"), (4, "#,##0"), (5, "#,##0")):
+            if isinstance(ws.cell(i, j).value, (int, float)):
+                ws.cell(i, j).number_format = fmt
+    chart = BarChart()
+    chart.title = "GPU-hours per day, by layout"
+    chart.add_data(Reference(ws, min_col=3, min_row=first, max_row=end), titles_from_data=True)
+    chart.set_categories(Reference(ws, min_col=1, min_row=first + 1, max_row=end))
+    chart.y_axis.title = "GPU-hours"
+    for axis in (chart.x_axis, chart.y_axis):
+        axis.delete = False
+    chart.legend = None
+    chart.height, chart.width = 7, 14
+    ws.add_chart(chart, "H4")
+    top = max(end + 3, first + 16)
+    put(ws, top - 1, 1, "Per model and layout").font = st["bold"]
+    dt = day_table(report)
+    last = _table(ws, dt, top)
+    for i in range(top + 1, last + 1):
+        for j, fmt in ((4, "#,##0.0"), (5, "#,##0"), (6, "#,##0"), (7, "#,##0"), (8, "#,##0.0"), (9, "#,##0")):
+            if isinstance(ws.cell(i, j).value, (int, float)):
+                ws.cell(i, j).number_format = fmt
+        if ws.cell(i, 6).value not in (None, 0, 0.0):
+            ws.cell(i, 6).fill = st["red"]
+    r = last + 2
+    put(ws, r, 1, "How each figure is obtained").font = st["bold"]
+    for k, m in enumerate(report["models"], r + 1):
+        put(ws, k, 1, f"{m['model']}: {m['per_replica_rate']:.3g} req/s per replica ({m['rate_source']}); reactive "
+                      f"target {m['target']:.3g} in flight ({m['target_source']}); peak {m['peak_rate_per_s']:.3g}, "
+                      f"mean {m['mean_rate_per_s']:.3g} req/s")
+    ws.column_dimensions["A"].width = 22
+    ws.column_dimensions["F"].width = max(ws.column_dimensions["F"].width or 0, 18)

@@ -6,6 +6,12 @@
   (vLLM's gpu_memory_utilization, so the KV cache of each is smaller), and their steps take turns on the GPU
   (capacity.sim.simulator.Service: one step at a time holds the device). Sharing packs models with little load
   onto fewer GPUs; the price is memory per model and every step of one model waiting for the others'.
+- swapped: `gpus` GPUs each host every model, one resident at a time with the whole GPU's memory (vLLM's sleep
+  mode, level 1): the resident model keeps the GPU until it has nothing in flight; a waiting model then makes
+  the resident one sleep (its weights copied to host memory, KV discarded) and wakes (its weights copied back),
+  each copy weights / `host_link_gbps`. No memory is split, but every switch stalls the GPU and a busy model
+  starves the others: swapping suits models with idle gaps, not steady traffic. (The host must hold every
+  model's weights in pinned memory.)
 
 A fleet file (YAML/JSON): `gpu`, `gpus` (the shared layout's), `models: [{model, workload, slo_ttft_s,
 slo_tpot_s, replicas, share, engine}]`. `capacity colocate --fleet fleet.yaml` prints both layouts.
@@ -22,6 +28,7 @@ from capacity.errors import ConfigError
 from capacity.workload import WorkloadSpec, generate
 
 MAX_MODELS = 16
+LAYOUTS = ("separate", "shared", "swapped")
 
 
 class _Strict(BaseModel):
@@ -43,6 +50,10 @@ class Fleet(_Strict):
     gpus: Annotated[int, Field(ge=1, le=256)] = 1  # shared layout: GPUs, each hosting one replica of every model
     models: list[FleetModel]
     warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1
+    # swapped layout: host <-> GPU copy rate of the weights, GB/s. 25: PCIe Gen4 x16 as achieved with pinned
+    # memory (about 80% of 32 GB/s); a Gen5 host (H100/H200/B200 nodes) achieves about 50. Measure yours.
+    host_link_gbps: Annotated[float, Field(gt=0, le=2000, allow_inf_nan=False)] = 25.0
+    swap_overhead_s: Annotated[float, Field(ge=0, le=3600, allow_inf_nan=False)] = 0.0  # per wake-up, beyond the copy
 
     @model_validator(mode="after")
     def _check(self) -> Fleet:
@@ -67,8 +78,8 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     from capacity.sim.metrics import SLO, summarize
     from capacity.sim.simulator import Service, SimConfig, simulate
 
-    if layout not in ("separate", "shared"):
-        raise ConfigError(f"layout {layout!r}: use separate or shared")
+    if layout not in LAYOUTS:
+        raise ConfigError(f"layout {layout!r}: use {', '.join(LAYOUTS)}")
     gpu = get_gpu(fleet.gpu)
     n = len(fleet.models)
     services, reqs, cards, budgets, services_util = [], [], [], [], []
@@ -76,10 +87,10 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     for i, m in enumerate(fleet.models):
         card = load_model_card(resolve_model_path(m.model))
         eng = m.engine
+        if layout != "separate" and eng.tensor_parallel_size != 1:
+            raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the {layout} layout puts one replica of "
+                              "every model on each GPU (TP 1)")
         if layout == "shared":
-            if eng.tensor_parallel_size != 1:
-                raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the shared layout puts one replica of "
-                                  "every model on each GPU (TP 1)")
             eng = eng.model_copy(update={"gpu_memory_utilization": m.share or 0.9 / n})
         try:
             p = prepare(Deployment(card, gpu, eng))
@@ -87,6 +98,10 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
             raise ConfigError(f"models[{i}] ({card.name}), {layout} layout: {exc}") from None
         if layout == "shared":
             sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)))  # type: ignore[arg-type]
+        elif layout == "swapped":
+            copy_s = p.budget.weights_bytes / (fleet.host_link_gbps * 1e9)
+            sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)),  # type: ignore[arg-type]
+                         swap_s=copy_s + fleet.swap_overhead_s, sleep_s=copy_s)
         else:
             sv = Service(card.name, p.cost, p.make_scheduler, m.replicas, None)  # type: ignore[arg-type]
             gpus += m.replicas * eng.tensor_parallel_size
@@ -97,13 +112,14 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
         for r in generate(m.workload, np.random.default_rng([seed, i])):
             r.service = i
             reqs.append(r)
-    if layout == "shared":
+    if layout != "separate":
         gpus = fleet.gpus
     reqs.sort(key=lambda r: (r.arrival_s, r.service, r.id))
     for k, r in enumerate(reqs):
         r.id = k
     res = simulate(reqs, services[0].cost, services[0].make_scheduler, np.random.default_rng(seed),
-                   SimConfig(services=tuple(services), timeseries=False))
+                   SimConfig(services=tuple(services), timeseries=False,
+                             device_sharing="swap" if layout == "swapped" else "timeslice"))
     rec = res.records
     bounds = np.cumsum([0] + [s.replicas for s in services])
     models = []
@@ -123,6 +139,10 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
                        "kv_blocks": b.planning_blocks, "requests": len(mine), "p99_ttft_s": p99_t, "p99_tpot_s": p99_p,
                        "p50_ttft_s": s.ttft_s.p50, "p50_tpot_s": s.tpot_s.p50,
                        "slo_ttft_s": m.slo_ttft_s, "slo_tpot_s": m.slo_tpot_s, "meets_slo": bool(ok)})
-    return {"layout": layout, "gpus": gpus, "gpu": gpu.name, "saturated": res.saturated,
+    extra = {}
+    if layout == "swapped":
+        extra = {"swaps": len(res.swaps), "swap_s": [s.swap_s for s in services],
+                 "swaps_per_hour": len(res.swaps) / max(res.end_s, 1e-9) * 3600}
+    return {"layout": layout, "gpus": gpus, "gpu": gpu.name, "saturated": res.saturated, **extra,
             "saturation": res.saturation, "models": models, "meets_slo": all(x["meets_slo"] for x in models)}
 

@@ -152,7 +152,7 @@ class Autoscaler:
             in_flight, _ = self._averaged(0.0)
             want = math.ceil(in_flight / cfg.target - 1e-9)
         elif cfg.policy == "queue":
-            _, waiting = self._averaged(sum(r.sched.num_waiting for r in pool))
+            _, waiting = self._averaged(sum(r.sched.num_waiting for r in pool) + len(self.sim.router.queue))
             want = len(ready) + math.ceil(waiting / (cfg.target * max(1, len(ready))) - 1e-9)
         elif cfg.policy == "kv":
             _, used = self._averaged(sum(r.sched.kv_blocks_used for r in pool))
@@ -168,6 +168,7 @@ class Autoscaler:
             yield self.sim.env.timeout(self.cfg.startup_s)
         self.starting -= 1
         self.ready.append(rep)
+        self.sim.router.pull()  # router "queue": what waits there goes to the new replica now
         self._record(self.timeline.desired[-1])
 
     def _drain_one(self) -> None:

@@ -2,8 +2,8 @@
 
 - `Recorder`: per-request timelines, ITL samples (single steps and whole decode runs), time series of queue,
   batch and KV use, the time-in-system integral (Little's law) and the finished count (saturation);
-- `Router`: sends each request to a replica (round-robin or least outstanding), or rejects it when the
-  replica's scheduler says it can never run;
+- `Router`: sends each request to a replica (round-robin, least outstanding, or from one queue at the router
+  to whichever replica has room), or rejects it when the replica's scheduler says it can never run;
 - `Delay`: a fixed latency in front of the router (SimPy `Store` + one deliverer process): the front end's
   HTTP, tokenisation and hand-off time, which the client sees in TTFT but the engine does not spend; a KV
   transfer between prefill and decode pools is the next user of the same object;
@@ -59,9 +59,10 @@ class Recorder:
         self.t_last = now
         self.n_sys += delta
 
-    def admitted(self, seq: Seq) -> None:
+    def admitted(self, seq: Seq, counted: bool = False) -> None:
         self.seqs.append(seq)
-        self.count(+1)
+        if not counted:
+            self.count(+1)
 
     def finished(self, seq: Seq) -> None:
         self.count(-1)
@@ -114,11 +115,22 @@ class Recorder:
 
 
 class Router:
-    """Round-robin or least-outstanding dispatch to replicas; rejects what a replica can never run."""
+    """Dispatch to replicas: round-robin, least outstanding, or one FIFO queue at the router ("queue").
 
-    def __init__(self, sim: Simulation, replicas: list[Replica], policy: str) -> None:
+    "queue" holds every request at the router and sends the head to the least-loaded replica with fewer than
+    `max_ongoing` requests (default: the replica's max_num_seqs) the moment one has room: at an arrival, or
+    when a replica finishes one (Ray Serve's `max_ongoing_requests`, Knative's `containerConcurrency` with its
+    activator queue). With one request per replica that pool is the textbook M/G/c queue. A request waiting
+    here counts as in the system (Little's law, the autoscaler's in-flight metric). Rejects what a replica can
+    never run."""
+
+    def __init__(self, sim: Simulation, replicas: list[Replica], policy: str, max_ongoing: int | None = None) -> None:
         self.sim, self.replicas, self.policy = sim, replicas, policy
         self.rr = 0
+        self.queue: deque[Request] = deque()
+        self.max_ongoing = max_ongoing
+        for rep in replicas:
+            rep.router = self
 
     def pick(self) -> Replica:
         if self.policy == "round_robin":
@@ -138,12 +150,34 @@ class Router:
         rep.resume(seq)
 
     def dispatch(self, req: Request) -> None:
+        if self.policy == "queue":
+            why = self.replicas[0].sched.admissible(req) if self.replicas else ""
+            if why:
+                self.sim.reject(req, why)
+                return
+            self.sim.recorder.count(+1)  # in the system from now, though no replica holds it yet
+            self.queue.append(req)
+            self.pull()
+            return
         rep = self.pick()
         why = rep.sched.admissible(req)
         if why:
             self.sim.reject(req, why)
             return
         rep.admit(req)
+
+    def pull(self) -> None:
+        """Send queued requests to replicas with room, least outstanding first (ties: the lowest index)."""
+        q = self.queue
+        while q:
+            best = None
+            for r in self.replicas:
+                n = r.sched.outstanding
+                if n < (self.max_ongoing or r.sched.max_running) and (best is None or n < best[0]):
+                    best = (n, r)
+            if best is None:
+                return
+            best[1].admit(q.popleft(), counted=True)
 
 
 class Delay:
@@ -215,14 +249,17 @@ class Replica:
         self.wake_event: simpy.Event | None = None
         self.proc: simpy.Process | None = None
         self.device: simpy.Resource | None = None  # a GPU shared with other models' replicas (one step at a time)
+        self.swap: tuple[float, float] | None = None  # swap mode on that device: (sleep_s, swap_s) of this model
         self.stretching = False  # in a decode stretch that a delivered sequence may cut (see resume)
+        self.router: Router | None = None  # the router that sends it requests (set by the router)
 
-    def admit(self, req: Request) -> None:
+    def admit(self, req: Request, counted: bool = False) -> None:
+        """`counted`: already in the system's count (it waited in the router's queue)."""
         seq = self.sched.add(req)
         seq.replica = self.idx
         if self.role == "prefill":  # the prefill pool computes the prompt and samples the first token only
             seq.output, seq.phase = 1, 1
-        self.sim.recorder.admitted(seq)
+        self.sim.recorder.admitted(seq, counted)
         self._wake()
 
     def resume(self, seq: Seq) -> None:
@@ -260,7 +297,7 @@ class Replica:
             now = env.now
             sim.events += 1
             if self.device is not None:
-                yield from self._shared_step()
+                yield from (self._swap_turn() if self.swap is not None else self._shared_step())
                 if sim.stop.triggered:
                     return
                 continue
@@ -339,10 +376,47 @@ class Replica:
                 return
 
 
+    def _swap_turn(self) -> Generator:
+        """Swap mode: take the device, make this model resident if it is not (the resident one sleeps, this one
+        wakes), then run step by step until nothing is left in flight; the model stays resident after."""
+        sim, env, dev = self.sim, self.sim.env, self.device
+        assert dev is not None and self.swap is not None
+        out = None
+        with dev.request() as req:
+            yield req
+            prev = getattr(dev, "resident", None)
+            if prev is not self:
+                sim.swaps.append((env.now, prev.idx if prev is not None else -1, self.idx))
+                yield env.timeout((prev.swap[0] if prev is not None and prev.swap else 0.0) + self.swap[1])
+                dev.resident = self  # type: ignore[attr-defined]
+            while self.sched.has_work and not sim.stop.triggered:
+                out = self.sched.schedule(env.now)
+                if isinstance(out, float) or out.plan.num_tokens == 0:
+                    break  # nothing runnable now: give the device up until something arrives
+                yield from self._run_step(out)
+        if self.sched.has_work and not sim.stop.triggered:
+            yield from self._sleep(out if isinstance(out, float) else None)
+
+    def _run_step(self, out) -> Generator:
+        sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
+        sim.events += 1
+        prev = [(s, s.last_token_s) for s, _ in out.scheduled if s.generated > 0]
+        yield env.timeout(self.cost.step_s(out.plan))
+        sim.steps += 1
+        end = env.now
+        emitted, done = sched.complete(out, end)
+        rec.tokens_total += len(emitted)
+        rec.gaps(prev, end)
+        if done:
+            sim.finish(done)
+        if rec.timeseries:
+            rec.sample(self)
+        sim.check_saturation(self)
+
     def _shared_step(self) -> Generator:
         """One step on a device shared with other models: wait for the device, plan the step with what is queued
         then, run it, release the device (see capacity.sim.simulator.Service)."""
-        sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
+        sched, env = self.sched, self.sim.env
         assert self.device is not None
         with self.device.request() as req:
             yield req
@@ -351,20 +425,7 @@ class Replica:
             if isinstance(out, float) or out.plan.num_tokens == 0:  # nothing to run: release, then sleep
                 sleep_until = out if isinstance(out, float) else None
             else:
-                sim.events += 1
-                scheduled = out.scheduled
-                prev = [(s, s.last_token_s) for s, _ in scheduled if s.generated > 0]
-                yield env.timeout(self.cost.step_s(out.plan))
-                sim.steps += 1
-                end = env.now
-                emitted, done = sched.complete(out, end)
-                rec.tokens_total += len(emitted)
-                rec.gaps(prev, end)
-                if done:
-                    sim.finish(done)
-                if rec.timeseries:
-                    rec.sample(self)
-                sim.check_saturation(self)
+                yield from self._run_step(out)
                 return
         yield from self._sleep(sleep_until)
 

@@ -71,25 +71,41 @@ class Service:
     co-located engines time-slice one GPU (each CUDA context runs its kernels in turn; MPS and MIG, which would
     overlap or partition them, are not modelled). A replica on a shared device runs step by step (no decode
     stretches: another model may take the device between any two steps). Requests name their service
-    (`Request.service`)."""
+    (`Request.service`).
+
+    `swap_s` switches a shared device to swapping (SimConfig.device_sharing "swap"): one model resident at a time,
+    with the whole GPU; it keeps the device until it has nothing in flight, then the model that asked first
+    loads, paying the outgoing model's `sleep_s` and its own `swap_s` (vLLM's sleep mode level 1: weights copied
+    to host memory, KV cache discarded, which is why a model gives the GPU up only when idle; wake-up copies
+    the weights back)."""
 
     name: str
     cost: object
     make_scheduler: Callable[[], Scheduler]
     replicas: int = 1
     devices: tuple[int | None, ...] | None = None  # per replica: a shared device id, or None
+    swap_s: float = 0.0  # swap mode: time to make this model resident (weights host -> GPU), s
+    sleep_s: float = 0.0  # swap mode: time to put it to sleep (weights GPU -> host), s
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise CapacityError(f"service {self.name}: replicas must be >= 1 (got {self.replicas})")
         if self.devices is not None and len(self.devices) != self.replicas:
             raise CapacityError(f"service {self.name}: {len(self.devices)} devices for {self.replicas} replicas")
+        for f in ("swap_s", "sleep_s"):
+            v = getattr(self, f)
+            if not (math.isfinite(v) and v >= 0):
+                raise CapacityError(f"service {self.name}: {f} must be a finite number >= 0 (got {v})")
+
+
+ROUTERS = ("round_robin", "least_outstanding", "queue")
 
 
 @dataclass
 class SimConfig:
     replicas: int = 1
-    router: Literal["round_robin", "least_outstanding"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "queue"] = "round_robin"
+    router_max_ongoing: int | None = None  # "queue": requests per replica before the router holds them (None: max_num_seqs)
     fast_forward: bool = True
     max_stretch: int = 1 << 30
     saturation_queue: int | None = None  # default: max(1000, 8 x the scheduler's batch cap)
@@ -100,12 +116,19 @@ class SimConfig:
     autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored)
     disagg: Disaggregation | None = None  # prefill and decode pools (replicas is then ignored)
     services: tuple[Service, ...] | None = None  # several models (cost and scheduler then come from each)
+    device_sharing: Literal["timeslice", "swap"] = "timeslice"  # shared devices: steps take turns, or models swap
 
     def __post_init__(self) -> None:
         if self.replicas <= 0:
             raise CapacityError(f"replicas: must be > 0 (got {self.replicas})")
-        if self.router not in ("round_robin", "least_outstanding"):
-            raise CapacityError(f"router: use round_robin or least_outstanding (got {self.router!r})")
+        if self.router not in ROUTERS:
+            raise CapacityError(f"router: use {', '.join(ROUTERS)} (got {self.router!r})")
+        if self.router_max_ongoing is not None and (isinstance(self.router_max_ongoing, bool)
+                                                    or not isinstance(self.router_max_ongoing, int)
+                                                    or self.router_max_ongoing < 1):
+            raise CapacityError(f"router_max_ongoing: must be a whole number >= 1 (got {self.router_max_ongoing!r})")
+        if self.device_sharing not in ("timeslice", "swap"):
+            raise CapacityError(f"device_sharing: use timeslice or swap (got {self.device_sharing!r})")
         if not 0 <= self.frontend_s < math.inf:
             raise CapacityError(f"frontend_s: must be a finite number >= 0 (got {self.frontend_s})")
 
@@ -131,6 +154,7 @@ class SimResult:
     autoscale: Timeline | None = None  # the pool over time, when it autoscaled
     transfer_waits: np.ndarray | None = None  # disaggregated: per KV transfer, time queued for the link, s
     transfer_times: np.ndarray | None = None  # disaggregated: per KV transfer, time on the link, s
+    swaps: list[tuple[float, int, int]] = field(default_factory=list)  # swap mode: (start, from replica, to replica)
 
 
 class Simulation:
@@ -156,13 +180,16 @@ class Simulation:
                     dev = sv.devices[j] if sv.devices is not None else None
                     if dev is not None:
                         rep.device = devices.setdefault(dev, simpy.Resource(self.env, capacity=1))
+                        rep.swap = (sv.sleep_s, sv.swap_s) if cfg.device_sharing == "swap" else None
                     self.replicas.append(rep)
                     mine.append(rep)
-                self.routers.append(Router(self, mine, cfg.router))
+                self.routers.append(Router(self, mine, cfg.router, cfg.router_max_ongoing))
             self.router = self.routers[0]
         elif d is not None:
             if cfg.autoscale is not None:
                 raise CapacityError("autoscaling a disaggregated deployment is not modelled")
+            if cfg.router == "queue":
+                raise CapacityError("router queue: not modelled for disaggregated serving (use least_outstanding)")
             pre = [Replica(self, i, make_scheduler(), "prefill") for i in range(d.prefill_replicas)]
             dec = [Replica(self, d.prefill_replicas + i, d.make_decode_scheduler(), "decode", d.decode_cost)
                    for i in range(d.decode_replicas)]
@@ -175,7 +202,8 @@ class Simulation:
         else:
             n = cfg.autoscale.max_replicas if cfg.autoscale is not None else cfg.replicas
             self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
-            self.router = Router(self, list(self.replicas), cfg.router)
+            self.router = Router(self, list(self.replicas), cfg.router, cfg.router_max_ongoing)
+        self.queue_routers = [r for r in (self.routers or [self.router]) if r.policy == "queue"]
         self.autoscaler = Autoscaler(self, cfg.autoscale) if cfg.autoscale is not None else None
         if cfg.frontend_s > 0 and self.routers:
             raise CapacityError("a front-end delay in a fleet of several models is not modelled")
@@ -187,6 +215,7 @@ class Simulation:
         self.offline = False  # an offline batch: the queue is the batch, never a sign of overload
         self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
         self.steps = self.events = 0
+        self.swaps: list[tuple[float, int, int]] = []  # swap mode: (time, device's previous replica, new one)
         self.longest_backlog: tuple[float, float, int] = (0.0, 0.0, 0)  # (start, end, tokens) of a backlog
         self.overload: tuple[int, int, float] | None = None  # (queued, requests, time) at the last arrival
         self.result = SimResult(Records(*[np.array([])] * 9), np.array([]), np.array([]), np.array([]),
@@ -225,6 +254,12 @@ class Simulation:
             w = self.waiters.pop(s.req.id, None)
             if w is not None:  # a closed-loop user: when it will send again is known now (the fast path's horizon)
                 w.succeed(self.users.answered() if self.users else None)
+        for r in self.queue_routers:  # a replica has room now: the router's queue moves
+            r.pull()
+
+    def router_queued(self) -> int:
+        """Requests held in routers' queues (router "queue"): waiting, though no replica holds them."""
+        return sum(len(r.queue) for r in self.queue_routers)
 
     def backlog_rate(self, t0: float, t1: float, tokens: int) -> float | None:
         """Requests/s served over [t0, t1] while the queue was never empty: output tokens emitted per second
@@ -238,7 +273,7 @@ class Simulation:
 
     def check_saturation(self, rep: Replica) -> bool:
         rec, res = self.recorder, self.result
-        q = rep.sched.num_waiting
+        q = rep.sched.num_waiting + (len(rep.router.queue) if rep.router is not None else 0)
         if q == 0:
             if rec.backlog_since is not None:  # a backlogged period ends: keep the longest (the capacity sample)
                 t0, _, k0 = rec.backlog_since
@@ -265,7 +300,7 @@ class Simulation:
         (lambda - mu) x T requests. More than `overload_fraction` of all arrivals still waiting = overloaded,
         which catches runs too short for the queue to reach `saturation_queue` (needs enough requests spread
         over time: a burst of a few requests at t=0 is not an overload)."""
-        waiting = sum(r.sched.num_waiting for r in self.replicas)
+        waiting = sum(r.sched.num_waiting for r in self.replicas) + self.router_queued()
         res, now = self.result, self.env.now
         if n_requests >= 50 and now > 0 and waiting > self.cfg.overload_fraction * n_requests and not res.saturated:
             res.saturated = True
@@ -313,12 +348,15 @@ class Simulation:
                 raise
         rec = self.recorder
         rec.count(0)
+        for r in self.queue_routers:  # still queued at the router when the run stopped: never scheduled
+            rec.seqs.extend(Seq(req) for req in r.queue)
         if self.overload is not None:
             self._overload_capacity()
         res.end_s = env.now
         res.time_in_system_area = rec.area
         res.steps, res.events = self.steps, self.events
         res.preemptions = sum(r.sched.num_preemptions for r in self.replicas)
+        res.swaps = self.swaps
         if not res.saturated and math.isfinite(cfg.max_sim_s) and env.now >= cfg.max_sim_s:
             res.saturation = f"stopped at max_sim_s={cfg.max_sim_s} s with requests unfinished"
         res.records = rec.records()

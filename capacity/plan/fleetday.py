@@ -1,0 +1,305 @@
+"""A fleet of models over a day: per model, static provisioning for the peak, reactive autoscaling and predictive
+autoscaling, each simulated over the model's load curve; and the models sharing GPUs. GPU-hours, cost and
+SLO-miss minutes per model and for the fleet (`capacity fleet-day --fleet day.yaml`).
+
+How each answer is obtained:
+
+- **the rate one replica sustains** under the model's SLO: the planner's rate search (`capacity plan`'s max
+  rate: bisection with common random numbers at a steady Poisson rate with the workload's lengths), times
+  `headroom`; or `per_replica_rate` when given;
+- **static**: ceil(peak rate / that rate) replicas all day;
+- **predictive**: the autoscaler asks for ceil(rate at now + start-up / that rate) (capacity.sim.autoscale);
+- **reactive**: the concurrency policy (HPA / KServe-Knative style) with the target requests per replica that a
+  replica holds at that rate (Little's law on a steady simulation at it), or `target` when given; it sees load
+  only once it has arrived, and replicas come `startup_s` later;
+- **shared**: G GPUs all day, each hosting one replica of every model (memory split by shares, steps taking
+  turns: capacity.plan.colocate), G the fewest that meets every model's SLO with every model at its peak rate
+  at once. Checked at the peaks together, which is the conservative end when the models peak at different
+  hours; a shared pool that autoscales is not modelled (every model's engine would restart to change shares).
+
+The per-model day runs are independent: they go to a process pool (one worker per core).
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from capacity.engine.config import EngineConfig
+from capacity.errors import ConfigError
+from capacity.workload import WorkloadSpec
+
+LAYOUTS = ("static", "reactive", "predictive")
+MAX_MODELS = 8
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class DayModel(_Strict):
+    model: str  # card path or bundled name
+    workload: WorkloadSpec  # curve arrivals: the model's day
+    slo_ttft_s: Pos | None = None  # P99 TTFT objective, s (at least one of the two)
+    slo_tpot_s: Pos | None = None  # P99 TPOT objective, s
+    engine: EngineConfig = EngineConfig()
+    share: Annotated[float, Field(gt=0, lt=1)] | None = None  # shared layout: its gpu_memory_utilization
+    per_replica_rate: Pos | None = None  # req/s one replica sustains under the SLO (default: the planner's x headroom)
+    target: Pos | None = None  # reactive: requests in flight per replica (default: Little's law at that rate)
+    max_replicas: Annotated[int, Field(ge=1, le=256)] = 64
+
+    @model_validator(mode="after")
+    def _check(self) -> DayModel:
+        if self.slo_ttft_s is None and self.slo_tpot_s is None:
+            raise ValueError(f"{self.model}: no SLO (give slo_ttft_s, slo_tpot_s or both): a fleet is sized "
+                             "against each model's objective")
+        if self.workload.arrivals.kind != "curve":
+            raise ValueError(f"{self.model}: workload.arrivals.kind is {self.workload.arrivals.kind}; a day "
+                             "follows a load curve (arrivals: {kind: curve, curve_file: ...})")
+        return self
+
+
+class DayFleet(_Strict):
+    gpu: str = "h100-sxm"
+    models: list[DayModel]
+    price_per_gpu_hour: Pos | None = None  # USD
+    startup_s: NonNeg = 120.0  # model load + engine start-up of a new replica, s
+    cooldown_s: NonNeg = 300.0  # scale down after wanting fewer this long, s
+    interval_s: Pos = 15.0  # the autoscaler's period, s
+    metric_window_s: NonNeg = 60.0  # the reactive controller averages in-flight requests over this window, s
+    window_s: Pos = 300.0  # SLO windows: a window whose P99 misses the SLO counts its minutes as violated
+    headroom: Annotated[float, Field(gt=0, le=1)] = 0.8  # replicas run at this share of their max rate
+    shared_gpus: Annotated[int, Field(ge=1, le=256)] | None = None  # shared layout: GPUs (default: the fewest passing)
+    shared_check_requests: Annotated[int, Field(ge=100, le=100_000)] = 1500  # per model, at its peak rate
+
+    @model_validator(mode="after")
+    def _check(self) -> DayFleet:
+        if not 1 <= len(self.models) <= MAX_MODELS:
+            raise ValueError(f"models: 1 to {MAX_MODELS} models (got {len(self.models)})")
+        shares = [m.share if m.share is not None else 0.9 / len(self.models) for m in self.models]
+        if sum(shares) > 0.95 + 1e-9:
+            raise ValueError(f"models[].share: the shares add up to {sum(shares):.2f}, more than 0.95 of a GPU")
+        return self
+
+
+def _slo(m: DayModel):
+    from capacity.plan.scenario import SLOSpec
+
+    ttft = m.slo_ttft_s if m.slo_ttft_s is not None else 3600.0
+    return SLOSpec(ttft_s=ttft, tpot_s=m.slo_tpot_s if m.slo_tpot_s is not None else ttft)
+
+
+def _steady(m: DayModel, rate: float, n: int) -> WorkloadSpec:
+    from capacity.workload import Arrivals
+
+    return m.workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=rate), "num_requests": n})
+
+
+def per_replica(fleet: DayFleet, i: int, seed: int = 0) -> dict[str, Any]:
+    """Model i's operating point: the rate one replica sustains under its SLO (x headroom), where it came from,
+    and the reactive target (requests in flight per replica at that rate)."""
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.sim.simulator import littles_law
+
+    m = fleet.models[i]
+    card = load_model_card(resolve_model_path(m.model))
+    gpu = get_gpu(fleet.gpu)
+    if m.per_replica_rate is not None:
+        rate, source = m.per_replica_rate, "given"
+    else:
+        from capacity.plan.executors import make_executor
+        from capacity.plan.planner import Planner
+        from capacity.plan.scenario import Scenario
+
+        tp = m.engine.tensor_parallel_size
+        sc = Scenario(model=card.model_dump(), gpu=gpu.name, engine=m.engine, workload=_steady(m, 1.0, 1000),
+                      slo=_slo(m), headroom=fleet.headroom)
+        planner = Planner(sc, card, make_executor("serial", progress=False))
+        e, b = planner.fitting_engine(tp)
+        rs = planner.rate_search(e, tp, b.max_num_seqs)
+        if rs.max_rate <= 0:
+            raise ConfigError(f"models[{i}] ({card.name}): even a trickle of requests misses its SLO on {gpu.name} "
+                              f"at TP {tp}")
+        rate, source = rs.max_rate * fleet.headroom, f"planner max rate {rs.max_rate:.3g} req/s x headroom {fleet.headroom:g}"
+    target = m.target
+    if target is None:
+        n = 2000
+        res = run(Deployment(card, gpu, m.engine), _steady(m, rate, n), RunOptions(seed=seed, ci=False,
+                                                                                   timeseries=False))
+        target = max(littles_law(res.sim)[0], 0.5)
+    return {"model": card.name, "tp": m.engine.tensor_parallel_size, "per_replica_rate": rate,
+            "rate_source": source, "target": target,
+            "target_source": "given" if m.target is not None else "Little's law at that rate"}
+
+
+def layout_metrics(res, gpu_seconds: float, window_s: float, slo_ttft_s: float | None, slo_tpot_s: float | None,
+                   price: float | None) -> dict[str, Any]:
+    """One run over a load curve (a `capacity.pipeline.RunResult`) as a report's layout: GPU-hours from
+    `gpu_seconds` (replica-seconds x TP), cost, SLO-miss minutes over windows of `window_s`, the run's P99s and
+    the per-window metrics (non-finite values as None)."""
+    import numpy as np
+
+    from capacity.sim.autoscale import window_metrics
+
+    w = window_metrics(res.sim.records, window_s, slo_ttft_s, slo_tpot_s)
+    gpu_h = gpu_seconds / 3600
+    return {"gpu_hours": gpu_h, "cost_usd": gpu_h * price if price else None,
+            "violation_minutes": float((~w["met"]).sum() * window_s / 60), "windows": int(w["met"].size),
+            "p99_ttft_s": res.summary.ttft_s.p99, "p99_tpot_s": res.summary.tpot_s.p99,
+            "simulated_s": res.sim.end_s, "requests": len(res.sim.records), "saturated": res.sim.saturated,
+            "window": {k: ([bool(x) for x in v] if k == "met" else
+                           [None if not np.isfinite(x) else float(x) for x in v]) for k, v in w.items()}}
+
+
+def _day_run(args: tuple) -> dict[str, Any]:
+    """One model, one layout, over its whole curve (a process-pool worker)."""
+    fleet, i, layout, point, seed = args
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.sim.autoscale import AutoscaleConfig
+
+    t0 = time.perf_counter()
+    m: DayModel = fleet.models[i]
+    card = load_model_card(resolve_model_path(m.model))
+    gpu = get_gpu(fleet.gpu)
+    curve = m.workload.arrivals.rate_curve()
+    rate = point["per_replica_rate"]
+    n_static = min(m.max_replicas, max(1, math.ceil(curve.max_rate / rate - 1e-9)))
+    opts = RunOptions(seed=seed, warmup_fraction=0.0, ci=False, timeseries=False)
+    tp = m.engine.tensor_parallel_size
+    if layout == "static":
+        res = run(Deployment(card, gpu, m.engine, replicas=n_static), m.workload, opts)
+        span = max(res.sim.end_s, m.workload.arrivals.duration_s or 0.0)  # provisioned for the whole day
+        out = layout_metrics(res, n_static * span * tp, fleet.window_s, m.slo_ttft_s, m.slo_tpot_s,
+                             fleet.price_per_gpu_hour)
+        out["replicas_min"] = out["replicas_max"] = n_static
+    else:
+        initial = min(m.max_replicas, max(1, math.ceil(float(curve.rate(0.0)) / rate - 1e-9)))
+        asc = AutoscaleConfig(min_replicas=1, max_replicas=m.max_replicas, initial=initial,
+                              policy="concurrency" if layout == "reactive" else "predictive",
+                              target=point["target"] if layout == "reactive" else 32.0,
+                              interval_s=fleet.interval_s, startup_s=fleet.startup_s, cooldown_s=fleet.cooldown_s,
+                              window_s=fleet.metric_window_s,
+                              per_replica_rate=rate if layout == "predictive" else None,
+                              curve=curve if layout == "predictive" else None)
+        res = run(Deployment(card, gpu, m.engine, autoscale=asc), m.workload, opts)
+        tl = res.sim.autoscale
+        assert tl is not None
+        out = layout_metrics(res, tl.replica_seconds * tp, fleet.window_s, m.slo_ttft_s, m.slo_tpot_s,
+                             fleet.price_per_gpu_hour)
+        out["replicas_min"] = int(min(tl.ready))
+        out["replicas_max"] = int(max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining)))
+    out["wall_s"] = time.perf_counter() - t0
+    return out
+
+
+def shared_check(fleet: DayFleet, gpus: int, seed: int = 0) -> dict[str, Any]:
+    """Every model at its peak rate at once on `gpus` shared GPUs (capacity.plan.colocate's shared layout)."""
+    from capacity.plan.colocate import Fleet, FleetModel, simulate_fleet
+
+    models = []
+    for m in fleet.models:
+        peak = m.workload.arrivals.rate_curve().max_rate
+        models.append(FleetModel(model=m.model, workload=_steady(m, peak, fleet.shared_check_requests),
+                                 slo_ttft_s=m.slo_ttft_s, slo_tpot_s=m.slo_tpot_s, share=m.share,
+                                 engine=m.engine))
+    return simulate_fleet(Fleet(gpu=fleet.gpu, gpus=gpus, models=models), "shared", seed)
+
+
+def _say(progress: bool, msg: str) -> None:
+    if progress:
+        print(msg, file=sys.stderr, flush=True)
+
+
+def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, progress: bool = False,
+              shared: bool = True) -> dict[str, Any]:
+    """The whole comparison (see the module docstring) as a JSON-ready report."""
+    from capacity.files import strict_json
+
+    t0 = time.perf_counter()
+    points = []
+    for i, m in enumerate(fleet.models):
+        try:
+            points.append(per_replica(fleet, i, seed))
+        except ConfigError as exc:
+            raise ConfigError(f"models[{i}] ({m.model}): {exc}") from None
+        p = points[-1]
+        _say(progress, f"fleet-day: {p['model']}: {p['per_replica_rate']:.3g} req/s per replica "
+                       f"({p['rate_source']}), reactive target {p['target']:.3g} in flight")
+    jobs = [(fleet, i, lay, points[i], seed) for i in range(len(fleet.models)) for lay in LAYOUTS]
+    n_workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    results: dict[tuple[int, str], dict] = {}
+    if n_workers == 1:
+        for j in jobs:
+            results[(j[1], j[2])] = _day_run(j)
+            _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
+    else:
+        with ProcessPoolExecutor(n_workers) as pool:
+            futs = {pool.submit(_day_run, j): j for j in jobs}
+            from concurrent.futures import as_completed
+
+            for f in as_completed(futs):
+                j = futs[f]
+                results[(j[1], j[2])] = f.result()
+                _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
+    models = []
+    for i, m in enumerate(fleet.models):
+        curve = m.workload.arrivals.rate_curve()
+        models.append({**points[i], "peak_rate_per_s": curve.max_rate, "mean_rate_per_s": curve.mean_rate,
+                       "slo": {"ttft_s": m.slo_ttft_s, "tpot_s": m.slo_tpot_s},
+                       "layouts": {lay: results[(i, lay)] for lay in LAYOUTS}})
+    totals = {}
+    for lay in LAYOUTS:
+        rows = [mm["layouts"][lay] for mm in models]
+        gh = sum(r["gpu_hours"] for r in rows)
+        totals[lay] = {"gpu_hours": gh, "cost_usd": gh * fleet.price_per_gpu_hour if fleet.price_per_gpu_hour else None,
+                       "violation_minutes": sum(r["violation_minutes"] for r in rows),
+                       "saturated": any(r["saturated"] for r in rows)}
+    out: dict[str, Any] = {"gpu": fleet.gpu, "price_per_gpu_hour": fleet.price_per_gpu_hour,
+                           "startup_s": fleet.startup_s, "window_s": fleet.window_s, "models": models,
+                           "totals": totals}
+    if shared:
+        out["shared"] = _shared(fleet, models, seed, progress)
+        if out["shared"]["gpus"] is not None:
+            gh = out["shared"]["gpus"] * out["shared"]["hours"]
+            totals["shared"] = {"gpu_hours": gh, "cost_usd": gh * fleet.price_per_gpu_hour
+                                if fleet.price_per_gpu_hour else None, "violation_minutes": None, "saturated": False}
+    out["wall_s"] = time.perf_counter() - t0
+    out["units"] = "seconds, GPU-hours, USD"
+    return strict_json(out)
+
+
+def _shared(fleet: DayFleet, models: list[dict], seed: int, progress: bool) -> dict[str, Any]:
+    """The fewest shared GPUs (or the given number) that hold every model's SLO at the peaks together."""
+    hours = max(mm["layouts"]["static"]["simulated_s"] for mm in models) / 3600
+    most = sum(mm["layouts"]["static"]["replicas_max"] * mm["tp"] for mm in models)
+    if any(m.engine.tensor_parallel_size != 1 for m in fleet.models):
+        return {"gpus": None, "hours": hours, "tried": [],
+                "why": "the shared layout puts one replica of every model on a GPU (TP 1 only)"}
+    tries = [fleet.shared_gpus] if fleet.shared_gpus else list(range(1, most + 1))
+    tried: list[dict[str, Any]] = []
+    for g in tries:
+        try:
+            r = shared_check(fleet, g, seed)
+        except ConfigError as exc:  # the models do not fit their shares of one GPU
+            return {"gpus": None, "hours": hours, "tried": tried, "why": str(exc)}
+        tried.append({"gpus": g, "meets_slo": r["meets_slo"], "models": r["models"]})
+        _say(progress, f"fleet-day: shared on {g} GPU(s) at every model's peak: "
+                       f"{'every SLO met' if r['meets_slo'] else 'an SLO missed'}")
+        if r["meets_slo"]:
+            return {"gpus": g, "hours": hours, "tried": tried, "why": ""}
+    return {"gpus": None, "hours": hours, "tried": tried,
+            "why": f"no count up to {tries[-1]} shared GPUs met every SLO at the peaks (separate pools need "
+                   f"{most} at the peak)"}
