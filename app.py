@@ -483,7 +483,7 @@ def autoscale_run(card: dict, gpu: str, engine: dict, workload: dict, autoscale:
     from capacity.workload import WorkloadSpec
 
     spec = validate(WorkloadSpec, workload, "workload")
-    asc = AutoscaleConfig(**autoscale, curve=spec.arrivals.rate_curve() if autoscale["policy"] == "predictive" else None)
+    asc = AutoscaleConfig(**autoscale, curve=spec.total_curve() if autoscale["policy"] == "predictive" else None)
     return autoscale_report(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"), spec,
                             asc, static, window_s=window_s, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, price=price,
                             seed=seed, profile=profile)

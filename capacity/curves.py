@@ -162,6 +162,22 @@ class RateCurve(_Strict):
         return self.integral(0.0, span) / span if span > 0 else self.max_rate
 
 
+def sum_curves(curves: list[RateCurve]) -> RateCurve:
+    """The total rate of independent streams, exactly, as one curve: the rates summed at the union of the curves'
+    points, with their shape and period (each curve is linear, or constant, between its own points, so the sum
+    is between consecutive union points). The curves must share shape and period (ConfigError otherwise)."""
+    if len(curves) == 1:
+        return curves[0]
+    shapes, periods = {c.shape for c in curves}, {c.period_s for c in curves}
+    if len(shapes) > 1 or len(periods) > 1:
+        raise ConfigError("curves of a workload's classes are summed into its total rate: they need one shape and "
+                          f"one period_s (got shapes {sorted(shapes)}, periods {sorted(map(str, periods))})")
+    t = np.unique(np.concatenate([np.asarray(c.points, dtype=float)[:, 0] for c in curves]))
+    total = sum((c.rate(t) for c in curves), np.zeros(t.size))
+    return RateCurve(points=[(float(a), float(b)) for a, b in zip(t, total)], shape=curves[0].shape,
+                     period_s=curves[0].period_s)
+
+
 # ---- rate curves: arrivals, files, fits ----------------------------------------------------------------
 
 MAX_THINNING_CANDIDATES = 100_000_000  # candidate times drawn for one curve workload (peak / mean x requests)

@@ -281,6 +281,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine)
     arr = workload.arrivals
-    offered = arr.rate_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
+    offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
                      littles_law(sim), notes, is_offline=offline)

@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capacity.curves import RateCurve, curve_arrivals, load_curve
+from capacity.curves import RateCurve, curve_arrivals, load_curve, sum_curves
 from capacity.errors import ConfigError
 from capacity.files import short
 
@@ -105,7 +105,7 @@ class Arrivals(_Strict):
     think `think_s` (exponential with that mean), repeat; trace: timestamps from `trace`; offline: every request
     at t=0 (a batch job: `vllm bench throughput`, MLPerf Offline), measured by its makespan; curve: a Poisson
     process whose rate follows `curve` or `curve_file` (a daily load curve; one curve for the whole workload,
-    classes drawn by weight as for the others; a curve per class is a later step)."""
+    classes drawn by weight as for the others, or a class on a curve of its own: RequestClass.curve)."""
 
     kind: Literal["poisson", "gamma", "constant", "closed", "trace", "offline", "curve"] = "poisson"  # arrival process (see above)
     rate_per_s: PosFloat | None = None  # requests/s, all replicas (a plan supplies it from its target)
@@ -152,6 +152,26 @@ class RequestClass(_Strict):
     output_len: Lengths | None = None  # this class's output lengths (None: the workload's)
     slo_ttft_s: PosFloat | None = None  # this class's TTFT SLO, s (goodput; the planner holds the class to it)
     slo_tpot_s: PosFloat | None = None  # this class's TPOT SLO, s
+    # curve arrivals: this class arrives on a curve of its own (batch jobs at night, chat by day), independent of
+    # the others; classes without one share the workload's curve by weight. Inline, or a CSV/YAML file.
+    curve: RateCurve | None = None
+    curve_file: str | None = None
+
+    @model_validator(mode="after")
+    def _one_curve(self) -> RequestClass:
+        if self.curve is not None and self.curve_file is not None:
+            raise ValueError(f"class {self.name}: give curve or curve_file, not both")
+        return self
+
+    @property
+    def has_curve(self) -> bool:
+        return self.curve is not None or self.curve_file is not None
+
+    def rate_curve(self) -> RateCurve:
+        if self.curve is not None:
+            return self.curve
+        assert self.curve_file is not None
+        return load_curve(self.curve_file)
 
 
 class PrefixGroups(_Strict):
@@ -181,7 +201,21 @@ class WorkloadSpec(_Strict):
         names = [c.name for c in self.classes]
         if len(set(names)) != len(names):
             raise ValueError(f"classes: names must be unique (got {names})")
+        own = [c.name for c in self.classes if c.has_curve]
+        if own and self.arrivals.kind != "curve":
+            raise ValueError(f"classes {', '.join(own)}: a class curve needs curve arrivals (arrivals.kind is "
+                             f"{self.arrivals.kind})")
+        if own and len(own) == len(self.classes):
+            raise ValueError("classes: every class has a curve of its own, so the workload's arrivals curve would "
+                             "be unused; leave one class on the workload's curve")
         return self
+
+    def total_curve(self) -> RateCurve:
+        """Curve arrivals: the total arrival rate, the workload's curve plus every class's own (exact when they
+        share shape and period, which is required; see capacity.curves.sum_curves)."""
+        base = self.arrivals.rate_curve()
+        own = [c.rate_curve() for c in self.classes if c.has_curve]
+        return sum_curves([base, *own]) if own else base
 
     def class_lengths(self, c: int) -> tuple[Lengths, Lengths]:
         k = self.classes[c]
@@ -244,6 +278,8 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
         return draw_attributes(spec, rng, spec.num_requests, arrivals=np.zeros(spec.num_requests))
     if spec.arrivals.kind == "curve":
         arr = spec.arrivals
+        if any(c.has_curve for c in spec.classes):
+            return _class_curves(spec, rng)
         curve = arr.rate_curve()
         times = curve_arrivals(curve, rng, spec.num_requests, arr.duration_s)
         if not times.size:
@@ -252,6 +288,32 @@ def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
         return draw_attributes(spec, rng, times.size, arrivals=times)
     times = np.cumsum(interarrival_gaps(spec.arrivals, rng, spec.num_requests))
     return draw_attributes(spec, rng, spec.num_requests, arrivals=times)
+
+
+def _class_curves(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
+    """Curve arrivals with classes on curves of their own: one non-homogeneous Poisson stream per such class and
+    one for the classes on the workload's curve (drawn among them by weight); superposed, the first num_requests
+    in time order (each stream draws up to num_requests, so none is cut short)."""
+    arr = spec.arrivals
+    groups = [([i], c.rate_curve()) for i, c in enumerate(spec.classes) if c.has_curve]
+    groups.append(([i for i, c in enumerate(spec.classes) if not c.has_curve], arr.rate_curve()))
+    sum_curves([g[1] for g in groups])  # one shape and period, or a one-line error, before drawing anything
+    out: list[Request] = []
+    for members, curve in groups:
+        times = curve_arrivals(curve, rng, spec.num_requests, arr.duration_s)
+        sub = spec.model_copy(update={"classes": [spec.classes[i].model_copy(update={"curve": None,
+                                                                                     "curve_file": None})
+                                                  for i in members]})
+        for r in draw_attributes(sub, rng, times.size, arrivals=times):
+            r.cls = members[r.cls]
+            out.append(r)
+    out.sort(key=lambda r: (r.arrival_s, r.cls))
+    out = out[: spec.num_requests]
+    if not out:
+        raise ConfigError(f"arrivals.duration_s: no request arrived in the first {arr.duration_s:g} s of the curves")
+    for k, r in enumerate(out):
+        r.id = k
+    return out
 
 
 def _bounded(name: str, value: int, what: str) -> None:

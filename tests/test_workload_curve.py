@@ -317,3 +317,62 @@ def test_simulate_runs_a_curve_workload_and_reports_its_mean_rate(tmp_path):
     out = json.loads(r.stdout)
     assert out["offered_rate_per_s"] == pytest.approx(2.0)  # (1 x 100 + 3 x 100) / 200, by hand
     assert not out["saturated"]
+
+
+# ---- a curve per request class ----------------------------------------------------------------------------------
+
+def test_sum_of_curves_by_hand():
+    """Linear, period 100: A = (0, 2), (50, 4); B = (0, 1), (20, 3). At the union points 0, 20, 50: A is 2, 2.8,
+    4 and B is 1, 3, 3 - (30/80) x 2 = 2.25 (B falls from 3 at t=20 back to 1 at t=100)."""
+    from capacity.curves import sum_curves
+
+    a = RateCurve(points=[(0, 2.0), (50, 4.0)], shape="linear", period_s=100)
+    b = RateCurve(points=[(0, 1.0), (20, 3.0)], shape="linear", period_s=100)
+    s = sum_curves([a, b])
+    assert s.points == [(0.0, 3.0), (20.0, pytest.approx(5.8)), (50.0, pytest.approx(6.25))]
+    t = np.linspace(0, 300, 601)
+    np.testing.assert_allclose(s.rate(t), a.rate(t) + b.rate(t), atol=1e-12)
+    assert s.integral(0, 100) == pytest.approx(a.integral(0, 100) + b.integral(0, 100))
+    with pytest.raises(ConfigError, match="one shape and one period_s"):
+        sum_curves([a, RateCurve(points=[(0, 1.0)], shape="step", period_s=100)])
+
+
+def test_classes_on_curves_of_their_own():
+    """Chat follows the workload's day curve (busy in the first half), batch a night curve of its own (busy in
+    the second half): each class's counts per half match its own curve's integral (Poisson, 4 sd), the
+    priorities stay with their classes, and the total rate is the sum."""
+    day = RateCurve(points=[(0, 8.0), (500, 1.0)], period_s=1000)
+    night = RateCurve(points=[(0, 0.5), (500, 6.0)], period_s=1000)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="curve", curve=day, duration_s=3000), num_requests=100_000,
+                        classes=[RequestClass(name="chat", priority=0),
+                                 RequestClass(name="batch", priority=1, curve=night)])
+    reqs = generate(spec, np.random.default_rng(4))
+    t = np.array([r.arrival_s for r in reqs])
+    cls = np.array([r.cls for r in reqs])
+    assert np.all(np.diff(t) >= 0) and [r.id for r in reqs] == list(range(len(reqs)))
+    assert all(r.priority == r.cls for r in reqs)
+    first = (t % 1000) < 500
+    for c, curve in ((0, day), (1, night)):
+        for half, (t0, t1) in ((first, (0, 500)), (~first, (500, 1000))):
+            want = 3 * curve.integral(t0, t1)
+            assert abs(np.sum((cls == c) & half) - want) < 4 * np.sqrt(want), (c, t0)
+    assert spec.total_curve().points == [(0.0, 8.5), (500.0, 7.0)]
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(arrivals=Arrivals(kind="poisson", rate_per_s=1.0),
+          classes=[RequestClass(name="a"), RequestClass(name="b", curve=RateCurve(points=[(0, 1.0)]))]),
+     "a class curve needs curve arrivals"),
+    (dict(arrivals=Arrivals(kind="curve", curve=RateCurve(points=[(0, 1.0)])),
+          classes=[RequestClass(name="b", curve=RateCurve(points=[(0, 1.0)]))]),
+     "every class has a curve of its own"),
+])
+def test_bad_class_curves_name_the_field(kw, msg):
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match=msg):
+        WorkloadSpec(**kw)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="curve", curve=RateCurve(points=[(0, 1.0)], period_s=10)),
+                        classes=[RequestClass(name="a"), RequestClass(name="b", curve=RateCurve(points=[(0, 1.0)]))])
+    with pytest.raises(ConfigError, match="one shape and one period_s"):
+        generate(spec, np.random.default_rng(0))

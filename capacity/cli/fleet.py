@@ -53,7 +53,7 @@ def autoscale(
     if spec.arrivals.kind != "curve":
         raise CapacityError(f"--workload: arrivals.kind is {spec.arrivals.kind}; autoscaling follows a curve "
                             "(arrivals: {kind: curve, curve_file: ...})")
-    curve = spec.arrivals.rate_curve()
+    curve = spec.total_curve()
     asc = AutoscaleConfig(min_replicas=min_replicas, max_replicas=max_replicas, policy=policy,  # type: ignore[arg-type]
                           target=target, interval_s=interval_s, startup_s=startup_s, cooldown_s=cooldown_s,
                           window_s=metric_window_s,

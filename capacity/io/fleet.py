@@ -51,7 +51,7 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
         raise CapacityError(f"window_s: must be a finite number > 0 (got {window_s})")
     if static is not None and (isinstance(static, bool) or not isinstance(static, int) or static < 1):
         raise CapacityError(f"static: must be a whole number of replicas >= 1 (got {static!r})")
-    curve = spec.arrivals.rate_curve()
+    curve = spec.total_curve()
     tp = engine_cfg.tensor_parallel_size
     opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
     auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc), spec, opts)

@@ -174,7 +174,7 @@ def _day_run(args: tuple) -> dict[str, Any]:
     m: DayModel = fleet.models[i]
     card = load_model_card(resolve_model_path(m.model))
     gpu = get_gpu(fleet.gpu)
-    curve = m.workload.arrivals.rate_curve()
+    curve = m.workload.total_curve()
     rate = point["per_replica_rate"]
     n_static = min(m.max_replicas, max(1, math.ceil(curve.max_rate / rate - 1e-9)))
     opts = RunOptions(seed=seed, warmup_fraction=0.0, ci=False, timeseries=False)
@@ -211,7 +211,7 @@ def shared_check(fleet: DayFleet, gpus: int, seed: int = 0) -> dict[str, Any]:
 
     models = []
     for m in fleet.models:
-        peak = m.workload.arrivals.rate_curve().max_rate
+        peak = m.workload.total_curve().max_rate
         models.append(FleetModel(model=m.model, workload=_steady(m, peak, fleet.shared_check_requests),
                                  slo_ttft_s=m.slo_ttft_s, slo_tpot_s=m.slo_tpot_s, share=m.share,
                                  engine=m.engine))
@@ -256,7 +256,7 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
                 _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
     models = []
     for i, m in enumerate(fleet.models):
-        curve = m.workload.arrivals.rate_curve()
+        curve = m.workload.total_curve()
         models.append({**points[i], "peak_rate_per_s": curve.max_rate, "mean_rate_per_s": curve.mean_rate,
                        "slo": {"ttft_s": m.slo_ttft_s, "tpot_s": m.slo_tpot_s},
                        "layouts": {lay: results[(i, lay)] for lay in LAYOUTS}})
