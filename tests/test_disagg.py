@@ -237,3 +237,5 @@ def test_disagg_cli_compares_layouts_for_a_target_rate():
     assert out["verdict"]
     r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "100")
     assert r.returncode == 1 and "gpus" in r.stderr and "Traceback" not in r.stderr
+    r = run_cli("disagg", "-m", "llama-3.1-8b", "--slo-tpot-ms", "-5")
+    assert r.returncode == 1 and "--slo-tpot-ms" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -180,3 +180,37 @@ def test_example_scenario_loads():
 
     sc, card = load_scenario(str(ROOT / "examples/scenario.yaml"), {})
     assert card.name == "llama-3.1-8b" and sc.slo.ttft_s == 1.0 and sc.search.tp == [1, 2]
+
+
+def _frontier_planner(card8b, lens):
+    wl = WorkloadSpec(input_len=fixed(2048), output_len=fixed(512), num_requests=200)
+    sc = Scenario(model="llama-3.1-8b", workload=wl, search=SearchSpec(requests=200, seeds=2, max_num_seqs=[1024],
+                                                                      max_model_len=lens, contexts=[]))
+    return Planner(sc, card8b, SerialExecutor(progress=False, cache=False))
+
+
+def test_frontier_cells_a_few_blocks_apart_share_one_simulation_at_the_fewest(card8b):
+    """Each max_model_len costs a few KV blocks of buffers (8B on an H100 at 1024 seqs: 26,691 blocks at 2k,
+    26,675 at 128k): one simulation covers cells within 0.5% of each other, run with the fewest blocks of the
+    group (the safe side), and each cell still reports its own blocks."""
+    lens = [2048, 8192, 32768, 131072]
+    pl = _frontier_planner(card8b, lens)
+    cells = pl.frontier(1, 2.0)
+    blocks = [c.kv_blocks for c in cells]
+    assert len(set(blocks)) > 1 and max(blocks) <= min(blocks) * 1.005
+    assert pl.ex.misses == 4  # one group: 2 seeds at the rate + 2 kept-full probes
+    assert len({(c.p_ttft, c.p_tpot) for c in cells if c.covers_workload}) == 1
+    assert [c.covers_workload for c in cells] == [False, True, True, True]  # 2,048 < the 2,560-token requests
+
+
+def test_a_frontier_group_whose_requests_are_all_too_long_says_so(card8b, monkeypatch):
+    """With a group per block count (as before the grouping) the 2k cell ran alone, every request too long for it:
+    the plan crashed comparing missing P99s. It must report the cell as missing the SLO instead."""
+    import capacity.plan.planner as planner
+
+    monkeypatch.setattr(planner, "GROUP_BLOCKS", 0.0)
+    pl = _frontier_planner(card8b, [2048, 8192])
+    short, long_ = pl.frontier(1, 2.0)
+    assert pl.ex.misses == 8  # two groups
+    assert not short.meets_slo and short.p_ttft_band is None
+    assert long_.meets_slo is not None and long_.covers_workload

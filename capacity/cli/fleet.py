@@ -2,6 +2,7 @@
 static provisioning for the peak, through the run pipeline."""
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Optional
 
 import typer
@@ -182,6 +183,9 @@ def disagg(
 
     if not 100 <= requests <= 100_000 or not 1 <= seeds <= 10:
         raise CapacityError(f"--requests 100..100000 and --seeds 1..10 (got {requests}, {seeds})")
+    for flag, v in (("--slo-ttft-ms", slo_ttft_ms), ("--slo-tpot-ms", slo_tpot_ms)):
+        if not (math.isfinite(v) and v > 0):
+            raise CapacityError(f"{flag}: must be a number > 0 (got {v:g})")
     card = load_card(model, weight_dtype)
     g = get_gpu(gpu)
     spec = WorkloadSpec(input_len=_lengths("--input-len", input_len), output_len=_lengths("--output-len", output_len),
