@@ -148,6 +148,7 @@ def test_autoscale_cli_compares_with_static_provisioning(tmp_path):
     assert r.returncode == 1 and "replicas" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow  # issue 20: keeps the default run under 6 minutes; CI runs the slow group
 def test_pools_sizes_each_layout_to_its_fewest_replicas():
     """`capacity pools`: each layout's replica count meets the interactive SLO and the batch deadline (the
     figures in its JSON), and one fewer does not (the same question with --max-replicas one lower has no

@@ -86,6 +86,7 @@ def test_cli_compare_and_gate_exit_codes(tmp_path):
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "p95_tft" in r.stderr
 
 
+@pytest.mark.slow  # issue 20: keeps the default run under 6 minutes; CI runs the slow group
 def test_simulated_runs_compare_like_measured_ones(tmp_path):
     """`simulate --save-run` writes the measured requests in the load test's format: a smaller batch cap under
     the same load is a significant P99 TTFT regression, and the same configuration twice is no change."""

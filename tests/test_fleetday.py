@@ -55,6 +55,7 @@ def day_report(tmp_path_factory):
     return json.loads(r.stdout)
 
 
+@pytest.mark.slow  # a simulated hour of two models (about 10 s): in CI, not in the default local run
 def test_fleet_day_compares_static_reactive_predictive_and_shared(day_report):
     out = day_report
     a, b = out["models"]
@@ -81,6 +82,7 @@ def test_fleet_day_compares_static_reactive_predictive_and_shared(day_report):
     assert out["totals"]["shared"]["gpu_hours"] == pytest.approx(sh["gpus"] * sh["hours"])
 
 
+@pytest.mark.slow  # a simulated hour of two models (about 10 s): in CI, not in the default local run
 def test_a_saved_report_prints_and_exports_a_sheet(day_report, tmp_path):
     from openpyxl import load_workbook
 
