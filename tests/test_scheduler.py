@@ -172,3 +172,23 @@ def test_admission_reserves_the_whole_prompt_as_vllm_does(reserve):
     else:
         assert st.plan == StepPlan((PrefillChunk(4, 16, True), PrefillChunk(12, 0, False))) and not s.waiting
     assert a.computed == 16
+
+
+def test_vllm_v1_keeps_block_zero_as_its_null_block():
+    """vLLM V1's BlockPool takes block 0 out of the free queue as the null block (vllm/v1/core/block_pool.py,
+    0.11-0.19; its get_usage divides by num_gpu_blocks - 1): with "# GPU blocks: 3" and 16-token prompts of one
+    block each, V1 runs two at once and the third waits; V0's block manager had no null block and ran three."""
+    from capacity.engine import get_engine
+    from capacity.engine.budget import SchedLimits
+    from capacity.engine.config import EngineConfig
+    from capacity.workload import Request
+
+    limits = SchedLimits(max_num_seqs=8, max_num_batched_tokens=256, block_size=16, num_blocks=3, max_model_len=64)
+    for spec, running in (("vllm@0.19", 2), ("vllm@0.6.4", 3)):
+        eng = get_engine(spec)
+        sched = eng.scheduler_factory(EngineConfig(), limits)()
+        assert sched.kv_blocks_total == running
+        for i in range(3):
+            sched.add(Request(i, 0.0, 16, 1))
+        out = sched.schedule(0.0)
+        assert len(out.scheduled) == running, spec

@@ -463,8 +463,12 @@ class Vllm:
                       block_size=limits.block_size, num_blocks=limits.num_blocks, max_model_len=limits.max_model_len,
                       kv_groups=limits.kv_groups)
         else:
+            # V1's block pool takes block 0 as the null block (a placeholder for skipped sliding-window blocks,
+            # never handed to a request: vllm/v1/core/block_pool.py, BlockPool.__init__, 0.11-0.19; get_usage
+            # divides by num_gpu_blocks - 1): a request can use one block fewer than the log's "# GPU blocks"
+            usable = limits.num_blocks - 1 if self.release.runner == "v1" and limits.num_blocks > 1 else limits.num_blocks
             kw = dict(max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                      block_size=limits.block_size, num_blocks=limits.num_blocks,
+                      block_size=limits.block_size, num_blocks=usable,
                       chunked_prefill=chunked, prefix_caching=self.prefix_caching(cfg),
                       max_model_len=limits.max_model_len, kv_groups=limits.kv_groups,
                       reserve_output=cfg.kv_reservation == "prompt_and_output")
