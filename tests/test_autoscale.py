@@ -198,3 +198,29 @@ def test_constant_load_converges_to_the_steady_state_replica_count():
     values, counts = np.unique(late, return_counts=True)
     assert values[np.argmax(counts)] == math.ceil(R / r) == 4
     assert late.min() >= 3 and late.max() <= 5
+
+
+def test_a_new_replica_takes_from_the_router_queue_at_once():
+    """30 one-second requests at t=0 on one replica that runs one at a time. The controller (every 10 s, queue
+    policy) sees 19 waiting at t=10 and starts a second replica, ready 5.5 s later. With the router's queue the
+    new replica takes the head the moment it is ready: request 16 starts at 15.5 on replica 1. With round-robin
+    every request was already sent to replica 0 at t=0, so the new one gets none of the backlog (request 16
+    starts at 16.0 on replica 0) and the last finishes at 30 s instead of 23."""
+    from capacity.workload import Request
+
+    cost = LinearCost(fixed_s=1.0, source="test")
+    asc = AutoscaleConfig(min_replicas=1, max_replicas=2, initial=1, policy="queue", target=1, interval_s=10,
+                          startup_s=5.5, cooldown_s=1e9, window_s=0)
+    one = dict(max_num_seqs=1, max_num_batched_tokens=256, block_size=16, num_blocks=100)
+    got = {}
+    for router in ("queue", "round_robin"):
+        reqs = [Request(i, 0.0, 1, 1) for i in range(30)]
+        res = simulate(reqs, cost, lambda: make_scheduler("continuous", **one), np.random.default_rng(0),
+                       SimConfig(autoscale=asc, router=router))
+        got[router] = res.records
+    q, rr = got["queue"], got["round_robin"]
+    assert (q.first_scheduled[16], q.replica[16]) == (pytest.approx(15.5), 1)
+    assert (rr.first_scheduled[16], rr.replica[16]) == (pytest.approx(16.0), 0)
+    assert rr.finish.max() == pytest.approx(30.0)
+    # after 15.5 the two replicas share the rest: 15 done by 15.0 (and one in service), 14 left -> 23.0
+    assert q.finish.max() == pytest.approx(23.0)

@@ -71,6 +71,10 @@ def test_fleet_day_compares_static_reactive_predictive_and_shared(day_report):
     pa = a["layouts"]["predictive"]
     assert pa["replicas_min"] == 1 and pa["replicas_max"] == 3 and pa["gpu_hours"] < a["layouts"]["static"]["gpu_hours"]
     assert a["target"] == 6 and a["target_source"] == "given"
+    assert out["router"] == "least_outstanding"  # a least-request balancer unless the file says otherwise
+    w = pa["window"]
+    assert len(w["ready"]) == len(w["provisioned"]) == len(w["met"]) and max(w["provisioned"]) == 3
+    assert all(r <= p for r, p in zip(w["ready"], w["provisioned"]))
     for lay in ("static", "reactive", "predictive"):
         t = out["totals"][lay]
         assert t["gpu_hours"] == pytest.approx(a["layouts"][lay]["gpu_hours"] + b["layouts"][lay]["gpu_hours"])

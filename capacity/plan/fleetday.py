@@ -26,7 +26,7 @@ import os
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -78,6 +78,10 @@ class DayFleet(_Strict):
     metric_window_s: NonNeg = 60.0  # the reactive controller averages in-flight requests over this window, s
     window_s: Pos = 300.0  # SLO windows: a window whose P99 misses the SLO counts its minutes as violated
     headroom: Annotated[float, Field(gt=0, le=1)] = 0.8  # replicas run at this share of their max rate
+    # how a pool's router sends requests to its replicas (capacity.sim.entities.Router): least_outstanding (a
+    # least-request load balancer), round_robin, or queue (one FIFO at the router: queued requests go to a new
+    # replica as soon as it is ready, which engines' own queues cannot do)
+    router: Literal["round_robin", "least_outstanding", "queue"] = "least_outstanding"
     shared_gpus: Annotated[int, Field(ge=1, le=256)] | None = None  # shared layout: GPUs (default: the fewest passing)
     shared_check_requests: Annotated[int, Field(ge=100, le=100_000)] = 1500  # per model, at its peak rate
 
@@ -180,7 +184,7 @@ def _day_run(args: tuple) -> dict[str, Any]:
     opts = RunOptions(seed=seed, warmup_fraction=0.0, ci=False, timeseries=False)
     tp = m.engine.tensor_parallel_size
     if layout == "static":
-        res = run(Deployment(card, gpu, m.engine, replicas=n_static), m.workload, opts)
+        res = run(Deployment(card, gpu, m.engine, replicas=n_static, router=fleet.router), m.workload, opts)
         span = max(res.sim.end_s, m.workload.arrivals.duration_s or 0.0)  # provisioned for the whole day
         out = layout_metrics(res, n_static * span * tp, fleet.window_s, m.slo_ttft_s, m.slo_tpot_s,
                              fleet.price_per_gpu_hour)
@@ -194,13 +198,23 @@ def _day_run(args: tuple) -> dict[str, Any]:
                               window_s=fleet.metric_window_s,
                               per_replica_rate=rate if layout == "predictive" else None,
                               curve=curve if layout == "predictive" else None)
-        res = run(Deployment(card, gpu, m.engine, autoscale=asc), m.workload, opts)
+        res = run(Deployment(card, gpu, m.engine, autoscale=asc, router=fleet.router), m.workload, opts)
         tl = res.sim.autoscale
         assert tl is not None
         out = layout_metrics(res, tl.replica_seconds * tp, fleet.window_s, m.slo_ttft_s, m.slo_tpot_s,
                              fleet.price_per_gpu_hour)
         out["replicas_min"] = int(min(tl.ready))
         out["replicas_max"] = int(max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining)))
+        # the pool at the start of each SLO window (ready, and provisioned: starting and draining too), beside
+        # the window's P99s: what explains a miss
+        import bisect
+
+        ready, prov = [], []
+        for t0 in out["window"]["start_s"]:
+            j = max(0, bisect.bisect_right(tl.t, t0) - 1)
+            ready.append(int(tl.ready[j]))
+            prov.append(int(tl.ready[j] + tl.starting[j] + tl.draining[j]))
+        out["window"]["ready"], out["window"]["provisioned"] = ready, prov
     out["wall_s"] = time.perf_counter() - t0
     return out
 
@@ -267,7 +281,7 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
         totals[lay] = {"gpu_hours": gh, "cost_usd": gh * fleet.price_per_gpu_hour if fleet.price_per_gpu_hour else None,
                        "violation_minutes": sum(r["violation_minutes"] for r in rows),
                        "saturated": any(r["saturated"] for r in rows)}
-    out: dict[str, Any] = {"gpu": fleet.gpu, "price_per_gpu_hour": fleet.price_per_gpu_hour,
+    out: dict[str, Any] = {"gpu": fleet.gpu, "price_per_gpu_hour": fleet.price_per_gpu_hour, "router": fleet.router,
                            "startup_s": fleet.startup_s, "window_s": fleet.window_s, "models": models,
                            "totals": totals}
     if shared:
