@@ -136,6 +136,7 @@ def test_autoscale_cli_compares_with_static_provisioning(tmp_path):
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     a, s = out["autoscaled"], out["static"]
+    assert out["router"] == "round_robin"
     assert s["replicas"] == a["replicas"]["max"] >= 2
     assert a["gpu_hours"] < s["gpu_hours"] and a["cost_usd"] == pytest.approx(2 * a["gpu_hours"])
     assert s["gpu_hours"] == pytest.approx(s["replicas"] * s["simulated_s"] / 3600)
@@ -146,6 +147,8 @@ def test_autoscale_cli_compares_with_static_provisioning(tmp_path):
     assert r.returncode == 1 and "arrivals.kind" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--min", "5", "--max", "2")
     assert r.returncode == 1 and "replicas" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--router", "random")
+    assert r.returncode == 1 and "router 'random'" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.slow  # issue 20: keeps the default run under 6 minutes; CI runs the slow group

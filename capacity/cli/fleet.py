@@ -39,6 +39,8 @@ def autoscale(
     max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
+    router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, or queue (one FIFO at "
+                                        "the router: a new replica takes queued requests at once)")] = "round_robin",
     gpu_memory_gib: GpuMemOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
@@ -67,7 +69,7 @@ def autoscale(
     slo_t = slo_ttft_ms / 1e3 if slo_ttft_ms else None
     slo_p = slo_tpot_ms / 1e3 if slo_tpot_ms else None
     out = autoscale_report(card, g, cfg, spec, asc, static, window_s=window_s, slo_ttft_s=slo_t, slo_tpot_s=slo_p,
-                           price=price, seed=seed)
+                           price=price, seed=seed, router=router)
     a, s = out["autoscaled"], out["static"]
     n_static = s["replicas"]
     if json_out:

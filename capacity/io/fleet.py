@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: WorkloadSpec, asc: AutoscaleConfig,
                      static: int | None = None, *, window_s: float = 300.0, slo_ttft_s: float | None = None,
                      slo_tpot_s: float | None = None, price: float | None = None, seed: int = 0,
-                     profile: str | None = None) -> dict[str, Any]:
+                     profile: str | None = None, router: str = "round_robin") -> dict[str, Any]:
     """The autoscaled pool and the static one over the workload's curve (arrivals.kind curve), in strict JSON form
     (non-finite numbers are null): settings, then per layout GPU-hours, cost (USD, with `price` per GPU-hour),
     SLO-miss minutes over windows of `window_s`, P99 TTFT/TPOT of the run and per window; the autoscaled pool's
@@ -54,12 +54,14 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
     curve = spec.total_curve()
     tp = engine_cfg.tensor_parallel_size
     opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
-    auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc), spec, opts)
+    auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc, router=router),  # type: ignore[arg-type]
+               spec, opts)
     tl = auto.sim.autoscale
     assert tl is not None
     peak = max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining))
     n_static = static if static is not None else peak
-    fixed = run(Deployment(card, gpu, engine_cfg, profile=profile, replicas=n_static), spec, opts)
+    fixed = run(Deployment(card, gpu, engine_cfg, profile=profile, replicas=n_static, router=router),  # type: ignore[arg-type]
+                spec, opts)
 
     from capacity.plan.fleetday import layout_metrics
 
@@ -73,7 +75,7 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
                      "starting": arrays["starting"].tolist(), "draining": arrays["draining"].tolist(),
                      "min": int(arrays["ready"].min()), "max": int(peak)}
     return strict_json({
-        "model": card.name, "gpu": gpu.name, "tp": tp, "policy": asc.policy, "target": asc.target,
+        "model": card.name, "gpu": gpu.name, "tp": tp, "policy": asc.policy, "target": asc.target, "router": router,
         "startup_s": asc.startup_s, "cooldown_s": asc.cooldown_s, "window_s": window_s,
         "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
         "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
