@@ -45,6 +45,15 @@ class FleetModel(_Strict):
     engine: EngineConfig = EngineConfig()  # engine knobs (tensor_parallel_size 1 in the shared layout)
 
 
+def check_models(models: list, most: int) -> None:
+    """A fleet's model list: 1 to `most` models whose memory shares (default 0.9 / models each) fit one GPU."""
+    if not 1 <= len(models) <= most:
+        raise ValueError(f"models: 1 to {most} models (got {len(models)})")
+    shares = [m.share if m.share is not None else 0.9 / len(models) for m in models]
+    if sum(shares) > 0.95 + 1e-9:
+        raise ValueError(f"models[].share: the shares add up to {sum(shares):.2f}, more than 0.95 of a GPU")
+
+
 class Fleet(_Strict):
     gpu: str = "h100-sxm"
     gpus: Annotated[int, Field(ge=1, le=256)] = 1  # shared layout: GPUs, each hosting one replica of every model
@@ -57,11 +66,7 @@ class Fleet(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> Fleet:
-        if not 1 <= len(self.models) <= MAX_MODELS:
-            raise ValueError(f"models: 1 to {MAX_MODELS} models (got {len(self.models)})")
-        shares = [m.share if m.share is not None else 0.9 / len(self.models) for m in self.models]
-        if sum(shares) > 0.95 + 1e-9:
-            raise ValueError(f"models[].share: the shares add up to {sum(shares):.2f}, more than 0.95 of a GPU")
+        check_models(self.models, MAX_MODELS)
         for m in self.models:
             if m.workload.arrivals.kind in ("closed", "offline"):
                 raise ValueError(f"models[{m.model}].workload: {m.workload.arrivals.kind} arrivals are not "

@@ -87,11 +87,9 @@ class DayFleet(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> DayFleet:
-        if not 1 <= len(self.models) <= MAX_MODELS:
-            raise ValueError(f"models: 1 to {MAX_MODELS} models (got {len(self.models)})")
-        shares = [m.share if m.share is not None else 0.9 / len(self.models) for m in self.models]
-        if sum(shares) > 0.95 + 1e-9:
-            raise ValueError(f"models[].share: the shares add up to {sum(shares):.2f}, more than 0.95 of a GPU")
+        from capacity.plan.colocate import check_models
+
+        check_models(self.models, MAX_MODELS)
         return self
 
 
