@@ -196,6 +196,7 @@ def test_profile_with_inconsistent_tables_is_refused(quick_profile, tmp_path):
         load_profile(bad)
 
 
+@pytest.mark.slow  # issue 20: the default run stays under 6 minutes on CI's machine; CI runs the slow group
 def test_cli_calibrate_quick_end_to_end(tmp_path):
     out = tmp_path / "p.json"
     r = run_cli("calibrate", "--model", "tiny", "--device", "cpu", "--quick", "--threads", "1", "--out", str(out),
