@@ -120,6 +120,7 @@ def test_a_saved_report_prints_and_exports_a_sheet(day_report, tmp_path):
     (dict(startup="-5"), "startup_s"),
     (dict(curve=(2, -1, 2)), "points[1]"),
     (dict(extra="shared_gpus: 0"), "shared_gpus"),
+    (dict(startup="true"), "startup_s"),  # strict: a YAML boolean is not a number of seconds
 ])
 def test_bad_fleet_day_files_get_one_line(tmp_path, kw, field):
     r = run_cli("fleet-day", "--fleet", fleet_yaml(tmp_path, **kw))

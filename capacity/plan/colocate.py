@@ -32,7 +32,7 @@ LAYOUTS = ("separate", "shared", "swapped")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a number of GPUs or seconds
 
 
 class FleetModel(_Strict):

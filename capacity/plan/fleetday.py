@@ -39,7 +39,7 @@ MAX_MODELS = 8
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)  # `true` is not a number of GPUs or seconds
 
 
 Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
