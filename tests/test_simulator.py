@@ -236,6 +236,26 @@ def test_fast_forward_is_exact_in_closed_loop(roofline, think, frontend):
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("router, think", [("round_robin", 0.0), ("round_robin", 0.05), ("least_outstanding", 0.05),
+                                           ("queue", 0.0)])
+def test_fast_forward_is_exact_in_closed_loop_over_several_replicas(roofline, router, think):
+    """Closed-loop users over three replicas: a user answered by one replica sends its next request while another
+    replica is inside a decode stretch that could not foresee it. The stretch must stop at the end of the step in
+    progress, as one step at a time admits it. (Before the cut, round robin with no think time gave a mean TTFT
+    of 318 ms instead of 34 ms.)"""
+    from capacity.workload import Lengths
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=12, think_s=think),
+                        input_len=Lengths(kind="uniform", low=64, high=2048),
+                        output_len=Lengths(kind="uniform", low=16, high=400), num_requests=300)
+    kw = dict(CB, max_num_seqs=8)
+    fast, slow = (simulate(spec, roofline, lambda: make_scheduler("continuous", **kw), np.random.default_rng(5),
+                           SimConfig(fast_forward=f, replicas=3, router=router)) for f in (True, False))
+    assert fast.steps == slow.steps and fast.events < slow.events / 3
+    for attr in ("arrival", "first_token", "finish", "replica"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("policy, extra, closed", [
     ("continuous", {}, True), ("continuous", {}, False), ("priority", {}, False),
     ("continuous", {"reserve_output": True}, True), ("continuous", {"chunked_prefill": False}, True),

@@ -250,7 +250,8 @@ class Replica:
         self.proc: simpy.Process | None = None
         self.device: simpy.Resource | None = None  # a GPU shared with other models' replicas (one step at a time)
         self.swap: tuple[float, float] | None = None  # swap mode on that device: (sleep_s, swap_s) of this model
-        self.stretching = False  # in a decode stretch that a delivered sequence may cut (see resume)
+        self.stretching = False  # in a decode stretch that a new request or a delivered sequence may cut
+        self.cut_before = 0.0  # the start of the stretch's last step: a request that comes earlier cuts it
         self.router: Router | None = None  # the router that sends it requests (set by the router)
 
     def admit(self, req: Request, counted: bool = False) -> None:
@@ -260,7 +261,17 @@ class Replica:
         if self.role == "prefill":  # the prefill pool computes the prompt and samples the first token only
             seq.output, seq.phase = 1, 1
         self.sim.recorder.admitted(seq, counted)
+        self._cut()
         self._wake()
+
+    def _cut(self) -> None:
+        """A request or a sequence came during a decode stretch that did not foresee it (a closed-loop user
+        answered by another replica, a KV transfer): stop the stretch at the end of the step in progress, where
+        a step-by-step run would first see it. One that comes during the stretch's last step needs no cut."""
+        if (self.stretching and self.sim.env.now < self.cut_before and self.proc is not None
+                and len(self.sched.running) < self.sched.max_running):
+            self.stretching = False
+            self.proc.interrupt("arrival")
 
     def resume(self, seq: Seq) -> None:
         """A sequence from the prefill pool, its KV transferred: decoded here (the decode pool). Deliveries come
@@ -268,9 +279,7 @@ class Replica:
         end of the step in progress, exactly where a step-by-step run would first see it."""
         self.sched.resume(seq)  # type: ignore[attr-defined]
         seq.replica = self.idx
-        if self.stretching and len(self.sched.running) < self.sched.max_running and self.proc is not None:
-            self.stretching = False
-            self.proc.interrupt("delivery")
+        self._cut()
         self._wake()
 
     def _wake(self) -> None:
@@ -323,10 +332,10 @@ class Replica:
                                 rec.gap_v.append(first_end - t)
                                 rec.gap_t.append(first_end)
                                 rec.gap_w.append(1)
-                    self.stretching = self.role == "decode"
+                    self.stretching, self.cut_before = True, now + float(cum[k - 2])
                     try:
                         yield env.timeout(float(cum[k - 1]))
-                    except simpy.Interrupt:  # a delivered sequence: stop at the end of the step in progress
+                    except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
                         k = int(np.searchsorted(cum[:k], env.now - now, side="left")) + 1
                         end = now + float(cum[k - 1])
                         while env.now < end:
