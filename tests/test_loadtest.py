@@ -315,7 +315,7 @@ def test_lognormal_lengths_can_be_clipped_on_the_command_line():
 def test_guided_engine_fit_runs_its_probes_fits_and_checks_a_held_out_run(fault_server, tmp_path):
     """`capacity fit-engine` end to end against an SSE server (the fault server's well-behaved mode: its timing is
     not an engine's, so only the workflow is checked here; bench/fidelity.py scores fits on real engines): warm-up,
-    four closed-loop probes, a fit with each term's range, a held-out open loop at a rate derived from a probe, and
+    four closed-loop probes and an open loop after each burst, a fit with each term's range, a held-out open loop at a rate derived from a probe, and
     every run saved with the engine's limits."""
     out = tmp_path / "fit"
     r = run_cli("fit-engine", "--url", fault_server, "--model", "ok", "--engine-config",
@@ -324,8 +324,13 @@ def test_guided_engine_fit_runs_its_probes_fits_and_checks_a_held_out_run(fault_
     assert r.returncode == 0, r.stderr[-2000:]
     rep = json.loads(r.stdout)
     names = sorted(p.name for p in out.iterdir())
-    assert names == ["fit.json", "held-out.json", "probe-decode-burst.json", "probe-long-prompt-burst.json",
-                     "probe-short-prompt-burst.json", "probe-single-stream.json", "report.json"]
+    assert names == ["fit.json", "held-out.json", "probe-decode-burst-poisson.json", "probe-decode-burst.json",
+                     "probe-long-prompt-burst-poisson.json", "probe-long-prompt-burst.json",
+                     "probe-short-prompt-burst-poisson.json", "probe-short-prompt-burst.json",
+                     "probe-single-stream.json", "report.json"]
+    poisson = json.loads((out / "probe-short-prompt-burst-poisson.json").read_text())
+    assert poisson["meta"]["probe"] == "short-prompt-burst-poisson" and len(poisson["requests"]) == 2 * 6
+    assert len(rep["speed_checks_tpot_s"]) == 1 + 4 and rep["speed_drift"] >= 0  # before the probes, after each
     assert set(rep["terms"]) == {"fixed_s", "per_token_s", "per_seq_s", "per_key_s", "per_pair_s", "frontend_s"}
     assert rep["held_out_rate_per_s"] > 0 and {(x["metric"], x["stat"]) for x in rep["held_out_check"]} >= {
         ("TTFT", "p50"), ("TPOT", "p99")}

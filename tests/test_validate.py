@@ -138,3 +138,16 @@ def test_fits_take_each_runs_engine_limits_and_refuse_to_guess(tmp_path):
     out = json.loads(r.stdout)
     assert any("CPU: Intel(R) Xeon(R) Processor vs AMD EPYC 7B13" in w for w in out["warnings"])
     assert out["engine"] == SCHED and out["preemptions"]["measured"] is None and out["preemptions"]["predicted"] >= 0
+
+
+def test_a_run_wide_drift_widens_every_terms_range_in_quadrature():
+    """Hand-computed: a 95% factor of 1.2 is a log standard error of ln(1.2) / 1.96 = 0.09302; with a run-wide
+    drift of 0.1 the two add in quadrature, sqrt(0.09302^2 + 0.1^2) = 0.13658, so the factor becomes
+    exp(1.96 x 0.13658) = 1.3069. An unbounded term stays unbounded; no drift changes nothing."""
+    from capacity.truth.fit import widen_for_drift
+
+    unc = {"fixed_s": {"value": 2e-3, "factor_95": 1.2}, "per_pair_s": {"value": 1e-9, "factor_95": None}}
+    w = widen_for_drift(unc, 0.1)
+    assert w["fixed_s"]["factor_95"] == pytest.approx(1.3069, abs=1e-4) and w["fixed_s"]["value"] == 2e-3
+    assert w["per_pair_s"]["factor_95"] is None
+    assert widen_for_drift(unc, 0.0) == unc

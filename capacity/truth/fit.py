@@ -207,6 +207,24 @@ def term_uncertainty(res, names: list[str], n_runs: int = 1) -> tuple[dict, list
     return unc, warn
 
 
+def widen_for_drift(unc: dict, drift: float) -> dict:
+    """Each term's 95% range widened by a run-wide relative error `drift` (the standard deviation of the log of
+    the engine's own speed between runs): the Jacobian's range counts each request as an independent sample, but
+    a slower engine during one run moves all of that run's requests, and the term it pins, together. In log
+    space the two errors add in quadrature: factor = exp(1.96 sqrt(se^2 + drift^2)), se = ln(factor) / 1.96.
+    An unbounded term stays unbounded."""
+    if not drift > 0:
+        return unc
+    out = {}
+    for name, u in unc.items():
+        f = u.get("factor_95")
+        if f is not None:
+            se = math.log(f) / 1.96
+            f = math.exp(1.96 * math.sqrt(se * se + drift * drift))
+        out[name] = {**u, "factor_95": f}
+    return out
+
+
 def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str],
              provenance: dict | None = None, run_engines: list[dict] | None = None) -> None:
     """`provenance`: where the fitted runs were measured (host, server), checked when the fit is applied."""
