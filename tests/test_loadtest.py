@@ -312,6 +312,7 @@ def test_lognormal_lengths_can_be_clipped_on_the_command_line():
         _lengths("--input-len", "lognormal:512:1.5:16")
 
 
+@pytest.mark.slow  # 15 s of probes against a server: in CI (`pytest -m slow`), not in the default local run
 def test_guided_engine_fit_runs_its_probes_fits_and_checks_a_held_out_run(fault_server, tmp_path):
     """`capacity fit-engine` end to end against an SSE server (the fault server's well-behaved mode: its timing is
     not an engine's, so only the workflow is checked here; bench/fidelity.py scores fits on real engines): warm-up,
