@@ -6,7 +6,8 @@ No model runs. vLLM 0.32's `vllm.v1.core.sched.scheduler.Scheduler` and its KV c
 the engine builds them (a VllmConfig for the tiny model, a KV cache of `num_blocks` blocks), requests are
 added before the steps they arrive at, and each step's output is what a model runner returns: one sampled
 token for every request whose scheduled tokens reach the end of its sequence, none for a partial prefill
-chunk (vLLM discards those), `ignore_eos` so that every request runs to its `max_tokens`. For every step the
+chunk (vLLM discards those), `ignore_eos` so that every request runs to its `max_tokens`. Prompts are random
+token ids, except that requests of one prefix group share their first `prefix` ids (prefix caching). For every step the
 trace keeps the tokens scheduled per request, the requests preempted and finished, and the free blocks.
 `tests/test_vllm_scheduler_trace.py` replays the same arrivals through `capacity.sched.continuous` and
 compares every step. Writes tests/data/vllm_scheduler/<scenario>.json.
@@ -50,6 +51,15 @@ def scenarios() -> dict[str, dict]:
                    "policy": "priority"},
         "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(8, 120)),
                       "output": int(rng.integers(4, 80)), "priority": int(rng.integers(0, 2))} for i in range(30)]}
+    # prefix caching: three groups whose requests share their first 200 tokens (12 full blocks of 16), the rest
+    # of each prompt their own; a cache that fits a few requests at a time, so cached prefixes get evicted
+    steps = np.cumsum(rng.integers(0, 8, 36))
+    out["prefix_groups"] = {
+        "engine": {"num_blocks": 120, "block_size": 16, "max_num_batched_tokens": 256, "max_num_seqs": 8,
+                   "prefix_caching": True},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(230, 600)),
+                      "output": int(rng.integers(4, 60)), "group": int(rng.integers(0, 3)), "prefix": 200}
+                     for i in range(36)]}
     return out
 
 
@@ -68,7 +78,8 @@ def trace(sc: dict, model_dir: str) -> dict:
     scfg = SchedulerConfig(max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
                            max_model_len=2048, enable_chunked_prefill=True, is_encoder_decoder=False,
                            policy=e.get("policy", "fcfs"))
-    cc = CacheConfig(block_size=e["block_size"], cache_dtype="auto", enable_prefix_caching=False)
+    pc = bool(e.get("prefix_caching"))
+    cc = CacheConfig(block_size=e["block_size"], cache_dtype="auto", enable_prefix_caching=pc)
     cc.num_gpu_blocks = e["num_blocks"]
     vc = VllmConfig(scheduler_config=scfg, model_config=mc, cache_config=cc, device_config=DeviceConfig("cpu"))
     kv = KVCacheConfig(num_blocks=e["num_blocks"], kv_cache_tensors=[], kv_cache_groups=[
@@ -76,14 +87,32 @@ def trace(sc: dict, model_dir: str) -> dict:
                                                       dtype=torch.float32))])
     s = Scheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
                   structured_output_manager=StructuredOutputManager(vc), block_size=e["block_size"])
+    hasher = None
+    if pc:
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        init_none_hash(sha256)
+        hasher = get_request_block_hasher(e["block_size"], sha256)
+    rng = np.random.default_rng(1)
+    prefixes: dict[int, list[int]] = {}
+
+    def prompt(r: dict) -> list[int]:
+        """A group's requests share their first `prefix` token ids; every other token is the request's own."""
+        own = [int(x) for x in rng.integers(10, 30_000, r["prompt"])]
+        if "group" not in r:
+            return own
+        pre = prefixes.setdefault(r["group"], [int(x) for x in rng.integers(10, 30_000, r["prefix"])])
+        return pre + own[r["prefix"]:]
+
     pending = sorted(sc["requests"], key=lambda r: (r["step"], r["id"]))
     steps, step, done = [], 0, 0
     while done < len(pending) and step < 100_000:
         for r in pending:
             if r["step"] == step:
                 sp = SamplingParams(max_tokens=r["output"], ignore_eos=True)
-                s.add_request(Request(str(r["id"]), [7] * r["prompt"], sp, None, arrival_time=float(r["step"]),
-                                      priority=r.get("priority", 0)))
+                s.add_request(Request(str(r["id"]), prompt(r), sp, None, arrival_time=float(r["step"]),
+                                      priority=r.get("priority", 0), block_hasher=hasher))
         out = s.schedule()
         sched = {int(k): v for k, v in out.num_scheduled_tokens.items()}
         ids = list(out.num_scheduled_tokens)
