@@ -60,6 +60,14 @@ def scenarios() -> dict[str, dict]:
         "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(230, 600)),
                       "output": int(rng.integers(4, 60)), "group": int(rng.integers(0, 3)), "prefix": 200}
                      for i in range(36)]}
+    # vLLM's hybrid allocator: one full-attention group and one sliding-window group (window 128 tokens) share
+    # the pool, as for gpt-oss or Gemma; long prompts move the window during chunked prefill
+    steps = np.cumsum(rng.integers(0, 10, 30))
+    out["sliding_window_hybrid"] = {
+        "engine": {"num_blocks": 200, "block_size": 16, "max_num_batched_tokens": 128, "max_num_seqs": 8,
+                   "sliding_window": 128},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(20, 700)),
+                      "output": int(rng.integers(4, 200))} for i in range(30)]}
     return out
 
 
@@ -82,9 +90,15 @@ def trace(sc: dict, model_dir: str) -> dict:
     cc = CacheConfig(block_size=e["block_size"], cache_dtype="auto", enable_prefix_caching=pc)
     cc.num_gpu_blocks = e["num_blocks"]
     vc = VllmConfig(scheduler_config=scfg, model_config=mc, cache_config=cc, device_config=DeviceConfig("cpu"))
-    kv = KVCacheConfig(num_blocks=e["num_blocks"], kv_cache_tensors=[], kv_cache_groups=[
-        KVCacheGroupSpec(["layer"], FullAttentionSpec(block_size=e["block_size"], num_kv_heads=1, head_size=1,
-                                                      dtype=torch.float32))])
+    full = FullAttentionSpec(block_size=e["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32)
+    groups = [KVCacheGroupSpec(["full"], full)]
+    if e.get("sliding_window"):
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec
+
+        groups.append(KVCacheGroupSpec(["swa"], SlidingWindowSpec(
+            block_size=e["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32,
+            sliding_window=e["sliding_window"])))
+    kv = KVCacheConfig(num_blocks=e["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
     s = Scheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
                   structured_output_manager=StructuredOutputManager(vc), block_size=e["block_size"])
     hasher = None
