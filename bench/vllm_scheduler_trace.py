@@ -68,6 +68,13 @@ def scenarios() -> dict[str, dict]:
                    "sliding_window": 128},
         "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(20, 700)),
                       "output": int(rng.integers(4, 200))} for i in range(30)]}
+    # the same under KV pressure: admission reserves the sliding groups' cap, decodes preempt
+    steps = np.cumsum(rng.integers(0, 5, 40))
+    out["sliding_window_pressure"] = {
+        "engine": {"num_blocks": 70, "block_size": 16, "max_num_batched_tokens": 64, "max_num_seqs": 8,
+                   "sliding_window": 64},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(20, 400)),
+                      "output": int(rng.integers(4, 150))} for i in range(40)]}
     return out
 
 

@@ -170,12 +170,15 @@ def test_hybrid_kv_manager_charges_sequences_as_vllm_does():
     from capacity.sched.base import Seq
     from capacity.workload import Request
 
-    kv = make_kv_manager(1000, 16, False, (1, 1, 9))
+    kv = make_kv_manager(1000, 16, False, (1, 1, 9, 128))
     assert isinstance(kv, HybridKVCacheManager)
     s = Seq(Request(0, 0.0, 4000, 10))
-    assert kv.allocate_slots(s, 4000)
-    assert s.blocks == 250 + 9 and s.kv_capacity >= 4000
-    assert not kv.allocate_slots(Seq(Request(1, 0.0, 16000, 10)), 16000)  # 1000 + 9 > 741 free
+    # one 4000-token chunk from nothing: the sliding group holds every block of it until the next step
+    assert kv.allocate_slots(s, 4000) and s.blocks == 250 + 250
+    s.computed = 4000
+    # the next token's window starts at 4000 - 127 = 3873: blocks 0..241 are freed, 242..250 kept (9)
+    assert kv.allocate_slots(s, 1) and s.blocks == 251 + 9 and kv.num_free_blocks == 1000 - 260
+    assert not kv.allocate_slots(Seq(Request(1, 0.0, 16000, 10)), 16000)  # 1000 + 1000 > 740 free
     with pytest.raises(ConfigError, match="prefix caching"):
         make_kv_manager(1000, 16, True, (1, 1, 9))
 

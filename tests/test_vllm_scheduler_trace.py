@@ -26,7 +26,7 @@ def replay(trace: dict, **override) -> list[dict]:
               block_size=e["block_size"], num_blocks=e["num_blocks"] - 1,
               prefix_caching=bool(e.get("prefix_caching")))
     if e.get("sliding_window"):  # one full-attention and one sliding-window group (capacity.engine.vllm.kv_groups)
-        kw["kv_groups"] = (1, 1, -(-(e["sliding_window"] - 1) // e["block_size"]) + 1)
+        kw["kv_groups"] = (1, 1, -(-(e["sliding_window"] - 1) // e["block_size"]) + 1, e["sliding_window"])
     policy = override.pop("policy", "priority" if e.get("policy") == "priority" else "continuous")
     s = make_scheduler(policy, **{**kw, **override})
     by_step: dict[int, list[dict]] = {}
@@ -61,9 +61,7 @@ def first_difference(trace: dict, ours: list[dict]) -> str | None:
                                                pytest.param("prefix_groups", 4, marks=pytest.mark.xfail(
                                                    strict=True, reason="vLLM's self-hit after a preemption: "
                                                    "see test_prefix_groups_agree_until_a_preempted_request_returns")),
-                                               pytest.param("sliding_window_hybrid", 0, marks=pytest.mark.xfail(
-                                                   strict=True, reason="vLLM's sliding-window blocks during a prefill "
-                                                   "chunk: see test_sliding_window_chunks_hold_more_blocks_in_vllm"))])
+                                               ("sliding_window_hybrid", 0), ("sliding_window_pressure", 2)])
 def test_the_scheduler_takes_vllms_steps(name, preemptions):
     trace = json.loads((DATA / f"{name}.json").read_text())
     assert trace["vllm"] == "0.32.0"
@@ -103,17 +101,24 @@ def test_prefix_groups_agree_until_a_preempted_request_returns():
     assert sum(len(s["hits"]) for s in ours[:165]) >= 10
 
 
-def test_sliding_window_chunks_hold_more_blocks_in_vllm():
-    """vLLM's hybrid allocator (one full and one sliding-window group, window 128 tokens, blocks of 16): the steps
-    agree, but the free blocks differ from the second chunk of a long prompt on. vLLM frees a sliding group's
-    blocks below the window of the chunk's *first* token (`get_num_skipped_tokens(num_computed)`) and allocates
-    up to its last, so a 108-token chunk after 128 computed tokens holds 15 sliding blocks (169 free of 199);
-    capacity charges a sliding group at most its steady-state window, cdiv(127, 16) + 1 = 9 blocks (175 free).
-    At admission vLLM also reserves min(cdiv(T, 16), cdiv(W - 1 + budget, 16) + 1) blocks per sliding group
-    (`max_admission_blocks_per_request`), more than the 9 capacity counts. Both err on the optimistic side for
-    sliding-window models (gpt-oss, Gemma) under KV pressure; not modelled yet."""
-    trace = json.loads((DATA / "sliding_window_hybrid.json").read_text())
-    ours = replay(trace)
-    assert first_difference(trace, ours) == "step 1: free_blocks: vLLM 169, capacity 175"
-    assert all(a["scheduled"] == b["scheduled"] for a, b in zip(trace["steps"][:50], ours[:50]))
-    assert trace["steps"][2]["free_blocks"] == ours[2]["free_blocks"] == 175  # decoding: the window again
+
+def test_the_sliding_window_rules_matter(monkeypatch):
+    """vLLM's hybrid allocator, two of its rules taken out one at a time, and the pressure trace tells: without
+    the admission cap (min(cdiv(T), cdiv(W - 1 + budget, block) + 1) free blocks per sliding group) capacity
+    admits a request vLLM keeps waiting; freeing below the window of a chunk's last token instead of its first
+    leaves more blocks free than vLLM has."""
+    import capacity.sched.continuous as cont
+    from capacity.sched.kv import HybridKVCacheManager
+
+    trace = json.loads((DATA / "sliding_window_pressure.json").read_text())
+    make = cont.make_kv_manager
+    monkeypatch.setattr(cont, "make_kv_manager", lambda nb, bs, pc, g, budget=None: make(nb, bs, pc, g, None))
+    assert first_difference(trace, replay(trace)).startswith("step 164: scheduled")
+
+    class LastToken(HybridKVCacheManager):
+        def allocate_slots(self, seq, num_new):
+            end, skip = self._slide(seq, seq.computed + num_new - 1)
+            return self._grow(seq, end, skip, seq.computed + num_new)
+
+    monkeypatch.setattr(cont, "make_kv_manager", lambda nb, bs, pc, g, budget=None: LastToken(nb, bs, g, budget))
+    assert first_difference(trace, replay(trace)).startswith("step 4: free_blocks")

@@ -33,6 +33,7 @@ class KVGroups:
     sliding: int = 0  # sliding-window groups
     group_size: int = 0  # layers per group (0: all layers, one group)
     window_blocks: int = 0  # blocks a sliding group keeps per sequence: cdiv(window - 1, block_size) + 1
+    window: int = 0  # the sliding window, tokens (0: unknown; the scheduler then takes the largest with window_blocks)
 
     @property
     def groups(self) -> int:
@@ -42,8 +43,10 @@ class KVGroups:
         b = -(-tokens // block_size)
         return self.full * b + self.sliding * min(b, self.window_blocks)
 
-    def as_tuple(self) -> tuple[int, int, int] | None:
-        return None if not self.sliding else (self.full, self.sliding, self.window_blocks)
+    def as_tuple(self) -> tuple[int, ...] | None:
+        if not self.sliding:
+            return None
+        return (self.full, self.sliding, self.window_blocks) + ((self.window,) if self.window else ())
 
 
 @dataclass
@@ -122,7 +125,7 @@ class SchedLimits:
     block_size: int
     num_blocks: int
     max_model_len: int | None = None  # None: no length limit (a fit to a real engine's runs)
-    kv_groups: tuple[int, int, int] | None = None  # sliding-window layout (full, sliding, window blocks)
+    kv_groups: tuple[int, ...] | None = None  # sliding-window layout (full, sliding, window blocks[, window])
     chunked_prefill: bool | None = None  # as the engine resolved it (None: the engine's default)
 
     @classmethod

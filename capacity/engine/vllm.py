@@ -129,10 +129,11 @@ def kv_groups(card: ModelCard, rel: Release, block_size: int) -> KVGroups:
     window_blocks = -(-(card.sliding_window - 1) // block_size) + 1
     n_full = card.num_layers - n_slide
     if n_full == 0:
-        return KVGroups(full=0, sliding=1, group_size=n_slide, window_blocks=window_blocks)
+        return KVGroups(full=0, sliding=1, group_size=n_slide, window_blocks=window_blocks, window=card.sliding_window)
     lo, hi = min(n_full, n_slide), max(n_full, n_slide)
     size = hi if hi < lo * 1.25 else lo
-    return KVGroups(full=-(-n_full // size), sliding=-(-n_slide // size), group_size=size, window_blocks=window_blocks)
+    return KVGroups(full=-(-n_full // size), sliding=-(-n_slide // size), group_size=size, window_blocks=window_blocks,
+                    window=card.sliding_window)
 
 
 class Vllm:

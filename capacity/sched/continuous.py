@@ -40,7 +40,7 @@ class ContinuousConfig:
     prefix_caching: bool = False
     queue: str = "fcfs"  # fcfs | priority | sjf (capacity.sched.queues)
     max_model_len: int | None = None
-    kv_groups: tuple[int, int, int] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks)
+    kv_groups: tuple[int, ...] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks[, window])
     # Admit a waiting sequence only if its whole remaining input (prompt, plus outputs to recompute after a
     # preemption) fits in free blocks, not just this step's chunk: vLLM's `scheduler_reserve_full_isl`
     # (default on in vLLM 0.32), which keeps chunked prefill from over-admitting and thrashing the cache.
@@ -60,7 +60,8 @@ class ContinuousScheduler(QueueView):
 
     def __init__(self, cfg: ContinuousConfig) -> None:
         self.cfg = cfg
-        self.kv = make_kv_manager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching, cfg.kv_groups)
+        self.kv = make_kv_manager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching, cfg.kv_groups,
+                                  cfg.max_num_batched_tokens)
         self.waiting = make_queue(cfg.queue)
         self.running: list[Seq] = []
         self.num_preemptions = 0
@@ -86,6 +87,9 @@ class ContinuousScheduler(QueueView):
             return f"prompt + output = {total} tokens exceeds max_model_len {self.cfg.max_model_len}"
         if self.kv.blocks_for(total) > self.cfg.num_blocks:
             return f"{total} tokens need more KV blocks than the pool's {self.cfg.num_blocks}"
+        if self.cfg.reserve_full_input and self.kv.admission_blocks(req.prompt_tokens) > self.cfg.num_blocks:
+            return (f"a prompt of {req.prompt_tokens} tokens needs {self.kv.admission_blocks(req.prompt_tokens)} "
+                    f"free KV blocks to be admitted, more than the pool's {self.cfg.num_blocks}")
         if not self.cfg.chunked_prefill and req.prompt_tokens > self.cfg.max_num_batched_tokens:
             return (f"prompt of {req.prompt_tokens} tokens exceeds max_num_batched_tokens "
                     f"{self.cfg.max_num_batched_tokens} without chunked prefill")
@@ -269,9 +273,10 @@ class ContinuousScheduler(QueueView):
         budget left beside the decodes stays the same, free blocks only shrink while the batch decodes (nothing
         finishes before the stretch's last step), and the head is the same (a stretch stops at the step during
         which a request arrives). So a KV-limited queue, the usual state of an overloaded engine, need not stop
-        the fast path. Without prefix caching only: admitting would reference cached blocks."""
+        the fast path. Without prefix caching only (admitting would reference cached blocks), and not with a
+        sliding window (its blocks are freed as the window moves, so free blocks can grow during a stretch)."""
         cfg = self.cfg
-        if cfg.prefix_caching:
+        if cfg.prefix_caching or self.kv.frees_while_decoding:
             return False
         seq = self.waiting.peek()
         budget = cfg.max_num_batched_tokens - len(self.running)
@@ -294,7 +299,7 @@ class ContinuousScheduler(QueueView):
         kv = self.kv
         finished = []
         for s in self.running:
-            if s.computed + k > s.kv_capacity and not kv.allocate_slots(s, k):  # decode_stretch guaranteed them
+            if s.computed + k > s.kv_capacity and not kv.decode_slots(s, k):  # decode_stretch guaranteed them
                 raise AssertionError("decode stretch ran out of blocks")
             s.computed += k
             s.generated += k

@@ -55,6 +55,7 @@ class KVCacheManager:
     """Allocation of KV slots for new tokens, release, and the prefix cache (see module docstring)."""
 
     __slots__ = ("pool", "block_size", "prefix_caching")
+    frees_while_decoding = False  # a running sequence's blocks never go back to the pool before it ends
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
         if num_blocks <= 0 or block_size <= 0:
@@ -99,6 +100,14 @@ class KVCacheManager:
             seq.kv_capacity = (seq.blocks + seq.shared_blocks) * self.block_size
             return True
         return False
+
+    def decode_slots(self, seq: Seq, k: int) -> bool:
+        """Slots for k single-token (decode) steps at once."""
+        return self.allocate_slots(seq, k)
+
+    def admission_blocks(self, tokens: int) -> int:
+        """Free blocks a new request of `tokens` tokens needs to be admitted (the full-input reserve)."""
+        return self.blocks_for(tokens)
 
     def can_fit(self, seq: Seq, num_new: int) -> bool:
         """Whether `num_new` more tokens of `seq` would find blocks now (free or evictable), taking nothing."""
@@ -181,65 +190,107 @@ class KVCacheManager:
 
 
 class HybridKVCacheManager(KVCacheManager):
-    """vLLM's hybrid allocator for models with sliding-window layers: one pool of blocks serves every group of
-    layers; a full-attention group holds a block per block_size tokens, a sliding-window group only the
-    `window_blocks` blocks covering its window. A sequence's `blocks` count pool blocks."""
+    """vLLM's hybrid allocator for models with sliding-window layers (vLLM 0.32's `SlidingWindowManager` under a
+    `HybridKVCacheCoordinator`): one pool of blocks serves every group of layers; a full-attention group holds
+    a block per block_size tokens; a sliding-window group of window W frees, at each allocation, its blocks
+    wholly below the window of the first token being computed (`get_num_skipped_tokens(num_computed)` =
+    max(0, computed - W + 1)) and allocates up to the last, so a prefill chunk of n tokens holds the window
+    plus the chunk until the next step frees it; a decode holds cdiv(W - 1, block_size) + 1 blocks. A new
+    request is admitted (the full-input reserve) only if min(cdiv(T), cdiv(W - 1 + budget, block_size) + 1)
+    blocks per sliding group are free (`max_admission_blocks_per_request`, budget = max_num_batched_tokens).
+    A sequence's `blocks` count the pool blocks it holds; `kv_capacity` stays 0, so the scheduler asks for
+    slots at every step, as vLLM frees at every step. Checked step by step against vLLM's own allocator
+    (tests/test_vllm_scheduler_trace.py)."""
 
-    __slots__ = ("full", "sliding", "window_blocks")
+    __slots__ = ("full", "sliding", "window_blocks", "window", "cap", "state")
+    frees_while_decoding = True  # the window frees a sliding block every block_size tokens
 
-    def __init__(self, num_blocks: int, block_size: int, groups: tuple[int, int, int]) -> None:
+    def __init__(self, num_blocks: int, block_size: int, groups: tuple[int, ...], budget: int | None = None) -> None:
         super().__init__(num_blocks, block_size, False)
-        self.full, self.sliding, self.window_blocks = groups
+        if len(groups) not in (3, 4):
+            raise ConfigError(f"kv_groups {groups}: expected (full, sliding, window_blocks[, window_tokens])")
+        self.full, self.sliding, self.window_blocks = groups[:3]
         if self.full < 0 or self.sliding <= 0 or self.window_blocks <= 0:
             raise ConfigError(f"kv_groups {groups}: expected (full >= 0, sliding > 0, window_blocks > 0)")
+        # the window in tokens (a 3-tuple: the largest window with that many blocks)
+        self.window = groups[3] if len(groups) == 4 else (self.window_blocks - 1) * block_size + 1
+        if self.window <= 0 or -(-(self.window - 1) // block_size) + 1 != self.window_blocks:
+            raise ConfigError(f"kv_groups {groups}: window_blocks must be cdiv(window - 1, block_size) + 1")
+        self.cap = -(-(self.window - 1 + budget) // block_size) + 1 if budget else self.window_blocks
+        self.state: dict[Seq, tuple[int, int]] = {}  # per sequence: (tokens allocated, sliding blocks freed)
 
     def blocks_for(self, tokens: int) -> int:
+        """Blocks a sequence of `tokens` holds while it decodes (every full-group block, the window's)."""
         b = -(-tokens // self.block_size)
         return self.full * b + self.sliding * min(b, self.window_blocks)
 
-    def _capacity(self, blocks: int) -> int:
-        """Tokens `blocks` pool blocks hold for one sequence."""
-        bs, w = self.block_size, self.window_blocks
-        per = self.full + self.sliding
-        if blocks < per * w:
-            return blocks // per * bs
-        return (w + (blocks - self.sliding * w - self.full * w) // max(1, self.full)) * bs if self.full else 1 << 60
+    def admission_blocks(self, tokens: int) -> int:
+        """Free blocks a new request of `tokens` tokens needs to be admitted (the full-input reserve)."""
+        b = -(-tokens // self.block_size)
+        return self.full * b + self.sliding * min(b, self.cap)
+
+    def _skip(self, computed: int) -> int:
+        return max(0, computed - self.window + 1) // self.block_size
+
+    def _slide(self, seq: Seq, computed: int) -> tuple[int, int]:
+        """Free the sliding blocks below the window of the token after `computed`; returns (allocated, freed)."""
+        end, skip = self.state.get(seq, (0, 0))
+        sk = min(max(skip, self._skip(computed)), -(-end // self.block_size))
+        if sk > skip:
+            n = self.sliding * (sk - skip)
+            self.pool.free += n
+            seq.blocks -= n
+        return end, sk
+
+    def _grow(self, seq: Seq, end: int, skip: int, new_end: int) -> bool:
+        need = (self.full + self.sliding) * max(0, -(-new_end // self.block_size) - -(-end // self.block_size))
+        if need > 0 and not self.pool.take(need):
+            self.state[seq] = (end, skip)
+            return False
+        seq.blocks += need
+        self.state[seq] = (max(end, new_end), skip)
+        return True
 
     def allocate_slots(self, seq: Seq, num_new: int) -> bool:
-        need = self.blocks_for(seq.computed + num_new) - seq.blocks
-        if need <= 0:
-            return True
-        if self.pool.take(need):
-            seq.blocks += need
-            seq.kv_capacity = self._capacity(seq.blocks)
-            return True
-        return False
+        end, skip = self._slide(seq, seq.computed)
+        return self._grow(seq, end, skip, seq.computed + num_new)
+
+    def decode_slots(self, seq: Seq, k: int) -> bool:
+        """k single-token steps at once: the frees of the last of them, the blocks of all."""
+        end, skip = self._slide(seq, seq.computed + k - 1)
+        return self._grow(seq, end, skip, seq.computed + k)
 
     def can_fit(self, seq: Seq, num_new: int) -> bool:
-        need = self.blocks_for(seq.computed + num_new) - seq.blocks
+        need = self.admission_blocks(seq.computed + num_new) - seq.blocks
         return need <= 0 or need <= self.pool.available()
 
     def reserve(self, seq: Seq, tokens: int) -> bool:
+        """Prompt and output at once (TensorRT-LLM's no-evict admission, static batching): the steady-state
+        blocks, kept until the sequence finishes."""
         need = self.blocks_for(tokens) - seq.blocks
-        if need <= 0:
-            return True
-        if self.pool.take(need):
-            seq.blocks += need
-            seq.kv_capacity = self._capacity(seq.blocks)
-            return True
-        return False
+        if need > 0 and not self.pool.take(need):
+            return False
+        b = -(-tokens // self.block_size)
+        seq.blocks += max(0, need)
+        self.state[seq] = (tokens, b - min(b, self.window_blocks))
+        return True
+
+    def free(self, seq: Seq) -> None:
+        super().free(seq)
+        self.state.pop(seq, None)
 
     def stretch_blocks(self, running: list[Seq], k: int) -> int:
-        need = 0
+        """Blocks k decode steps take, ignoring what the window frees meanwhile (an upper bound: a stretch that
+        fits it never runs short)."""
+        bs, per, need = self.block_size, self.full + self.sliding, 0
         for s in running:
-            n = self.blocks_for(s.computed + k) - s.blocks
-            if n > 0:
-                need += n
+            end = self.state.get(s, (0, 0))[0]
+            need += per * max(0, -(-(s.computed + k) // bs) - -(-end // bs))
         return need
 
 
 def make_kv_manager(num_blocks: int, block_size: int, prefix_caching: bool = False,
-                    groups: tuple[int, int, int] | None = None) -> KVCacheManager:
+                    groups: tuple[int, ...] | None = None, budget: int | None = None) -> KVCacheManager:
     """The plain manager, or the hybrid one for a sliding-window layout (prefix caching is not modelled there)."""
     if groups is None:
         return KVCacheManager(num_blocks, block_size, prefix_caching)
@@ -248,4 +299,4 @@ def make_kv_manager(num_blocks: int, block_size: int, prefix_caching: bool = Fal
                           "set enable_prefix_caching false for this model")
     if num_blocks <= 0 or block_size <= 0:
         raise ConfigError(f"num_blocks and block_size must be > 0 (got {num_blocks}, {block_size})")
-    return HybridKVCacheManager(num_blocks, block_size, groups)
+    return HybridKVCacheManager(num_blocks, block_size, groups, budget)

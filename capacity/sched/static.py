@@ -23,7 +23,7 @@ class StaticConfig:
     block_size: int = 16
     num_blocks: int = 1 << 20
     max_model_len: int | None = None
-    kv_groups: tuple[int, int, int] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks)
+    kv_groups: tuple[int, ...] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks[, window])
 
     def __post_init__(self) -> None:
         if self.max_batch <= 0:
