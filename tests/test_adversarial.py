@@ -605,6 +605,7 @@ def test_generated_hostile_yaml_is_valid_or_one_clear_error(tmp_path):
     check()
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_dashboard_paste_of_a_yaml_bomb_is_an_error_box():
     from streamlit.testing.v1 import AppTest
 

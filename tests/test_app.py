@@ -77,6 +77,7 @@ def test_editing_widgets_updates_the_numbers(app):
     assert_shows_library(app)
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_chunked_prefill_setting_reaches_the_simulation():
     """The dashboard offers chunked prefill: switching it off must change what is simulated (it used to be
     ignored), and the numbers must still be the library's for that scenario."""
@@ -125,6 +126,7 @@ def test_step_cost_sources_are_the_profiles_for_this_model_and_gpu():
     assert_shows_library(at)
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_ab_tab_compares_two_configurations_as_the_cli_does():
     """The A/B tab: B = the sidebar's scenario with max_num_seqs 16; the figures shown are capacity compare's on the
     library's own two runs of that scenario (same seed: paired requests)."""

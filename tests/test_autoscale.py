@@ -67,6 +67,7 @@ def test_drained_replicas_finish_what_they_hold_and_gpu_time_is_the_integral():
     assert set(np.unique(r.replica[r.arrival > first_drop + 1])) < set(range(5))
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_predictive_scaling_without_startup_delay_meets_the_slo_and_a_delay_costs_violations():
     """The fleet issue's closed-form check: a controller that knows the curve and a safe per-replica rate, with
     no start-up delay, never lets a window miss the SLO; reacting to concurrency with a 120 s start-up delay,
@@ -120,6 +121,7 @@ def test_bad_autoscale_settings_name_the_field(kw, field):
         AutoscaleConfig(**kw)
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_autoscale_cli_compares_with_static_provisioning(tmp_path):
     """`capacity autoscale` through the run pipeline: the autoscaled pool and the static one at its peak, GPU-hours
     from the timeline, violation minutes per window, one-line errors for a workload without a curve."""

@@ -70,6 +70,7 @@ def test_rules_and_runs_are_checked():
         Requests.of_run(make_run(n=5))
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_cli_compare_and_gate_exit_codes(tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     a.write_text(json.dumps(make_run()))

@@ -47,6 +47,7 @@ def test_plan_refuses_a_profile_at_another_tp():
     assert r.returncode == 1 and "was measured at tp=1, the scenario fixes tp=2" in r.stderr, r.stderr
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_plan_with_a_profile_searches_only_its_tp_and_every_row_names_it():
     p = plan({"gpu": "h200", "profile": "llama-3.1-8b-h200", "search": {**TINY_SEARCH, "tp": [1, 2, 4]}})
     assert [s.tp for s in p.searches] == [1]

@@ -84,6 +84,7 @@ def small_scenario(tmp_path, model: str, **search) -> str:
     return str(sc)
 
 
+@pytest.mark.slow  # over 5 s: in CI (`pytest -m slow`), not in the default local run
 def test_tp_sizes_that_cannot_hold_the_weights_are_shown(tmp_path):
     sc = small_scenario(tmp_path, "llama-3.1-70b", tp=[1, 4])
     p = plan_json("-m", sc, "--gpu", "h100-sxm", "--target-rate", "1")
