@@ -75,6 +75,25 @@ def scenarios() -> dict[str, dict]:
                    "sliding_window": 64},
         "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(20, 400)),
                       "output": int(rng.integers(4, 150))} for i in range(40)]}
+    # prefix caching under pressure: five groups whose prefixes end inside a block, a sixth of the requests in
+    # no group (only their own blocks can hit, after a preemption), bursts that admit one group's requests in
+    # the same step, a budget that splits the prefixes into chunks, many preemptions; then the same with the
+    # priority policy (its victims are not the newest)
+    for name, policy in (("prefix_pressure", "fcfs"), ("prefix_priority", "priority")):
+        steps = np.cumsum(rng.integers(0, 4, 50) * rng.integers(0, 2, 50))
+        prefix = [70, 110, 150, 190, 230]
+        reqs = []
+        for i in range(50):
+            g = int(rng.integers(0, 6))
+            r = {"id": i, "step": int(steps[i]), "output": int(rng.integers(4, 120)),
+                 "priority": int(rng.integers(0, 2))}
+            if g < 5:
+                r.update(group=g, prefix=prefix[g], prompt=prefix[g] + int(rng.integers(5, 200)))
+            else:
+                r["prompt"] = int(rng.integers(20, 400))
+            reqs.append(r)
+        out[name] = {"engine": {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 96, "max_num_seqs": 10,
+                                "prefix_caching": True, "policy": policy}, "requests": reqs}
     return out
 
 
@@ -132,7 +151,7 @@ def trace(sc: dict, model_dir: str) -> dict:
         for r in pending:
             if r["step"] == step:
                 sp = SamplingParams(max_tokens=r["output"], ignore_eos=True)
-                s.add_request(Request(str(r["id"]), prompt(r), sp, None, arrival_time=float(r["step"]),
+                s.add_request(Request(f"{r['id']:06d}", prompt(r), sp, None, arrival_time=float(r["step"]),
                                       priority=r.get("priority", 0), block_hasher=hasher))
         out = s.schedule()
         sched = {int(k): v for k, v in out.num_scheduled_tokens.items()}

@@ -8,6 +8,7 @@ import pytest
 
 from capacity.engine import get_engine
 from capacity.engine import memory as mem
+from capacity.engine.budget import SchedLimits
 from capacity.engine.config import EngineConfig
 from capacity.engine.vllm import kv_groups
 from capacity.engine.vllm_release import CURRENT, parse_engine, release
@@ -164,6 +165,24 @@ def test_hybrid_groups():
     assert kv_groups(gemma3, release("0.9.0"), 16).groups == 1  # before the hybrid allocator: all full
     # a long sequence holds every full-group block but only the window's blocks in each sliding group
     assert g.blocks_for(8192, 16) == 512 + 6 * 65 and g.blocks_for(100, 16) == 7 * 7
+
+
+def test_sliding_groups_reserve_the_batches_in_flight():
+    """vLLM 0.32 reserves max_num_batched_tokens x max_concurrent_batches in flight (2 with async scheduling,
+    its GPU default) at admission and at start-up; 0.19's code reserves one batch. gpt-oss-20b (window 128)
+    at max_model_len 32k and a 2,048-token budget: a sliding group reserves cdiv(127 + 4096, 16) + 1 = 265
+    blocks on the current release, cdiv(127 + 2048, 16) + 1 = 137 on 0.19."""
+    card = load_model_card(HF / "gpt-oss-20b.json")
+    for eng, inflight, cap in (("vllm", 4096, 265), ("vllm@0.19", 2048, 137)):
+        cfg = EngineConfig(engine=eng, max_model_len=32768, max_num_batched_tokens=2048)
+        b = mem.budget(card, get_gpu("h100-sxm"), cfg)
+        g = b.kv_groups
+        assert g.inflight == inflight and g.window == 128
+        assert g.startup_blocks(32768, 16) == 2048 + cap
+        assert g.admission_blocks(1000, 16) == 63 + 63 and g.admission_blocks(8000, 16) == 500 + cap
+        assert b.max_concurrency == pytest.approx(b.num_blocks / (2048 + cap))
+        kv = get_engine(eng).scheduler_factory(cfg, SchedLimits.of(b))().kv  # the simulator admits the same way
+        assert kv.admission_blocks(8000) == 500 + cap
 
 
 def test_hybrid_kv_manager_charges_sequences_as_vllm_does():

@@ -88,3 +88,19 @@ def test_gemma3_hybrid_kv_tokens_as_vllm_counts_them():
     assert (b.kv_groups.full, b.kv_groups.sliding, b.kv_groups.group_size) == (1, 6, 10)
     assert b.kv_tokens == b.num_blocks // 7 * 16
     assert abs(r["tokens_err_pct"]) < 3.0
+
+
+def test_gemma3_maximum_concurrency_as_vllm_logs_it():
+    """The log's "Maximum concurrency for 8,192 tokens per request: 4.46x" counts per request every group's
+    admission reserve, not the blocks a decoding sequence keeps: the full group's cdiv(8192, 16) = 512 blocks
+    and, per sliding group, cdiv(min(1023 + 8192, 8192), 16) + 1 = 513 (the window plus a chunk in flight, as
+    vLLM's max_admission_blocks_per_request), 512 + 6 x 513 = 3,590 blocks. The window alone (65 blocks per
+    sliding group, 902 per request) would say 17.7x. The log's 36,560 tokens are num_blocks // 7 x 16, so its
+    pool holds 15,995 to 16,001 blocks."""
+    b = ml.predict(CASES["llmd-gemma3-27b-it-h100-tp1"])
+    assert b.kv_groups.startup_blocks(8192, 16) == 3590 and b.blocks_for(8192) == 902
+    for logged_blocks in (15_995, 16_001):
+        assert round(logged_blocks / 3590, 2) == 4.46
+    assert b.max_concurrency == pytest.approx(4.46, rel=0.01)
+    # the planner's concurrency: the last sequence admitted needs its reserve next to the others' held blocks
+    assert b.concurrency_at(8192) == (b.planning_blocks - 3590) // 902 + 1 < b.planning_blocks // 902

@@ -117,7 +117,9 @@ def test_prefix_caching_skips_cached_blocks():
     st = s.schedule(1)
     assert b.computed == 8 and st.plan == StepPlan((PrefillChunk(22, 8, True),))
     s.complete(st, 2)
-    assert s.kv_blocks_used == 2 and s.kv.num_evictable_blocks == 2  # only the cached prefix stays, evictable when unused
+    # as vLLM: every full block stays cached, evictable when unused: the group's 2, A's own 3 (20 tokens = 5
+    # full blocks), B's own 5 (30 tokens = 7 full blocks, 2 of them hits); B's partial 8th block is plain free
+    assert s.kv_blocks_used == 10 and s.kv.num_evictable_blocks == 10 and s.kv.num_free_blocks == 90
     assert a.finish_s == 1
 
 

@@ -234,6 +234,27 @@ def test_fast_forward_is_exact_with_sliding_window_layers(roofline, closed):
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("closed", [False, True])
+def test_fast_forward_is_exact_with_prefix_caching(roofline, closed):
+    """vLLM's block-level prefix cache under KV pressure (shared prefixes that end inside a block, preempted
+    requests that find their own blocks again, evictions): a decode stretch takes and caches its blocks k steps
+    at once, in another order than k single steps, and evicts the same cached blocks, so the fast path gives the
+    step-by-step answer."""
+    from capacity.workload import Lengths, PrefixGroups
+
+    arr = Arrivals(kind="closed", users=20) if closed else Arrivals(kind="poisson", rate_per_s=25.0)
+    spec = WorkloadSpec(arrivals=arr, input_len=Lengths(kind="uniform", low=64, high=1200),
+                        output_len=Lengths(kind="uniform", low=16, high=400), num_requests=400,
+                        prefix=PrefixGroups(groups=3, tokens=300, share=0.7))
+    kw = dict(CB, num_blocks=500, prefix_caching=True)
+    fast, slow = (simulate(spec, roofline, lambda: make_scheduler("continuous", **kw), np.random.default_rng(3),
+                           SimConfig(fast_forward=f, saturation_queue=10_000)) for f in (True, False))
+    assert fast.steps == slow.steps and fast.preemptions == slow.preemptions > 0
+    assert fast.events < slow.events
+    for attr in ("arrival", "first_scheduled", "first_token", "finish"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+
+
 @pytest.mark.parametrize("think, frontend", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.004), (0.05, 0.004)])
 def test_fast_forward_is_exact_in_closed_loop(roofline, think, frontend):
     """Closed-loop users (varied lengths, no think time or some, with and without a front end): a user answered

@@ -58,9 +58,7 @@ def first_difference(trace: dict, ours: list[dict]) -> str | None:
 
 @pytest.mark.parametrize("name, preemptions", [("kv_pressure_256_160", 16), ("small_cache_varied", 20),
                                                ("chunked_prefill_mix", 0), ("priority_small_cache", 15),
-                                               pytest.param("prefix_groups", 4, marks=pytest.mark.xfail(
-                                                   strict=True, reason="vLLM's self-hit after a preemption: "
-                                                   "see test_prefix_groups_agree_until_a_preempted_request_returns")),
+                                               ("prefix_groups", 4), ("prefix_pressure", 26), ("prefix_priority", 15),
                                                ("sliding_window_hybrid", 0), ("sliding_window_pressure", 2)])
 def test_the_scheduler_takes_vllms_steps(name, preemptions):
     trace = json.loads((DATA / f"{name}.json").read_text())
@@ -81,25 +79,89 @@ def test_the_traces_tell_the_rules_apart(name, override):
     assert first_difference(trace, replay(trace, **override)) is not None
 
 
-def test_prefix_groups_agree_until_a_preempted_request_returns():
-    """Prefix caching: three groups sharing 200-token prefixes. Group hits, their eviction and every step agree
-    with vLLM up to step 165, where request 18 comes back after a preemption (step 158). vLLM hashes every full
-    block of every request, so the preempted request's own blocks stay cached (free, but evictable last) and
-    it recomputes only 70 of its 566 tokens; capacity caches the declared group prefixes only and recomputes
-    from there (254 tokens, the budget). Not modelled yet: the simulator is on the safe side here (more
-    recompute, more KV pressure)."""
+def test_a_preempted_request_finds_its_own_blocks_as_vllm_does():
+    """Prefix caching: vLLM hashes every full block of every request, not only shared prefixes, so a preempted
+    request's own blocks stay cached (free, evicted after older ones) and it recomputes only what was reused
+    meanwhile. Request 18 of prefix_groups, preempted at step 158, comes back at step 165 with 31 of its blocks
+    and computes the last 70 of its 566 tokens; caching the group prefixes alone would recompute from the
+    prefix on (254 tokens, the budget)."""
     trace = json.loads((DATA / "prefix_groups.json").read_text())
+    assert any(18 in s["preempted"] for s in trace["steps"][150:165])
+    assert dict(map(tuple, trace["steps"][165]["scheduled"]))[18] == 566 - 31 * 16
     ours = replay(trace)
-    diff = first_difference(trace, ours)
-    assert diff is not None and diff.startswith("step 165: scheduled")
-    before = [s for s in trace["steps"] if s["step"] < 165]
-    assert any(18 in s["preempted"] for s in before)
-    vllm_165 = dict(map(tuple, trace["steps"][165]["scheduled"]))
-    ours_165 = dict(map(tuple, ours[165]["scheduled"]))
-    assert vllm_165[18] == 566 - 31 * 16 and ours_165[18] == 254
-    # group prefixes were hit before that (in the same steps as vLLM, since every step agreed)
-    assert sum(len(s["hits"]) for s in ours[:165]) >= 10
+    assert dict(map(tuple, ours[165]["scheduled"]))[18] == 70
+    assert sum(len(s["hits"]) for s in ours) >= 20  # first admissions that hit a group prefix
 
+
+@pytest.mark.parametrize("rule", ["group prefixes only", "free in table order", "cache after the step",
+                                  "uncached blocks to the tail", "touch before admission"])
+def test_the_prefix_cache_rules_matter(monkeypatch, rule):
+    """vLLM's block pool with one rule changed at a time: each makes some recorded trace diverge (found by
+    running the three prefix traces; the first step that differs is pinned), so each rule is pinned by vLLM's
+    own behaviour, not by the model's."""
+    import capacity.sched.kv as kvmod
+    from capacity.sched.prefix_cache import PrefixCachingKVCacheManager as Base
+
+    class Mutant(Base):
+        __slots__ = ()
+
+        def _key(self, seq, i):
+            k = super()._key(seq, i)
+            return (k[0], -2 - seq.req.id, i) if rule == "group prefixes only" and k[0] < 0 else k
+
+        def get_computed_blocks(self, seq):
+            if rule == "group prefixes only" and seq.req.prefix_group < 0:
+                return
+            super().get_computed_blocks(seq)
+            if rule == "group prefixes only":  # only the leading group blocks count as hits
+                hits = self.pending.get(seq, [])
+                g = [b for b in hits if self.key[b][0] >= 0]
+                if len(g) < len(hits):
+                    self.pending[seq] = g
+                    seq.shared_blocks, seq.computed = len(g), len(g) * self.block_size
+                    if not g:
+                        del self.pending[seq]
+            if rule == "touch before admission":
+                self._touch(seq)
+
+        def drop_computed_blocks(self, seq):
+            if rule == "touch before admission" and seq in self.tables and seq.shared_blocks:
+                self.free(seq)
+                seq.computed = 0
+                return
+            super().drop_computed_blocks(seq)
+
+        def allocate_slots(self, seq, num_new):
+            if rule == "cache after the step":
+                return self._grow(seq, seq.computed + num_new, seq.computed)
+            return super().allocate_slots(seq, num_new)
+
+        def free(self, seq):
+            if rule in ("free in table order", "uncached blocks to the tail") and seq in self.tables:
+                table = self.tables[seq]
+                order = table if rule == "free in table order" else list(reversed(table))
+                self.tables[seq] = order[::-1]  # the base frees the table reversed
+                if rule == "uncached blocks to the tail":
+                    for b in table:
+                        if self.key[b] is None:
+                            self.key[b] = (-9, -9, b)  # freed like a cached block: to the tail
+                            self.cache[self.key[b]] = {b: None}
+                    super().free(seq)
+                    for b in table:
+                        if self.key[b] is not None and self.key[b][0] == -9:
+                            del self.cache[self.key[b]]
+                            self.key[b] = None
+                            if self.ref[b] == 0:
+                                self.hashed_free -= 1
+                    return
+            super().free(seq)
+
+    monkeypatch.setattr(kvmod, "make_kv_manager", lambda nb, bs, pc=False, g=None, budget=None: Mutant(nb, bs))
+    import capacity.sched.continuous as cont
+    monkeypatch.setattr(cont, "make_kv_manager", kvmod.make_kv_manager)
+    diffs = {name: first_difference(t, replay(t)) for name in ("prefix_groups", "prefix_pressure", "prefix_priority")
+             for t in [json.loads((DATA / f"{name}.json").read_text())]}
+    assert any(d is not None for d in diffs.values())
 
 
 def test_the_sliding_window_rules_matter(monkeypatch):

@@ -34,14 +34,42 @@ class KVGroups:
     group_size: int = 0  # layers per group (0: all layers, one group)
     window_blocks: int = 0  # blocks a sliding group keeps per sequence: cdiv(window - 1, block_size) + 1
     window: int = 0  # the sliding window, tokens (0: unknown; the scheduler then takes the largest with window_blocks)
+    # tokens scheduled but not yet settled, which a sliding group reserves on top of its window at admission
+    # (vLLM's max_in_flight_tokens: max_num_batched_tokens x concurrent batches)
+    inflight: int = 0
 
     @property
     def groups(self) -> int:
         return self.full + self.sliding
 
     def blocks_for(self, tokens: int, block_size: int) -> int:
+        """Pool blocks a sequence of `tokens` holds while it decodes (every full-group block, the window's)."""
         b = -(-tokens // block_size)
         return self.full * b + self.sliding * min(b, self.window_blocks)
+
+    def _cap(self, block_size: int, max_model_len: int | None = None) -> int:
+        """vLLM's max_admission_blocks_per_request of a sliding group: cdiv(min(W - 1 + in flight, max_model_len),
+        block) + 1 (the window may start inside a block)."""
+        w = self.window or (self.window_blocks - 1) * block_size + 1
+        t = w - 1 + self.inflight
+        return -(-(t if max_model_len is None else min(t, max_model_len)) // block_size) + 1
+
+    def admission_blocks(self, tokens: int, block_size: int) -> int:
+        """Free blocks vLLM wants before it admits a request of `tokens` tokens (the full-input reserve): a
+        sliding group reserves up to its cap, not its window, since a prefill chunk holds the window plus the
+        chunk until the next step frees it."""
+        b = -(-tokens // block_size)
+        if not self.sliding:
+            return self.full * b
+        return self.full * b + self.sliding * min(b, self._cap(block_size))
+
+    def startup_blocks(self, max_model_len: int, block_size: int) -> int:
+        """Blocks per request behind vLLM's start-up "Maximum concurrency for L tokens per request"
+        (get_max_concurrency_for_kv_cache_config: every group's max_memory_usage_bytes / page size)."""
+        b = -(-max_model_len // block_size)
+        if not self.sliding:
+            return self.full * b
+        return self.full * b + self.sliding * self._cap(block_size, max_model_len)
 
     def as_tuple(self) -> tuple[int, ...] | None:
         if not self.sliding:
@@ -110,10 +138,15 @@ class MemoryBudget:
 
     def concurrency_at(self, context: int) -> int:
         """Sequences of `context` tokens that fit at once in the blocks the planner uses (paged: whole blocks;
-        contiguous: max_model_len slots each)."""
+        contiguous: max_model_len slots each). With sliding-window layers the last one admitted needs its
+        admission reserve free next to the others' held blocks: (n - 1) x held + reserve <= blocks."""
         if not self.paged_kv:
             return self.contiguous_max_seqs if context <= self.max_model_len else 0
-        return self.planning_blocks // self.blocks_for(context)
+        held = self.blocks_for(context)
+        reserve = self.kv_groups.admission_blocks(context, self.block_size)
+        if self.planning_blocks < reserve:
+            return 0
+        return (self.planning_blocks - reserve) // held + 1
 
 
 @dataclass(frozen=True)
@@ -154,7 +187,7 @@ def fit_problem(b: MemoryBudget, card: ModelCard, gpu: GPU) -> str | None:
                 f"{b.weights_bytes / GiB:.2f} - activation {b.activation_bytes / GiB:.2f} - non-torch "
                 f"{b.non_torch_bytes / GiB:.2f}{graphs} = {b.kv_budget_bytes / GiB:.2f} GiB at tp={b.tp}; raise "
                 "gpu_memory_utilization, lower max_num_batched_tokens/max_num_seqs, or raise tp")
-    need_blocks = b.blocks_for(b.max_model_len)
+    need_blocks = b.kv_groups.startup_blocks(b.max_model_len, b.block_size)  # vLLM's start-up check
     if (b.paged_kv and need_blocks > b.num_blocks) or (not b.paged_kv and b.contiguous_max_seqs < 1):
         largest = _largest_len(b) if b.paged_kv else 0
         return (f"one request of max_model_len {b.max_model_len} tokens needs {need_blocks} KV blocks "
@@ -168,7 +201,7 @@ def _largest_len(b: MemoryBudget) -> int:
     lo, hi = 0, b.max_model_len
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if b.blocks_for(mid) <= b.num_blocks else (lo, mid - 1)
+        lo, hi = (mid, hi) if b.kv_groups.startup_blocks(mid, b.block_size) <= b.num_blocks else (lo, mid - 1)
     return lo
 
 

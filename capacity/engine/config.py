@@ -62,8 +62,8 @@ class EngineConfig(BaseModel):
     max_num_batched_tokens: PosInt | None = None  # token budget per step; None: the release's default
     # Split long prompts across steps. None: the release's default (V1: on; V0: on by itself above 32k tokens).
     enable_chunked_prefill: bool | None = None
-    # Off unless asked: the simulator shares KV only between requests of a workload's prefix groups, so the
-    # default changes nothing without them; the launch command spells the choice out either way.
+    # Off unless asked (vLLM's own default is on): the launch command spells the choice out, so the engine runs
+    # what was simulated. On: vLLM's block-level cache, shared prefixes and a preempted request's own blocks.
     enable_prefix_caching: bool = False
     block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = None  # tokens per KV block; None: 16 (64 for MLA models)
     kv_cache_dtype: KVDtype = "auto"  # auto: the model's dtype; fp8/int8 halve KV memory and the bytes attention reads

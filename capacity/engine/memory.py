@@ -47,7 +47,7 @@ def batch_context_table(b: MemoryBudget, batches: list[int], contexts: list[int]
         for ctx in contexts:
             if b.paged_kv:
                 need = batch * b.blocks_for(ctx) * b.block_bytes
-                fits = batch * b.blocks_for(ctx) <= b.planning_blocks
+                fits = b.concurrency_at(ctx) >= batch  # the last one admitted needs its admission reserve
             else:
                 need = batch * b.max_model_len * b.kv_bytes_per_token
                 fits = need <= b.kv_budget_bytes
@@ -69,7 +69,9 @@ def min_gpu_memory_utilization(card: ModelCard, gpu: GPU, cfg: EngineConfig, con
     """Smallest gpu_memory_utilization (2 decimals, rounded up) that holds `concurrency` sequences of
     `context` tokens and one request of max_model_len."""
     b = budget(card, gpu, cfg, check_fit=False)
-    blocks = max(concurrency * b.blocks_for(context), b.blocks_for(b.max_model_len))
+    g = b.kv_groups
+    blocks = max((concurrency - 1) * b.blocks_for(context) + g.admission_blocks(context, b.block_size),
+                 g.startup_blocks(b.max_model_len, b.block_size))
     kv_need = blocks * b.block_bytes
     # everything but the KV cache, at the end of its range the planner uses
     planned_kv = b.ranges["kv_budget"][0] if b.kv_estimate == "conservative" else b.kv_budget_bytes
@@ -95,7 +97,7 @@ def min_tp(card: ModelCard, gpu: GPU, cfg: EngineConfig, concurrency: int, conte
         b = budget(card, gpu, cfg.model_copy(update={"tensor_parallel_size": tp}), check_fit=False)
         got = b.concurrency_at(context) if b.num_blocks and b.weights_bytes < b.usable_bytes else 0
         tried.append(f"tp={tp}: {got}")
-        if got >= concurrency and b.blocks_for(b.max_model_len) <= b.planning_blocks:
+        if got >= concurrency and b.kv_groups.startup_blocks(b.max_model_len, b.block_size) <= b.planning_blocks:
             return tp
     raise DoesNotFit(f"no tensor-parallel size holds {concurrency} sequences of {context} tokens ({', '.join(tried)})")
 

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from capacity.engine.budget import KVGroups, MemoryBudget, SchedLimits, check_fits, fit_problem, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp
@@ -386,6 +386,8 @@ class Vllm:
             estimates.append("cuda_graphs")
         estimates.append("cuda_context")
         groups = kv_groups(card, rel, eng.block_size)
+        if groups.sliding:
+            groups = replace(groups, inflight=eng.max_num_batched_tokens * rel.inflight_batches)
         buffers = self.runner_buffers(card, eng, groups)
 
         in_budget = eng.cuda_graphs_in_budget
@@ -411,7 +413,7 @@ class Vllm:
         contiguous = max(0, math.floor(kv_mid / (eng.max_model_len * kvpt))) if kv_mid > 0 else 0
         outside = cfg.memory_params.cuda_context_bytes + (graphs.mid - g_in.mid)
         planning = blocks_lo if cfg.kv_estimate == "conservative" else num_blocks
-        per_seq = groups.blocks_for(eng.max_model_len, eng.block_size)
+        per_seq = groups.startup_blocks(eng.max_model_len, eng.block_size)
 
         b = MemoryBudget(
             model=card.name, gpu=gpu.name, tp=eng.tp, total_bytes=total,
@@ -472,7 +474,8 @@ class Vllm:
                       block_size=limits.block_size, num_blocks=usable,
                       chunked_prefill=chunked, prefix_caching=self.prefix_caching(cfg),
                       max_model_len=limits.max_model_len, kv_groups=limits.kv_groups,
-                      reserve_output=cfg.kv_reservation == "prompt_and_output")
+                      reserve_output=cfg.kv_reservation == "prompt_and_output",
+                      inflight_tokens=limits.max_num_batched_tokens * self.release.inflight_batches)
         make_scheduler(cfg.policy, **kw)
         return lambda: make_scheduler(cfg.policy, **kw)
 

@@ -184,6 +184,14 @@ class Release:
             return True
         return self.version >= (0, 5, 5) and max_model_len > 32768 and not multimodal and not sliding
 
+    @property
+    def inflight_batches(self) -> int:
+        """Batches in flight that a sliding-window group reserves blocks for at admission and at start-up:
+        0.32's max_in_flight_tokens is max_num_batched_tokens x max_concurrent_batches, 2 with async scheduling
+        (its GPU default); the earlier sources read reserve one batch. The release in between that changed it
+        is not pinned (those get one batch)."""
+        return 2 if self.runner == "v1" and self.version >= (0, 32, 0) else 1
+
     def default_prefix_caching(self) -> bool:
         return self.runner == "v1"
 

@@ -48,6 +48,9 @@ class ContinuousConfig:
     # Reserve KV for the prompt and every output token at admission, so a running sequence never needs a block
     # and nothing is preempted: TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (its default policy).
     reserve_output: bool = False
+    # Tokens in flight that a sliding-window group reserves at admission on top of its window (vLLM's
+    # max_in_flight_tokens; None: one batch, max_num_batched_tokens, as with async scheduling off)
+    inflight_tokens: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
@@ -61,7 +64,7 @@ class ContinuousScheduler(QueueView):
     def __init__(self, cfg: ContinuousConfig) -> None:
         self.cfg = cfg
         self.kv = make_kv_manager(cfg.num_blocks, cfg.block_size, cfg.prefix_caching, cfg.kv_groups,
-                                  cfg.max_num_batched_tokens)
+                                  cfg.inflight_tokens or cfg.max_num_batched_tokens)
         self.waiting = make_queue(cfg.queue)
         self.running: list[Seq] = []
         self.num_preemptions = 0

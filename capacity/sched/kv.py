@@ -1,15 +1,12 @@
-"""The KV cache manager: the one place that owns KV blocks, their reference counts and the prefix cache, as
-vLLM v1 splits it (`KVCacheManager` over a `BlockPool`). Schedulers ask it for slots and hand sequences
-back; they never count blocks themselves.
+"""The KV cache manager: the one place that owns KV blocks, as vLLM v1 splits it (`KVCacheManager` over a
+`BlockPool`). Schedulers ask it for slots and hand sequences back; they never count blocks themselves.
 
-Blocks are paged: a sequence with `computed + new` tokens needs ceil((computed + new) / block_size) blocks,
-some of which may be shared prefix blocks. With prefix caching, a prefix group's full blocks, once computed,
-are published to the cache (ref-counted while referenced, evictable least-recently-used when not) and a later
-sequence of the same group starts with them as computed tokens.
+Blocks are paged: a sequence with `computed + new` tokens needs ceil((computed + new) / block_size) blocks.
+`make_kv_manager` picks the manager: this plain one; `capacity.sched.prefix_cache`'s with vLLM's block-level
+prefix cache (enable_prefix_caching); or the hybrid one below for models with sliding-window layers.
 """
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from capacity.errors import ConfigError
@@ -19,40 +16,27 @@ if TYPE_CHECKING:
 
 
 class BlockPool:
-    """Free-block count plus the prefix cache: group -> cached full blocks (LRU order), ref counts per group."""
+    """The free-block count (the block-level prefix cache is `capacity.sched.prefix_cache`)."""
 
-    __slots__ = ("num_blocks", "free", "cached", "refs")
+    __slots__ = ("num_blocks", "free")
 
     def __init__(self, num_blocks: int) -> None:
         self.num_blocks = num_blocks
         self.free = num_blocks
-        self.cached: OrderedDict[int, int] = OrderedDict()
-        self.refs: dict[int, int] = {}
-
-    @property
-    def evictable(self) -> int:
-        return sum(b for g, b in self.cached.items() if not self.refs.get(g))
 
     def available(self) -> int:
-        return self.free + self.evictable
+        return self.free
 
     def take(self, n: int) -> bool:
         if n <= self.free:
             self.free -= n
             return True
-        if n > self.available():
-            return False
-        for g in list(self.cached):  # evict least recently used unreferenced prefixes
-            if self.free >= n:
-                break
-            if not self.refs.get(g):
-                self.free += self.cached.pop(g)
-        self.free -= n
-        return True
+        return False
 
 
 class KVCacheManager:
-    """Allocation of KV slots for new tokens, release, and the prefix cache (see module docstring)."""
+    """Allocation of KV slots for new tokens and their release, without a prefix cache (see the module
+    docstring; `capacity.sched.prefix_cache` adds vLLM's)."""
 
     __slots__ = ("pool", "block_size", "prefix_caching")
     frees_while_decoding = False  # a running sequence's blocks never go back to the pool before it ends
@@ -72,7 +56,7 @@ class KVCacheManager:
     @property
     def num_used_blocks(self) -> int:
         """Blocks not free: held by sequences or kept by the prefix cache."""
-        return self.pool.num_blocks - self.pool.free
+        return self.pool.num_blocks - self.num_free_blocks
 
     @property
     def num_free_blocks(self) -> int:
@@ -80,10 +64,11 @@ class KVCacheManager:
 
     @property
     def num_evictable_blocks(self) -> int:
-        return self.pool.evictable
+        """Free blocks that still hold cached KV (reused by a prefix hit, or evicted when taken)."""
+        return 0
 
     def cached_prefix_blocks(self, group: int) -> int:
-        return self.pool.cached.get(group, 0)
+        return 0
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -92,12 +77,12 @@ class KVCacheManager:
     def allocate_slots(self, seq: Seq, num_new: int) -> bool:
         """Give `seq` the blocks it needs to hold `num_new` more tokens; False (nothing taken) if they are not
         there."""
-        need = -(-(seq.computed + num_new) // self.block_size) - seq.blocks - seq.shared_blocks
+        need = -(-(seq.computed + num_new) // self.block_size) - seq.blocks
         if need <= 0:
             return True
         if self.pool.take(need):
             seq.blocks += need
-            seq.kv_capacity = (seq.blocks + seq.shared_blocks) * self.block_size
+            seq.kv_capacity = seq.blocks * self.block_size
             return True
         return False
 
@@ -111,7 +96,7 @@ class KVCacheManager:
 
     def can_fit(self, seq: Seq, num_new: int) -> bool:
         """Whether `num_new` more tokens of `seq` would find blocks now (free or evictable), taking nothing."""
-        need = -(-(seq.computed + num_new) // self.block_size) - seq.blocks - seq.shared_blocks
+        need = -(-(seq.computed + num_new) // self.block_size) - seq.blocks
         return need <= 0 or need <= self.pool.available()
 
     def reserve(self, seq: Seq, tokens: int) -> bool:
@@ -121,72 +106,38 @@ class KVCacheManager:
             return True
         if self.pool.take(need):
             seq.blocks += need
-            seq.kv_capacity = (seq.blocks + seq.shared_blocks) * self.block_size
+            seq.kv_capacity = seq.blocks * self.block_size
             return True
         return False
 
     def free(self, seq: Seq) -> None:
-        """Release the sequence's own blocks and its reference to a cached prefix."""
+        """Release the sequence's blocks."""
         self.pool.free += seq.blocks
         seq.blocks = 0
         seq.kv_capacity = 0
-        if seq.shared_blocks:
-            g = seq.req.prefix_group
-            if g >= 0:
-                self.pool.refs[g] -= 1
-            seq.shared_blocks = 0
 
-    # ---- prefix cache ---------------------------------------------------------------------------------------
+    # ---- prefix cache (none here) ---------------------------------------------------------------------------
     def get_computed_blocks(self, seq: Seq) -> None:
-        """On (re)admission: reference the group's cached prefix blocks and count their tokens as computed."""
-        g = seq.req.prefix_group
-        if not self.prefix_caching or g < 0 or seq.computed:
-            return
-        pool = self.pool
-        hit = min(pool.cached.get(g, 0), seq.req.prefix_tokens // self.block_size)
-        if hit:
-            pool.cached.move_to_end(g)
-            pool.refs[g] = pool.refs.get(g, 0) + 1
-            seq.shared_blocks = hit
-            seq.computed = seq.kv_capacity = hit * self.block_size
+        """On (re)admission: cached blocks that count as computed (none without a prefix cache)."""
 
     def drop_computed_blocks(self, seq: Seq) -> None:
         """Undo `get_computed_blocks` for a sequence that could not be admitted after all."""
-        if seq.shared_blocks:
-            self.free(seq)
-            seq.computed = 0
 
     def cache_full_blocks(self, seq: Seq) -> None:
-        """After a sequence computed past its shared prefix, its full prefix blocks join the group's cache."""
-        g = seq.req.prefix_group
-        if not self.prefix_caching or g < 0:
-            return
-        full = seq.req.prefix_tokens // self.block_size
-        if seq.computed < full * self.block_size:
-            return
-        pool = self.pool
-        have = pool.cached.get(g, 0)
-        if full > have and seq.shared_blocks == have:
-            moved = min(full - have, seq.blocks)  # hand over own blocks holding the rest of the prefix
-            seq.blocks -= moved
-            if not seq.shared_blocks:
-                pool.refs[g] = pool.refs.get(g, 0) + 1
-            seq.shared_blocks += moved
-            pool.cached[g] = have + moved
-            pool.cached.move_to_end(g)
+        """After a step: publish full blocks (none without a prefix cache)."""
 
     # ---- decode stretches (the simulator's fast path) ----------------------------------------------------
     def stretch_blocks(self, running: list[Seq], k: int) -> int:
         """Blocks the running sequences need to decode k more tokens each."""
         bs, need = self.block_size, 0
         for s in running:
-            n = -(-(s.computed + k) // bs) - s.blocks - s.shared_blocks
+            n = -(-(s.computed + k) // bs) - s.blocks
             if n > 0:
                 need += n
         return need
 
     def stretch_capacity(self) -> int:
-        return self.pool.free if not self.pool.cached else self.pool.available()
+        return self.pool.free
 
 
 class HybridKVCacheManager(KVCacheManager):
@@ -292,8 +243,14 @@ class HybridKVCacheManager(KVCacheManager):
 def make_kv_manager(num_blocks: int, block_size: int, prefix_caching: bool = False,
                     groups: tuple[int, ...] | None = None, budget: int | None = None) -> KVCacheManager:
     """The plain manager, or the hybrid one for a sliding-window layout (prefix caching is not modelled there)."""
+    if groups is None and prefix_caching:
+        from capacity.sched.prefix_cache import PrefixCachingKVCacheManager
+
+        if num_blocks <= 0 or block_size <= 0:
+            raise ConfigError(f"num_blocks and block_size must be > 0 (got {num_blocks}, {block_size})")
+        return PrefixCachingKVCacheManager(num_blocks, block_size)
     if groups is None:
-        return KVCacheManager(num_blocks, block_size, prefix_caching)
+        return KVCacheManager(num_blocks, block_size)
     if prefix_caching:
         raise ConfigError("prefix caching with sliding-window layers (vLLM's hybrid KV allocator) is not modelled: "
                           "set enable_prefix_caching false for this model")

@@ -1,0 +1,204 @@
+"""vLLM's prefix cache block by block (vLLM 0.32's `BlockPool` with `enable_caching`, full attention).
+
+Every full block of every request is cached under a key standing for its hash, not only the shared prefixes:
+block i of a request is its prefix group's block i while the group's shared tokens fill it ((i + 1) x block
+<= prefix_tokens), else the request's own. A block is cached when it is allocated for the tokens that fill it
+(`allocate_slots` caches up to min(computed + new, tokens known), before the step runs), so a request admitted
+later in the same step already hits it. Freed blocks stay cached until the free queue hands them out again:
+
+- the free queue pops from its head; blocks without a hash are put back at the head (reused first), cached
+  blocks at the tail (least recently used is evicted first), a request's blocks in reverse order (its tail
+  goes first);
+- a hit removes a free cached block from the queue (`touch`), only once the request is admitted; an admission
+  check counts those blocks as taken;
+- a request (re)admitted with nothing computed hits its longest run of cached blocks, at most
+  (tokens - 1) // block of them (the last token is always computed again). A preempted request therefore finds
+  its own blocks if nothing reused them meanwhile.
+
+Checked step by step against vLLM's own scheduler and allocator (tests/test_vllm_scheduler_trace.py,
+prefix_groups). Blocks are anonymous but for their key, so the fast path's k decode slots at once (blocks taken
+in another order than k single steps take them) evict the same keys.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING
+
+from capacity.sched.kv import KVCacheManager
+
+if TYPE_CHECKING:
+    from capacity.sched.base import Seq
+
+
+class PrefixCachingKVCacheManager(KVCacheManager):
+    """The KV cache manager with vLLM's block-level prefix cache (see the module docstring). A sequence's
+    `blocks` counts the blocks in its table, `shared_blocks` those it hit on admission; `kv_capacity` stays 0
+    so that the scheduler asks for slots at every step, where blocks get cached."""
+
+    __slots__ = ("queue", "key", "ref", "cache", "tables", "ncached", "pending", "hashed_free")
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        super().__init__(num_blocks, block_size, True)
+        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # free blocks, head first
+        self.key: list[tuple[int, int, int] | None] = [None] * num_blocks
+        self.ref = [0] * num_blocks
+        self.cache: dict[tuple[int, int, int], dict[int, None]] = {}  # key -> blocks holding it (first: hits)
+        self.tables: dict[Seq, list[int]] = {}
+        self.ncached: dict[Seq, int] = {}  # leading blocks of the table already cached
+        self.pending: dict[Seq, list[int]] = {}  # hits found, not yet touched (admission may still fail)
+        self.hashed_free = 0  # free blocks that hold a key (evictable)
+
+    # ---- what the scheduler and the simulator may read --------------------------------------------------
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.queue) - self.hashed_free
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return self.hashed_free
+
+    def cached_prefix_blocks(self, group: int) -> int:
+        n = 0
+        while (group, -1, n) in self.cache:
+            n += 1
+        return n
+
+    def _key(self, seq: Seq, i: int) -> tuple[int, int, int]:
+        req = seq.req
+        if req.prefix_group >= 0 and (i + 1) * self.block_size <= req.prefix_tokens:
+            return (req.prefix_group, -1, i)
+        return (-1, req.id, i)
+
+    # ---- the block pool ---------------------------------------------------------------------------------------
+    def _pending_evictable(self, seq: Seq) -> int:
+        hits = self.pending.get(seq)
+        return sum(1 for b in hits if self.ref[b] == 0) if hits else 0
+
+    def _touch(self, seq: Seq) -> None:
+        hits = self.pending.pop(seq, None)
+        if not hits:
+            return
+        ref, queue = self.ref, self.queue
+        for b in hits:
+            if ref[b] == 0:
+                del queue[b]
+                self.hashed_free -= 1
+            ref[b] += 1
+        self.tables[seq] = hits
+        self.ncached[seq] = len(hits)
+
+    def _take(self, seq: Seq, n: int) -> None:
+        queue, key, ref, cache = self.queue, self.key, self.ref, self.cache
+        table = self.tables.setdefault(seq, [])
+        for _ in range(n):
+            b = queue.popitem(last=False)[0]
+            k = key[b]
+            if k is not None:  # evict: the block leaves the cache
+                holders = cache[k]
+                del holders[b]
+                if not holders:
+                    del cache[k]
+                key[b] = None
+                self.hashed_free -= 1
+            ref[b] = 1
+            table.append(b)
+
+    def _cache_upto(self, seq: Seq, tokens: int) -> None:
+        full = tokens // self.block_size
+        done = self.ncached.get(seq, 0)
+        if full <= done:
+            return
+        table, key, cache = self.tables[seq], self.key, self.cache
+        for i in range(done, full):
+            b = table[i]
+            if key[b] is None:
+                k = key[b] = self._key(seq, i)
+                cache.setdefault(k, {})[b] = None
+        self.ncached[seq] = full
+
+    def _grow(self, seq: Seq, tokens: int, cache_upto: int) -> bool:
+        """Slots for `tokens` tokens in all (nothing taken if the free queue is short), then cache the full
+        blocks of the first `cache_upto`."""
+        have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))
+        need = -(-tokens // self.block_size) - have
+        if max(need, 0) + self._pending_evictable(seq) > len(self.queue):
+            return False
+        self._touch(seq)
+        if need > 0:
+            self._take(seq, need)
+        table = self.tables.get(seq, ())
+        seq.blocks = len(table)
+        if table:
+            self._cache_upto(seq, cache_upto)
+        return True
+
+    # ---- allocation (the scheduler's interface) ------------------------------------------------------------
+    def allocate_slots(self, seq: Seq, num_new: int) -> bool:
+        end = seq.computed + num_new
+        return self._grow(seq, end, min(end, seq.prompt + seq.generated))
+
+    def decode_slots(self, seq: Seq, k: int) -> bool:
+        """k decode steps at once: each caches the block its token fills, so all of them up to computed + k."""
+        return self._grow(seq, seq.computed + k, seq.computed + k)
+
+    def can_fit(self, seq: Seq, num_new: int) -> bool:
+        have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))
+        need = -(-(seq.computed + num_new) // self.block_size) - have
+        return max(need, 0) + self._pending_evictable(seq) <= len(self.queue)
+
+    def reserve(self, seq: Seq, tokens: int) -> bool:
+        return self._grow(seq, tokens, seq.computed)
+
+    def free(self, seq: Seq) -> None:
+        """Back to the free queue in reverse order: uncached blocks at its head, cached ones at its tail."""
+        self.pending.pop(seq, None)
+        self.ncached.pop(seq, None)
+        table = self.tables.pop(seq, None)
+        seq.blocks = seq.shared_blocks = seq.kv_capacity = 0
+        if not table:
+            return
+        queue, key, ref = self.queue, self.key, self.ref
+        for b in reversed(table):
+            ref[b] -= 1
+            if ref[b] == 0:
+                queue[b] = None
+                if key[b] is None:
+                    queue.move_to_end(b, last=False)
+                else:
+                    self.hashed_free += 1
+
+    # ---- prefix cache ---------------------------------------------------------------------------------------
+    def get_computed_blocks(self, seq: Seq) -> None:
+        """On (re)admission with nothing computed: the longest run of cached blocks, up to (tokens - 1) //
+        block; they count as computed and are touched once the request is admitted."""
+        if seq.computed or seq in self.tables:
+            return
+        cache, hits = self.cache, []
+        for i in range((seq.prompt + seq.generated - 1) // self.block_size):
+            holders = cache.get(self._key(seq, i))
+            if not holders:
+                break
+            hits.append(next(iter(holders)))
+        if hits:
+            self.pending[seq] = hits
+            seq.shared_blocks = len(hits)
+            seq.computed = len(hits) * self.block_size
+
+    def drop_computed_blocks(self, seq: Seq) -> None:
+        if self.pending.pop(seq, None) is not None:
+            seq.shared_blocks = seq.computed = 0
+
+    def cache_full_blocks(self, seq: Seq) -> None:
+        """Nothing to do after a step: blocks were cached when their slots were allocated."""
+
+    # ---- decode stretches (the simulator's fast path) ----------------------------------------------------
+    def stretch_blocks(self, running: list[Seq], k: int) -> int:
+        bs, need, tables = self.block_size, 0, self.tables
+        for s in running:
+            n = -(-(s.computed + k) // bs) - len(tables.get(s, ()))
+            if n > 0:
+                need += n
+        return need
+
+    def stretch_capacity(self) -> int:
+        return len(self.queue)
