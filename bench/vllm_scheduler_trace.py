@@ -97,7 +97,7 @@ def scenarios() -> dict[str, dict]:
     return out
 
 
-def trace(sc: dict, model_dir: str) -> dict:
+def trace(sc: dict, model_dir: str, async_sched: bool = False) -> dict:
     import torch
     from vllm import SamplingParams
     from vllm.config import CacheConfig, DeviceConfig, ModelConfig, SchedulerConfig, VllmConfig
@@ -125,8 +125,14 @@ def trace(sc: dict, model_dir: str) -> dict:
             block_size=e["block_size"], num_kv_heads=1, head_size=1, dtype=torch.float32,
             sliding_window=e["sliding_window"])))
     kv = KVCacheConfig(num_blocks=e["num_blocks"], kv_cache_tensors=[], kv_cache_groups=groups)
-    s = Scheduler(vllm_config=vc, kv_cache_config=kv, log_stats=False,
-                  structured_output_manager=StructuredOutputManager(vc), block_size=e["block_size"])
+    cls = Scheduler
+    if async_sched:  # vLLM's GPU default: the next batch is scheduled before the last one's output is processed
+        from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+
+        vc.scheduler_config.async_scheduling = True
+        cls = AsyncScheduler
+    s = cls(vllm_config=vc, kv_cache_config=kv, log_stats=False,
+            structured_output_manager=StructuredOutputManager(vc), block_size=e["block_size"])
     hasher = None
     if pc:
         from vllm.utils.hashing import sha256
@@ -146,6 +152,9 @@ def trace(sc: dict, model_dir: str) -> dict:
         return pre + own[r["prefix"]:]
 
     pending = sorted(sc["requests"], key=lambda r: (r["step"], r["id"]))
+    if async_sched:
+        return {"vllm": _version(), "engine": e, "requests": sc["requests"], "async_scheduling": True,
+                "steps": _async_steps(s, pending, prompt, hasher)}
     steps, step, done = [], 0, 0
     while done < len(pending) and step < 100_000:
         for r in pending:
@@ -174,6 +183,68 @@ def trace(sc: dict, model_dir: str) -> dict:
     return {"vllm": vllm.__version__, "engine": e, "requests": sc["requests"], "steps": steps}
 
 
+def _version() -> str:
+    import vllm
+
+    return vllm.__version__
+
+
+def _async_steps(s, pending: list[dict], prompt, hasher) -> list[dict]:
+    """EngineCore.step_with_batch_queue with a queue of two batches (vLLM 0.32, vllm/v1/engine/core.py): each
+    call schedules a batch if the scheduler has requests and returns at once while the queue has room; else it
+    takes the oldest batch's output and updates the scheduler. A "step" here is one schedule call (one batch
+    the GPU runs); requests of step k are added before it. A batch's output samples a token for every request
+    whose scheduled tokens reach the end of its sequence (not a partial prefill chunk), read when scheduled."""
+    from collections import deque
+
+    from vllm import SamplingParams
+    from vllm.v1.outputs import ModelRunnerOutput
+    from vllm.v1.request import Request
+
+    queue: deque = deque()
+    steps: list[dict] = []
+    done, step, calls = 0, 0, 0
+    finished_since: list[int] = []
+    while done < len(pending) and calls < 400_000:
+        calls += 1
+        for r in pending:
+            if r["step"] == step and not r.get("_added"):
+                r["_added"] = True
+                sp = SamplingParams(max_tokens=r["output"], ignore_eos=True)
+                s.add_request(Request(f"{r['id']:06d}", prompt(r), sp, None, arrival_time=float(r["step"]),
+                                      priority=r.get("priority", 0), block_hasher=hasher))
+        scheduled_now = False
+        if s.has_requests():
+            out = s.schedule()
+            ids = list(out.num_scheduled_tokens)
+            sampled = [[] if s.requests[rid].is_prefill_chunk else [5] for rid in ids]
+            queue.appendleft((out, ids, sampled))
+            steps.append({"step": step, "scheduled": sorted((int(k), v) for k, v in out.num_scheduled_tokens.items()),
+                          "preempted": sorted(int(x) for x in (out.preempted_req_ids or ())), "finished": [],
+                          "free_blocks": s.kv_cache_manager.block_pool.get_num_free_blocks()})
+            step += 1
+            scheduled_now = True
+            if len(queue) < 2 and (out.total_num_scheduled_tokens > 0 or s.has_requests()):
+                continue
+        elif not queue:
+            step += 1  # idle until the next arrival
+            continue
+        out, ids, sampled = queue.pop()
+        mro = ModelRunnerOutput(req_ids=ids, req_id_to_index={r: i for i, r in enumerate(ids)},
+                                sampled_token_ids=sampled)
+        eco = s.update_from_output(out, mro)
+        fin = sorted(int(o.request_id) for v in eco.values() for o in v.outputs if o.finish_reason is not None)
+        done += len(fin)
+        finished_since += fin
+        if steps:  # finishes become known after the latest schedule call
+            steps[-1]["finished"] = sorted(steps[-1]["finished"] + fin)
+            steps[-1]["free_blocks"] = s.kv_cache_manager.block_pool.get_num_free_blocks()
+        del scheduled_now
+    for r in pending:
+        r.pop("_added", None)
+    return steps
+
+
 def main() -> int:
     sys.path.insert(0, str(ROOT))
     from bench.engines.tiny_hf import build
@@ -187,6 +258,12 @@ def main() -> int:
         pre = sum(len(x["preempted"]) for x in t["steps"])
         (OUT / f"{name}.json").write_text(json.dumps(t, separators=(",", ":")) + "\n")
         print(f"{name}: {len(t['steps'])} steps, {pre} preemptions, vLLM {t['vllm']}")
+        if "--async" in sys.argv:
+            t = trace(sc, model_dir, async_sched=True)
+            pre = sum(len(x["preempted"]) for x in t["steps"])
+            (OUT / "async").mkdir(exist_ok=True)
+            (OUT / "async" / f"{name}.json").write_text(json.dumps(t, separators=(",", ":")) + "\n")
+            print(f"  async scheduling: {len(t['steps'])} batches, {pre} preemptions")
     return 0
 
 

@@ -127,3 +127,46 @@ def test_k_decode_slots_at_once_leave_the_state_of_k_single_steps(seed):
         for s in run:
             kv.free(s)
     assert snapshot(fast, []) == snapshot(slow, [])
+
+
+@pytest.mark.parametrize("hybrid", [False, True])
+def test_k_decode_slots_with_async_scheduling_leave_the_state_of_k_single_steps(hybrid):
+    """Async scheduling: each single step is scheduled with the previous step's token in flight (the sliding
+    window frees on processed tokens, prefix blocks are cached up to the tokens known), and the previous
+    step's output is processed after the schedule call. decode_slots(seq, k) with the manager's one-token lag
+    must leave what k such steps leave; without the lag it does not."""
+    from capacity.sched.kv import HybridKVCacheManager
+
+    def make(lag):
+        kv = HybridKVCacheManager(400, 4, (1, 1, 3, 9)) if hybrid else PrefixCachingKVCacheManager(400, 4)
+        kv.lag = lag
+        run = [seq(i, p) for i, p in enumerate((13, 22, 7, 30))]
+        for s in run:
+            assert kv.allocate_slots(s, s.prompt)
+            s.computed, s.generated, s.inflight = s.prompt, 1, 1
+            kv.cache_processed(s)
+        return kv, run
+
+    def state(kv, run):
+        if hybrid:
+            return [kv.state[s] for s in run], [s.blocks for s in run], kv.num_free_blocks
+        return [kv.ncached[s] for s in run], [len(kv.tables[s]) for s in run], kv.num_free_blocks
+
+    k = 11
+    slow, run_s = make(1)
+    for _ in range(k):
+        for s in run_s:
+            assert slow.allocate_slots(s, 1)
+        for s in run_s:  # the previous step's output processed after the schedule call
+            slow.cache_processed(s)
+        for s in run_s:
+            s.computed += 1
+            s.generated += 1
+            s.inflight = 1
+    for lag, same in ((1, True), (0, False)):
+        fast, run_f = make(lag)
+        for s in run_f:
+            assert fast.decode_slots(s, k)
+            s.computed += k
+            s.generated += k
+        assert (state(fast, run_f) == state(slow, run_s)) is same

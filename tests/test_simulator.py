@@ -215,6 +215,65 @@ def test_fast_forward_agrees_with_step_by_step(roofline):
     np.testing.assert_allclose(fast.records.finish, slow.records.finish, rtol=1e-9)
 
 
+@pytest.mark.parametrize("layout", ["plain", "prefix", "sliding"])
+def test_fast_forward_is_exact_with_async_scheduling(roofline, layout):
+    """vLLM's async scheduling (a finished sequence keeps its blocks and batch slot until the next step is
+    scheduled; sliding windows free and prefix blocks cache one token behind) under KV pressure, open and
+    closed loop: the fast path gives the step-by-step answer."""
+    from capacity.workload import Lengths, PrefixGroups
+
+    kw = dict(CB, num_blocks=500, async_scheduling=True)
+    extra = {}
+    if layout == "prefix":
+        kw["prefix_caching"] = True
+        extra["prefix"] = PrefixGroups(groups=3, tokens=300, share=0.7)
+    if layout == "sliding":
+        kw.update(num_blocks=700, kv_groups=(1, 1, 9, 128), inflight_tokens=2 * CB["max_num_batched_tokens"])
+    for arr in (Arrivals(kind="poisson", rate_per_s=25.0), Arrivals(kind="closed", users=20)):
+        spec = WorkloadSpec(arrivals=arr, input_len=Lengths(kind="uniform", low=64, high=1200),
+                            output_len=Lengths(kind="uniform", low=16, high=400), num_requests=300, **extra)
+        fast, slow = (simulate(spec, roofline, lambda: make_scheduler("continuous", **kw), np.random.default_rng(3),
+                               SimConfig(fast_forward=f, saturation_queue=10_000)) for f in (True, False))
+        assert fast.steps == slow.steps and fast.preemptions == slow.preemptions
+        assert fast.events < slow.events
+        for attr in ("first_scheduled", "first_token", "finish"):
+            np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("closed", [False, True])
+def test_closed_form_decode_runs_equal_the_array_path(roofline, closed):
+    """With a roofline cost a decode run is kept as (f0, g, k) and its stops solved in closed form; the same
+    cost without `decode_line` takes the array path (cumulative sums, searchsorted). Same steps, same stops,
+    the same ITL samples (values, weights, times) to float rounding, closed loops (stretches cut by requests
+    nobody foresaw) included."""
+    class ArrayPath:
+        source = roofline.source
+
+        def step_s(self, plan):
+            return roofline.step_s(plan)
+
+        def breakdown(self, plan):
+            return roofline.breakdown(plan)
+
+        def decode_run_s(self, contexts, k):
+            return roofline.decode_run_s(contexts, k)
+
+    from capacity.workload import Lengths
+
+    arr = Arrivals(kind="closed", users=12, think_s=0.05) if closed else Arrivals(kind="poisson", rate_per_s=6.0)
+    spec = WorkloadSpec(arrivals=arr, input_len=Lengths(kind="uniform", low=64, high=1500),
+                        output_len=Lengths(kind="uniform", low=16, high=400), num_requests=500)
+    line, arrays = (simulate(spec, c, lambda: make_scheduler("continuous", **CB), np.random.default_rng(5),
+                             SimConfig(fast_forward=True)) for c in (roofline, ArrayPath()))
+    assert line.steps == arrays.steps and line.events == arrays.events
+    for attr in ("first_scheduled", "first_token", "finish"):
+        np.testing.assert_allclose(getattr(line.records, attr), getattr(arrays.records, attr), rtol=1e-12)
+    a, b = np.lexsort((line.itl_values, line.itl_times)), np.lexsort((arrays.itl_values, arrays.itl_times))
+    np.testing.assert_allclose(line.itl_times[a], arrays.itl_times[b], rtol=1e-12)
+    np.testing.assert_allclose(line.itl_values[a], arrays.itl_values[b], rtol=1e-9, atol=1e-12)
+    np.testing.assert_array_equal(line.itl_weights[a], arrays.itl_weights[b])
+
+
 @pytest.mark.parametrize("closed", [False, True])
 def test_fast_forward_is_exact_with_sliding_window_layers(roofline, closed):
     """vLLM's hybrid allocator (a full and a sliding-window group; the window frees blocks at every step) under

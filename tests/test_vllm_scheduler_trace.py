@@ -27,24 +27,32 @@ def replay(trace: dict, **override) -> list[dict]:
               prefix_caching=bool(e.get("prefix_caching")))
     if e.get("sliding_window"):  # one full-attention and one sliding-window group (capacity.engine.vllm.kv_groups)
         kw["kv_groups"] = (1, 1, -(-(e["sliding_window"] - 1) // e["block_size"]) + 1, e["sliding_window"])
+    asy = bool(trace.get("async_scheduling"))
+    if asy:  # two batches in flight: the sliding groups' admission reserve counts both
+        kw.update(async_scheduling=True, inflight_tokens=2 * e["max_num_batched_tokens"])
     policy = override.pop("policy", "priority" if e.get("policy") == "priority" else "continuous")
     s = make_scheduler(policy, **{**kw, **override})
     by_step: dict[int, list[dict]] = {}
     for r in trace["requests"]:
         by_step.setdefault(r["step"], []).append(r)
     out = []
+    last: list = []
     for st in trace["steps"]:
         k = st["step"]
         for r in sorted(by_step.get(k, []), key=lambda r: r["id"]):
             s.add(Request(r["id"], float(k), r["prompt"], r["output"], priority=r.get("priority", 0),
                           prefix_group=r.get("group", -1), prefix_tokens=r.get("prefix", 0)))
         step = s.schedule(float(k))
+        free = s.kv.num_free_blocks + s.kv.num_evictable_blocks  # async: after the last step's output
         _, fin = s.complete(step, k + 0.5)
         hits = sorted(q.req.id for q, _ in step.scheduled if q.shared_blocks and q.first_scheduled_s == k)
+        if not asy:
+            last, free = fin, s.kv.num_free_blocks + s.kv.num_evictable_blocks
         out.append({"step": k, "scheduled": sorted([q.req.id, n] for q, n in step.scheduled), "hits": hits,
                     "preempted": sorted(q.req.id for q in step.preempted),
-                    "finished": sorted(q.req.id for q in fin),
-                    "free_blocks": s.kv.num_free_blocks + s.kv.num_evictable_blocks})
+                    "finished": sorted(q.req.id for q in last), "free_blocks": free})
+        if asy:  # vLLM reports a step's finishes after the next schedule call, with the blocks they free
+            last = fin
     return out
 
 
@@ -77,6 +85,50 @@ def test_the_traces_tell_the_rules_apart(name, override):
     priority queue and its victim rule, the steps differ: the traces pin those rules down."""
     trace = json.loads((DATA / f"{name}.json").read_text())
     assert first_difference(trace, replay(trace, **override)) is not None
+
+
+ASYNC = sorted(p.stem for p in (DATA / "async").glob("*.json"))
+
+
+@pytest.mark.parametrize("name", ASYNC)
+def test_the_scheduler_takes_vllms_steps_with_async_scheduling(name):
+    """vLLM's GPU default since 0.32: EngineCore keeps two batches in flight and schedules the next before it
+    processes the last one's output (bench/vllm_scheduler_trace.py --async drives vLLM's AsyncScheduler
+    that way). A request whose last token is in flight is not scheduled again but keeps its blocks and its
+    batch slot until its output is processed; sliding-window groups free on processed tokens only; prefix
+    blocks are cached one token behind. Every step agrees, preemptions and freed blocks included."""
+    trace = json.loads((DATA / "async" / f"{name}.json").read_text())
+    assert trace["vllm"] == "0.32.0" and trace["async_scheduling"]
+    ours = replay(trace)
+    assert first_difference(trace, ours) is None
+    sync = json.loads((DATA / f"{name}.json").read_text())
+    assert len(trace["steps"]) != len(sync["steps"])  # the two modes take different steps on these requests
+
+
+@pytest.mark.parametrize("rule", ["sync", "sliding frees on scheduled tokens", "prefix cached on time"])
+def test_the_async_rules_matter(monkeypatch, rule):
+    """Each async rule taken out makes some async trace diverge: scheduling as if synchronously (finished
+    requests leave at once); sliding-window frees on every computed token; prefix blocks cached without the
+    one-token lag."""
+    traces = {n: json.loads((DATA / "async" / f"{n}.json").read_text()) for n in ASYNC}
+    if rule == "sync":
+        diffs = [first_difference(t, replay(t, async_scheduling=False)) for t in traces.values()]
+    else:
+        import capacity.sched.continuous as cont
+
+        original = cont.ContinuousScheduler.complete
+
+        def complete(self, step, end_s):  # the in-flight count left at 0 for the rule under test
+            out = original(self, step, end_s)
+            for q, _ in step.scheduled:
+                if (rule == "sliding frees on scheduled tokens") == bool(self.cfg.kv_groups):
+                    q.inflight = 0
+            return out
+
+        monkeypatch.setattr(cont.ContinuousScheduler, "complete", complete)
+        names = [n for n in traces if ("sliding" in n) == (rule == "sliding frees on scheduled tokens")]
+        diffs = [first_difference(traces[n], replay(traces[n])) for n in names]
+    assert any(d is not None for d in diffs), rule
 
 
 def test_a_preempted_request_finds_its_own_blocks_as_vllm_does():

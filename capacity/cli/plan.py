@@ -89,6 +89,7 @@ def plan(
     max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
     no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
     prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse shared-prefix KV blocks")] = None,
+    async_scheduling: Annotated[Optional[bool], typer.Option("--async-scheduling/--no-async-scheduling", help="vLLM schedules the next step while one runs (default: the release's GPU default)")] = None,
     policy: Annotated[Optional[str], typer.Option("--policy", help="continuous, priority, sjf or static")] = None,
     seeds: Annotated[Optional[int], typer.Option("--seeds", help="Simulations per probe")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per simulation")] = None,
@@ -130,7 +131,8 @@ def plan(
         ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
         ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
         ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
-        ("enable_prefix_caching", prefix_caching), ("policy", policy), ("kv_reservation", kv_reservation),
+        ("enable_prefix_caching", prefix_caching), ("async_scheduling", async_scheduling), ("policy", policy),
+        ("kv_reservation", kv_reservation),
         ("step_overhead_ms", step_overhead_ms)) if v is not None}
     engines = [e.strip() for e in engine.split(",") if e.strip()] if engine and "," in engine else None
     eng_flags.update(engine_fields(None if engines else engine, optimistic, usage_context, large_gpu_defaults))

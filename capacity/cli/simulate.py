@@ -65,6 +65,9 @@ def simulate(
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Static batching: batching window")] = 0.0,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching",
                                                  help="Reuse shared-prefix KV blocks")] = False,
+    async_scheduling: Annotated[Optional[bool], typer.Option(
+        "--async-scheduling/--no-async-scheduling",
+        help="vLLM schedules the next step while one runs (default: the release's GPU default)")] = None,
     frontend_ms: Annotated[float, typer.Option("--frontend-ms", help="Front-end latency before the engine (in TTFT)")] = 0.0,
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="SLO on TTFT for goodput")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="SLO on TPOT for goodput")] = None,
@@ -104,7 +107,8 @@ def simulate(
         tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         block_size=block_size, enable_chunked_prefill=False if no_chunked_prefill else None,
-        enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, policy=policy, static_max_batch=max_batch,
+        enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
+        policy=policy, static_max_batch=max_batch,
         static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
         **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
     if workload:

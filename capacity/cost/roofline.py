@@ -227,20 +227,22 @@ class RooflineCost:
     def step_s(self, plan: StepPlan) -> float:
         return math.fsum(self.breakdown(plan).values())
 
+    def decode_line(self, contexts) -> tuple[float, float]:
+        """(f0, g): k decode-only steps of the same batch last f0 + g x j (j = 0..k-1). Every term but attention
+        depends on the batch size only, and attention is max(flops, bytes) of quantities both proportional to
+        the keys read (ideal) or to batch x keys (dense_packed), which grow by one per sequence per step. So the
+        duration is exactly linear in the step index: two evaluations give it."""
+        b = len(contexts)
+        if self.params.attention == "ideal":
+            return (self.decode_step_s(b, sum(contexts) + b),
+                    self.card.num_layers * self._decode_s_per_key * b)
+        f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
+        f1 = self.step_s(StepPlan(decode_contexts=tuple(c + 1 for c in contexts)))
+        return f0, f1 - f0
+
     def decode_run_s(self, contexts: tuple[int, ...], k: int):
-        """k decode-only steps of the same batch: every term but attention depends on the batch size only,
-        and attention is max(flops, bytes) of quantities both proportional to the keys read (ideal) or to
-        batch x keys (dense_packed), which grow by one per sequence per step. So the duration is exactly
-        linear in the step index: two evaluations give all k."""
+        """k decode-only steps of the same batch (`decode_line`, expanded)."""
         import numpy as np
 
-        b = len(contexts)
-        keys0 = sum(contexts) + b
-        if self.params.attention == "ideal":
-            f0 = self.decode_step_s(b, keys0)
-            return f0 + (self.card.num_layers * self._decode_s_per_key * b) * np.arange(k)
-        f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
-        if k == 1:
-            return np.array([f0])
-        f1 = self.step_s(StepPlan(decode_contexts=tuple(c + 1 for c in contexts)))
-        return f0 + (f1 - f0) * np.arange(k)
+        f0, g = self.decode_line(contexts)
+        return f0 + g * np.arange(k)

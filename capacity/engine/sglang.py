@@ -305,7 +305,7 @@ class Sglang:
             raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
                               "--schedule-policy fcfs) only; use policy continuous")
         vllm_only = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget", "activation_bytes", "non_torch_bytes",
-                                 "cuda_graph_bytes", "kv_reservation") if getattr(cfg, k) is not None]
+                                 "cuda_graph_bytes", "kv_reservation", "async_scheduling") if getattr(cfg, k) is not None]
         vllm_only += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                       if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
         if not cfg.paged_kv:

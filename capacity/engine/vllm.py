@@ -386,8 +386,8 @@ class Vllm:
             estimates.append("cuda_graphs")
         estimates.append("cuda_context")
         groups = kv_groups(card, rel, eng.block_size)
-        if groups.sliding:
-            groups = replace(groups, inflight=eng.max_num_batched_tokens * rel.inflight_batches)
+        if groups.sliding:  # vLLM's max_in_flight_tokens: the budget x concurrent batches (2 with async scheduling)
+            groups = replace(groups, inflight=eng.max_num_batched_tokens * (2 if self.async_scheduling(cfg) else 1))
         buffers = self.runner_buffers(card, eng, groups)
 
         in_budget = eng.cuda_graphs_in_budget
@@ -475,12 +475,20 @@ class Vllm:
                       chunked_prefill=chunked, prefix_caching=self.prefix_caching(cfg),
                       max_model_len=limits.max_model_len, kv_groups=limits.kv_groups,
                       reserve_output=cfg.kv_reservation == "prompt_and_output",
-                      inflight_tokens=limits.max_num_batched_tokens * self.release.inflight_batches)
+                      async_scheduling=self.async_scheduling(cfg),
+                      inflight_tokens=limits.max_num_batched_tokens * (2 if self.async_scheduling(cfg) else 1))
         make_scheduler(cfg.policy, **kw)
         return lambda: make_scheduler(cfg.policy, **kw)
 
     def prefix_caching(self, cfg: EngineConfig) -> bool:
         return cfg.enable_prefix_caching
+
+    def async_scheduling(self, cfg: EngineConfig) -> bool:
+        """As the config says, else the release's GPU default; never with static batching or TensorRT-LLM-style
+        full reservation (not vLLM's scheduler)."""
+        if cfg.policy == "static" or cfg.kv_reservation == "prompt_and_output":
+            return False
+        return cfg.async_scheduling if cfg.async_scheduling is not None else self.release.default_async_scheduling
 
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
@@ -498,6 +506,8 @@ class Vllm:
         elif chunked and rel.runner == "v0":
             parts.append("--enable-chunked-prefill")
         parts.append("--enable-prefix-caching" if self.prefix_caching(cfg) else "--no-enable-prefix-caching")
+        if cfg.async_scheduling is not None or rel.default_async_scheduling:  # the flag exists in the releases read
+            parts.append("--async-scheduling" if self.async_scheduling(cfg) else "--no-async-scheduling")
         if cfg.enforce_eager:
             parts.append("--enforce-eager")
         if cfg.policy == "priority":

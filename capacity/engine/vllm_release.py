@@ -185,12 +185,11 @@ class Release:
         return self.version >= (0, 5, 5) and max_model_len > 32768 and not multimodal and not sliding
 
     @property
-    def inflight_batches(self) -> int:
-        """Batches in flight that a sliding-window group reserves blocks for at admission and at start-up:
-        0.32's max_in_flight_tokens is max_num_batched_tokens x max_concurrent_batches, 2 with async scheduling
-        (its GPU default); the earlier sources read reserve one batch. The release in between that changed it
-        is not pinned (those get one batch)."""
-        return 2 if self.runner == "v1" and self.version >= (0, 32, 0) else 1
+    def default_async_scheduling(self) -> bool:
+        """Async scheduling on a GPU unless asked otherwise: 0.32's VllmConfig turns it on when nothing
+        incompatible is set (pooling models, some speculative methods, PP on the V1 runner). Releases before
+        0.32 are taken as scheduling synchronously: the release that made it the default is not pinned."""
+        return self.runner == "v1" and self.version >= (0, 32, 0)
 
     def default_prefix_caching(self) -> bool:
         return self.runner == "v1"

@@ -37,6 +37,7 @@ class Seq:
     prompt: int = 0  # copies of req.prompt_tokens / output_tokens: read in the hot loops
     output: int = 0
     phase: int = 0  # disaggregated serving: 1 in the prefill pool (one output token), 2 in the decode pool
+    inflight: int = 0  # async scheduling: tokens of its last step whose output the engine has not processed yet
 
     def __post_init__(self) -> None:
         self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens

@@ -51,6 +51,10 @@ class ContinuousConfig:
     # Tokens in flight that a sliding-window group reserves at admission on top of its window (vLLM's
     # max_in_flight_tokens; None: one batch, max_num_batched_tokens, as with async scheduling off)
     inflight_tokens: int | None = None
+    # vLLM's async scheduling (its GPU default from 0.32's code): the next batch is scheduled before the last
+    # one's output is processed, so a sequence that finished in a step keeps its blocks and its place in the
+    # running batch (counted against max_num_seqs, never scheduled) until after the next schedule call
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
@@ -68,6 +72,9 @@ class ContinuousScheduler(QueueView):
         self.waiting = make_queue(cfg.queue)
         self.running: list[Seq] = []
         self.num_preemptions = 0
+        self.retiring: list[Seq] = []  # async scheduling: finished, still holding blocks and a running slot
+        self.unprocessed: list[Seq] = []  # async scheduling: the last step's sequences, output not processed yet
+        self.kv.lag = 1 if cfg.async_scheduling else 0
 
     # ---- the protocol's read-only view ------------------------------------------------------------
     @property
@@ -76,7 +83,7 @@ class ContinuousScheduler(QueueView):
 
     @property
     def outstanding(self) -> int:
-        return len(self.running) + len(self.waiting)
+        return len(self.running) - len(self.retiring) + len(self.waiting)
 
     @property
     def max_running(self) -> int:
@@ -119,6 +126,11 @@ class ContinuousScheduler(QueueView):
     def _preempt(self, seq: Seq, step: Step) -> None:
         self.running.remove(seq)
         self.kv.free(seq)
+        if seq.generated >= seq.output:  # async scheduling: a finished sequence whose output is still on its way
+            self.retiring.remove(seq)  # (vLLM preempts it like any other; it is done, so it does not come back)
+            self.num_preemptions += 1
+            step.preempted.append(seq)
+            return
         seq.computed = 0
         seq.preemptions += 1
         self.num_preemptions += 1
@@ -141,6 +153,9 @@ class ContinuousScheduler(QueueView):
             seq = running[i]
             c = seq.computed
             rem = seq.prompt + seq.generated - c
+            if seq.generated >= seq.output:  # async scheduling: finished in the step before, not scheduled again
+                i += 1
+                continue
             num_new = rem if rem < budget else budget
             if num_new < rem and not chunked:
                 i += 1
@@ -209,7 +224,29 @@ class ContinuousScheduler(QueueView):
                     prefills.append(PrefillChunk(n, c, c + n == seq.prompt + seq.generated))
             step.plan = StepPlan(tuple(prefills), tuple(decodes))
         step.scheduled = sched
+        if self.unprocessed:  # async scheduling: the last step's output is processed after this schedule call
+            self._process_output()
         return step
+
+    def _process_output(self) -> None:
+        """Async scheduling, after a schedule call: the step before it has its output processed (vLLM's
+        update_from_output): its sequences' computed blocks are cached, nothing is in flight any more, and the
+        ones that finished leave the batch and free their blocks."""
+        kv = self.kv
+        for seq in self.unprocessed:
+            if seq.inflight and seq.computed:  # not preempted meanwhile
+                kv.cache_processed(seq)
+            seq.inflight = 0
+        self.unprocessed = []
+        if self.retiring:
+            self._retire()
+
+    def _retire(self) -> None:
+        gone = set(map(id, self.retiring))
+        self.running = [s for s in self.running if id(s) not in gone]
+        for seq in self.retiring:
+            self.kv.free(seq)
+        self.retiring = []
 
     def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
         """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
@@ -230,11 +267,18 @@ class ContinuousScheduler(QueueView):
                 if g >= seq.output:
                     seq.finish_s = end_s
                     finished.append(seq)
+        if self.cfg.async_scheduling:
+            self.unprocessed = [seq for seq, _ in step.scheduled]
+            for seq, n in step.scheduled:
+                seq.inflight = n
         if finished:
-            gone = set(map(id, finished))
-            self.running = [s for s in self.running if id(s) not in gone]
-            for seq in finished:
-                self.kv.free(seq)
+            if self.cfg.async_scheduling:
+                self.retiring.extend(finished)
+            else:
+                gone = set(map(id, finished))
+                self.running = [s for s in self.running if id(s) not in gone]
+                for seq in finished:
+                    self.kv.free(seq)
         return emitted, finished
 
     # ---- decode-only stretches (simulator fast path) ------------------------------------------------
@@ -244,6 +288,16 @@ class ContinuousScheduler(QueueView):
         sequence finishes before the last of them, and the KV cache covers every block needed (no
         preemption). 0 means: take a normal step."""
         run = self.running
+        if self.retiring:  # async scheduling: sequences that finished in the last step leave after the next
+            # schedule call, which admits nothing with an empty queue and, if the others' next blocks are free
+            # already, preempts nothing: they can leave now (not with prefix caching: the free queue's order)
+            if self.waiting or self.cfg.prefix_caching:
+                return 0
+            others = [s for s in run if s.generated < s.output]
+            if not others or self.kv.stretch_blocks(others, 1) > self.kv.stretch_capacity():
+                return 0
+            self._retire()
+            run = self.running
         if not run or len(run) > self.cfg.max_num_batched_tokens:
             return 0
         if self.waiting and len(run) < self.cfg.max_num_seqs and not self._admission_blocked():
@@ -310,8 +364,15 @@ class ContinuousScheduler(QueueView):
             if s.generated >= s.output:
                 s.finish_s = end_s
                 finished.append(s)
+        if self.cfg.async_scheduling:
+            self.unprocessed = list(self.running)
+            for s in self.running:
+                s.inflight = 1
         if finished:
-            self.running = [s for s in self.running if s.generated < s.output]
-            for s in finished:
-                kv.free(s)
+            if self.cfg.async_scheduling:
+                self.retiring.extend(finished)
+            else:
+                self.running = [s for s in self.running if s.generated < s.output]
+                for s in finished:
+                    kv.free(s)
         return finished

@@ -38,7 +38,7 @@ class KVCacheManager:
     """Allocation of KV slots for new tokens and their release, without a prefix cache (see the module
     docstring; `capacity.sched.prefix_cache` adds vLLM's)."""
 
-    __slots__ = ("pool", "block_size", "prefix_caching")
+    __slots__ = ("pool", "block_size", "prefix_caching", "lag")
     frees_while_decoding = False  # a running sequence's blocks never go back to the pool before it ends
 
     def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False) -> None:
@@ -47,6 +47,7 @@ class KVCacheManager:
         self.pool = BlockPool(num_blocks)
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        self.lag = 0  # async scheduling: 1 (a decode's last token is in flight when the next step is scheduled)
 
     # ---- what the scheduler and the simulator may read --------------------------------------------------
     @property
@@ -126,6 +127,9 @@ class KVCacheManager:
     def cache_full_blocks(self, seq: Seq) -> None:
         """After a step: publish full blocks (none without a prefix cache)."""
 
+    def cache_processed(self, seq: Seq) -> None:
+        """Async scheduling: the output of the sequence's last step was processed (none without a prefix cache)."""
+
     # ---- decode stretches (the simulator's fast path) ----------------------------------------------------
     def stretch_blocks(self, running: list[Seq], k: int) -> int:
         """Blocks the running sequences need to decode k more tokens each."""
@@ -203,12 +207,13 @@ class HybridKVCacheManager(KVCacheManager):
         return True
 
     def allocate_slots(self, seq: Seq, num_new: int) -> bool:
-        end, skip = self._slide(seq, seq.computed)
+        """Frees on the processed tokens (with async scheduling, those of the step in flight are not)."""
+        end, skip = self._slide(seq, seq.computed - seq.inflight)
         return self._grow(seq, end, skip, seq.computed + num_new)
 
     def decode_slots(self, seq: Seq, k: int) -> bool:
         """k single-token steps at once: the frees of the last of them, the blocks of all."""
-        end, skip = self._slide(seq, seq.computed + k - 1)
+        end, skip = self._slide(seq, seq.computed + k - 1 - self.lag)
         return self._grow(seq, end, skip, seq.computed + k)
 
     def can_fit(self, seq: Seq, num_new: int) -> bool:

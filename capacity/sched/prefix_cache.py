@@ -134,12 +134,22 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     # ---- allocation (the scheduler's interface) ------------------------------------------------------------
     def allocate_slots(self, seq: Seq, num_new: int) -> bool:
+        """Caches up to the tokens known: with async scheduling the token a step in flight samples is not yet."""
         end = seq.computed + num_new
-        return self._grow(seq, end, min(end, seq.prompt + seq.generated))
+        known = seq.prompt + seq.generated
+        if seq.inflight and known - seq.computed == 1 and seq.generated:
+            known -= 1
+        return self._grow(seq, end, min(end, known))
 
     def decode_slots(self, seq: Seq, k: int) -> bool:
-        """k decode steps at once: each caches the block its token fills, so all of them up to computed + k."""
-        return self._grow(seq, seq.computed + k, seq.computed + k)
+        """k decode steps at once: each caches the block its token fills, so all of them up to computed + k
+        (with async scheduling one token behind)."""
+        return self._grow(seq, seq.computed + k, seq.computed + k - self.lag)
+
+    def cache_processed(self, seq: Seq) -> None:
+        """Async scheduling: the last step's output processed caches every computed token (update_from_output)."""
+        if seq in self.tables:
+            self._cache_upto(seq, seq.computed)
 
     def can_fit(self, seq: Seq, num_new: int) -> bool:
         have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))

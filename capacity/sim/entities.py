@@ -51,6 +51,8 @@ class Recorder:
         self.gap_t: list[float] = []
         self.gap_w: list[int] = []  # how many tokens saw each (those that emitted at the step's start share one)
         self.stretches: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # durations, ends, first weight, rest
+        # decode runs whose step j lasts f0 + g x j (a linear cost): (start, f0, g, steps, first weight, rest)
+        self.lines: list[tuple[float, float, float, int, int, int]] = []
         self.ts: list[tuple[float, int, int, int, int]] = []
 
     def count(self, delta: int) -> None:
@@ -106,6 +108,17 @@ class Recorder:
             vs.append(durs)
             ws.append(w)
             ts.append(ends)
+        if self.lines:  # expanded at once: step j of a run lasts f0 + g j and ends f0 (j + 1) + g j (j + 1) / 2 in
+            start, f0, g, k, first_w, rest_w = np.array(self.lines, dtype=float).T
+            steps = k.astype(np.int64)
+            heads = np.cumsum(steps) - steps
+            j = np.arange(int(steps.sum())) - np.repeat(heads, steps)
+            f0r, gr = np.repeat(f0, steps), np.repeat(g, steps)
+            vs.append(f0r + gr * j)
+            ts.append(np.repeat(start, steps) + (f0r * (j + 1) + gr * (j * (j + 1) // 2)))
+            w = np.repeat(rest_w, steps)
+            w[heads] = first_w
+            ws.append(w)
         v, w, t = np.concatenate(vs), np.concatenate(ws), np.concatenate(ts)
         keep = w > 0
         return v[keep], w[keep], t[keep]
@@ -299,6 +312,7 @@ class Replica:
         sim, sched, rec = self.sim, self.sched, self.sim.recorder
         env, cost, cfg = sim.env, self.cost, sim.cfg
         max_seqs = sched.max_running
+        line = getattr(cost, "decode_line", None)
         while True:
             if not sched.has_work:
                 yield from self._sleep()
@@ -311,6 +325,10 @@ class Replica:
                     return
                 continue
             k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward else 0
+            if k and line is not None:  # closed form: step j lasts f0 + g j, k steps end at k f0 + g k (k - 1) / 2
+                if (yield from self._line_run(k, line)):
+                    continue
+                k = 0
             if k:
                 run = sched.running
                 durs = decode_run_s(cost, [s.computed for s in run], k)
@@ -384,6 +402,61 @@ class Replica:
             if sim.check_saturation(self):
                 return
 
+
+    def _line_run(self, k: int, line) -> Generator[Any, Any, bool]:
+        """A decode stretch of k steps under a cost whose decode steps grow linearly (`decode_line`): the same
+        stops as the array path (the end of the step during which the next request arrives, or the step in
+        progress when an unforeseen one cuts it), each found by solving the quadratic, and ITL kept as scalars."""
+        sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
+        now, run = env.now, sched.running
+        f0, g = line([s.computed for s in run])
+
+        def end(m: int) -> float:  # the end of step m (1-based), from `now`
+            return f0 * m + g * (m * (m - 1) // 2)
+
+        def first_at(x: float, hi: int) -> int:  # the first step whose end is at or after x (at most hi)
+            m = math.ceil(x / f0) if g == 0.0 else math.ceil(
+                (math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
+            m = min(max(m, 1), hi)
+            while m > 1 and end(m - 1) >= x:
+                m -= 1
+            while m < hi and end(m) < x:
+                m += 1
+            return m
+
+        nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
+        if len(run) < sched.max_running and nxt < now + end(k):
+            k = first_at(nxt - now, k)
+        if k < 2:  # the next request arrives during the first step: a normal step instead
+            return False
+        lasts = [s.last_token_s for s in run]
+        same = lasts.count(now)
+        if same < len(lasts):
+            first_end = now + f0
+            for t in lasts:
+                if t != now:
+                    rec.gap_v.append(first_end - t)
+                    rec.gap_t.append(first_end)
+                    rec.gap_w.append(1)
+        self.stretching, self.cut_before = True, now + end(k - 1)
+        try:
+            yield env.timeout(end(k))
+        except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
+            k = first_at(env.now - now, k)
+            stop = now + end(k)
+            while env.now < stop:
+                try:
+                    yield env.timeout(stop - env.now)
+                except simpy.Interrupt:
+                    pass
+        self.stretching = False
+        rec.lines.append((now, f0, g, k, same, len(run)))
+        sim.steps += k
+        rec.tokens_total += k * len(run)
+        sim.finish(sched.advance_decodes(k, env.now))
+        if rec.timeseries:
+            rec.sample(self)
+        return True
 
     def _swap_turn(self) -> Generator:
         """Swap mode: take the device, make this model resident if it is not (the resident one sleeps, this one

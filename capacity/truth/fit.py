@@ -60,7 +60,9 @@ def scheduler_for(sched_kw: dict):
 
     limits = SchedLimits(int(sched_kw["max_num_seqs"]), int(sched_kw["max_num_batched_tokens"]),
                          int(sched_kw["block_size"]), int(sched_kw["num_blocks"]), None)
-    return get_engine("vllm").scheduler_factory(EngineConfig(), limits)
+    # the engines fitted here run on a CPU, where vLLM schedules synchronously (its CPU build turns async off)
+    return get_engine("vllm").scheduler_factory(EngineConfig(async_scheduling=bool(sched_kw.get("async_scheduling"))),
+                                                limits)
 
 
 def simulate_run(run: dict, cost, sched_kw: dict, seed: int = 0, frontend_s: float = 0.0, timeseries: bool = False):

@@ -88,4 +88,20 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # (Issue 20's engine_events changes, listed here until this re-recording: the decode fast path runs while the
 # queue's head waits for KV blocks, simulate_kv_pressure 35,743 -> 941 events and simulate_saturated 776 -> 698,
 # every figure of the answer unchanged; they are part of the recordings now: 929 and 704 with one block fewer.)
+# Re-recorded for issue 25 (vLLM's async scheduling, its GPU default in 0.32's code), the twelve simulate/sweep/
+# plan cases of the default engine (vLLM 0.33): the next step is scheduled before the last one's output is
+# processed, so a request that finished keeps its KV blocks and its max_num_seqs slot one step longer (it is not
+# scheduled again); sliding windows free on processed tokens and prefix blocks are cached one token behind (no
+# golden case has either). Checked step by step against vLLM 0.32's AsyncScheduler driven as EngineCore's
+# two-batch queue does (tests/test_vllm_scheduler_trace.py, 9 traces). What moved:
+# - vllm_command: `--async-scheduling` spelled out.
+# - engine_events: +1 to +2 where nothing else changed (the last request leaves one schedule call later);
+#   simulate_kv_pressure 929 -> 1,089, simulate_prefix 1,083 -> 1,110 (a finished request's blocks held one step
+#   stop the fast path there).
+# - KV- or batch-limited runs: simulate_kv_pressure (20 -> 21 preemptions; P50 TTFT 23.9 -> 27.3 s, P99 139.1 s,
+#   +0.3%; output tokens/s +0.8%), simulate_priority (P99 TTFT +0.3%, tokens/s -0.2%), simulate_saturated (its
+#   saturation message), sweep_lengths (one row's P50 TTFT +0.3%), plan_small (max rate 18.240 -> 18.228 req/s)
+#   and plan_a100_classes (8.7148 -> 8.7141 req/s), whose frontier probes are KV- or batch-limited.
+# - the other simulate cases: float rounding only (< 1e-12 relative), where a different split of decode runs sums
+#   the same step times in another order.
 CHANGES: dict[tuple[str, str], str] = {}
