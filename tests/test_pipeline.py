@@ -337,3 +337,22 @@ def test_engine_settings_reach_the_scheduler_and_the_cost():
     assert base.cost.step_s(one) - p.cost.step_s(one) == pytest.approx(1.5e-3, rel=1e-9)
     with pytest.raises(Exception, match="step_overhead_ms"):
         EngineConfig(step_overhead_ms=-1)
+
+
+def test_async_scheduling_reaches_the_scheduler_the_launch_command_and_the_planner():
+    """engine.async_scheduling: None takes the release's default (on for the current vLLM, off for 0.19, whose
+    command does not name it); a value is what the scheduler runs and what the command says; the planner's tasks
+    carry it."""
+    from capacity.plan.planner import Planner, Scenario
+
+    g = get_gpu("h100-sxm")
+    for cfg, on, flag in ((EngineConfig(), True, "--async-scheduling"),
+                          (EngineConfig(async_scheduling=False), False, "--no-async-scheduling"),
+                          (EngineConfig(engine="vllm@0.19"), False, None)):
+        p = prepare(Deployment(CARD, g, cfg))
+        assert p.make_scheduler().cfg.async_scheduling is on
+        cmd = p.engine_model.launch_command(CARD, cfg, p.budget)
+        assert (flag in cmd.split()) if flag else "async-scheduling" not in cmd
+    s = Scenario.model_validate({"model": "llama-3.1-8b", "engine": {"async_scheduling": False}})
+    task = Planner(s, CARD, None)._tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
+    assert task.engine["async_scheduling"] is False

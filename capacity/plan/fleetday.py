@@ -78,7 +78,7 @@ class DayFleet(_Strict):
     metric_window_s: NonNeg = 60.0  # the reactive controller averages in-flight requests over this window, s
     window_s: Pos = 300.0  # SLO windows: a window whose P99 misses the SLO counts its minutes as violated
     headroom: Annotated[float, Field(gt=0, le=1)] = 0.8  # replicas run at this share of their max rate
-    # how a pool's router sends requests to its replicas (capacity.sim.entities.Router): least_outstanding (a
+    # how a pool's router sends requests to its replicas (capacity.sim.routing.Router): least_outstanding (a
     # least-request load balancer), round_robin, or queue (one FIFO at the router: queued requests go to a new
     # replica as soon as it is ready, which engines' own queues cannot do)
     router: Literal["round_robin", "least_outstanding", "queue"] = "least_outstanding"

@@ -32,10 +32,31 @@ A request's `output_tokens` stands for its max_new_tokens: it generates exactly 
 max_tokens at the length it gets; no early EOS). Requests SGLang would cut are refused instead: input >=
 max_req_len - 5, or input + output > max_req_len - 1, with max_req_len = min(context_len, pool) - 1.
 
+**The overlap scheduler** (`overlap_schedule`, off by default here; SGLang's default, `event_loop_overlap`):
+SGLang schedules and launches step n+1 before it processes step n's output (`process_batch_result` runs after
+`run_batch` of the next batch). So each step is decided on one-step-stale state, and the output of the step before
+is processed after the decision (here: at the end of `schedule`, after its first round):
+- a request that sampled its last token in step n is not known finished when step n+1 is formed: it stays in
+  the running batch (counted against max_running_requests, its remaining estimate 1 x new_token_ratio), keeps
+  its KV, and if step n+1 decodes, it decodes once more (a wasted token, an extra KV slot). Its KV is freed once
+  step n is processed, but for that extra slot (a new page only where it crosses a page boundary), freed one
+  step later (`process_batch_result_decode`: "Free the one extra delayed token"); it leaves the running batch at
+  the next decode round's filter, as without overlap;
+- the output counts SGLang sees are one short for the requests of step n (`len(req.output_ids)`): the admission
+  offset, the retraction order and the ratio set by a retraction use them;
+- a retracted request of step n loses the token step n sampled for it (it is dropped when step n is processed,
+  `req.is_retracted`), and its KV but the slot step n wrote is freed at once, that slot after the decision;
+- no batch formed right after a step that ran (its output still to process) does not reset new_token_ratio:
+  `self_check_during_idle` runs only when neither the last pass nor this one formed a batch.
+Checked step by step against SGLang's own `event_loop_overlap` (tests/data/sglang_scheduler/overlap/). Not
+modelled there: a finished-but-unprocessed request that a retraction picks (SGLang re-queues it and samples its
+last token again; here it is re-queued too, but its first finish stays the one reported), nor the discarded
+token of a retracted request in the token count (it is counted when first sampled and again when resampled).
+
 Not modelled: the radix (prefix) cache (no prefix is shared; with no reuse SGLang's evictable cache counts as
 free slots, as here), the stricter admission of `ignore_eos` requests when the radix cache is disabled
-(`add_one_req_ignore_eos`), mixed chunked prefill, the overlap scheduler's one-step lag, priority scheduling and
-its preemption, speculative decoding, DP attention, LoRA batching, hierarchical cache, disaggregation.
+(`add_one_req_ignore_eos`), mixed chunked prefill, priority scheduling and its preemption, speculative decoding,
+DP attention, LoRA batching, hierarchical cache, disaggregation.
 
 The ratio is kept as (base, decode steps since) so that `advance_decodes(k)` (the simulator's fast path) and k
 single decode steps give the same float: base - n x decay, floored at min once n > 0.
@@ -74,6 +95,8 @@ class SglangConfig:
     new_token_ratio_decay_steps: int = NEW_TOKEN_RATIO_DECAY_STEPS
     retract_decode_steps: int = RETRACT_DECODE_STEPS
     clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
+    # SGLang's overlap scheduler (its default; off: --disable-overlap-schedule): steps decided one step stale
+    overlap_schedule: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_total_tokens", "page_size", "max_running_requests", "max_prefill_tokens",
@@ -113,6 +136,13 @@ class SglangScheduler(QueueView):
         self.decay = (self.init_ratio - self.min_ratio) / cfg.new_token_ratio_decay_steps
         self.ratio_base = self.init_ratio
         self.ratio_steps = 0  # decode steps without retraction since the ratio was last set
+        # the overlap scheduler's one-step lag (all empty and False without it)
+        self.overlap = cfg.overlap_schedule
+        self.pending: list[Seq] = []  # the last step's sequences whose sampled token is not processed yet
+        self.retiring: list[Seq] = []  # finished in the last step, not processed yet: still running
+        self.holders: list[Seq] = []  # a finished request's one extra decode slot, freed after the next decision
+        self.dropping: list[Seq] = []  # a retracted request's slot of the last step, freed after this decision
+        self.launched = False  # the last loop pass formed a batch (its output is processed in the next one)
 
     # ---- new_token_ratio -----------------------------------------------------------------------------
     @property
@@ -127,12 +157,12 @@ class SglangScheduler(QueueView):
     # ---- the protocol's read-only view ---------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting or self.inflight or self.chunked is not None)
+        return bool(self.running or self.waiting or self.inflight or self.chunked is not None or self.holders)
 
     @property
     def outstanding(self) -> int:
         extra = len(self.inflight) if self.inflight else int(self.chunked is not None)
-        return len(self.running) + len(self.waiting) + extra
+        return len(self.running) - len(self.retiring) + len(self.waiting) + extra
 
     @property
     def max_running(self) -> int:
@@ -158,6 +188,8 @@ class SglangScheduler(QueueView):
 
     # ---- one step ------------------------------------------------------------------------------------
     def schedule(self, now: float = 0.0) -> Step:
+        if self.overlap:
+            return self._schedule_overlap(now)
         for _ in range(4):  # a round that forms no batch (SGLang's idle round) changes state; the next one runs
             step = self._round(now)
             if step is not None:
@@ -165,6 +197,50 @@ class SglangScheduler(QueueView):
             if not self.waiting and self.chunked is None:
                 break
         return Step(StepPlan())
+
+    def _schedule_overlap(self, now: float) -> Step:
+        """event_loop_overlap: each round (loop pass) decides on stale state, then the first one processes the
+        output of the step before it (a later round follows a pass that formed no batch: nothing to process)."""
+        for i in range(4):
+            step = self._round(now)
+            if i == 0:
+                self._process_output(step)
+            self.launched = step is not None
+            if step is not None:
+                return step
+            if not self.waiting and self.chunked is None:
+                break
+        self._maybe_idle()  # nothing ran: the idle passes that follow reset the ratio
+        return Step(StepPlan())
+
+    def _process_output(self, step: Step | None) -> None:
+        """process_batch_result of the last step, after this step was formed (see module docstring)."""
+        kv = self.kv
+        for h in self.holders:  # the extra slots of the requests that finished two steps ago
+            kv.free(h)
+        self.holders = []
+        for h in self.dropping:
+            kv.free(h)
+        self.dropping = []
+        for s in self.pending:
+            s.inflight = 0
+        self.pending = []
+        if not self.retiring:
+            return
+        decoded = set(map(id, self.running)) if step is not None and not step.plan.prefills else ()
+        page = self.cfg.page_size
+        gone = set()
+        for s in self.retiring:  # cache_finished_req: all but the slot of the extra decode, if one ran
+            extra = id(s) in decoded and s.computed % page == 0  # that slot opened a new page
+            kv.free(s)
+            if extra:
+                h = Seq(s.req)
+                kv.allocate_slots(h, 1)
+                self.holders.append(h)
+            gone.add(id(s))
+        self.running = [s for s in self.running if id(s) not in gone]
+        self.unfiltered += len(self.retiring)
+        self.retiring = []
 
     def _round(self, now: float) -> Step | None:
         step = self._prefill(now)
@@ -174,7 +250,8 @@ class SglangScheduler(QueueView):
         shrunk, self.unfiltered = self.unfiltered > 0, 0
         if not self.running:
             self.batch_full = False
-            self._set_ratio(self.init_ratio)  # no batch this round: self_check_during_idle
+            if not self.launched:  # no batch this round (nor in the last, with overlap): self_check_during_idle
+                self._set_ratio(self.init_ratio)
             return None
         step = Step(StepPlan())
         if not self._decode_fits(self.running):
@@ -204,8 +281,8 @@ class SglangScheduler(QueueView):
     def _retract(self, step: Step) -> None:
         """retract_decode: fewest outputs first (ties: longest prompt), until the rest can decode one token."""
         running = self.running
-        order = list(range(len(running)))
-        order.sort(key=lambda i: (running[i].generated, -running[i].prompt), reverse=True)
+        order = list(range(len(running)))  # output counts as SGLang sees them (overlap: one short for the last step)
+        order.sort(key=lambda i: (running[i].generated - running[i].inflight, -running[i].prompt), reverse=True)
         first = True
         while first or not self._decode_fits([running[i] for i in order]):
             if len(order) == 1:
@@ -213,15 +290,30 @@ class SglangScheduler(QueueView):
             first = False
             seq = running[order.pop()]
             self.kv.free(seq)
+            if seq.inflight:  # overlap: the token the last step sampled for it is dropped
+                self._drop_inflight(seq)
             seq.computed = 0
             seq.preemptions += 1
             self.num_preemptions += 1
             self.waiting.append(seq)
             step.preempted.append(seq)
         self.running = [running[i] for i in order]
-        decoded = sum(s.generated for s in self.running)
+        decoded = sum(s.generated - s.inflight for s in self.running)
         max_new = sum(s.output for s in self.running)
         self._set_ratio(min(1.0, (decoded + self.cfg.retract_decode_steps * len(self.running)) / (max_new + 1)))
+
+    def _drop_inflight(self, seq: Seq) -> None:
+        """Overlap: a retracted request of the last step (its KV just freed) keeps the slot that step wrote until
+        the step is processed (release_req frees input + outputs - 1 tokens; process_batch_result frees the last
+        one, a whole page where it opened one), and loses the token sampled for it."""
+        seq.generated -= seq.inflight
+        seq.inflight = 0
+        if seq.generated > 0 and (seq.computed - 1) % self.cfg.page_size == 0:
+            h = Seq(seq.req)
+            self.kv.allocate_slots(h, 1)
+            self.dropping.append(h)
+        if seq in self.retiring:  # finished in the last step, not known yet: SGLang re-queues it as well
+            self.retiring.remove(seq)
 
     def _prefill(self, now: float) -> Step | None:
         """get_new_batch_prefill with PrefillAdder (see module docstring); None if no batch forms."""
@@ -237,7 +329,7 @@ class SglangScheduler(QueueView):
         ratio = self.new_token_ratio
         avail = kv.num_free_blocks * page  # available_size() (+ an evictable radix cache: none here)
         # the running requests' estimated future tokens, summed in batch order as SGLang does (0 + sum of list)
-        offset: float = 0 + sum([min(s.output - s.generated, clip) * ratio for s in self.running])
+        offset: float = 0 + sum([min(s.output - s.generated + s.inflight, clip) * ratio for s in self.running])
         cur_offset = 0
         rem_input = cfg.max_prefill_tokens
         rem_chunk = cfg.chunked_prefill_size
@@ -316,6 +408,8 @@ class SglangScheduler(QueueView):
 
     def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
         """Apply a step that ended at `end_s`: (sequences that emitted a token, finished ones)."""
+        if self.overlap:
+            return self._complete_overlap(step, end_s)
         emitted: list[Seq] = []
         finished: list[Seq] = []
         prefill = self.inflight_prefill
@@ -354,9 +448,50 @@ class SglangScheduler(QueueView):
         self._maybe_idle()
         return emitted, finished
 
+    def _complete_overlap(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
+        """complete() with the overlap scheduler: the step's output is not processed until after the next
+        decision: a finished request stays running and keeps its KV (`_process_output` releases it), the one
+        extra decode of a request finished before emits nothing, and nothing leaves the batch here."""
+        emitted: list[Seq] = []
+        finished: list[Seq] = []
+        prefill = self.inflight_prefill
+        was_empty = not self.running and not self.unfiltered
+        shrunk = False
+        pending = self.pending
+        for seq, n in step.scheduled:
+            g = seq.generated
+            if g >= seq.output:  # finished in the step before: its extra decode's token is dropped
+                continue
+            c = seq.computed = seq.computed + n
+            if c != seq.prompt + g:  # a chunk short of the prompt's end: stays the chunked request
+                shrunk = True
+                continue
+            g = seq.generated = g + 1
+            seq.inflight = 1
+            pending.append(seq)
+            if g == 1:
+                seq.first_token_s = end_s
+            seq.last_token_s = end_s
+            emitted.append(seq)
+            if g >= seq.output:
+                self.retiring.append(seq)
+                if seq.finish_s != seq.finish_s:  # NaN: not finished before (see _drop_inflight)
+                    seq.finish_s = end_s
+                    finished.append(seq)
+            if prefill:
+                self.running.append(seq)  # merge_batch: unprocessed, a finished request joins as well
+        if prefill:
+            self.inflight = []
+            self.inflight_prefill = False
+            if shrunk or was_empty:
+                self.batch_full = False
+        self._maybe_idle()
+        return emitted, finished
+
     def _maybe_idle(self) -> None:
         """Nothing left: SGLang's next round forms no batch and resets new_token_ratio (and the full mark)."""
-        if not self.running and not self.waiting and self.chunked is None and not self.inflight:
+        if (not self.running and not self.waiting and self.chunked is None and not self.inflight
+                and not self.holders):
             self._set_ratio(self.init_ratio)
             self.batch_full = False
             self.unfiltered = 0
@@ -367,9 +502,10 @@ class SglangScheduler(QueueView):
         attempt due (the queue is empty or the running batch is marked full: SGLang then tries no prefill, and
         nothing during a stretch clears the mark, so neither arrivals nor the decaying new_token_ratio matter),
         no finished request still to be filtered, no finish before the last step, and free slots for every
-        step (no retraction). 0 means: take a normal step."""
+        step (no retraction). With the overlap scheduler, also no finished request still to be processed (it
+        would decode once more) nor an extra slot still to be freed. 0 means: take a normal step."""
         run = self.running
-        if not run or self.chunked is not None or self.unfiltered:
+        if not run or self.chunked is not None or self.unfiltered or self.retiring or self.holders:
             return 0
         if self.waiting and not self.batch_full:
             return 0
@@ -395,7 +531,9 @@ class SglangScheduler(QueueView):
 
     def advance_decodes(self, k: int, end_s: float) -> list[Seq]:
         """Apply k decode steps to every running sequence (the last ending at `end_s`): k decays of
-        new_token_ratio; returns the sequences that finished at the k-th step."""
+        new_token_ratio; returns the sequences that finished at the k-th step. With the overlap scheduler, the
+        k-th step's output is left unprocessed, as after k single steps (the earlier ones' processing changes
+        nothing a decode-only stretch decides)."""
         kv = self.kv
         finished = []
         for s in self.running:
@@ -408,6 +546,16 @@ class SglangScheduler(QueueView):
                 s.finish_s = end_s
                 finished.append(s)
         self.ratio_steps += k
+        if self.overlap:
+            for h in self.dropping:
+                kv.free(h)
+            self.dropping = []
+            for s in self.running:
+                s.inflight = 1
+            self.pending = list(self.running)
+            self.retiring = finished[:]
+            self.launched = True
+            return finished
         if finished:
             self.running = [s for s in self.running if s.generated < s.output]
             self.unfiltered += len(finished)

@@ -2,23 +2,18 @@
 
 - `Recorder`: per-request timelines, ITL samples (single steps and whole decode runs), time series of queue,
   batch and KV use, the time-in-system integral (Little's law) and the finished count (saturation);
-- `Router`: sends each request to a replica (round-robin, least outstanding, or from one queue at the router
-  to whichever replica has room), or rejects it when the replica's scheduler says it can never run;
-- `Delay`: a fixed latency in front of the router (SimPy `Store` + one deliverer process): the front end's
-  HTTP, tokenisation and hand-off time, which the client sees in TTFT but the engine does not spend; a KV
-  transfer between prefill and decode pools is the next user of the same object;
-- `Replica`: one engine instance: its scheduler, its step loop, the exact decode fast path;
-- `OpenLoopSource` and `ClosedLoopUsers`: where requests come from.
+- `Replica`: one engine instance: its scheduler, its step loop, the exact decode fast path.
+
+`capacity.sim.routing` holds the Router, the front end's Delay and the KV transfer of disaggregated serving;
+`capacity.sim.sources` the open-loop source and the closed-loop users.
 
 `capacity.sim.simulator.Simulation` wires them together and holds what they share (the clock, the stop
 event, the time of the next arrival that the fast path must not run past).
 """
 from __future__ import annotations
 
-import heapq
 import math
-from collections import deque
-from collections.abc import Callable, Generator
+from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,11 +22,12 @@ import simpy
 from capacity.cost.step import decode_run_s
 from capacity.sched.base import NAN
 from capacity.sim.metrics import Records
-from capacity.workload import Request, WorkloadSpec, draw_attributes
+from capacity.workload import Request
 
 if TYPE_CHECKING:
     from capacity.sched.base import Scheduler, Seq
-    from capacity.sim.simulator import Disaggregation, Simulation
+    from capacity.sim.routing import Router
+    from capacity.sim.simulator import Simulation
 
 
 class Recorder:
@@ -125,130 +121,6 @@ class Recorder:
 
     def timeseries_array(self) -> np.ndarray:
         return np.array(self.ts, dtype=float) if self.ts else np.empty((0, 5))
-
-
-class Router:
-    """Dispatch to replicas: round-robin, least outstanding, or one FIFO queue at the router ("queue").
-
-    "queue" holds every request at the router and sends the head to the least-loaded replica with fewer than
-    `max_ongoing` requests (default: the replica's max_num_seqs) the moment one has room: at an arrival, or
-    when a replica finishes one (Ray Serve's `max_ongoing_requests`, Knative's `containerConcurrency` with its
-    activator queue). With one request per replica that pool is the textbook M/G/c queue. A request waiting
-    here counts as in the system (Little's law, the autoscaler's in-flight metric). Rejects what a replica can
-    never run."""
-
-    def __init__(self, sim: Simulation, replicas: list[Replica], policy: str, max_ongoing: int | None = None) -> None:
-        self.sim, self.replicas, self.policy = sim, replicas, policy
-        self.rr = 0
-        self.queue: deque[Request] = deque()
-        self.max_ongoing = max_ongoing
-        for rep in replicas:
-            rep.router = self
-
-    def pick(self) -> Replica:
-        if self.policy == "round_robin":
-            rep = self.replicas[self.rr % len(self.replicas)]
-            self.rr += 1
-            return rep
-        return min(self.replicas, key=lambda r: (r.sched.outstanding, r.idx))
-
-    def dispatch_seq(self, seq: Seq) -> None:
-        """A sequence from the prefill pool (disaggregated serving) to a decode replica."""
-        rep = self.pick()
-        why = rep.sched.admissible(seq.req)
-        if why:
-            self.sim.recorder.count(-1)  # it leaves the system unanswered
-            self.sim.reject(seq.req, f"decode pool: {why}")
-            return
-        rep.resume(seq)
-
-    def dispatch(self, req: Request) -> None:
-        if self.policy == "queue":
-            why = self.replicas[0].sched.admissible(req) if self.replicas else ""
-            if why:
-                self.sim.reject(req, why)
-                return
-            self.sim.recorder.count(+1)  # in the system from now, though no replica holds it yet
-            self.queue.append(req)
-            self.pull()
-            return
-        rep = self.pick()
-        why = rep.sched.admissible(req)
-        if why:
-            self.sim.reject(req, why)
-            return
-        rep.admit(req)
-
-    def pull(self) -> None:
-        """Send queued requests to replicas with room, least outstanding first (ties: the lowest index)."""
-        q = self.queue
-        while q:
-            best = None
-            for r in self.replicas:
-                n = r.sched.outstanding
-                if n < (self.max_ongoing or r.sched.max_running) and (best is None or n < best[0]):
-                    best = (n, r)
-            if best is None:
-                return
-            best[1].admit(q.popleft(), counted=True)
-
-
-class Delay:
-    """A fixed latency: `put(item)` now, `deliver(item)` is called `latency_s` later, in order. One SimPy
-    process serves a Store, so a burst of puts costs no process per item."""
-
-    def __init__(self, env: simpy.Environment, latency_s: float, deliver: Callable[[Any], None]) -> None:
-        self.env, self.latency_s, self.deliver = env, latency_s, deliver
-        self.store = simpy.Store(env)
-        self.due: deque[float] = deque()  # delivery times of items not yet delivered, in order
-        env.process(self.run())
-
-    def put(self, item: Any) -> None:
-        t = self.env.now + self.latency_s
-        self.due.append(t)
-        self.store.put((t, item))
-
-    @property
-    def next_due_s(self) -> float:
-        return self.due[0] if self.due else math.inf
-
-    def run(self) -> Generator[Any, Any, None]:
-        while True:
-            t, item = yield self.store.get()
-            if t > self.env.now:
-                yield self.env.timeout(t - self.env.now)
-            self.due.popleft()
-            self.deliver(item)
-
-
-class KVTransfer:
-    """The KV cache of a finished prefill, moved to the decode pool: `latency_s + bytes / bandwidth` on a link
-    that carries one transfer at a time (a SimPy Resource), so concurrent transfers queue for it. One link per
-    prefill replica (its NIC, or its NVLink to the decode GPUs) or one link shared by the whole prefill pool.
-    Then the decode pool's router places the sequence."""
-
-    def __init__(self, sim: Simulation, spec: Disaggregation) -> None:
-        self.sim, self.spec = sim, spec
-        n = 1 if spec.link_mode == "shared" else spec.prefill_replicas
-        self.links = [simpy.Resource(sim.env, capacity=1) for _ in range(n)]
-        self.waits: list[float] = []  # per transfer: time queued for the link, s
-        self.times: list[float] = []  # per transfer: time on the link, s
-
-    def send(self, seq: Seq) -> None:
-        link = self.links[0 if len(self.links) == 1 else seq.replica]
-        self.sim.env.process(self._go(seq, link))
-
-    def _go(self, seq: Seq, link: simpy.Resource) -> Generator:
-        env, sp = self.sim.env, self.spec
-        t0 = env.now
-        with link.request() as got:
-            yield got
-            t1 = env.now
-            dt = sp.latency_s + seq.prompt * sp.kv_bytes_per_token / sp.bandwidth_bytes_per_s
-            yield env.timeout(dt)
-        self.waits.append(t1 - t0)
-        self.times.append(dt)
-        self.sim.decode_router.dispatch_seq(seq)
 
 
 class Replica:
@@ -510,71 +382,3 @@ class Replica:
                 yield from self._run_step(out)
                 return
         yield from self._sleep(sleep_until)
-
-
-class OpenLoopSource:
-    """Requests at their generated (or traced) arrival times; at the end, the overload check of short runs."""
-
-    def __init__(self, sim: Simulation, requests: list[Request]) -> None:
-        self.sim, self.requests = sim, requests
-        if requests:
-            sim.next_arrival_s = requests[0].arrival_s
-
-    def run(self) -> Generator:
-        sim, env, reqs = self.sim, self.sim.env, self.requests
-        for i, req in enumerate(reqs):
-            if req.arrival_s > env.now:
-                yield env.timeout(req.arrival_s - env.now)
-            sim.next_arrival_s = reqs[i + 1].arrival_s if i + 1 < len(reqs) else math.inf
-            sim.enter(req)
-        sim.check_overload(len(reqs))
-
-
-class ClosedLoopUsers:
-    """`users` users, each: send, wait for the answer (or a rejection), think (exponential), repeat, until the
-    workload's request count is issued.
-
-    When an answer arrives, the user's next send time (now + think, drawn then) goes into a heap whose minimum is
-    the simulation's `next_arrival_s`: the fast path stops a decode stretch at the step during which a user sends
-    again, exactly as one step at a time would (a user answered at the end of a step, with no think time, joins
-    the step after the one the engine has already started)."""
-
-    def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
-        self.sim, self.spec = sim, spec
-        self.issued = 0
-        self.promised = 0  # answered users that will send again (their due times are in `due`)
-        self.due: list[float] = []
-
-    def start(self) -> None:
-        for _ in range(self.spec.arrivals.users or 0):
-            self.sim.env.process(self.user())
-
-    def answered(self) -> float | None:
-        """A user got its answer now: when it sends its next request, or None when the workload is issued."""
-        if self.issued + self.promised >= self.spec.num_requests:
-            return None
-        self.promised += 1
-        think = float(self.sim.rng.exponential(self.spec.arrivals.think_s)) if self.spec.arrivals.think_s > 0 else 0.0
-        t = self.sim.env.now + think
-        heapq.heappush(self.due, t)
-        self.sim.next_arrival_s = self.due[0]
-        return t
-
-    def user(self) -> Generator:
-        sim, env, spec = self.sim, self.sim.env, self.spec
-        while self.issued < spec.num_requests:
-            rid = self.issued
-            self.issued += 1
-            req = draw_attributes(spec, sim.rng, 1, start_id=rid)[0]
-            req.arrival_s = env.now
-            done = env.event()
-            sim.waiters[rid] = done
-            sim.enter(req)
-            due = yield done
-            if due is None:
-                return
-            if due > env.now:
-                yield env.timeout(due - env.now)
-            heapq.heappop(self.due)  # this user's due time: the smallest, as the clock has reached it
-            self.promised -= 1
-            sim.next_arrival_s = self.due[0] if self.due else math.inf

@@ -31,8 +31,10 @@ import simpy
 from capacity.errors import CapacityError
 from capacity.sched.base import Scheduler, Seq
 from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
-from capacity.sim.entities import ClosedLoopUsers, Delay, KVTransfer, OpenLoopSource, Recorder, Replica, Router
+from capacity.sim.entities import Recorder, Replica
 from capacity.sim.metrics import Records
+from capacity.sim.routing import Delay, KVTransfer, Router
+from capacity.sim.sources import ClosedLoopUsers, OpenLoopSource
 from capacity.workload import Request, WorkloadSpec, generate
 
 

@@ -1,0 +1,145 @@
+"""Where requests go between the clock's events: `Router` sends each request to a replica (round-robin, least
+outstanding, or from one queue at the router to whichever replica has room) or rejects what a replica can never
+run; `Delay` is a fixed latency in front of the router (the front end); `KVTransfer` moves a finished prefill's
+KV cache to the decode pool over a link that carries one transfer at a time. Wired by
+`capacity.sim.simulator.Simulation`.
+"""
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable, Generator
+from typing import TYPE_CHECKING, Any
+
+import simpy
+
+from capacity.workload import Request
+
+if TYPE_CHECKING:
+    from capacity.sched.base import Seq
+    from capacity.sim.entities import Replica
+    from capacity.sim.simulator import Disaggregation, Simulation
+
+
+class Router:
+    """Dispatch to replicas: round-robin, least outstanding, or one FIFO queue at the router ("queue").
+
+    "queue" holds every request at the router and sends the head to the least-loaded replica with fewer than
+    `max_ongoing` requests (default: the replica's max_num_seqs) the moment one has room: at an arrival, or
+    when a replica finishes one (Ray Serve's `max_ongoing_requests`, Knative's `containerConcurrency` with its
+    activator queue). With one request per replica that pool is the textbook M/G/c queue. A request waiting
+    here counts as in the system (Little's law, the autoscaler's in-flight metric). Rejects what a replica can
+    never run."""
+
+    def __init__(self, sim: Simulation, replicas: list[Replica], policy: str, max_ongoing: int | None = None) -> None:
+        self.sim, self.replicas, self.policy = sim, replicas, policy
+        self.rr = 0
+        self.queue: deque[Request] = deque()
+        self.max_ongoing = max_ongoing
+        for rep in replicas:
+            rep.router = self
+
+    def pick(self) -> Replica:
+        if self.policy == "round_robin":
+            rep = self.replicas[self.rr % len(self.replicas)]
+            self.rr += 1
+            return rep
+        return min(self.replicas, key=lambda r: (r.sched.outstanding, r.idx))
+
+    def dispatch_seq(self, seq: Seq) -> None:
+        """A sequence from the prefill pool (disaggregated serving) to a decode replica."""
+        rep = self.pick()
+        why = rep.sched.admissible(seq.req)
+        if why:
+            self.sim.recorder.count(-1)  # it leaves the system unanswered
+            self.sim.reject(seq.req, f"decode pool: {why}")
+            return
+        rep.resume(seq)
+
+    def dispatch(self, req: Request) -> None:
+        if self.policy == "queue":
+            why = self.replicas[0].sched.admissible(req) if self.replicas else ""
+            if why:
+                self.sim.reject(req, why)
+                return
+            self.sim.recorder.count(+1)  # in the system from now, though no replica holds it yet
+            self.queue.append(req)
+            self.pull()
+            return
+        rep = self.pick()
+        why = rep.sched.admissible(req)
+        if why:
+            self.sim.reject(req, why)
+            return
+        rep.admit(req)
+
+    def pull(self) -> None:
+        """Send queued requests to replicas with room, least outstanding first (ties: the lowest index)."""
+        q = self.queue
+        while q:
+            best = None
+            for r in self.replicas:
+                n = r.sched.outstanding
+                if n < (self.max_ongoing or r.sched.max_running) and (best is None or n < best[0]):
+                    best = (n, r)
+            if best is None:
+                return
+            best[1].admit(q.popleft(), counted=True)
+
+
+class Delay:
+    """A fixed latency: `put(item)` now, `deliver(item)` is called `latency_s` later, in order. One SimPy
+    process serves a Store, so a burst of puts costs no process per item."""
+
+    def __init__(self, env: simpy.Environment, latency_s: float, deliver: Callable[[Any], None]) -> None:
+        self.env, self.latency_s, self.deliver = env, latency_s, deliver
+        self.store = simpy.Store(env)
+        self.due: deque[float] = deque()  # delivery times of items not yet delivered, in order
+        env.process(self.run())
+
+    def put(self, item: Any) -> None:
+        t = self.env.now + self.latency_s
+        self.due.append(t)
+        self.store.put((t, item))
+
+    @property
+    def next_due_s(self) -> float:
+        return self.due[0] if self.due else math.inf
+
+    def run(self) -> Generator[Any, Any, None]:
+        while True:
+            t, item = yield self.store.get()
+            if t > self.env.now:
+                yield self.env.timeout(t - self.env.now)
+            self.due.popleft()
+            self.deliver(item)
+
+
+class KVTransfer:
+    """The KV cache of a finished prefill, moved to the decode pool: `latency_s + bytes / bandwidth` on a link
+    that carries one transfer at a time (a SimPy Resource), so concurrent transfers queue for it. One link per
+    prefill replica (its NIC, or its NVLink to the decode GPUs) or one link shared by the whole prefill pool.
+    Then the decode pool's router places the sequence."""
+
+    def __init__(self, sim: Simulation, spec: Disaggregation) -> None:
+        self.sim, self.spec = sim, spec
+        n = 1 if spec.link_mode == "shared" else spec.prefill_replicas
+        self.links = [simpy.Resource(sim.env, capacity=1) for _ in range(n)]
+        self.waits: list[float] = []  # per transfer: time queued for the link, s
+        self.times: list[float] = []  # per transfer: time on the link, s
+
+    def send(self, seq: Seq) -> None:
+        link = self.links[0 if len(self.links) == 1 else seq.replica]
+        self.sim.env.process(self._go(seq, link))
+
+    def _go(self, seq: Seq, link: simpy.Resource) -> Generator:
+        env, sp = self.sim.env, self.spec
+        t0 = env.now
+        with link.request() as got:
+            yield got
+            t1 = env.now
+            dt = sp.latency_s + seq.prompt * sp.kv_bytes_per_token / sp.bandwidth_bytes_per_s
+            yield env.timeout(dt)
+        self.waits.append(t1 - t0)
+        self.times.append(dt)
+        self.sim.decode_router.dispatch_seq(seq)
