@@ -252,11 +252,8 @@ class ContinuousScheduler(QueueView):
         """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
         emitted: list[Seq] = []
         finished: list[Seq] = []
-        prefix = self.kv.cache_full_blocks if self.cfg.prefix_caching else None
         for seq, n in step.scheduled:
             c = seq.computed = seq.computed + n
-            if prefix is not None:
-                prefix(seq)
             g = seq.generated
             if c == seq.prompt + g:
                 g = seq.generated = g + 1

@@ -124,9 +124,6 @@ class KVCacheManager:
     def drop_computed_blocks(self, seq: Seq) -> None:
         """Undo `get_computed_blocks` for a sequence that could not be admitted after all."""
 
-    def cache_full_blocks(self, seq: Seq) -> None:
-        """After a step: publish full blocks (none without a prefix cache)."""
-
     def cache_processed(self, seq: Seq) -> None:
         """Async scheduling: the output of the sequence's last step was processed (none without a prefix cache)."""
 

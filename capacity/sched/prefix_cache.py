@@ -198,9 +198,6 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         if self.pending.pop(seq, None) is not None:
             seq.shared_blocks = seq.computed = 0
 
-    def cache_full_blocks(self, seq: Seq) -> None:
-        """Nothing to do after a step: blocks were cached when their slots were allocated."""
-
     # ---- decode stretches (the simulator's fast path) ----------------------------------------------------
     def stretch_blocks(self, running: list[Seq], k: int) -> int:
         bs, need, tables = self.block_size, 0, self.tables
