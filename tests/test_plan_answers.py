@@ -180,8 +180,9 @@ def test_the_schema_reference_is_generated_from_the_code():
 def test_the_readme_first_question_is_answered():
     """The README's first sizing question, as printed there (it once crashed with an internal error: a frontier
     cell whose every request was longer than its max_model_len had no P99 to compare). By hand: 70B on H100s
-    does not fit TP 1 or 2; 10 replicas of TP 4 = 40 GPUs; $100/h over 20 x 512 x 3,600 = 36.864 M output
-    tokens/h = $2.71 per 1M; the recommendation verified at 20 req/s."""
+    does not fit TP 1 or 2; TP 4 sustains 2.49 req/s per replica, so ceil(20 / (0.8 x 2.49)) = 11 replicas (44
+    GPUs); TP 8 sustains 5.36, 5 replicas = 40 GPUs; $100/h over 20 x 512 x 3,600 = 36.864 M output tokens/h =
+    $2.71 per 1M; the recommendation verified at 20 req/s."""
     import json
 
     r = run_cli("plan", "-m", "llama-3.1-70b", "-g", "h100-sxm", "--target-rate", "20", "--input-len", "2048",
@@ -189,7 +190,7 @@ def test_the_readme_first_question_is_answered():
                 "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     p = json.loads(r.stdout)
-    assert (p["tp"], p["replicas"], p["gpus"]) == (4, 10, 40)
+    assert (p["tp"], p["replicas"], p["gpus"]) == (8, 5, 40)
     assert [u["tp"] for u in p["tp_unfit"]] == [1, 2]
     assert p["cost_per_million_tokens"] == pytest.approx(100 / 36.864, rel=0.01)
     assert p["verification"]["passed"] and p["verification"]["rate_per_s"] == 20.0

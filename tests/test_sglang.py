@@ -196,3 +196,18 @@ def test_plan_compares_vllm_and_sglang_at_the_same_slo():
     fits = [x for x in rows if x["fits"]]
     costs = [x["cost_per_million_tokens"] for x in fits]
     assert costs == sorted(costs)
+
+
+def test_the_overlap_scheduler_is_on_unless_async_scheduling_is_false():
+    """SGLang's overlap scheduler is its default: the engine model's scheduler runs it, and the command says
+    nothing; async_scheduling false turns it off in both (`--disable-overlap-schedule`)."""
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, prepare
+
+    card = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
+    for cfg, on in ((EngineConfig(engine="sglang"), True), (EngineConfig(engine="sglang", async_scheduling=False), False)):
+        p = prepare(Deployment(card, get_gpu("h100-sxm"), cfg))
+        assert p.make_scheduler().cfg.overlap_schedule is on
+        assert ("--disable-overlap-schedule" in p.engine_model.launch_command(card, cfg, p.budget)) is not on

@@ -65,9 +65,10 @@ class EngineConfig(BaseModel):
     # Off unless asked (vLLM's own default is on): the launch command spells the choice out, so the engine runs
     # what was simulated. On: vLLM's block-level cache, shared prefixes and a preempted request's own blocks.
     enable_prefix_caching: bool = False
-    # vLLM's async scheduling: the next step is scheduled while the last one runs, so a finished request keeps its
-    # blocks and its batch slot one step longer, and sliding-window groups reserve two batches in flight. None:
-    # the release's GPU default (on in 0.32's code; the CPU build turns it off).
+    # The engine schedules the next step while the last one runs (vLLM's async scheduling, SGLang's overlap
+    # scheduler), so a finished request keeps its blocks and its batch slot one step longer (vLLM: sliding-window
+    # groups also reserve two batches in flight). None: the engine's default (vLLM: on from 0.32's code, where
+    # the CPU build turns it off; SGLang: on).
     async_scheduling: bool | None = None
     block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = None  # tokens per KV block; None: 16 (64 for MLA models)
     kv_cache_dtype: KVDtype = "auto"  # auto: the model's dtype; fp8/int8 halve KV memory and the bytes attention reads

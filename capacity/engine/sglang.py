@@ -305,7 +305,7 @@ class Sglang:
             raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
                               "--schedule-policy fcfs) only; use policy continuous")
         vllm_only = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget", "activation_bytes", "non_torch_bytes",
-                                 "cuda_graph_bytes", "kv_reservation", "async_scheduling") if getattr(cfg, k) is not None]
+                                 "cuda_graph_bytes", "kv_reservation") if getattr(cfg, k) is not None]
         vllm_only += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                       if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
         if not cfg.paged_kv:
@@ -437,9 +437,15 @@ class Sglang:
                   max_running_requests=limits.max_num_seqs,
                   chunked_prefill_size=limits.max_num_batched_tokens if chunked else None,
                   max_prefill_tokens=MAX_PREFILL_TOKENS if chunked else limits.max_num_batched_tokens,
-                  context_len=limits.max_model_len)
+                  context_len=limits.max_model_len, overlap_schedule=self.overlap_schedule(cfg))
         make_scheduler("sglang", **kw)
         return lambda: make_scheduler("sglang", **kw)
+
+    @staticmethod
+    def overlap_schedule(cfg: EngineConfig) -> bool:
+        """EngineConfig.async_scheduling for SGLang: its overlap scheduler (the CPU forms step n+1 before it
+        processes step n's output), on by default; `--disable-overlap-schedule` turns it off."""
+        return cfg.async_scheduling is not False
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """CPU time per step the GPU waits for: the configured figure, else vLLM's STEP_OVERHEAD_S (2 ms), which
@@ -467,6 +473,8 @@ class Sglang:
         if b.block_size != 1:
             parts.append(f"--page-size {b.block_size}")
         parts += [f"--kv-cache-dtype {KV_DTYPE[cfg.kv_cache_dtype]}", "--schedule-policy fcfs"]
+        if not self.overlap_schedule(cfg):
+            parts.append("--disable-overlap-schedule")
         if cfg.enforce_eager:
             parts.append("--disable-cuda-graph")
         cmd = " ".join(parts)
@@ -477,10 +485,11 @@ class Sglang:
     def launch_notes(self, cfg: EngineConfig) -> list[str]:
         """What the simulation leaves out, and what the command cannot express."""
         notes = [f"SGLang modelled: memory by {self.label}'s rules; scheduling by v0.5.5's (new_token_ratio admission, "
-                 "the batch-full mark, prefill and decode as separate steps, retraction to the back of the queue)",
+                 "the batch-full mark, prefill and decode as separate steps, retraction to the back of the queue, "
+                 "the overlap scheduler's one-step-late output processing unless async_scheduling is false)",
                  "not modelled: the radix cache's prefix reuse (no prefix is shared: shared prefixes run better than "
-                 "simulated), mixed chunked prefill, the overlap scheduler's one-step lag, speculative decoding, "
-                 "DP attention, priority scheduling",
+                 "simulated), mixed chunked prefill, the CPU time the overlap scheduler hides (in the step overhead), "
+                 "speculative decoding, DP attention, priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
                  "gpu_memory_utilization has no SGLang meaning: F is the release's default, spelled out in the command"]

@@ -32,7 +32,7 @@ A request's `output_tokens` stands for its max_new_tokens: it generates exactly 
 max_tokens at the length it gets; no early EOS). Requests SGLang would cut are refused instead: input >=
 max_req_len - 5, or input + output > max_req_len - 1, with max_req_len = min(context_len, pool) - 1.
 
-**The overlap scheduler** (`overlap_schedule`, off by default here; SGLang's default, `event_loop_overlap`):
+**The overlap scheduler** (`overlap_schedule`, off by default in SglangConfig, on from the engine model as in SGLang, `event_loop_overlap`):
 SGLang schedules and launches step n+1 before it processes step n's output (`process_batch_result` runs after
 `run_batch` of the next batch). So each step is decided on one-step-stale state, and the output of the step before
 is processed after the decision (here: at the end of `schedule`, after its first round):
