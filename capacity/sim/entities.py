@@ -183,7 +183,6 @@ class Replica:
     def run(self) -> Generator:
         sim, sched, rec = self.sim, self.sched, self.sim.recorder
         env, cost, cfg = sim.env, self.cost, sim.cfg
-        max_seqs = sched.max_running
         line = getattr(cost, "decode_line", None)
         while True:
             if not sched.has_work:
@@ -197,50 +196,8 @@ class Replica:
                     return
                 continue
             k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward else 0
-            if k and line is not None:  # closed form: step j lasts f0 + g j, k steps end at k f0 + g k (k - 1) / 2
-                if (yield from self._line_run(k, line)):
-                    continue
-                k = 0
-            if k:
-                run = sched.running
-                durs = decode_run_s(cost, [s.computed for s in run], k)
-                cum = np.cumsum(durs)
-                nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
-                if len(run) < max_seqs and nxt < now + cum[-1]:
-                    # stop at the end of the step during which the next request arrives
-                    j = int(np.searchsorted(cum, nxt - now, side="left"))
-                    k = j + 1
-                if k >= 2:
-                    # ITL of the first step: the step itself for sequences that emitted at `now` (nearly all),
-                    # the gap since their last token for the rest; then k-1 steps x every sequence.
-                    first_end = now + float(cum[0])
-                    lasts = [s.last_token_s for s in run]
-                    same = lasts.count(now)
-                    if same < len(lasts):
-                        for t in lasts:
-                            if t != now:
-                                rec.gap_v.append(first_end - t)
-                                rec.gap_t.append(first_end)
-                                rec.gap_w.append(1)
-                    self.stretching, self.cut_before = True, now + float(cum[k - 2])
-                    try:
-                        yield env.timeout(float(cum[k - 1]))
-                    except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
-                        k = int(np.searchsorted(cum[:k], env.now - now, side="left")) + 1
-                        end = now + float(cum[k - 1])
-                        while env.now < end:
-                            try:
-                                yield env.timeout(end - env.now)
-                            except simpy.Interrupt:
-                                pass
-                    self.stretching = False
-                    rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
-                    sim.steps += k
-                    rec.tokens_total += k * len(run)
-                    sim.finish(sched.advance_decodes(k, env.now))
-                    if rec.timeseries:
-                        rec.sample(self)
-                    continue
+            if k and (yield from self._decode_run(k, line)):
+                continue
             out = sched.schedule(now)
             if isinstance(out, float):  # static batching: the batch window is open
                 yield from self._sleep(out)
@@ -275,36 +232,57 @@ class Replica:
                 return
 
 
-    def _line_run(self, k: int, line) -> Generator[Any, Any, bool]:
-        """A decode stretch of k steps under a cost whose decode steps grow linearly (`decode_line`): the same
-        stops as the array path (the end of the step during which the next request arrives, or the step in
-        progress when an unforeseen one cuts it), each found by solving the quadratic, and ITL kept as scalars."""
+    def _decode_run(self, k: int, line) -> Generator[Any, Any, bool]:
+        """Up to k decode-only steps as one event, with exact per-step times: the stretch stops at the end of the
+        step during which the next request arrives, or, cut by one nobody foresaw (a closed-loop user answered
+        by another replica, a KV transfer), at the end of the step in progress. With a cost whose decode steps
+        grow linearly (`decode_line`: step j lasts f0 + g j) the step ends are closed-form, each stop the root of
+        a quadratic, and the ITL samples scalars expanded at the end; else the cost's `decode_run_s` array.
+        False (nothing done) if the next request arrives during the first step: a normal step instead."""
         sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
         now, run = env.now, sched.running
-        f0, g = line([s.computed for s in run])
+        if line is not None:
+            f0, g = line([s.computed for s in run])
 
-        def end(m: int) -> float:  # the end of step m (1-based), from `now`
-            return f0 * m + g * (m * (m - 1) // 2)
+            def end(m: int) -> float:  # the end of step m (1-based), from `now`
+                return f0 * m + g * (m * (m - 1) // 2)
 
-        def first_at(x: float, hi: int) -> int:  # the first step whose end is at or after x (at most hi)
-            m = math.ceil(x / f0) if g == 0.0 else math.ceil(
-                (math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
-            m = min(max(m, 1), hi)
-            while m > 1 and end(m - 1) >= x:
-                m -= 1
-            while m < hi and end(m) < x:
-                m += 1
-            return m
+            def first_at(x: float, hi: int) -> int:  # the first step whose end is at or after x (at most hi)
+                m = math.ceil(x / f0) if g == 0.0 else math.ceil(
+                    (math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
+                m = min(max(m, 1), hi)
+                while m > 1 and end(m - 1) >= x:
+                    m -= 1
+                while m < hi and end(m) < x:
+                    m += 1
+                return m
+
+            def record(k: int, same: int) -> None:
+                rec.lines.append((now, f0, g, k, same, len(run)))
+        else:
+            durs = decode_run_s(self.cost, [s.computed for s in run], k)
+            cum = np.cumsum(durs)
+
+            def end(m: int) -> float:
+                return float(cum[m - 1])
+
+            def first_at(x: float, hi: int) -> int:
+                return int(np.searchsorted(cum[:hi], x, side="left")) + 1
+
+            def record(k: int, same: int) -> None:
+                rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
 
         nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
         if len(run) < sched.max_running and nxt < now + end(k):
             k = first_at(nxt - now, k)
-        if k < 2:  # the next request arrives during the first step: a normal step instead
+        if k < 2:
             return False
+        # ITL of the first step: the step itself for sequences that emitted at `now` (nearly all), the gap since
+        # their last token for the rest; then k - 1 steps x every sequence
         lasts = [s.last_token_s for s in run]
         same = lasts.count(now)
         if same < len(lasts):
-            first_end = now + f0
+            first_end = now + end(1)
             for t in lasts:
                 if t != now:
                     rec.gap_v.append(first_end - t)
@@ -322,7 +300,7 @@ class Replica:
                 except simpy.Interrupt:
                     pass
         self.stretching = False
-        rec.lines.append((now, f0, g, k, same, len(run)))
+        record(k, same)
         sim.steps += k
         rec.tokens_total += k * len(run)
         sim.finish(sched.advance_decodes(k, env.now))
