@@ -54,6 +54,9 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
     if b.kv_groups.sliding:
         g = b.kv_groups
         kv.add_row("KV groups", f"{g.full} full + {g.sliding} sliding-window of {g.group_size} layers")
+        kv.add_row(f"blocks per request at {b.max_model_len:,}",
+                   f"{g.startup_blocks(b.max_model_len, b.block_size):,} to admit (window + "
+                   f"{g.inflight:,} tokens in flight), {b.blocks_for(b.max_model_len):,} held decoding")
     kv.add_row("KV tokens (as vLLM logs)", f"{b.kv_tokens:,}")
     kv.add_row(f"concurrency at {b.max_model_len:,}", f"{b.max_concurrency:.2f}x")
     kv.add_row("contiguous seqs at max len", f"{b.contiguous_max_seqs}")
