@@ -94,6 +94,15 @@ def scenarios() -> dict[str, dict]:
             reqs.append(r)
         out[name] = {"engine": {"num_blocks": 64, "block_size": 16, "max_num_batched_tokens": 96, "max_num_seqs": 10,
                                 "prefix_caching": True, "policy": policy}, "requests": reqs}
+    # chunked prefill off (--no-enable-chunked-prefill): a prompt runs whole or waits, so the token budget must
+    # hold the longest request (vLLM checks max_num_batched_tokens >= max_model_len); bursts of long prompts
+    # next to decodes, and a small cache
+    steps = np.cumsum(rng.integers(0, 5, 40))
+    out["no_chunking"] = {
+        "engine": {"num_blocks": 90, "block_size": 16, "max_num_batched_tokens": 1024, "max_num_seqs": 8,
+                   "chunked_prefill": False, "max_model_len": 1024},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(20, 700)),
+                      "output": int(rng.integers(4, 300))} for i in range(40)]}
     return out
 
 
@@ -108,9 +117,10 @@ def trace(sc: dict, model_dir: str, async_sched: bool = False) -> dict:
     from vllm.v1.structured_output import StructuredOutputManager
 
     e = sc["engine"]
-    mc = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=2048, seed=0)
+    mc = ModelConfig(model=model_dir, dtype="bfloat16", max_model_len=e.get("max_model_len", 2048), seed=0)
     scfg = SchedulerConfig(max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
-                           max_model_len=2048, enable_chunked_prefill=True, is_encoder_decoder=False,
+                           max_model_len=e.get("max_model_len", 2048),
+                           enable_chunked_prefill=e.get("chunked_prefill", True), is_encoder_decoder=False,
                            policy=e.get("policy", "fcfs"))
     pc = bool(e.get("prefix_caching"))
     cc = CacheConfig(block_size=e["block_size"], cache_dtype="auto", enable_prefix_caching=pc)

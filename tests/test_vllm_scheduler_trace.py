@@ -24,7 +24,7 @@ def replay(trace: dict, **override) -> list[dict]:
     e = trace["engine"]
     kw = dict(max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
               block_size=e["block_size"], num_blocks=e["num_blocks"] - 1,
-              prefix_caching=bool(e.get("prefix_caching")))
+              prefix_caching=bool(e.get("prefix_caching")), chunked_prefill=e.get("chunked_prefill", True))
     if e.get("sliding_window"):  # one full-attention and one sliding-window group (capacity.engine.vllm.kv_groups)
         kw["kv_groups"] = (1, 1, -(-(e["sliding_window"] - 1) // e["block_size"]) + 1, e["sliding_window"])
     asy = bool(trace.get("async_scheduling"))
@@ -67,6 +67,7 @@ def first_difference(trace: dict, ours: list[dict]) -> str | None:
 @pytest.mark.parametrize("name, preemptions", [("kv_pressure_256_160", 16), ("small_cache_varied", 20),
                                                ("chunked_prefill_mix", 0), ("priority_small_cache", 15),
                                                ("prefix_groups", 4), ("prefix_pressure", 26), ("prefix_priority", 15),
+                                               ("no_chunking", 21),
                                                ("sliding_window_hybrid", 0), ("sliding_window_pressure", 2)])
 def test_the_scheduler_takes_vllms_steps(name, preemptions):
     trace = json.loads((DATA / f"{name}.json").read_text())
@@ -236,3 +237,11 @@ def test_the_sliding_window_rules_matter(monkeypatch):
 
     monkeypatch.setattr(cont, "make_kv_manager", lambda nb, bs, pc, g, budget=None: LastToken(nb, bs, g, budget))
     assert first_difference(trace, replay(trace)).startswith("step 4: free_blocks")
+
+
+def test_chunked_prefill_off_matters():
+    """no_chunking (vLLM with --no-enable-chunked-prefill: a prompt runs whole or waits) agrees step by step
+    above; replayed with chunking on, capacity splits a prompt vLLM kept whole and diverges."""
+    trace = json.loads((DATA / "no_chunking.json").read_text())
+    assert trace["engine"]["chunked_prefill"] is False
+    assert first_difference(trace, replay(trace, chunked_prefill=True)) is not None
