@@ -332,7 +332,14 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
     import threading
 
     def _stop(signum, frame):  # SIGTERM and SIGHUP end the run like Ctrl-C: partial results kept
-        raise KeyboardInterrupt
+        # through asyncio's own Ctrl-C handling where it is installed (it cancels the run's main task, and
+        # asyncio.run then raises KeyboardInterrupt after every task is cancelled); a KeyboardInterrupt raised
+        # here could land inside another task (a metrics scrape), which asyncio would report as a traceback
+        h = signal.getsignal(signal.SIGINT)
+        if callable(h) and h is not signal.default_int_handler:
+            h(signal.SIGINT, frame)
+        else:
+            raise KeyboardInterrupt
 
     saved = {}
     if threading.current_thread() is threading.main_thread():
