@@ -233,13 +233,17 @@ COST = LinearCost(fixed_s=0.01, per_token_s=2e-4, per_key_s=1e-6, per_seq_s=1e-4
     ("overloaded, pages of 16, no chunking", Arrivals(kind="closed", users=30), 3200, None, 16, True),
     ("light", Arrivals(kind="poisson", rate_per_s=0.5), 20000, 512, 1, False),
 ])
-def test_fast_path_equals_step_by_step(name, arrivals, pool, chunk, page, retracts):
+@pytest.mark.parametrize("overlap", [False, True])
+def test_fast_path_equals_step_by_step(name, arrivals, pool, chunk, page, retracts, overlap):
+    """Decode stretches (decode_stretch / advance_decodes) give the step-by-step run, retractions included, with
+    SGLang's overlap scheduler off and on."""
     spec = WorkloadSpec(arrivals=arrivals, input_len=Lengths(kind="uniform", low=16, high=700),
                         output_len=Lengths(kind="uniform", low=1, high=300), num_requests=300)
     runs = []
     for fast in (True, False):
         res = simulate(spec, COST, lambda: make_scheduler("sglang", max_total_tokens=pool, chunked_prefill_size=chunk,
-                                                          page_size=page, max_running_requests=64),
+                                                          page_size=page, max_running_requests=64,
+                                                          overlap_schedule=overlap),
                        np.random.default_rng(3), SimConfig(fast_forward=fast, saturation_queue=10_000))
         runs.append(res)
     fast, slow = runs

@@ -23,13 +23,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from capacity.cost.step import LinearCost
 from capacity.sched import SglangConfig, SglangScheduler, make_scheduler
-from capacity.sim.simulator import SimConfig, simulate
-from capacity.workload import Arrivals, Lengths, Request, WorkloadSpec
+from capacity.workload import Request
 
 DATA = Path(__file__).parent / "data/sglang_scheduler"
 
@@ -294,31 +291,3 @@ def test_the_overlap_traces_tell_the_rules_apart(cls, name, first):
     trace = load(name, overlap=True)
     d = first_difference(trace, replay(trace, cls, overlap_schedule=True))
     assert d is not None and d.startswith(first), d
-
-
-COST = LinearCost(fixed_s=0.01, per_token_s=2e-4, per_key_s=1e-6, per_seq_s=1e-4)
-
-
-@pytest.mark.parametrize("arrivals, pool, chunk, page", [
-    (Arrivals(kind="poisson", rate_per_s=40.0), 3000, 256, 1),
-    (Arrivals(kind="closed", users=24), 2500, 128, 1),
-    (Arrivals(kind="closed", users=30), 3200, None, 16),
-])
-def test_fast_path_equals_step_by_step_with_overlap(arrivals, pool, chunk, page):
-    """With overlap_schedule on, decode stretches (decode_stretch / advance_decodes) give the step-by-step run,
-    retractions included."""
-    spec = WorkloadSpec(arrivals=arrivals, input_len=Lengths(kind="uniform", low=16, high=700),
-                        output_len=Lengths(kind="uniform", low=1, high=300), num_requests=300)
-    fast, slow = (simulate(spec, COST, lambda: make_scheduler("sglang", max_total_tokens=pool, chunked_prefill_size=chunk,
-                                                              page_size=page, max_running_requests=64,
-                                                              overlap_schedule=True),
-                           np.random.default_rng(3), SimConfig(fast_forward=f, saturation_queue=10_000))
-                  for f in (True, False))
-    assert not fast.rejected and np.isfinite(fast.records.finish).all()
-    assert fast.preemptions > 0
-    assert fast.steps == slow.steps and fast.preemptions == slow.preemptions
-    assert fast.events < slow.events / 2  # the stretches do run
-    np.testing.assert_array_equal(fast.records.preemptions, slow.records.preemptions)
-    for attr in ("arrival", "first_scheduled", "first_token", "finish"):
-        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
-    assert fast.itl_values @ fast.itl_weights == pytest.approx(slow.itl_values @ slow.itl_weights, rel=1e-9)
