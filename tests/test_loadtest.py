@@ -219,19 +219,26 @@ def test_ctrl_c_saves_partial_results(fault_server, tmp_path):
 @pytest.mark.slow  # a real engine: in CI (`pytest -m slow`), not in the default local run
 def test_regression_gate_on_a_real_engine(engine, tmp_path):
     """The CI regression gate, end to end (issue 23): a baseline load test; the same configuration again passes the
-    gate; a server with a smaller token budget (16 tokens per step: a 64-token prompt takes 4 steps instead of 1)
-    fails it on TTFT, named, with exit 3."""
+    gate; a server with a smaller token budget (8 tokens per step: a 64-token prompt takes 8 steps instead of 1,
+    p50 TTFT about 3x: 59 vs 19 ms on this VM) fails it on TTFT, named, with exit 3.
+
+    The gate's bootstrap guards against sampling noise, not against the shared VM slowing down between two runs
+    (one CI run saw every request 1.8x slower in the repeat). So the threshold is +100% (the injected regression
+    is +200%), and the same-configuration run is repeated once before the test calls it a false alarm."""
     url, model = engine
     load = ["loadtest", "--model", model, "--rate", "3", "-n", "30", "--input-len", "64", "--output-len", "8",
             "--seed", "1", "--json"]
     base = tmp_path / "base.json"
     r = run_cli(*load, "--url", url, "--out", str(base), timeout=300)
     assert r.returncode == 0, r.stderr
-    gate = ["--baseline", str(base), "--fail-on", "p50_ttft:+50%,throughput:-20%"]
-    r = run_cli(*load, "--url", url, *gate, timeout=300)
+    gate = ["--baseline", str(base), "--fail-on", "p50_ttft:+100%,throughput:-20%"]
+    for _ in range(2):
+        r = run_cli(*load, "--url", url, *gate, timeout=300)
+        if r.returncode == 0:
+            break
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr
     assert json.loads(r.stdout)["compare"]["failed"] == []
-    proc, slow = start_engine(model, batch_tokens=16)
+    proc, slow = start_engine(model, batch_tokens=8)
     try:
         r = run_cli(*load, "--url", slow, *gate, timeout=300)
     finally:
