@@ -215,3 +215,42 @@ def test_a_frontier_group_whose_requests_are_all_too_long_says_so(card8b, monkey
     assert pl.ex.misses == 8  # two groups
     assert not short.meets_slo and short.p_ttft_band is None
     assert long_.meets_slo is not None and long_.covers_workload
+
+
+def test_the_full_batch_is_bounded_by_the_kv_cache_where_that_is_sure(card8b):
+    """The closed loop that measures capacity keeps 2 x the full batch: max_num_seqs, or the most of the shortest
+    prompts the KV cache holds. By hand for the 8B on an H100 at its defaults (max_num_seqs 1024, max_model_len
+    131,072): 26,675 planning blocks (the frontier test above) over 64 blocks per 1,024-token prompt = 416, plus
+    one = 417. A
+    lognormal from 1 token, prefix caching and batch caps below the bound leave max_num_seqs."""
+    from capacity.workload import Lengths
+
+    def planner(**kw):
+        wl = WorkloadSpec(input_len=kw.pop("input_len", fixed(1024)), output_len=fixed(256))
+        return Planner(Scenario(model="llama-3.1-8b", gpu="h100-sxm", workload=wl), card8b, None)
+
+    pl = planner()
+    e = pl.engine(1)
+    assert pl.budget(e).planning_blocks == 26_675
+    assert pl.full_batch(e, 1024) == 26_675 // 64 + 1 == 417
+    assert pl.full_batch(e, 256) == 256
+    assert pl.full_batch(e.model_copy(update={"enable_prefix_caching": True}), 1024) == 1024
+    short = planner(input_len=Lengths(kind="lognormal", mean=1024, cv=1.0))  # clipped below at 1 token
+    assert short.full_batch(short.engine(1), 1024) == 1024
+    mixed = planner(input_len=Lengths(kind="uniform", low=2048, high=4096))
+    assert mixed.full_batch(mixed.engine(1), 1024) == 26_675 // 128 + 1
+
+
+def test_the_rate_search_probes_the_top_of_its_bracket_first(card8b):
+    """After the trickle probe, the first probe is 1.05 x capacity / (1 + tolerance): a loose SLO passes it and
+    the search ends there (hi / lo = 1 + tolerance); a tight one fails it and the bisection goes on below."""
+    ex = SerialExecutor(cache=False)
+    loose = Planner(scenario(slo=SLOSpec(ttft_s=30.0, tpot_s=1.0)), card8b, ex)
+    r = loose.rate_search(loose.engine(1), 1, 256)
+    assert [p[1] for p in r.probes] == [True, True]
+    assert r.probes[1][0] == pytest.approx(r.capacity_rate * 1.05 / 1.1)
+    assert r.max_rate == r.probes[1][0] and r.failed_rate == pytest.approx(r.capacity_rate * 1.05)
+    tight = Planner(scenario(slo=SLOSpec(ttft_s=0.2, tpot_s=0.012)), card8b, ex)
+    r = tight.rate_search(tight.engine(1), 1, 256)
+    assert r.probes[0][1] and not r.probes[1][1] and len(r.probes) > 2
+    assert r.max_rate < r.failed_rate <= r.max_rate * 1.1 + 1e-9

@@ -163,9 +163,26 @@ class Planner:
             ok &= (c.slo_ttft_s is None or ct <= c.slo_ttft_s) and (c.slo_tpot_s is None or cp <= c.slo_tpot_s)
         return ok, pt, pp
 
+    def full_batch(self, engine: EngineConfig, max_num_seqs: int) -> int:
+        """The most sequences the engine can run at once on this workload: max_num_seqs, or fewer where the KV
+        cache cannot hold that many of the shortest prompts (every running sequence past its prefill holds its
+        prompt's blocks). A closed loop of twice this many users keeps the batch full (the queue never runs
+        dry, so the engine sees the same requests in the same order as with more users) and simulates far
+        fewer requests: a batch cap of 1024 on a cache that holds 418 prompts of 1,024 tokens. Where no bound
+        is sure (prefix caching shares blocks; a trace; contiguous KV), max_num_seqs."""
+        wl = self.sc.workload
+        if engine.enable_prefix_caching or wl.prefix is not None or wl.trace or not engine.paged_kv:
+            return max_num_seqs
+        shortest = min(_min_len(wl.class_lengths(c)[0]) for c in range(len(wl.classes)))
+        b = self.budget(engine)
+        if not b.paged_kv:
+            return max_num_seqs
+        return max(1, min(max_num_seqs, b.planning_blocks // max(1, b.blocks_for(max(1, shortest))) + 1))
+
     def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
-        """Throughput with the batch kept full: a closed loop of 2 x max_num_seqs users, no think time."""
-        users = max(2, 2 * max_num_seqs)
+        """Throughput with the batch kept full: a closed loop of twice the full batch's users (`full_batch`),
+        no think time."""
+        users = max(2, 2 * self.full_batch(engine, max_num_seqs))
         return self.ex.run(self._tasks(engine, None, range(1), closed_users=users,
                                        requests=max(self.sc.search.requests, 2 * users)))[0]
 
@@ -184,8 +201,13 @@ class Planner:
         if not ok:
             return rs  # even a trickle misses the SLO: infeasible
         lo, hi = lo_rate, cap_rate * 1.05
+        # the top of the bracket first: where the SLOs still hold near the capacity, one probe settles it (the
+        # default plan: 1 probe, not 6); otherwise it cost one probe and the bisection goes on below it (either way the answer is the highest rate that passed, at most
+        # the tolerance below the lowest that failed)
+        mid = hi / (1 + sp.tolerance)
         while hi / lo > 1 + sp.tolerance:
-            mid = math.sqrt(lo * hi)
+            if len(rs.probes) > 1:
+                mid = math.sqrt(lo * hi)
             ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, mid, seeds)))
             rs.probes.append((mid, ok, pt, pp))
             lo, hi = (mid, hi) if ok else (lo, mid)
@@ -362,8 +384,9 @@ class Planner:
             load = self._tasks(eng, rate, range(sc.search.seeds), ci=True)
             # peak tokens/s, averaged over the same seeds: one closed loop is noisy enough to make a bigger batch
             # cap look slower than a smaller one
-            cap = self._tasks(eng, None, range(sc.search.seeds), closed_users=max(2, 2 * s),
-                              requests=max(sc.search.requests, 4 * s))
+            full = self.full_batch(eng, s)
+            cap = self._tasks(eng, None, range(sc.search.seeds), closed_users=max(2, 2 * full),
+                              requests=max(sc.search.requests, 4 * full))
             sims[key] = (load, cap)
         flat = [t for load, cap in sims.values() for t in (*load, *cap)]
         out = iter(self.ex.run(flat))
@@ -561,6 +584,14 @@ def _metric_stats(dists: list, cis: list) -> MetricStats:
     if cis and all(c[0] == c[0] for c in cis):
         st.p99_ci_low, st.p99_ci_high = min(c[0] for c in cis), max(c[1] for c in cis)
     return st
+
+
+def _min_len(lengths: Lengths) -> int:
+    if lengths.kind == "fixed":
+        return int(lengths.value or 1)
+    if lengths.kind == "empirical":
+        return min(lengths.values or [1])
+    return lengths.low  # uniform and lognormal: their lower bound
 
 
 def _max_len(lengths: Lengths) -> int:

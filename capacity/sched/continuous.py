@@ -75,6 +75,10 @@ class ContinuousScheduler(QueueView):
         self.retiring: list[Seq] = []  # async scheduling: finished, still holding blocks and a running slot
         self.unprocessed: list[Seq] = []  # async scheduling: the last step's sequences, output not processed yet
         self.kv.lag = 1 if cfg.async_scheduling else 0
+        # async scheduling: which sequences' last step is unprocessed matters only to a KV manager that caches or
+        # frees on processed tokens (prefix caching, sliding windows); for the others, processing an output is
+        # only the retirement of the finished sequences, done after the next schedule call all the same
+        self._track_inflight = cfg.async_scheduling and self.kv.tracks_inflight
 
     # ---- the protocol's read-only view ------------------------------------------------------------
     @property
@@ -152,8 +156,15 @@ class ContinuousScheduler(QueueView):
         while i < len(running) and budget > 0 and not stuck:
             seq = running[i]
             c = seq.computed
-            rem = seq.prompt + seq.generated - c
-            if seq.generated >= seq.output:  # async scheduling: finished in the step before, not scheduled again
+            g = seq.generated
+            if g >= seq.output:  # async scheduling: finished in the step before, not scheduled again
+                i += 1
+                continue
+            rem = seq.prompt + g - c
+            if rem == 1 and g and c < seq.kv_capacity:  # the common case: a decode whose block has room
+                sched.append((seq, 1))
+                decodes.append(c)
+                budget -= 1
                 i += 1
                 continue
             num_new = rem if rem < budget else budget
@@ -226,6 +237,8 @@ class ContinuousScheduler(QueueView):
         step.scheduled = sched
         if self.unprocessed:  # async scheduling: the last step's output is processed after this schedule call
             self._process_output()
+        elif self.retiring:  # the same, for a KV manager that does not track tokens in flight
+            self._retire()
         return step
 
     def _process_output(self) -> None:
@@ -264,7 +277,7 @@ class ContinuousScheduler(QueueView):
                 if g >= seq.output:
                     seq.finish_s = end_s
                     finished.append(seq)
-        if self.cfg.async_scheduling:
+        if self._track_inflight:
             self.unprocessed = [seq for seq, _ in step.scheduled]
             for seq, n in step.scheduled:
                 seq.inflight = n
@@ -361,7 +374,7 @@ class ContinuousScheduler(QueueView):
             if s.generated >= s.output:
                 s.finish_s = end_s
                 finished.append(s)
-        if self.cfg.async_scheduling:
+        if self._track_inflight:
             self.unprocessed = list(self.running)
             for s in self.running:
                 s.inflight = 1

@@ -124,6 +124,8 @@ class KVCacheManager:
     def drop_computed_blocks(self, seq: Seq) -> None:
         """Undo `get_computed_blocks` for a sequence that could not be admitted after all."""
 
+    tracks_inflight = False  # whether allocation reads `Seq.inflight` (async scheduling's unprocessed tokens)
+
     def cache_processed(self, seq: Seq) -> None:
         """Async scheduling: the output of the sequence's last step was processed (none without a prefix cache)."""
 
@@ -153,6 +155,8 @@ class HybridKVCacheManager(KVCacheManager):
     A sequence's `blocks` count the pool blocks it holds; `kv_capacity` stays 0, so the scheduler asks for
     slots at every step, as vLLM frees at every step. Checked step by step against vLLM's own allocator
     (tests/test_vllm_scheduler_trace.py)."""
+
+    tracks_inflight = True
 
     __slots__ = ("full", "sliding", "window_blocks", "window", "cap", "state")
     frees_while_decoding = True  # the window frees a sliding block every block_size tokens

@@ -35,6 +35,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     `blocks` counts the blocks in its table, `shared_blocks` those it hit on admission; `kv_capacity` stays 0
     so that the scheduler asks for slots at every step, where blocks get cached."""
 
+    tracks_inflight = True
+
     __slots__ = ("queue", "key", "ref", "cache", "tables", "ncached", "pending", "hashed_free")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
