@@ -207,9 +207,9 @@ def test_frontier_cells_a_few_blocks_apart_share_one_simulation_at_the_fewest(ca
 def test_a_frontier_group_whose_requests_are_all_too_long_says_so(card8b, monkeypatch):
     """With a group per block count (as before the grouping) the 2k cell ran alone, every request too long for it:
     the plan crashed comparing missing P99s. It must report the cell as missing the SLO instead."""
-    import capacity.plan.planner as planner
+    import capacity.plan.frontier as frontier
 
-    monkeypatch.setattr(planner, "GROUP_BLOCKS", 0.0)
+    monkeypatch.setattr(frontier, "GROUP_BLOCKS", 0.0)
     pl = _frontier_planner(card8b, [2048, 8192])
     short, long_ = pl.frontier(1, 2.0)
     assert pl.ex.misses == 8  # two groups

@@ -235,8 +235,8 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
     import time
 
     from capacity.errors import CapacityError
+    from capacity.plan.compare import compare_gpus
     from capacity.plan.executors import make_executor
-    from capacity.plan.planner import compare_gpus
 
     scenarios = []
     for g in gpus:

@@ -28,20 +28,16 @@ a process pool (default), on Ray, or serially, and cache on disk by their hash.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
-from capacity.plan.results import Cell, ContextCell, MetricStats, Plan, RateSearch, TpUnfit, Verification
+from capacity.plan import frontier
+from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 from capacity.workload import Arrivals, Lengths, WorkloadSpec
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
-
-
-CONTEXT_REQUESTS = 300  # requests per simulation of the context trade-off map
-GROUP_BLOCKS = 0.005  # frontier cells whose KV blocks differ by at most this share share one simulation
 
 
 def _mean(xs: list[float]) -> float:
@@ -341,150 +337,21 @@ class Planner:
                     scenario, prov, __version__, mean_out, memory_command(card, gpu.name, rec_engine), sc.headroom,
                     unfit, contexts)
 
+    # the frontier, the context map, the recommendation and the trade-off lines (capacity.plan.frontier)
     def frontier(self, tp: int, rate: float) -> list[Cell]:
-        sc = self.sc
-        self._frontier_tp = tp
-        longest = self._longest_request()
-        # a knob the scenario fixes is not searched: the frontier is that value only
-        seqs = [sc.engine.max_num_seqs] if sc.engine.max_num_seqs else sorted(set(sc.search.max_num_seqs))
-        lens = ([sc.engine.max_model_len] if sc.engine.max_model_len else
-                sorted(x for x in set(sc.search.max_model_len) if x <= self.card.max_position_embeddings))
-        if not lens:
-            raise ConfigError(f"search.max_model_len: no value <= the model's max_position_embeddings "
-                              f"({self.card.max_position_embeddings})")
-        cells: dict[tuple[int, int], Cell] = {}
-        # one simulated configuration per group of cells that resolve to the same engine (token budget, KV
-        # blocks within GROUP_BLOCKS of each other, simulated at the group's fewest: the safe side): with paged
-        # KV, max_model_len only decides which requests are admitted, and the few blocks its buffers cost
-        # (26,691 at 2k to 26,675 at 128k for an 8B on an H100) do not warrant a simulation each
-        fits: dict[tuple[int, int], list[tuple[int, int]]] = {}  # (s, token budget) -> [(blocks, max_model_len)]
-        for s in seqs:
-            for m in lens:
-                try:
-                    b = self.budget(self.cell_engine(tp, s, m))
-                    cells[(s, m)] = Cell(s, m, True, covers_workload=m >= longest, kv_tokens=b.planning_tokens,
-                                         max_num_batched_tokens=b.max_num_batched_tokens,
-                                         kv_blocks=b.planning_blocks)
-                    fits.setdefault((s, b.max_num_batched_tokens), []).append((b.planning_blocks, m))
-                except (DoesNotFit, ConfigError) as exc:
-                    cells[(s, m)] = Cell(s, m, False, why=str(exc))
-        groups: dict[tuple[int, int, int], list[int]] = {}  # (s, fewest blocks, token budget) -> max_model_lens
-        for (s, mnbt), members in fits.items():
-            lo = None
-            for blocks, m in sorted(members):
-                if lo is None or blocks > lo * (1 + GROUP_BLOCKS):
-                    lo = blocks
-                groups.setdefault((s, lo, mnbt), []).append(m)
-        sims: dict[tuple[int, int, int], tuple[list[SimTask], list[SimTask]]] = {}
-        for key, ms in groups.items():
-            s = key[0]
-            eng = self.cell_engine(tp, s, max(ms))
-            if self.budget(eng).planning_blocks != key[1]:
-                eng = eng.model_copy(update={"num_gpu_blocks_override": key[1]})
-            load = self._tasks(eng, rate, range(sc.search.seeds), ci=True)
-            # peak tokens/s, averaged over the same seeds: one closed loop is noisy enough to make a bigger batch
-            # cap look slower than a smaller one
-            full = self.full_batch(eng, s)
-            cap = self._tasks(eng, None, range(sc.search.seeds), closed_users=max(2, 2 * full),
-                              requests=max(sc.search.requests, 4 * full))
-            sims[key] = (load, cap)
-        flat = [t for load, cap in sims.values() for t in (*load, *cap)]
-        out = iter(self.ex.run(flat))
-        k = sc.slo.key
-        for key, (load, capt) in sims.items():
-            res = [next(out) for _ in load]
-            caps = [next(out) for _ in capt]
-            ok, pt, pp = self._judge(res)
-            band_t = band_p = None
-            if not any(r.saturated or not r.ttft.n for r in res):  # nothing finished (all too long): no band
-                # the band: union of the seeds' bootstrap 95% intervals for P99, or the spread across seeds
-                bt = [r.p99_ci.get("ttft") for r in res if r.p99_ci]
-                bp = [r.p99_ci.get("tpot") for r in res if r.p99_ci]
-                if k == "p99" and bt and all(b is not None and b[0] == b[0] for b in bt + bp):
-                    band_t = (min(b[0] for b in bt if b), max(b[1] for b in bt if b))
-                    band_p = (min(b[0] for b in bp if b), max(b[1] for b in bp if b))
-                else:
-                    band_t = (min(r.ttft.stat(k) for r in res), max(r.ttft.stat(k) for r in res))
-                    band_p = (min(r.tpot.stat(k) or 0 for r in res), max(r.tpot.stat(k) or 0 for r in res))
-            stats = {metric: _metric_stats([r.metric(metric) for r in res],
-                                           [r.p99_ci.get(metric) for r in res if r.p99_ci])
-                     for metric in ("ttft", "tpot", "itl", "e2e")}
-            for m in groups[key]:
-                c = cells[(key[0], m)]
-                c.p_ttft, c.p_tpot = pt, pp
-                c.p_ttft_band, c.p_tpot_band = band_t, band_p
-                c.stats = stats
-                c.capacity_tokens_per_s = _mean([x.tokens_per_s for x in caps])
-                c.preemptions = _mean([r.preemptions for r in res])
-                c.saturated = any(r.saturated for r in res)
-                c.meets_slo = ok and c.covers_workload
-        return [cells[(s, m)] for s in seqs for m in lens]
+        return frontier.frontier(self, tp, rate)
 
     def context_frontier(self, tp: int) -> list[ContextCell]:
-        """max_num_seqs x the context requests carry (prompt + output: the workload's mean output length kept,
-        the prompt filling the rest). Per cell: the peak tokens/s with the batch kept full, and P99 TTFT/TPOT,
-        preemptions and queue wait when a replica runs at `headroom` x that cell's own capacity, the operating
-        point a plan would put it at. So the table shows where the KV cache, not the batch cap, limits
-        concurrency (kv_concurrency < max_num_seqs: capacity stops growing, preemptions appear) and what it does
-        to latency, at a load each cell can sustain. max_model_len is the smallest grid value that admits the
-        context (with paged KV the value costs no latency)."""
-        sc = self.sc
-        seqs = [sc.engine.max_num_seqs] if sc.engine.max_num_seqs else sorted(set(sc.search.max_num_seqs))
-        out_len = max(1, round(sc.workload.mean_output_tokens))
-        lens = sorted(set(sc.search.max_model_len) | {self.card.max_position_embeddings})
-        cells: list[ContextCell] = []
-        runs: list[tuple[ContextCell, EngineConfig, WorkloadSpec, SimTask]] = []
-        for ctx in sorted(set(sc.search.contexts)):
-            if ctx > self.card.max_position_embeddings:
-                continue
-            out = min(out_len, ctx // 2)
-            wl = sc.workload.model_copy(update={
-                "input_len": Lengths(kind="fixed", value=ctx - out), "output_len": Lengths(kind="fixed", value=out),
-                "prefix": None, "classes": [c.model_copy(update={"input_len": None, "output_len": None})
-                                            for c in sc.workload.classes]})
-            m = sc.engine.max_model_len or next(x for x in lens if x >= ctx)
-            for s in seqs:
-                cell = ContextCell(ctx, s, True)
-                cells.append(cell)
-                if m < ctx:
-                    cell.feasible, cell.why = False, f"max_model_len {m} < {ctx}"
-                    continue
-                try:
-                    e = self.cell_engine(tp, s, m)
-                    b = self.budget(e)
-                except (DoesNotFit, ConfigError) as exc:
-                    cell.feasible, cell.why = False, str(exc)
-                    continue
-                cell.kv_concurrency = b.concurrency_at(ctx)
-                users = max(2, 2 * min(s, cell.kv_concurrency))  # more only queue behind a full batch
-                cap = self._tasks(e, None, range(1), closed_users=users, workload=wl,
-                                  requests=max(CONTEXT_REQUESTS, 4 * users))[0]
-                runs.append((cell, e, wl, cap))
-        if not runs:
-            return cells
-        caps = self.ex.run([cap for *_, cap in runs])
-        loads = []
-        for (cell, e, wl, _), capr in zip(runs, caps):
-            cell.capacity_tokens_per_s = capr.tokens_per_s
-            rate = capr.requests_per_s * sc.headroom
-            # one seed of CONTEXT_REQUESTS: a map of where the trade-off turns, not the plan's verified answer
-            loads.append(self._tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
-        res = iter(self.ex.run([t for load in loads for t in load]))
-        k = sc.slo.key
-        for (cell, *_), load in zip(runs, loads):
-            rs = [next(res) for _ in load]
-            if not rs:
-                cell.saturated = True
-                continue
-            ok, pt, pp = self._judge(rs)
-            cell.saturated = any(r.saturated for r in rs)
-            if not cell.saturated:
-                cell.p_ttft, cell.p_tpot = pt, pp
-                waits = [r.queue_wait.stat(k) for r in rs if r.queue_wait.n]
-                cell.queue_wait_p99 = _mean([w or 0.0 for w in waits]) if waits else None
-            cell.preemptions = _mean([r.preemptions for r in rs])
-            cell.meets_slo = ok
-        return cells
+        return frontier.context_frontier(self, tp)
+
+    def recommend(self, cells: list[Cell]) -> Cell | None:
+        return frontier.recommend(self, cells)
+
+    def tradeoffs(self, cells: list[Cell], rec: Cell | None) -> list[str]:
+        return frontier.tradeoffs(self, cells, rec)
+
+    def sensitivity(self, engine: EngineConfig, rate: float) -> list[str]:
+        return frontier.sensitivity(self, engine, rate)
 
     def _longest_request(self) -> int:
         wl = self.sc.workload
@@ -494,16 +361,6 @@ class Planner:
             out = max(out, _max_len(li) + _max_len(lo))
         return out
 
-    def recommend(self, frontier: list[Cell]) -> Cell | None:
-        good = [c for c in frontier if c.meets_slo]
-        if not good:
-            self.notes.append("no frontier cell meets the SLOs at the per-replica load; keeping the engine defaults")
-            return None
-        # most capacity; then the largest max_model_len: with paged KV a longer limit costs no latency at this
-        # load (it only admits longer requests), and a smaller one would reject production prompts the test
-        # workload happens not to have (the trade-off line says what it costs in full-length concurrency)
-        return max(good, key=lambda c: (round(c.capacity_tokens_per_s or 0, 6), c.max_model_len))
-
     def verify(self, engine: EngineConfig, replicas: int) -> Verification:
         sp = self.sc.search
         seeds = range(1000, 1000 + sp.seeds)
@@ -512,78 +369,9 @@ class Planner:
         ok, pt, pp = self._judge(res)
         return Verification(ok, replicas, pt, pp, list(seeds), self.sc.target_rate_per_s)
 
-    def tradeoffs(self, frontier: list[Cell], rec: Cell | None) -> list[str]:
-        m = rec.max_model_len if rec else max((c.max_model_len for c in frontier if c.feasible), default=None)
-        row = [c for c in frontier if c.max_model_len == m and c.feasible and c.p_ttft is not None]
-        out = []
-        p = self.sc.slo.percentile
-        for a, b in zip(row, row[1:]):
-            if not (a.capacity_tokens_per_s and b.capacity_tokens_per_s):
-                continue
-            gain = b.capacity_tokens_per_s / a.capacity_tokens_per_s - 1
-            out.append(f"max batch {a.max_num_seqs} -> {b.max_num_seqs}: {gain:+.0%} peak tokens/s "
-                       f"({a.capacity_tokens_per_s:,.0f} -> {b.capacity_tokens_per_s:,.0f}), P{p} TTFT "
-                       f"{_ms(a.p_ttft)} -> {_ms(b.p_ttft)}, P{p} TPOT {_ms(a.p_tpot, 1)} -> {_ms(b.p_tpot, 1)} "
-                       f"at the per-replica load")
-        if rec is not None:
-            out += self._context_tradeoff(frontier, rec)
-        return out
-
-    def _context_tradeoff(self, frontier: list[Cell], rec: Cell) -> list[str]:
-        """What a longer max_model_len costs: with paged KV, nothing in latency at this load (the cells of a row
-        share one simulation), but fewer requests of that full length fit in the KV cache at once."""
-        row = [c for c in frontier if c.max_num_seqs == rec.max_num_seqs and c.feasible and c.kv_tokens]
-        if len(row) < 2:
-            return []
-        bs = self.budget(self.cell_engine(self._frontier_tp, rec.max_num_seqs, rec.max_model_len)).block_size
-
-        def full(c: Cell) -> int:
-            return (c.kv_blocks or 0) // math.ceil(c.max_model_len / bs)
-
-        lo, hi = row[0], row[-1]
-        return [f"max_model_len {hi.max_model_len:,} admits requests up to that length at the same P{self.sc.slo.percentile} "
-                f"as {lo.max_model_len:,} at this load; its cost is concurrency at full length: {full(hi):,} requests "
-                f"of {hi.max_model_len:,} tokens fit the KV cache at once vs {full(lo):,} of {lo.max_model_len:,} "
-                f"(the workload's longest request is {self._longest_request():,} tokens)"]
-
-    def sensitivity(self, engine: EngineConfig, rate: float) -> list[str]:
-        """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
-        wl = self.sc.workload
-        li = wl.input_len
-        if li.kind != "fixed" or li.value is None:
-            return []
-        d = 1024 if li.value > 1024 else li.value // 2
-        if d <= 0:
-            return []
-        shorter = wl.model_copy(update={"input_len": li.model_copy(update={"value": li.value - d})})
-        seeds = range(self.sc.search.seeds)
-        a = self.ex.run(self._tasks(engine, rate, seeds))
-        b = self.ex.run(self._tasks(engine, rate, seeds, workload=shorter))
-        k = self.sc.slo.key
-        if any(r.saturated for r in a + b):
-            return []
-        mean_a, mean_b = _mean([r.ttft.mean for r in a]), _mean([r.ttft.mean for r in b])
-        pa, pb = _mean([r.ttft.stat(k) for r in a]), _mean([r.ttft.stat(k) for r in b])
-        per_k = 1024 / d
-        return [f"each 1k fewer prompt tokens ({li.value} -> {li.value - d} measured) saves "
-                f"{(mean_a - mean_b) * per_k * 1e3:.0f} ms mean TTFT and {(pa - pb) * per_k * 1e3:.0f} ms "
-                f"P{self.sc.slo.percentile} TTFT at the per-replica load"]
-
-
 def replicas_for(sc: Scenario, max_rate: float) -> int:
     """Replicas to serve the target with each at `headroom` x its max sustainable rate."""
     return math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9)
-
-
-def _metric_stats(dists: list, cis: list) -> MetricStats:
-    keys = ("mean", "p50", "p90", "p95", "p99")
-    have = [d for d in dists if d.n]
-    vals = {kk: _mean([d.stat(kk) for d in have]) if have and len(have) == len(dists) else None for kk in keys}
-    st = MetricStats(**vals)
-    cis = [c for c in cis if c is not None]
-    if cis and all(c[0] == c[0] for c in cis):
-        st.p99_ci_low, st.p99_ci_high = min(c[0] for c in cis), max(c[1] for c in cis)
-    return st
 
 
 def _min_len(lengths: Lengths) -> int:
@@ -604,12 +392,6 @@ def _max_len(lengths: Lengths) -> int:
     if lengths.high:
         return lengths.high
     return int((lengths.mean or 0) * (1 + 3 * (lengths.cv or 0)))  # lognormal without a cap: mean + 3 sd
-
-
-def _ms(x: float | None, nd: int = 0) -> str:
-    if x is None:
-        return "-"
-    return "saturated" if not math.isfinite(x) else f"{x * 1e3:.{nd}f} ms"
 
 
 def memory_command(card, gpu: str, e: EngineConfig) -> str:
@@ -643,51 +425,3 @@ def memory_command(card, gpu: str, e: EngineConfig) -> str:
 def make_plan(sc: Scenario, card, executor) -> Plan:
     return Planner(sc, card, executor).make()
 
-
-@dataclass
-class GpuOption:
-    """One GPU type's answer to the same question: its plan, or why there is none."""
-
-    gpu: str
-    plan: Plan | None
-    why: str = ""
-    price_per_gpu_hour: float | None = None
-    engine: str | None = None  # set when engines are compared: the option is `gpu (engine)`
-
-    @property
-    def label(self) -> str:
-        return self.gpu if self.engine is None else f"{self.gpu} ({self.engine})"
-
-    @property
-    def sort_key(self) -> tuple:
-        p = self.plan
-        if p is None:
-            return (1, math.inf, math.inf)
-        return (0, p.cost_per_million_tokens if p.cost_per_million_tokens is not None else math.inf, p.gpus)
-
-    def row(self) -> dict:
-        p = self.plan
-        if p is None:
-            return {"gpu": self.gpu, "engine": self.engine, "fits": False, "why": self.why}
-        rec = p.recommended
-        return {"gpu": self.gpu, "engine": self.engine, "fits": True, "tp": p.tp, "replicas": p.replicas, "gpus": p.gpus,
-                "max_num_seqs": rec.max_num_seqs if rec else None, "max_model_len": rec.max_model_len if rec else None,
-                "max_rate_per_replica": p.rec_search.max_rate if p.rec_search else None,
-                "verified": p.verification.passed, "p_ttft_s": p.verification.p_ttft_s,
-                "p_tpot_s": p.verification.p_tpot_s, "price_per_gpu_hour": self.price_per_gpu_hour,
-                "usd_per_hour": p.gpus * self.price_per_gpu_hour if self.price_per_gpu_hour else None,
-                "cost_per_million_tokens": p.cost_per_million_tokens, "source": p.source}
-
-
-def compare_gpus(scenarios: list[tuple[Scenario, object]], executor) -> list[GpuOption]:
-    """The same question on several GPU types (one scenario each): every plan, sorted by cost per 1M output
-    tokens (by GPU count when unpriced); a GPU that cannot serve it says why instead of vanishing."""
-    out = []
-    several = len({sc.engine.engine for sc, _ in scenarios}) > 1
-    for sc, card in scenarios:
-        eng = sc.engine.engine if several else None
-        try:
-            out.append(GpuOption(sc.gpu_name, make_plan(sc, card, executor), "", sc.price_per_gpu_hour, eng))
-        except CapacityError as exc:  # does not fit, or no configuration meets the SLO: an answer for this GPU
-            out.append(GpuOption(sc.gpu_name, None, str(exc), sc.price_per_gpu_hour, eng))
-    return sorted(out, key=lambda o: o.sort_key)
