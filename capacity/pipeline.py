@@ -189,7 +189,8 @@ LINKS: dict[str, tuple[float | None, float]] = {
 @dataclass(frozen=True)
 class Disagg:
     """Disaggregated prefill/decode: the Deployment's replicas are the prefill pool; `decode` is the decode pool's
-    deployment (its own TP, memory budget and step cost; its `replicas` is the pool size). The prompt's KV moves
+    deployment (its own TP, memory budget and step cost; its `replicas` is the pool size, or its `autoscale` grows
+    and shrinks it, as the prefill Deployment's `autoscale` does the prefill pool). The prompt's KV moves
     over `link` (a name in LINKS, or `bandwidth_gbps` per GPU) with min(TP_p, TP_d) ranks sending in parallel."""
 
     decode: Deployment
@@ -216,7 +217,7 @@ class Disagg:
         per_token = kv_bytes_per_token(prefill.card, decode.budget.kv_dtype, 1)  # the whole model's, all ranks
         return Disaggregation(prefill.replicas, self.decode.replicas, decode.cost, decode.make_scheduler,  # type: ignore[arg-type]
                               float(per_token), per_gpu * lanes, self.latency_s if self.latency_s is not None else lat,
-                              "shared" if self.shared_link else "per_prefill")
+                              "shared" if self.shared_link else "per_prefill", self.decode.autoscale)
 
 
 def disagg_launch_hints(prefill: Deployment, dis: Disagg) -> str:
@@ -252,8 +253,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     rng = np.random.default_rng(opts.seed)
     dg = None
     if disagg is not None:
-        if dep.autoscale is not None:
-            raise ConfigError("autoscaling a disaggregated deployment is not modelled")
         if disagg.decode.card.name != dep.card.name:
             raise ConfigError("disaggregation: the prefill and decode pools must serve the same model")
         dg = disagg.spec(dep, prepare(disagg.decode))

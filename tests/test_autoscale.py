@@ -229,3 +229,35 @@ def test_a_new_replica_takes_from_the_router_queue_at_once():
     assert rr.finish.max() == pytest.approx(30.0)
     # after 15.5 the two replicas share the rest: 15 done by 15.0 (and one in service), 14 left -> 23.0
     assert q.finish.max() == pytest.approx(23.0)
+
+
+def test_autoscale_cli_scales_a_prefill_and_a_decode_pool(tmp_path):
+    """`capacity autoscale --decode-tp 1`: two pools, each with its controller, through the run pipeline. Long
+    outputs make the decode pool the one that grows; GPU-hours are each pool's replica-seconds x its TP (here
+    TP 1 and 2), and the static layout is each pool at its peak. A --decode-* option without --decode-tp, and
+    --static with it, are one-line errors."""
+    import json
+
+    from tests.conftest import run_cli
+
+    wl = tmp_path / "wl.yaml"
+    wl.write_text("arrivals: {kind: curve, curve: {points: [[0, 2], [120, 20], [240, 2]], period_s: 360}}\n"
+                  "input_len: {kind: fixed, value: 256}\noutput_len: {kind: fixed, value: 256}\nnum_requests: 2500\n")
+    args = ["autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--max-model-len", "4096", "--target", "8",
+            "--max", "4", "--startup-s", "30", "--cooldown-s", "30", "--interval-s", "5", "--window-s", "60",
+            "--max-num-seqs", "32"]
+    r = run_cli(*args, "--decode-tp", "2", "--decode-max", "6", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    a, s = out["autoscaled"], out["static"]
+    assert out["decode"]["tp"] == 2 and out["decode"]["link"] == "nvlink"
+    assert a["decode_replicas"]["max"] > a["replicas"]["max"]  # decoding 256 tokens outweighs a 256-token prefill
+    assert (s["replicas"], s["decode_replicas"]) == (a["replicas"]["max"], a["decode_replicas"]["max"])
+    assert s["gpu_hours"] == pytest.approx((s["replicas"] * 1 + s["decode_replicas"] * 2) * s["simulated_s"] / 3600)
+    assert a["gpu_hours"] < s["gpu_hours"]
+    r = run_cli(*args, "--decode-tp", "2", timeout=300)
+    assert r.returncode == 0 and "disaggregated" in r.stdout and "decode" in r.stdout, r.stderr
+    r = run_cli(*args, "--decode-max", "3")
+    assert r.returncode == 1 and "--decode-tp" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli(*args, "--decode-tp", "2", "--static", "3")
+    assert r.returncode == 1 and "--static" in r.stderr and len(r.stderr.strip().splitlines()) == 1

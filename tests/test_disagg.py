@@ -239,3 +239,70 @@ def test_disagg_cli_compares_layouts_for_a_target_rate():
     assert r.returncode == 1 and "gpus" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("disagg", "-m", "llama-3.1-8b", "--slo-tpot-ms", "-5")
     assert r.returncode == 1 and "--slo-tpot-ms" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# ---- autoscaling either pool ------------------------------------------------------------------------------------
+def _curve_spec(rate, n, out=16):
+    from capacity.curves import RateCurve
+
+    return WorkloadSpec(arrivals=Arrivals(kind="curve", curve=RateCurve(points=[(0, rate)])),
+                        input_len=Lengths(kind="fixed", value=64), output_len=Lengths(kind="fixed", value=out),
+                        num_requests=n)
+
+
+def _run_pools(spec, pre_asc=None, dec_asc=None, p=1, d=1, seed=0):
+    dg = Disaggregation(p, d, DEC, sched, kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=1e9, latency_s=0.001,
+                        decode_autoscale=dec_asc)
+    return simulate(spec, PRE, sched, np.random.default_rng(seed), SimConfig(disagg=dg, autoscale=pre_asc))
+
+
+def test_autoscaled_pools_held_at_a_fixed_size_change_nothing():
+    """min = max: each controller runs but never changes its pool, so every request's times are those of the
+    static 2:3 deployment with the same seed (the controllers only read the pools)."""
+    from capacity.sim.autoscale import AutoscaleConfig
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=12.0), input_len=Lengths(kind="fixed", value=64),
+                        output_len=Lengths(kind="lognormal", mean=24, cv=0.5, low=2, high=80), num_requests=600)
+    static = _run_pools(spec, p=2, d=3)
+    fixed2 = AutoscaleConfig(min_replicas=2, max_replicas=2, interval_s=1.0)
+    fixed3 = AutoscaleConfig(min_replicas=3, max_replicas=3, interval_s=1.0)
+    auto = _run_pools(spec, fixed2, fixed3)
+    for f in ("arrival", "first_token", "finish", "replica"):
+        assert np.array_equal(getattr(static.records, f), getattr(auto.records, f)), f
+    assert set(auto.autoscale.ready) == {2} and set(auto.autoscale_decode.ready) == {3}
+    assert static.autoscale is None and static.autoscale_decode is None
+
+
+def test_each_pool_scales_to_its_own_predictive_count():
+    """A constant 6 req/s, read ahead by each pool's predictive controller: the prefill pool wants
+    ceil(6 / 2.5) = 3 replicas, the decode pool ceil(6 / 1.5) = 4. Both decide at the first tick (t = 10 s) and
+    their replicas are ready 20 s later, at t = 30 s; the decode replicas sit after the prefill pool's 3 most."""
+    from capacity.curves import RateCurve
+    from capacity.sim.autoscale import AutoscaleConfig
+
+    curve = RateCurve(points=[(0, 6.0)])
+    kw = dict(min_replicas=1, policy="predictive", interval_s=10, startup_s=20, cooldown_s=1e9, curve=curve)
+    pre = AutoscaleConfig(max_replicas=3, per_replica_rate=2.5, **kw)
+    dec = AutoscaleConfig(max_replicas=6, per_replica_rate=1.5, **kw)
+    res = _run_pools(_curve_spec(6.0, 600), pre, dec)
+    for tl, want in ((res.autoscale.arrays(), 3), (res.autoscale_decode.arrays(), 4)):
+        assert tl["ready"][0] == 1 and tl["ready"].max() == want
+        assert tl["t"][np.argmax(tl["ready"] == want)] == pytest.approx(30.0)
+        assert tl["desired"][1] == want and tl["t"][1] == pytest.approx(10.0)
+    assert np.isfinite(res.records.finish).all()
+    assert set(np.unique(res.records.replica)) <= set(range(3, 3 + 6))  # each request's decode replica
+
+
+def test_each_pool_scales_on_what_it_holds():
+    """Long outputs and short prompts: at 5 req/s a request spends ~0.08 s in the prefill pool (0.4 in flight
+    by Little's law) and ~2 s in the decode pool (63 steps of 20 ms + 1 ms per sequence: ~10 in flight), so
+    with the same concurrency target of 3 the decode pool grows and the prefill pool stays at its minimum
+    (each controller reads the requests its own replicas hold, not the whole system's)."""
+    from capacity.sim.autoscale import AutoscaleConfig
+
+    kw = dict(min_replicas=1, max_replicas=8, policy="concurrency", target=3, interval_s=2, startup_s=5,
+              cooldown_s=1e9, window_s=10)
+    res = _run_pools(_curve_spec(5.0, 1000, out=64), AutoscaleConfig(**kw), AutoscaleConfig(**kw))
+    assert res.autoscale.arrays()["ready"].max() == 1
+    assert res.autoscale_decode.arrays()["ready"].max() >= 3
+    assert np.isfinite(res.records.finish).all()

@@ -42,10 +42,21 @@ def autoscale(
     router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, or queue (one FIFO at "
                                         "the router: a new replica takes queued requests at once)")] = "round_robin",
     gpu_memory_gib: GpuMemOpt = None,
+    decode_tp: Annotated[Optional[int], typer.Option(
+        "--decode-tp", help="Disaggregated: the --tp pool prefills, a decode pool of this TP decodes; each pool "
+        "autoscales (the --decode-* options, default: the prefill pool's)")] = None,
+    decode_policy: Annotated[Optional[str], typer.Option("--decode-policy", help="--decode-tp: the decode pool's policy")] = None,
+    decode_target: Annotated[Optional[float], typer.Option("--decode-target", help="--decode-tp: its target")] = None,
+    decode_min: Annotated[Optional[int], typer.Option("--decode-min", help="--decode-tp: its fewest replicas")] = None,
+    decode_max: Annotated[Optional[int], typer.Option("--decode-max", help="--decode-tp: its most replicas")] = None,
+    decode_rate: Annotated[Optional[float], typer.Option(
+        "--decode-per-replica-rate", help="--decode-tp, predictive: req/s one decode replica sustains")] = None,
+    link: Annotated[str, typer.Option("--link", help="--decode-tp: KV link, nvlink, ib-400, roce-200, eth-100")] = "nvlink",
     json_out: JsonOpt = False,
 ) -> None:
     """Autoscaling over a load curve: replicas over time, P99 TTFT/TPOT per window against the SLO (violation
-    minutes), GPU-hours and cost, against static provisioning for the peak."""
+    minutes), GPU-hours and cost, against static provisioning for the peak. With --decode-tp, a prefill pool and
+    a decode pool, each with its own controller."""
     from capacity.files import read_mapping, validate
     from capacity.io.fleet import autoscale_report, ready_at
     from capacity.model.gpus import get_gpu, with_memory
@@ -68,12 +79,28 @@ def autoscale(
     cfg = engine_config(tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
     slo_t = slo_ttft_ms / 1e3 if slo_ttft_ms else None
     slo_p = slo_tpot_ms / 1e3 if slo_tpot_ms else None
+    decode = None
+    if decode_tp is not None:
+        d_policy = decode_policy or policy
+        dasc = AutoscaleConfig(min_replicas=decode_min or min_replicas, max_replicas=decode_max or max_replicas,
+                               policy=d_policy, target=decode_target if decode_target is not None else target,  # type: ignore[arg-type]
+                               interval_s=interval_s, startup_s=startup_s, cooldown_s=cooldown_s,
+                               window_s=metric_window_s, per_replica_rate=decode_rate,
+                               curve=curve if d_policy == "predictive" else None)
+        decode = (engine_config(tensor_parallel_size=decode_tp, max_num_seqs=max_num_seqs,
+                                max_model_len=max_model_len), dasc, link)
+    elif any(x is not None for x in (decode_policy, decode_target, decode_min, decode_max, decode_rate)):
+        raise CapacityError("--decode-policy/--decode-target/--decode-min/--decode-max/--decode-per-replica-rate: "
+                            "need --decode-tp (a decode pool of its own)")
     out = autoscale_report(card, g, cfg, spec, asc, static, window_s=window_s, slo_ttft_s=slo_t, slo_tpot_s=slo_p,
-                           price=price, seed=seed, router=router)
+                           price=price, seed=seed, router=router, decode=decode)
     a, s = out["autoscaled"], out["static"]
     n_static = s["replicas"]
     if json_out:
         typer.echo(dumps(out))
+        return
+    if decode is not None:
+        _print_disagg_autoscale(out, card.name, g.name, window_s, bool(slo_t or slo_p))
         return
     from rich.console import Console
     from rich.table import Table
@@ -109,6 +136,32 @@ def autoscale(
                    "-" if ttft is None else ("inf" if ttft == float("inf") else f"{ttft * 1e3:.0f}"),
                    "ok" if w["met"][i] else "[red]miss[/]")
     con.print(tt)
+
+
+def _print_disagg_autoscale(out: dict, model: str, gpu: str, window_s: float, slo: bool) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    a, s, d = out["autoscaled"], out["static"], out["decode"]
+    con = Console()
+    t = Table(title=f"Autoscaling {model} on {gpu}, disaggregated: prefill TP {out['tp']} ({out['policy']}), decode "
+                    f"TP {d['tp']} ({d['policy']}), KV over {d['link']}; {a['requests']:,} requests over "
+                    f"{a['simulated_s'] / 3600:.2f} h", title_justify="left")
+    for c in ("layout", "prefill", "decode", "GPU-h", "cost $", "SLO-miss min", "P99 TTFT ms", "P99 TPOT ms"):
+        t.add_column(c, justify="left" if c == "layout" else "right")
+    rows = (("auto", a, f"{a['replicas']['min']}-{a['replicas']['max']}",
+             f"{a['decode_replicas']['min']}-{a['decode_replicas']['max']}"),
+            ("static", s, str(s["replicas"]), str(s["decode_replicas"])))
+    for name, x, pre, dec in rows:
+        t.add_row(name, pre, dec, f"{x['gpu_hours']:.2f}", f"{x['cost_usd']:.2f}" if x["cost_usd"] is not None else "-",
+                  f"{x['violation_minutes']:.0f}" if slo else "-",
+                  f"{x['p99_ttft_s'] * 1e3:.0f}" if x["p99_ttft_s"] is not None else ("inf" if x["saturated"] else "-"),
+                  f"{(x['p99_tpot_s'] or 0) * 1e3:.1f}")
+    con.print(t)
+    saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
+    con.print(f"autoscaling both pools uses {saved:.0%} fewer GPU-hours than each pool at its peak"
+              + (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
+                 f"(static: {s['violation_minutes']:.0f})" if slo else ""))
 
 
 @app.command()

@@ -36,13 +36,24 @@ if TYPE_CHECKING:
 def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: WorkloadSpec, asc: AutoscaleConfig,
                      static: int | None = None, *, window_s: float = 300.0, slo_ttft_s: float | None = None,
                      slo_tpot_s: float | None = None, price: float | None = None, seed: int = 0,
-                     profile: str | None = None, router: str = "round_robin") -> dict[str, Any]:
+                     profile: str | None = None, router: str = "round_robin",
+                     decode: tuple[EngineConfig, AutoscaleConfig, str] | None = None) -> dict[str, Any]:
     """The autoscaled pool and the static one over the workload's curve (arrivals.kind curve), in strict JSON form
     (non-finite numbers are null): settings, then per layout GPU-hours, cost (USD, with `price` per GPU-hour),
     SLO-miss minutes over windows of `window_s`, P99 TTFT/TPOT of the run and per window; the autoscaled pool's
-    replicas over time. Both runs use `seed`: the same requests at the same times."""
+    replicas over time. Both runs use `seed`: the same requests at the same times.
+
+    `decode` = (its engine, its controller, the KV link): a disaggregated deployment, the pool of `engine_cfg`
+    prefilling and `asc` scaling it, a decode pool with its own engine (TP) and controller. The static layout is
+    then each pool at its peak; `autoscaled.replicas` is the prefill pool's, `autoscaled.decode_replicas` the
+    decode pool's, and GPU-hours count both pools at their own TP."""
     from capacity.files import strict_json
     from capacity.pipeline import Deployment, RunOptions, run
+
+    if decode is not None:
+        return _disagg_report(card, gpu, engine_cfg, spec, asc, decode, static, window_s=window_s,
+                              slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, price=price, seed=seed, profile=profile,
+                              router=router)
 
     if spec.arrivals.kind != "curve":
         raise CapacityError(f"workload: arrivals.kind is {spec.arrivals.kind}; autoscaling follows a curve "
@@ -80,6 +91,55 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
         "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
         "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
         "units": "seconds, GPU-hours, USD"})
+
+
+def _peak(tl) -> int:
+    return max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining))
+
+
+def _replicas(tl) -> dict[str, Any]:
+    arrays = tl.arrays()
+    return {"t_s": arrays["t"].tolist(), "ready": arrays["ready"].tolist(), "starting": arrays["starting"].tolist(),
+            "draining": arrays["draining"].tolist(), "min": int(arrays["ready"].min()), "max": int(_peak(tl))}
+
+
+def _disagg_report(card, gpu, engine_cfg, spec, asc, decode, static, *, window_s, slo_ttft_s, slo_tpot_s, price, seed,
+                   profile, router) -> dict[str, Any]:
+    """autoscale_report for a disaggregated deployment (see there)."""
+    from capacity.files import strict_json
+    from capacity.pipeline import Deployment, Disagg, RunOptions, run
+    from capacity.plan.fleetday import layout_metrics
+
+    if static is not None:
+        raise CapacityError("--static: with a decode pool the static layout is each pool at its peak (leave it out)")
+    if spec.arrivals.kind != "curve":
+        raise CapacityError(f"workload: arrivals.kind is {spec.arrivals.kind}; autoscaling follows a curve "
+                            "(arrivals: {kind: curve, curve_file: ...})")
+    if not (math.isfinite(window_s) and window_s > 0):
+        raise CapacityError(f"window_s: must be a finite number > 0 (got {window_s})")
+    dec_cfg, dasc, link = decode
+    tp_p, tp_d = engine_cfg.tensor_parallel_size, dec_cfg.tensor_parallel_size
+    opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
+    auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc, router=router), spec, opts,
+               disagg=Disagg(Deployment(card, gpu, dec_cfg, profile=profile, autoscale=dasc, router=router), link))
+    tp_, td_ = auto.sim.autoscale, auto.sim.autoscale_decode
+    assert tp_ is not None and td_ is not None
+    n_p, n_d = _peak(tp_), _peak(td_)
+    fixed = run(Deployment(card, gpu, engine_cfg, profile=profile, replicas=n_p, router=router), spec, opts,
+                disagg=Disagg(Deployment(card, gpu, dec_cfg, profile=profile, replicas=n_d, router=router), link))
+    a = layout_metrics(auto, tp_.replica_seconds * tp_p + td_.replica_seconds * tp_d, window_s, slo_ttft_s,
+                       slo_tpot_s, price)
+    s = layout_metrics(fixed, (n_p * tp_p + n_d * tp_d) * fixed.sim.end_s, window_s, slo_ttft_s, slo_tpot_s, price)
+    a["replicas"], a["decode_replicas"] = _replicas(tp_), _replicas(td_)
+    curve = spec.total_curve()
+    return strict_json({
+        "model": card.name, "gpu": gpu.name, "tp": tp_p, "policy": asc.policy, "target": asc.target, "router": router,
+        "startup_s": asc.startup_s, "cooldown_s": asc.cooldown_s, "window_s": window_s,
+        "decode": {"tp": tp_d, "policy": dasc.policy, "target": dasc.target, "startup_s": dasc.startup_s,
+                   "cooldown_s": dasc.cooldown_s, "link": link},
+        "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
+        "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a,
+        "static": {**s, "replicas": n_p, "decode_replicas": n_d}, "units": "seconds, GPU-hours, USD"})
 
 
 # ---- a saved report, read back --------------------------------------------------------------------------------
@@ -178,6 +238,9 @@ def check_report(data: Any, source: str) -> dict[str, Any]:
     from capacity.files import validate
 
     validate(AutoscaleReport, data, f"{source}: not a complete autoscale report")
+    if "decode" in data:
+        raise CapacityError(f"{source}: a disaggregated autoscale report (a decode pool of its own): its tables "
+                            "and workbook sheet are not made yet; read its JSON")
     return data
 
 

@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from capacity.curves import RateCurve
     from capacity.sim.entities import Replica
     from capacity.sim.metrics import Records
+    from capacity.sim.routing import Router
     from capacity.sim.simulator import Simulation
 
 POLICIES = ("concurrency", "queue", "kv", "predictive")
@@ -99,14 +100,21 @@ class Timeline:
 
 
 class Autoscaler:
-    """The controller process (see the module docstring). Replicas beyond the ready set exist from the start but
-    receive nothing until they are started and ready."""
+    """The controller process of one pool, the replicas behind `router` (see the module docstring). Replicas
+    beyond the ready set exist from the start but receive nothing until they are started and ready.
 
-    def __init__(self, sim: Simulation, cfg: AutoscaleConfig) -> None:
-        self.sim, self.cfg = sim, cfg
+    `whole`: the pool holds every request in the system (an aggregated deployment), so the concurrency policy
+    reads the exact time-average of requests in the system. A pool of a disaggregated deployment (prefill or
+    decode) holds each request for part of its time only: its concurrency is the mean of the controller's
+    samples of the requests its replicas hold (running + waiting), like the queue and KV policies' metrics."""
+
+    def __init__(self, sim: Simulation, cfg: AutoscaleConfig, router: Router | None = None,
+                 whole: bool = True) -> None:
+        self.sim, self.cfg, self.whole = sim, cfg, whole
+        self.router = router or sim.router
         n0 = cfg.initial if cfg.initial is not None else cfg.min_replicas
-        self.spare: list[Replica] = list(sim.replicas[n0:])  # never started, or drained and empty
-        self.ready: list[Replica] = sim.router.replicas  # the router's list: mutated in place
+        self.ready: list[Replica] = self.router.replicas  # the router's list: mutated in place
+        self.spare: list[Replica] = list(self.ready[n0:])  # never started, or drained and empty
         del self.ready[n0:]
         self.starting = 0
         self.draining: list[Replica] = []
@@ -149,10 +157,13 @@ class Autoscaler:
         cfg, ready = self.cfg, self.ready
         pool = ready + self.draining
         if cfg.policy == "concurrency":
-            in_flight, _ = self._averaged(0.0)
+            if self.whole:
+                in_flight, _ = self._averaged(0.0)
+            else:
+                _, in_flight = self._averaged(sum(r.sched.outstanding for r in pool))
             want = math.ceil(in_flight / cfg.target - 1e-9)
         elif cfg.policy == "queue":
-            _, waiting = self._averaged(sum(r.sched.num_waiting for r in pool) + len(self.sim.router.queue))
+            _, waiting = self._averaged(sum(r.sched.num_waiting for r in pool) + len(self.router.queue))
             want = len(ready) + math.ceil(waiting / (cfg.target * max(1, len(ready))) - 1e-9)
         elif cfg.policy == "kv":
             _, used = self._averaged(sum(r.sched.kv_blocks_used for r in pool))
@@ -168,7 +179,7 @@ class Autoscaler:
             yield self.sim.env.timeout(self.cfg.startup_s)
         self.starting -= 1
         self.ready.append(rep)
-        self.sim.router.pull()  # router "queue": what waits there goes to the new replica now
+        self.router.pull()  # router "queue": what waits there goes to the new replica now
         self._record(self.timeline.desired[-1])
 
     def _drain_one(self) -> None:

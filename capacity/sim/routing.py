@@ -121,9 +121,11 @@ class KVTransfer:
     prefill replica (its NIC, or its NVLink to the decode GPUs) or one link shared by the whole prefill pool.
     Then the decode pool's router places the sequence."""
 
-    def __init__(self, sim: Simulation, spec: Disaggregation) -> None:
+    def __init__(self, sim: Simulation, spec: Disaggregation, prefill_replicas: int | None = None) -> None:
+        """`prefill_replicas`: the prefill pool's size when it differs from the spec's (an autoscaled pool: its
+        most replicas, each with its link)."""
         self.sim, self.spec = sim, spec
-        n = 1 if spec.link_mode == "shared" else spec.prefill_replicas
+        n = 1 if spec.link_mode == "shared" else (prefill_replicas or spec.prefill_replicas)
         self.links = [simpy.Resource(sim.env, capacity=1) for _ in range(n)]
         self.waits: list[float] = []  # per transfer: time queued for the link, s
         self.times: list[float] = []  # per transfer: time on the link, s

@@ -52,6 +52,8 @@ class Disaggregation:
     bandwidth_bytes_per_s: float
     latency_s: float = 0.0
     link_mode: Literal["per_prefill", "shared"] = "per_prefill"
+    # the decode pool grows and shrinks (decode_replicas is then ignored); the prefill pool's is SimConfig.autoscale
+    decode_autoscale: AutoscaleConfig | None = None
 
     def __post_init__(self) -> None:
         if self.prefill_replicas < 1 or self.decode_replicas < 1:
@@ -115,7 +117,8 @@ class SimConfig:
     timeseries: bool = True
     overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
     frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
-    autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored)
+    autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored); with
+    # disagg, the prefill pool
     disagg: Disaggregation | None = None  # prefill and decode pools (replicas is then ignored)
     services: tuple[Service, ...] | None = None  # several models (cost and scheduler then come from each)
     device_sharing: Literal["timeslice", "swap"] = "timeslice"  # shared devices: steps take turns, or models swap
@@ -153,7 +156,8 @@ class SimResult:
     preemptions: int = 0
     cost_source: str = ""
     kv_blocks_total: int = 0  # per replica: the denominator of the time series' KV column
-    autoscale: Timeline | None = None  # the pool over time, when it autoscaled
+    autoscale: Timeline | None = None  # the pool over time, when it autoscaled (disaggregated: the prefill pool)
+    autoscale_decode: Timeline | None = None  # disaggregated: the decode pool over time, when it autoscaled
     transfer_waits: np.ndarray | None = None  # disaggregated: per KV transfer, time queued for the link, s
     transfer_times: np.ndarray | None = None  # disaggregated: per KV transfer, time on the link, s
     swaps: list[tuple[float, int, int]] = field(default_factory=list)  # swap mode: (start, from replica, to replica)
@@ -188,25 +192,30 @@ class Simulation:
                 self.routers.append(Router(self, mine, cfg.router, cfg.router_max_ongoing))
             self.router = self.routers[0]
         elif d is not None:
-            if cfg.autoscale is not None:
-                raise CapacityError("autoscaling a disaggregated deployment is not modelled")
             if cfg.router == "queue":
                 raise CapacityError("router queue: not modelled for disaggregated serving (use least_outstanding)")
-            pre = [Replica(self, i, make_scheduler(), "prefill") for i in range(d.prefill_replicas)]
-            dec = [Replica(self, d.prefill_replicas + i, d.make_decode_scheduler(), "decode", d.decode_cost)
-                   for i in range(d.decode_replicas)]
+            n_pre = cfg.autoscale.max_replicas if cfg.autoscale is not None else d.prefill_replicas
+            n_dec = d.decode_autoscale.max_replicas if d.decode_autoscale is not None else d.decode_replicas
+            pre = [Replica(self, i, make_scheduler(), "prefill") for i in range(n_pre)]
+            dec = [Replica(self, n_pre + i, d.make_decode_scheduler(), "decode", d.decode_cost)
+                   for i in range(n_dec)]
             if not all(hasattr(r.sched, "resume") for r in dec):
                 raise CapacityError("disaggregation needs a continuous-batching decode pool (not static batching)")
             self.replicas = pre + dec
             self.router = Router(self, pre, cfg.router)
             self.decode_router = Router(self, dec, cfg.router)
-            self.transfer = KVTransfer(self, d)
+            self.transfer = KVTransfer(self, d, n_pre)
         else:
             n = cfg.autoscale.max_replicas if cfg.autoscale is not None else cfg.replicas
             self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
             self.router = Router(self, list(self.replicas), cfg.router, cfg.router_max_ongoing)
         self.queue_routers = [r for r in (self.routers or [self.router]) if r.policy == "queue"]
-        self.autoscaler = Autoscaler(self, cfg.autoscale) if cfg.autoscale is not None else None
+        # each pool that autoscales has its controller; a disaggregated pool holds only part of each request's
+        # time in the system, so its concurrency is its own (sampled), not the system's integral
+        self.autoscaler = (Autoscaler(self, cfg.autoscale, self.router, whole=d is None)
+                           if cfg.autoscale is not None else None)
+        self.decode_autoscaler = (Autoscaler(self, d.decode_autoscale, self.decode_router, whole=False)
+                                  if d is not None and d.decode_autoscale is not None else None)
         if cfg.frontend_s > 0 and self.routers:
             raise CapacityError("a front-end delay in a fleet of several models is not modelled")
         self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if cfg.frontend_s > 0 else None
@@ -285,7 +294,8 @@ class Simulation:
             return False
         if rec.backlog_since is None:
             rec.backlog_since = (self.env.now, rec.finished_total, rec.tokens_total)
-        if q > self.sat_queue and not self.stop.triggered and not self.offline and self.autoscaler is None:
+        if (q > self.sat_queue and not self.stop.triggered and not self.offline and self.autoscaler is None
+                and self.decode_autoscaler is None):
             t0, _, k0 = rec.backlog_since
             cap = self.backlog_rate(t0, self.env.now, rec.tokens_total - k0)
             res.saturated = True
@@ -340,8 +350,9 @@ class Simulation:
             env.process(OpenLoopSource(self, reqs).run())
         for rep in self.replicas:
             rep.proc = env.process(rep.run())
-        if self.autoscaler is not None:
-            env.process(self.autoscaler.run())
+        for a in (self.autoscaler, self.decode_autoscaler):
+            if a is not None:
+                env.process(a.run())
         until = self.stop if not math.isfinite(cfg.max_sim_s) else env.any_of([self.stop, env.timeout(cfg.max_sim_s)])
         try:
             env.run(until=until)
@@ -366,6 +377,8 @@ class Simulation:
         res.timeseries = rec.timeseries_array()
         if self.autoscaler is not None:
             res.autoscale = self.autoscaler.close()
+        if self.decode_autoscaler is not None:
+            res.autoscale_decode = self.decode_autoscaler.close()
         if self.transfer is not None:
             res.transfer_waits = np.array(self.transfer.waits)
             res.transfer_times = np.array(self.transfer.times)
