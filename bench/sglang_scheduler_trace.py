@@ -38,8 +38,8 @@ batch; 1 per request of a decode batch), the requests retracted, the requests fi
 every step. Writes tests/data/sglang_scheduler/<scenario>.json.
 
 `--overlap`: SGLang's default, the overlap scheduler (`event_loop_overlap`, scheduler.py), writing
-tests/data/sglang_scheduler/overlap/<scenario>.json (the same scenarios, and `retract_finishing`, recorded only
-here). The Scheduler is built with the overlap on (`init_overlap`: CPU forward/copy streams and events, the
+tests/data/sglang_scheduler/overlap/<scenario>.json (the same scenarios, and `retract_finishing`,
+`admission_offset`, `extra_decode_slot` and `extra_decode_page`, recorded only here). The Scheduler is built with the overlap on (`init_overlap`: CPU forward/copy streams and events, the
 FutureMap, whose torch.compile'd future-token resolution runs through inductor on CPU), and each step is one pass of
 that loop's body (`_trace_overlap`): batch n is formed and launched through `run_batch`'s overlap branch (future
 token ids, `copy_to_cpu`, the copy_done event; the stub worker returns the same result object as without
@@ -142,6 +142,34 @@ def scenarios() -> dict[str, dict]:
                    "max_running_requests": 64},
         "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(16, 700)),
                       "output": int(rng.integers(1, 60))} for i in range(120)]}
+    # overlap only: a prefill decided right after a decode step sees the running requests' outputs one short, so
+    # its offset holds one more remaining token per running request (x new_token_ratio); here that refuses a request
+    # that the processed counts would admit (step 57, request 11)
+    rng = np.random.default_rng(117)
+    n, pool = int(rng.integers(10, 30)), int(rng.choice([400, 600, 800, 1000]))
+    steps = np.cumsum(rng.integers(0, 6, n))
+    out["admission_offset"] = {
+        "overlap_only": True,
+        "engine": {"max_total_tokens": pool, "page_size": 1, "chunked_prefill_size": 128, "max_prefill_tokens": 16384,
+                   "max_running_requests": 16},
+        "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(8, 150)),
+                      "output": int(rng.integers(4, 120))} for i in range(n)]}
+    # overlap only: a request that sampled its last token decodes once more (its output is not processed yet), and
+    # check_decode_mem counts that extra decode's slot (page 1, step 84: another request is retracted for it) or the
+    # new page it opens (pages of 16, step 92: the finishing request itself is retracted)
+    for name, seed in (("extra_decode_page", 145), ("extra_decode_slot", 32)):
+        rng = np.random.default_rng(seed)
+        n = int(rng.integers(10, 40))
+        page = int(rng.choice([1, 16]))
+        pool = int(rng.choice([300, 400, 600])) // page * page
+        steps = np.cumsum(rng.integers(0, 5, n))
+        out[name] = {
+            "overlap_only": True,
+            "engine": {"max_total_tokens": pool, "page_size": page, "chunked_prefill_size": 128,
+                       "max_prefill_tokens": 16384, "max_running_requests": 16,
+                       "schedule_conservativeness": float(rng.choice([0.3, 1.0]))},
+            "requests": [{"id": i, "step": int(steps[i]), "prompt": int(rng.integers(8, 150)),
+                          "output": int(rng.integers(2, 120))} for i in range(n)]}
     return out
 
 

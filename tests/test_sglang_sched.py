@@ -172,6 +172,38 @@ def test_retraction_takes_the_fewest_outputs_longest_prompt_and_resets_the_ratio
     assert emitted == [e, c] and c.generated == 28 and s.new_token_ratio == 0.21
 
 
+def test_overlap_a_retracted_requests_dropped_token_is_counted_once():
+    """Overlap scheduler, pool 60, schedule_conservativeness 0.3 (ratio 0.21); A, B, C (10 + 30) at t=0.
+    Step 0: A 40 < 60 is admitted (offset 40), B 40 >= 20 refused. Step 1, decided before A's token is processed
+    (SGLang sees 0 outputs): free 50, offset 30 x 0.21 = 6.3, B 40 < 43.7 admitted, C refused. Steps 2-21 decode
+    both (2 slots a step: 40 - 40 = 0 free after step 21). Step 22 must retract: SGLang sees 20 outputs each
+    (step 21's unprocessed), equal prompts: the stable sort keeps [A, B] and B, the last, goes; its KV but the slot
+    step 21 wrote is freed (10 + 20 - 1 = 29), A decodes (28), then step 21 is processed: B's token dropped
+    (21 -> 20 outputs), that slot freed (29). A finishes in step 30 (reported by its complete(), finish_s 31.0:
+    the next decode fits, so no retraction can take it back). C, ahead of B in the queue, runs in steps 32-61
+    (its extra decode in 62); B re-prefills 10 + 20 tokens in step 63 and samples its 21st token again: emitted
+    once in all, so the emitted tokens sum to 3 x 30 = 90 (91 if counted again); B finishes in step 72."""
+    s = SglangScheduler(SglangConfig(max_total_tokens=60, schedule_conservativeness=0.3, overlap_schedule=True))
+    a, b, c = s.add(req(0, 10, 30)), s.add(req(1, 10, 30)), s.add(req(2, 10, 30))
+    clk = Clock(s)
+    emitted, reported = [], {}
+    while s.has_work:
+        st, (em, done) = clk.step()
+        emitted.append(ids(em))
+        for q in done:
+            reported[q.req.id] = (len(clk.steps) - 1, q.finish_s)
+        if len(clk.steps) == 22:
+            assert emitted[21] == [0, 1] and b.generated == 21 and s.kv.num_free_blocks == 0
+        if len(clk.steps) == 23:
+            assert st.preempted == [b] and b.generated == 20 and s.kv.num_free_blocks == 29
+    assert [st.plan.prefills for st in clk.steps[:2]] == [(PrefillChunk(10, 0, True),)] * 2
+    assert clk.steps[1].scheduled == [(b, 10)] and clk.steps[32].scheduled == [(c, 10)]
+    assert clk.steps[63].plan == StepPlan((PrefillChunk(30, 0, True),)) and emitted[63] == []
+    assert (a.finish_s, b.finish_s, c.finish_s) == (31.0, 73.0, 62.0) and b.preemptions == 1
+    assert reported == {0: (30, 31.0), 2: (61, 62.0), 1: (72, 73.0)}  # each next decode fits: reported at once
+    assert sum(map(len, emitted)) == 90
+
+
 def test_idle_resets_the_ratio():
     s = SglangScheduler(SglangConfig(max_total_tokens=1000))
     s.add(req(0, 10, 50))
@@ -255,6 +287,23 @@ def test_fast_path_equals_step_by_step(name, arrivals, pool, chunk, page, retrac
     for attr in ("arrival", "first_scheduled", "first_token", "finish"):
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
     assert fast.itl_values @ fast.itl_weights == pytest.approx(slow.itl_values @ slow.itl_weights, rel=1e-9)
+
+
+def test_overlap_simulation_counts_each_output_token_once():
+    """The simulator's token count (tokens_total: what complete() and the decode stretches report emitted) equals
+    the output tokens of the finished requests under SGLang's overlap scheduler with retractions, fast path on or
+    off: the token a retraction dropped is counted once, not again when resampled."""
+    from capacity.sim.simulator import Simulation
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=24), input_len=Lengths(kind="uniform", low=16, high=700),
+                        output_len=Lengths(kind="uniform", low=1, high=300), num_requests=300)
+    for fast in (True, False):
+        sim = Simulation(COST, lambda: make_scheduler("sglang", max_total_tokens=2500, chunked_prefill_size=128,
+                                                      max_running_requests=64, overlap_schedule=True),
+                         np.random.default_rng(3), SimConfig(fast_forward=fast, saturation_queue=10_000))
+        res = sim.run(spec)
+        assert res.preemptions > 0 and np.isfinite(res.records.finish).all()
+        assert sim.recorder.tokens_total == res.records.output_tokens.sum()
 
 
 # ---- the engine model --------------------------------------------------------------------------------------

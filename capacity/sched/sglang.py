@@ -45,13 +45,20 @@ is processed after the decision (here: at the end of `schedule`, after its first
 - the output counts SGLang sees are one short for the requests of step n (`len(req.output_ids)`): the admission
   offset, the retraction order and the ratio set by a retraction use them;
 - a retracted request of step n loses the token step n sampled for it (it is dropped when step n is processed,
-  `req.is_retracted`), and its KV but the slot step n wrote is freed at once, that slot after the decision;
+  `req.is_retracted`), and its KV but the slot step n wrote is freed at once, that slot after the decision; the
+  dropped token was reported emitted by complete() already, so it is not reported again when resampled;
+- a finish is known only once step n is processed (`process_batch_result_decode`: `req.check_finished`): a
+  request that sampled its last token in step n and is retracted when step n+1 is formed is not finished (its
+  token is dropped, it samples it again after a re-prefill). So complete() of step n reports a finish only if
+  step n+1 cannot retract (its decode would fit), else complete() of step n+1 does, once processed; finish_s is
+  step n's end either way (SGLang streams the token then: `process_batch_result` runs right after step n+1's
+  launch and waits only for step n's `copy_done`);
+- check_decode_mem counts the extra decode of a request finished but not processed (it is still in the batch);
 - no batch formed right after a step that ran (its output still to process) does not reset new_token_ratio:
   `self_check_during_idle` runs only when neither the last pass nor this one formed a batch.
 Checked step by step against SGLang's own `event_loop_overlap` (tests/data/sglang_scheduler/overlap/). Not
-modelled there: a finished-but-unprocessed request that a retraction picks (SGLang re-queues it and samples its
-last token again; here it is re-queued too, but its first finish stays the one reported), nor the discarded
-token of a retracted request in the token count (it is counted when first sampled and again when resampled).
+modelled: SGLang's double free of a page in one corner (pages > 1, a request retracted right after its re-prefill,
+whose last slot shares a page: `process_batch_result_prefill` frees that slot's page, which release_req freed).
 
 Not modelled: the radix (prefix) cache (no prefix is shared; with no reuse SGLang's evictable cache counts as
 free slots, as here), the stricter admission of `ignore_eos` requests when the radix cache is disabled
@@ -68,7 +75,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import QueueView, Seq, Step
+from capacity.sched.base import NAN, QueueView, Seq, Step
 from capacity.sched.kv import KVCacheManager
 from capacity.workload import Request
 
@@ -141,6 +148,9 @@ class SglangScheduler(QueueView):
         self.pending: list[Seq] = []  # the last step's sequences whose sampled token is not processed yet
         self.retiring: list[Seq] = []  # finished in the last step, not processed yet: still running
         self.holders: list[Seq] = []  # a finished request's one extra decode slot, freed after the next decision
+        self.done: list[Seq] = []  # finishes processed by the last decision, reported by the next complete()
+        self.deferred = False  # the finishes in `retiring` are not reported yet (the next decision may retract them)
+        self.resampled: set[Seq] = set()  # requests whose dropped token was reported emitted already
         self.dropping: list[Seq] = []  # a retracted request's slot of the last step, freed after this decision
         self.launched = False  # the last loop pass formed a batch (its output is processed in the next one)
 
@@ -225,18 +235,19 @@ class SglangScheduler(QueueView):
         for s in self.pending:
             s.inflight = 0
         self.pending = []
+        if self.deferred:  # process_batch_result_decode: req.check_finished, stream_output
+            self.done.extend(self.retiring)
+            self.deferred = False
         if not self.retiring:
             return
         decoded = set(map(id, self.running)) if step is not None and not step.plan.prefills else ()
         page = self.cfg.page_size
         gone = set()
         for s in self.retiring:  # cache_finished_req: all but the slot of the extra decode, if one ran
-            extra = id(s) in decoded and s.computed % page == 0  # that slot opened a new page
-            kv.free(s)
-            if extra:
-                h = Seq(s.req)
-                kv.allocate_slots(h, 1)
-                self.holders.append(h)
+            if id(s) in decoded and s.computed % page == 0:  # that slot opened a new page
+                self.holders.append(self._free_but_last(s))
+            else:
+                kv.free(s)
             gone.add(id(s))
         self.running = [s for s in self.running if id(s) not in gone]
         self.unfiltered += len(self.retiring)
@@ -289,9 +300,10 @@ class SglangScheduler(QueueView):
                 break
             first = False
             seq = running[order.pop()]
-            self.kv.free(seq)
             if seq.inflight:  # overlap: the token the last step sampled for it is dropped
                 self._drop_inflight(seq)
+            else:
+                self.kv.free(seq)
             seq.computed = 0
             seq.preemptions += 1
             self.num_preemptions += 1
@@ -302,18 +314,32 @@ class SglangScheduler(QueueView):
         max_new = sum(s.output for s in self.running)
         self._set_ratio(min(1.0, (decoded + self.cfg.retract_decode_steps * len(self.running)) / (max_new + 1)))
 
+    def _free_but_last(self, seq: Seq) -> Seq:
+        """Free `seq`'s KV but its last page, kept by the returned holder until the step that wrote it is processed.
+        SGLang never frees that slot early, so the holder takes back the page just freed, never a new one: the slot
+        was allocated by alloc_for_decode (or the prefill) after check_decode_mem / PrefillAdder counted it."""
+        kv = self.kv
+        kv.free(seq)
+        h = Seq(seq.req)
+        if not kv.allocate_slots(h, 1):  # cannot fail: kv.free(seq) returned at least that page
+            raise AssertionError("SGLang's held slot is not one of the request's")
+        return h
+
     def _drop_inflight(self, seq: Seq) -> None:
-        """Overlap: a retracted request of the last step (its KV just freed) keeps the slot that step wrote until
-        the step is processed (release_req frees input + outputs - 1 tokens; process_batch_result frees the last
-        one, a whole page where it opened one), and loses the token sampled for it."""
+        """Overlap: a retracted request of the last step frees its KV but the slot that step wrote, kept until the
+        step is processed (release_req frees input + outputs - 1 tokens; process_batch_result frees the last one,
+        a whole page where it opened one), and loses the token sampled for it."""
         seq.generated -= seq.inflight
         seq.inflight = 0
+        self.resampled.add(seq)  # complete() returned it as emitted: not again when it is sampled anew
         if seq.generated > 0 and (seq.computed - 1) % self.cfg.page_size == 0:
-            h = Seq(seq.req)
-            self.kv.allocate_slots(h, 1)
-            self.dropping.append(h)
-        if seq in self.retiring:  # finished in the last step, not known yet: SGLang re-queues it as well
+            self.dropping.append(self._free_but_last(seq))
+        else:
+            self.kv.free(seq)
+        if seq in self.retiring:  # its last token dropped: not finished (it samples that token again)
+            assert self.deferred, "a reported finish retracted"
             self.retiring.remove(seq)
+            seq.finish_s = NAN
 
     def _prefill(self, now: float) -> Step | None:
         """get_new_batch_prefill with PrefillAdder (see module docstring); None if no batch forms."""
@@ -451,13 +477,13 @@ class SglangScheduler(QueueView):
     def _complete_overlap(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
         """complete() with the overlap scheduler: the step's output is not processed until after the next
         decision: a finished request stays running and keeps its KV (`_process_output` releases it), the one
-        extra decode of a request finished before emits nothing, and nothing leaves the batch here."""
+        extra decode of a request finished before emits nothing, and nothing leaves the batch here. Finishes: see
+        `_report`."""
         emitted: list[Seq] = []
-        finished: list[Seq] = []
         prefill = self.inflight_prefill
         was_empty = not self.running and not self.unfiltered
         shrunk = False
-        pending = self.pending
+        pending, resampled = self.pending, self.resampled
         for seq, n in step.scheduled:
             g = seq.generated
             if g >= seq.output:  # finished in the step before: its extra decode's token is dropped
@@ -472,12 +498,13 @@ class SglangScheduler(QueueView):
             if g == 1:
                 seq.first_token_s = end_s
             seq.last_token_s = end_s
-            emitted.append(seq)
-            if g >= seq.output:
-                self.retiring.append(seq)
-                if seq.finish_s != seq.finish_s:  # NaN: not finished before (see _drop_inflight)
-                    seq.finish_s = end_s
-                    finished.append(seq)
+            if resampled and seq in resampled:  # the token a retraction dropped (counted when first sampled)
+                resampled.discard(seq)
+            else:
+                emitted.append(seq)
+            if g >= seq.output:  # finish_s: when SGLang streams the token (process_batch_result, run after the
+                self.retiring.append(seq)  # next batch's launch, waits for this step's copy_done only)
+                seq.finish_s = end_s
             if prefill:
                 self.running.append(seq)  # merge_batch: unprocessed, a finished request joins as well
         if prefill:
@@ -485,8 +512,22 @@ class SglangScheduler(QueueView):
             self.inflight_prefill = False
             if shrunk or was_empty:
                 self.batch_full = False
+        finished = self._report(self.done)
         self._maybe_idle()
         return emitted, finished
+
+    def _report(self, done: list[Seq]) -> list[Seq]:
+        """The finishes to report now: those the last decision processed (`done`, deferred), and the requests that
+        sampled their last token in the step just applied (`retiring`) if the next decision cannot retract them:
+        it retracts only in a decode round whose check_decode_mem fails, on the KV state of now (nothing frees
+        or takes KV before it: a prefill formed first means no retraction). Else they are reported once processed
+        (`_process_output`), or never if retracted (SGLang then drops the token: `req.is_retracted`)."""
+        self.done = []
+        if self.retiring and not self.deferred:
+            if self._decode_fits(self.running):
+                return done + self.retiring
+            self.deferred = True
+        return done
 
     def _maybe_idle(self) -> None:
         """Nothing left: SGLang's next round forms no batch and resets new_token_ratio (and the full mark)."""
@@ -531,11 +572,11 @@ class SglangScheduler(QueueView):
 
     def advance_decodes(self, k: int, end_s: float) -> list[Seq]:
         """Apply k decode steps to every running sequence (the last ending at `end_s`): k decays of
-        new_token_ratio; returns the sequences that finished at the k-th step. With the overlap scheduler, the
-        k-th step's output is left unprocessed, as after k single steps (the earlier ones' processing changes
-        nothing a decode-only stretch decides)."""
+        new_token_ratio; returns the sequences that finished at the k-th step (overlap: see `_report`). With the
+        overlap scheduler, the k-th step's output is left unprocessed, as after k single steps (the earlier ones'
+        processing changes nothing a decode-only stretch decides)."""
         kv = self.kv
-        finished = []
+        finished: list[Seq] = []
         for s in self.running:
             if s.computed + k > s.kv_capacity and not kv.allocate_slots(s, k):  # decode_stretch guaranteed them
                 raise AssertionError("decode stretch ran out of KV slots")
@@ -546,16 +587,16 @@ class SglangScheduler(QueueView):
                 s.finish_s = end_s
                 finished.append(s)
         self.ratio_steps += k
-        if self.overlap:
+        if self.overlap:  # the k-th step's finishes are reported as complete() would (`_report`)
             for h in self.dropping:
                 kv.free(h)
             self.dropping = []
             for s in self.running:
                 s.inflight = 1
             self.pending = list(self.running)
-            self.retiring = finished[:]
+            self.retiring = finished
             self.launched = True
-            return finished
+            return self._report(self.done)
         if finished:
             self.running = [s for s in self.running if s.generated < s.output]
             self.unfiltered += len(finished)
