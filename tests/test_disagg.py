@@ -306,3 +306,62 @@ def test_each_pool_scales_on_what_it_holds():
     assert res.autoscale.arrays()["ready"].max() == 1
     assert res.autoscale_decode.arrays()["ready"].max() >= 3
     assert np.isfinite(res.records.finish).all()
+
+
+# ---- the NIXL connector's order of events (vLLM 0.32, nixl/pull_scheduler.py) ------------------------------------
+def _sched_blocks(n):
+    return lambda: make_scheduler("continuous", **{**SCHED, "num_blocks": n})
+
+
+def test_a_prefill_replica_holds_the_kv_until_the_decode_replica_has_read_it():
+    """The prefill replica keeps a finished prompt's blocks until its KV is read (request_finished delays the
+    free). Prefill pool of 8 blocks of 16, prompts of 100 tokens (7 blocks), outputs of 4:
+    A (t=0): prefill 0 -> 0.110; read 0.110 -> 0.215 (5 ms + 100 x 1000 B / 1 MB/s); decode 0.215 -> 0.236
+    (first token), 3 steps of 0.021 -> 0.299.
+    B (t=0.05) finds 1 free block until A's KV is read: prefill 0.215 -> 0.325, read -> 0.430, first token
+    0.451, last 0.514. (Freeing at the end of A's prefill, B's prefill would have started at 0.110.)"""
+    dg = Disaggregation(1, 1, DEC, sched, kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=1e6, latency_s=0.005)
+    res = simulate([Request(0, 0.0, 100, 4), Request(1, 0.05, 100, 4)], PRE, _sched_blocks(8),
+                   np.random.default_rng(0), SimConfig(disagg=dg))
+    r = res.records
+    assert r.first_token == pytest.approx([0.236, 0.451])
+    assert r.finish == pytest.approx([0.299, 0.514])
+    assert res.transfer_waits == pytest.approx([0.0, 0.0]) and res.transfer_times == pytest.approx([0.105] * 2)
+
+
+def test_a_decode_replica_reads_the_kv_only_once_it_has_blocks_for_the_whole_prompt():
+    """The decode replica admits a remote prefill with blocks for its whole prompt, then reads its KV. Decode
+    pool of 8 blocks, A and B both at t=0 (prompts 100, outputs 4): one prefill step 0 -> 0.210 (10 ms + 200 x
+    1 ms); A admitted (7 blocks), read 0.210 -> 0.315, first token 0.336, done 0.399; B waits for A's blocks and
+    is read only then: 0.399 -> 0.504, first token 0.525, done 0.588. (Moving both before the decode replica
+    admits them, B's read would have queued behind A's on the link, 0.315 -> 0.420, first token 0.441.)"""
+    dg = Disaggregation(1, 1, DEC, _sched_blocks(8), kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=1e6,
+                        latency_s=0.005)
+    res = simulate([Request(0, 0.0, 100, 4), Request(1, 0.0, 100, 4)], PRE, sched, np.random.default_rng(0),
+                   SimConfig(disagg=dg))
+    r = res.records
+    assert r.first_token == pytest.approx([0.336, 0.525])
+    assert r.finish == pytest.approx([0.399, 0.588])
+    assert res.transfer_waits == pytest.approx([0.0, 0.0])  # B's read never queued: it had not begun
+
+
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_every_block_comes_back_to_both_pools(async_scheduling):
+    """Under KV pressure on both sides (small pools, bursts, varied lengths, with and without async
+    scheduling): every request finishes, and when the run ends both pools have every block free and nothing
+    held or loading."""
+    from capacity.sim.simulator import Simulation
+
+    def small(n):
+        return lambda: make_scheduler("continuous", **{**SCHED, "num_blocks": n, "async_scheduling": async_scheduling})
+
+    dg = Disaggregation(2, 2, DEC, small(40), kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=5e6, latency_s=0.001)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="gamma", rate_per_s=8.0, cv=3.0),
+                        input_len=Lengths(kind="uniform", low=20, high=300),
+                        output_len=Lengths(kind="uniform", low=1, high=40), num_requests=300)
+    sim = Simulation(PRE, small(30), np.random.default_rng(5), SimConfig(disagg=dg))
+    res = sim.run(spec)
+    assert np.isfinite(res.records.finish).all() and not res.rejected
+    for rep in sim.replicas:
+        s = rep.sched
+        assert s.kv.pool.free == s.cfg.num_blocks and not s.held and not s.loading and not s.running

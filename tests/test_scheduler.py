@@ -194,3 +194,19 @@ def test_vllm_v1_keeps_block_zero_as_its_null_block():
             sched.add(Request(i, 0.0, 16, 1))
         out = sched.schedule(0.0)
         assert len(out.scheduled) == running, spec
+
+
+def test_async_engine_admits_the_queue_at_once_when_the_last_finisher_leaves():
+    """Async scheduling: a finished sequence keeps its blocks until after the next decision, so that decision
+    cannot admit a queue blocked on KV. vLLM's engine loop, with requests waiting, schedules again at once; the
+    simulator must not sleep until the next arrival (here there is none: it would never serve B). By hand, 8
+    blocks of 16, 10 ms + 1 ms per token: A (100 in, 2 out) prefills 0 -> 0.110 and decodes -> 0.121 (7
+    blocks held); B (100 in, t = 0.001) needs 7, finds 1 until A leaves at 0.121, then prefills 0.121 -> 0.231
+    and decodes -> 0.242."""
+    cost = LinearCost(fixed_s=0.010, per_token_s=0.001)
+    sched = lambda: make_scheduler("continuous", max_num_seqs=4, max_num_batched_tokens=256, block_size=16,
+                                   num_blocks=8, async_scheduling=True)
+    res = simulate([Request(0, 0.0, 100, 2), Request(1, 0.001, 100, 2)], cost, sched, np.random.default_rng(0),
+                   SimConfig())
+    assert res.records.first_token == pytest.approx([0.110, 0.231])
+    assert res.records.finish == pytest.approx([0.121, 0.242])

@@ -38,6 +38,7 @@ class Seq:
     output: int = 0
     phase: int = 0  # disaggregated serving: 1 in the prefill pool (one output token), 2 in the decode pool
     inflight: int = 0  # async scheduling: tokens of its last step whose output the engine has not processed yet
+    loading: int = 0  # disaggregated decode pool: 1 its prompt's KV is to be loaded on admission, 2 it is loading
 
     def __post_init__(self) -> None:
         self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens
@@ -80,6 +81,7 @@ class Step:
     plan: StepPlan
     scheduled: list[tuple[Seq, int]] = field(default_factory=list)  # (sequence, new tokens this step)
     preempted: list[Seq] = field(default_factory=list)
+    loads: list[Seq] = field(default_factory=list)  # admitted to load their prompt's KV from a prefill replica
 
 
 class Scheduler(Protocol):

@@ -74,6 +74,10 @@ class ContinuousScheduler(QueueView):
         self.num_preemptions = 0
         self.retiring: list[Seq] = []  # async scheduling: finished, still holding blocks and a running slot
         self.unprocessed: list[Seq] = []  # async scheduling: the last step's sequences, output not processed yet
+        self.retired_after = False  # the last schedule call freed finished sequences after deciding (async)
+        self.loading: list[Seq] = []  # disaggregated decode pool: admitted, loading their prompt's KV
+        self.held: dict[Seq, Seq] = {}  # disaggregated prefill pool: finished prefills -> the stand-ins holding
+        # their blocks until a decode replica has read them (`release`)
         self.kv.lag = 1 if cfg.async_scheduling else 0
         # async scheduling: which sequences' last step is unprocessed matters only to a KV manager that caches or
         # frees on processed tokens (prefix caching, sliding windows); for the others, processing an output is
@@ -83,11 +87,11 @@ class ContinuousScheduler(QueueView):
     # ---- the protocol's read-only view ------------------------------------------------------------
     @property
     def has_work(self) -> bool:
-        return bool(self.running or self.waiting)
+        return bool(self.running or self.waiting or self.loading)
 
     @property
     def outstanding(self) -> int:
-        return len(self.running) - len(self.retiring) + len(self.waiting)
+        return len(self.running) - len(self.retiring) + len(self.waiting) + len(self.loading)
 
     @property
     def max_running(self) -> int:
@@ -115,17 +119,49 @@ class ContinuousScheduler(QueueView):
         return seq
 
     def resume(self, seq: Seq) -> None:
-        """A sequence whose prompt was computed elsewhere (a prefill pool) and whose KV arrived with it: it waits
-        to be admitted with every prompt token but the last counted as computed, so its first step here computes
-        that one token and emits the first output token, as vLLM's decode instance does with a remote prefill.
-        Its blocks are taken on admission."""
-        seq.computed = seq.prompt - 1
+        """A sequence whose prompt was computed by a prefill replica, as vLLM's decode instance takes it with the
+        NIXL connector (pull_scheduler.py, scheduler.py 0.32): it waits in the queue like any request; admitted
+        (the running batch has room, the token budget is not spent, the whole prompt's blocks fit), it takes the
+        blocks of its whole prompt and starts loading their KV (`Step.loads`: the simulator moves it), holding
+        them with no batch slot and no tokens (WAITING_FOR_REMOTE_KVS); `loaded` puts it back at the head of
+        the queue with every prompt token but the last computed, so its first step computes that one and emits
+        the first output token."""
+        seq.computed = 0
         seq.generated = 0
         seq.blocks = seq.shared_blocks = seq.kv_capacity = 0
         seq.output = seq.req.output_tokens
         seq.last_token_s = NAN
         seq.phase = 2
+        seq.loading = 1
         self.waiting.add(seq)
+
+    def loaded(self, seq: Seq) -> None:
+        """Its KV has arrived (_update_waiting_for_remote_kv: a full prompt hit recomputes the last token)."""
+        self.loading.remove(seq)
+        seq.loading = 0
+        seq.computed = seq.prompt - 1
+        self.waiting.prepend(seq)
+
+    def release(self, seq: Seq) -> None:
+        """A decode replica has read this finished prefill's KV: its blocks are freed (the NIXL connector's
+        request_finished delays the free until then)."""
+        self.kv.free(self.held.pop(seq))
+
+    def _hold(self, seq: Seq) -> Seq:
+        """A finished prefill for a decode pool: a stand-in (phase 3) takes its blocks until `release`, and its
+        place in the batch where async scheduling keeps one; the sequence itself goes on to a decode replica."""
+        h = self.kv.detach(seq)
+        h.phase, h.generated, h.output, h.computed = 3, 1, 1, seq.computed
+        self.held[seq] = h
+        return h
+
+    def _free_finished(self, seq: Seq) -> None:
+        if seq.phase == 3:  # a stand-in: its blocks go with `release`
+            return
+        if seq.phase == 1:
+            self._hold(seq)
+        else:
+            self.kv.free(seq)
 
     def _preempt(self, seq: Seq, step: Step) -> None:
         self.running.remove(seq)
@@ -200,6 +236,20 @@ class ContinuousScheduler(QueueView):
                 seq = waiting.peek()
                 kv.get_computed_blocks(seq)
                 remaining = seq.num_tokens - seq.computed
+                if seq.loading:  # a remote prefill: the whole prompt's blocks now, its KV loaded before it runs
+                    if cfg.reserve_output:
+                        ok = kv.reserve(seq, seq.prompt + seq.output)
+                    else:
+                        ok = (not cfg.reserve_full_input or kv.can_fit(seq, remaining)) and \
+                            kv.allocate_slots(seq, remaining)
+                    if not ok:
+                        kv.drop_computed_blocks(seq)
+                        break
+                    waiting.pop()
+                    seq.loading = 2
+                    self.loading.append(seq)
+                    step.loads.append(seq)
+                    continue
                 num_new = min(remaining, budget)
                 if not cfg.chunked_prefill and num_new < remaining:
                     break
@@ -235,10 +285,14 @@ class ContinuousScheduler(QueueView):
                     prefills.append(PrefillChunk(n, c, c + n == seq.prompt + seq.generated))
             step.plan = StepPlan(tuple(prefills), tuple(decodes))
         step.scheduled = sched
+        freed = bool(self.retiring)
         if self.unprocessed:  # async scheduling: the last step's output is processed after this schedule call
             self._process_output()
         elif self.retiring:  # the same, for a KV manager that does not track tokens in flight
             self._retire()
+        # async scheduling: finished sequences left with their blocks after this call decided; if it scheduled
+        # nothing, vLLM's engine loop (it has requests) schedules again at once, and the queue's head may fit now
+        self.retired_after = freed
         return step
 
     def _process_output(self) -> None:
@@ -258,7 +312,7 @@ class ContinuousScheduler(QueueView):
         gone = set(map(id, self.retiring))
         self.running = [s for s in self.running if id(s) not in gone]
         for seq in self.retiring:
-            self.kv.free(seq)
+            self._free_finished(seq)
         self.retiring = []
 
     def complete(self, step: Step, end_s: float) -> tuple[list[Seq], list[Seq]]:
@@ -283,12 +337,18 @@ class ContinuousScheduler(QueueView):
                 seq.inflight = n
         if finished:
             if self.cfg.async_scheduling:
-                self.retiring.extend(finished)
+                for seq in finished:
+                    if seq.phase == 1:  # a stand-in keeps its slot and blocks: the sequence goes on elsewhere now
+                        h = self._hold(seq)
+                        self.running[self.running.index(seq)] = h
+                        self.retiring.append(h)
+                    else:
+                        self.retiring.append(seq)
             else:
                 gone = set(map(id, finished))
                 self.running = [s for s in self.running if id(s) not in gone]
                 for seq in finished:
-                    self.kv.free(seq)
+                    self._free_finished(seq)
         return emitted, finished
 
     # ---- decode-only stretches (simulator fast path) ------------------------------------------------
@@ -350,10 +410,14 @@ class ContinuousScheduler(QueueView):
         if budget <= 0:
             return True
         remaining = seq.prompt + seq.generated - seq.computed
+        kv = self.kv
+        if seq.loading:  # a remote prefill takes its whole prompt's blocks, no tokens of the budget
+            if cfg.reserve_output:
+                return not kv.can_fit(seq, seq.prompt + seq.output - seq.computed)
+            return not kv.can_fit(seq, remaining)
         num_new = min(remaining, budget)
         if not cfg.chunked_prefill and num_new < remaining:
             return True
-        kv = self.kv
         if cfg.reserve_output:
             return not kv.can_fit(seq, seq.prompt + seq.output - seq.computed)
         if cfg.reserve_full_input:

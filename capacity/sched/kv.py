@@ -117,6 +117,16 @@ class KVCacheManager:
         seq.blocks = 0
         seq.kv_capacity = 0
 
+    def detach(self, seq: Seq) -> Seq:
+        """Move the sequence's blocks to a stand-in that holds them until `free(stand-in)`, leaving the sequence
+        with none: a finished prefill whose KV waits to be read by a decode replica (the sequence goes on there)."""
+        from capacity.sched.base import Seq
+
+        h = Seq(seq.req)
+        h.blocks, h.shared_blocks, h.kv_capacity = seq.blocks, seq.shared_blocks, seq.kv_capacity
+        seq.blocks = seq.shared_blocks = seq.kv_capacity = 0
+        return h
+
     # ---- prefix cache (none here) ---------------------------------------------------------------------------
     def get_computed_blocks(self, seq: Seq) -> None:
         """On (re)admission: cached blocks that count as computed (none without a prefix cache)."""
@@ -235,6 +245,12 @@ class HybridKVCacheManager(KVCacheManager):
     def free(self, seq: Seq) -> None:
         super().free(seq)
         self.state.pop(seq, None)
+
+    def detach(self, seq: Seq) -> Seq:
+        h = super().detach(seq)
+        if seq in self.state:
+            self.state[h] = self.state.pop(seq)
+        return h
 
     def stretch_blocks(self, running: list[Seq], k: int) -> int:
         """Blocks k decode steps take, ignoring what the window frees meanwhile (an upper bound: a stretch that

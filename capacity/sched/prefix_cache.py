@@ -161,6 +161,14 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def reserve(self, seq: Seq, tokens: int) -> bool:
         return self._grow(seq, tokens, seq.computed)
 
+    def detach(self, seq: Seq) -> Seq:
+        h = super().detach(seq)
+        self.pending.pop(seq, None)
+        if seq in self.tables:
+            self.tables[h] = self.tables.pop(seq)
+            self.ncached[h] = self.ncached.pop(seq, 0)
+        return h
+
     def free(self, seq: Seq) -> None:
         """Back to the free queue in reverse order: uncached blocks at its head, cached ones at its tail."""
         self.pending.pop(seq, None)

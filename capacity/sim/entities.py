@@ -167,6 +167,18 @@ class Replica:
         self._cut()
         self._wake()
 
+    def released(self, seq: Seq) -> None:
+        """A decode replica has read the KV of a prefill done here: its blocks are free (it may admit more)."""
+        self.sched.release(seq)  # type: ignore[attr-defined]
+        self._wake()
+
+    def loaded(self, seq: Seq) -> None:
+        """A sequence admitted here has its prompt's KV now (disaggregated serving): it can run (a stretch in
+        progress is cut as for a delivery)."""
+        self.sched.loaded(seq)  # type: ignore[attr-defined]
+        self._cut()
+        self._wake()
+
     def _wake(self) -> None:
         if self.wake_event is not None and not self.wake_event.triggered:
             self.wake_event.succeed()
@@ -202,7 +214,11 @@ class Replica:
             if isinstance(out, float):  # static batching: the batch window is open
                 yield from self._sleep(out)
                 continue
+            for s in out.loads:  # disaggregated: admitted with their prompt's blocks, their KV read now
+                sim.transfer.start(s)  # type: ignore[union-attr]
             if out.plan.num_tokens == 0:  # nothing schedulable until something arrives
+                if sched.num_waiting and getattr(sched, "retired_after", False):
+                    continue  # blocks just freed after the decision (async scheduling): the engine asks again
                 yield from self._sleep()
                 continue
             # ITL of the tokens this step emits: the sequences that emitted at `now` (the end of this replica's

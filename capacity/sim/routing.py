@@ -46,15 +46,17 @@ class Router:
             return rep
         return min(self.replicas, key=lambda r: (r.sched.outstanding, r.idx))
 
-    def dispatch_seq(self, seq: Seq) -> None:
-        """A sequence from the prefill pool (disaggregated serving) to a decode replica."""
+    def dispatch_seq(self, seq: Seq) -> bool:
+        """A sequence from the prefill pool (disaggregated serving) to a decode replica; False if it cannot run
+        there (rejected)."""
         rep = self.pick()
         why = rep.sched.admissible(seq.req)
         if why:
             self.sim.recorder.count(-1)  # it leaves the system unanswered
             self.sim.reject(seq.req, f"decode pool: {why}")
-            return
+            return False
         rep.resume(seq)
+        return True
 
     def dispatch(self, req: Request) -> None:
         if self.policy == "queue":
@@ -116,10 +118,13 @@ class Delay:
 
 
 class KVTransfer:
-    """The KV cache of a finished prefill, moved to the decode pool: `latency_s + bytes / bandwidth` on a link
-    that carries one transfer at a time (a SimPy Resource), so concurrent transfers queue for it. One link per
-    prefill replica (its NIC, or its NVLink to the decode GPUs) or one link shared by the whole prefill pool.
-    Then the decode pool's router places the sequence."""
+    """The KV cache of a finished prefill, moved to the decode pool as vLLM's NIXL connector moves it (0.32,
+    nixl/pull_scheduler.py): the request goes to a decode replica as soon as its prefill is done (the proxy
+    sends it on), the prefill replica keeps its blocks (`request_finished` delays the free), the decode replica
+    admits it with blocks for its whole prompt and reads the KV (`start`): `latency_s + bytes / bandwidth` on a
+    link that carries one transfer at a time (a SimPy Resource), so concurrent transfers queue for it. One link
+    per prefill replica (its NIC, or its NVLink to the decode GPUs) or one link shared by the whole prefill
+    pool. When it is read, the prefill replica frees its blocks and the decode replica runs the request."""
 
     def __init__(self, sim: Simulation, spec: Disaggregation, prefill_replicas: int | None = None) -> None:
         """`prefill_replicas`: the prefill pool's size when it differs from the spec's (an autoscaled pool: its
@@ -129,9 +134,18 @@ class KVTransfer:
         self.links = [simpy.Resource(sim.env, capacity=1) for _ in range(n)]
         self.waits: list[float] = []  # per transfer: time queued for the link, s
         self.times: list[float] = []  # per transfer: time on the link, s
+        self.source: dict[Seq, int] = {}  # a finished prefill -> its prefill replica, until its KV is read
 
-    def send(self, seq: Seq) -> None:
-        link = self.links[0 if len(self.links) == 1 else seq.replica]
+    def hold(self, seq: Seq) -> None:
+        """A prefill is done: on to a decode replica; its KV stays on the prefill replica until read."""
+        self.source[seq] = seq.replica
+        if not self.sim.decode_router.dispatch_seq(seq):  # no decode replica can run it: nothing will read it
+            self.sim.replicas[self.source.pop(seq)].released(seq)
+
+    def start(self, seq: Seq) -> None:
+        """A decode replica admitted it (its blocks taken): the read begins."""
+        src = self.source[seq]
+        link = self.links[0 if len(self.links) == 1 else src]
         self.sim.env.process(self._go(seq, link))
 
     def _go(self, seq: Seq, link: simpy.Resource) -> Generator:
@@ -144,4 +158,6 @@ class KVTransfer:
             yield env.timeout(dt)
         self.waits.append(t1 - t0)
         self.times.append(dt)
-        self.sim.decode_router.dispatch_seq(seq)
+        replicas = self.sim.replicas
+        replicas[self.source.pop(seq)].released(seq)
+        replicas[seq.replica].loaded(seq)

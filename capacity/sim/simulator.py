@@ -257,9 +257,9 @@ class Simulation:
 
     def finish(self, done: list[Seq]) -> None:
         for s in done:
-            if s.phase == 1:  # a prefill done: its KV moves to the decode pool, the request goes on
+            if s.phase == 1:  # a prefill done: the request goes on to the decode pool, which pulls its KV
                 assert self.transfer is not None
-                self.transfer.send(s)
+                self.transfer.hold(s)
                 continue
             self.recorder.finished(s)
             w = self.waiters.pop(s.req.id, None)
