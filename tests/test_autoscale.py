@@ -261,3 +261,5 @@ def test_autoscale_cli_scales_a_prefill_and_a_decode_pool(tmp_path):
     assert r.returncode == 1 and "--decode-tp" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     r = run_cli(*args, "--decode-tp", "2", "--static", "3")
     assert r.returncode == 1 and "--static" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = run_cli(*args, "--decode-tp", "2", "--decode-max", "0")  # 0 is a value, not "use --max"
+    assert r.returncode == 1 and "max (0)" in r.stderr and len(r.stderr.strip().splitlines()) == 1

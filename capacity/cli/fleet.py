@@ -82,7 +82,8 @@ def autoscale(
     decode = None
     if decode_tp is not None:
         d_policy = decode_policy or policy
-        dasc = AutoscaleConfig(min_replicas=decode_min or min_replicas, max_replicas=decode_max or max_replicas,
+        dasc = AutoscaleConfig(min_replicas=decode_min if decode_min is not None else min_replicas,
+                               max_replicas=decode_max if decode_max is not None else max_replicas,
                                policy=d_policy, target=decode_target if decode_target is not None else target,  # type: ignore[arg-type]
                                interval_s=interval_s, startup_s=startup_s, cooldown_s=cooldown_s,
                                window_s=metric_window_s, per_replica_rate=decode_rate,
@@ -118,7 +119,7 @@ def autoscale(
                   f"{(d['p99_tpot_s'] or 0) * 1e3:.1f}")
     con.print(t)
     saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
-    con.print(f"autoscaling uses {saved:.0%} fewer GPU-hours than {n_static} static replicas"
+    con.print(f"autoscaling uses {_fewer(saved)} GPU-hours than {n_static} static replicas"
               + (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
                  f"(static: {s['violation_minutes']:.0f})" if (slo_t or slo_p) else ""))
     # the pool per window: replicas ready at each window's start, next to that window's P99 TTFT
@@ -136,6 +137,10 @@ def autoscale(
                    "-" if ttft is None else ("inf" if ttft == float("inf") else f"{ttft * 1e3:.0f}"),
                    "ok" if w["met"][i] else "[red]miss[/]")
     con.print(tt)
+
+
+def _fewer(saved: float) -> str:
+    return f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
 
 
 def _print_disagg_autoscale(out: dict, model: str, gpu: str, window_s: float, slo: bool) -> None:
@@ -159,7 +164,7 @@ def _print_disagg_autoscale(out: dict, model: str, gpu: str, window_s: float, sl
                   f"{(x['p99_tpot_s'] or 0) * 1e3:.1f}")
     con.print(t)
     saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
-    con.print(f"autoscaling both pools uses {saved:.0%} fewer GPU-hours than each pool at its peak"
+    con.print(f"autoscaling both pools uses {_fewer(saved)} GPU-hours than each pool at its peak"
               + (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
                  f"(static: {s['violation_minutes']:.0f})" if slo else ""))
 
