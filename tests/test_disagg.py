@@ -113,6 +113,13 @@ def test_simulate_cli_disaggregated_through_the_pipeline():
     assert d["gpus"] == 1 * 1 + 2 * 2 and d["transfers"] == 300
     assert d["transfer_s"]["mean"] == pytest.approx(4096 * 131072 / 50e9 + 20e-6, rel=1e-9)
     assert out["littles_law"]["L"] == pytest.approx(out["littles_law"]["lambda_W"], rel=1e-6)
+    # each pool's KV: whole prompts of 4,096 tokens = 256 blocks each on a prefill replica (held until read);
+    # a decode replica at TP 2 holds half the weights per GPU, so more blocks than the prefill's at TP 1
+    kv = d["kv"]
+    assert kv["prefill"]["blocks_per_replica"] == out["kv_blocks_per_replica"]
+    assert kv["prefill"]["peak_used"] >= 256 and kv["prefill"]["peak_used"] % 256 == 0
+    assert kv["decode"]["blocks_per_replica"] > kv["prefill"]["blocks_per_replica"]
+    assert kv["decode"]["peak_used"] >= 257  # a prompt's blocks and its first output token
     hints = d["launch_hints"].splitlines()
     assert sum("NixlConnector" in h for h in hints) == 3  # one per instance: 1 prefill + 2 decode
     assert sum("--tensor-parallel-size 2" in h for h in hints) == 2

@@ -169,7 +169,19 @@ def simulate(
         from capacity.pipeline import disagg_launch_hints
 
         out["replicas"] = n_p + n_d
+        from capacity.pipeline import prepare
+
+        # each pool's KV blocks per replica and the most any of its replicas held (time series at engine events):
+        # the prefill pool's are the prompts being prefilled and those whose KV waits to be read
+        ts = s.timeseries
+        blocks = {"prefill": out["kv_blocks_per_replica"], "decode": prepare(dis.decode).budget.planning_blocks}
+        kv_pools: dict[str, dict] = {}
+        for role in ("prefill", "decode"):
+            m = (ts[:, 4] < n_p) if role == "prefill" else (ts[:, 4] >= n_p)
+            kv_pools[role] = {"blocks_per_replica": int(blocks[role]),
+                              "peak_used": int(ts[m, 3].max()) if ts.size and m.any() else None}
         out["disaggregated"] = {
+            "kv": kv_pools,
             "launch_hints": disagg_launch_hints(dep, dis),
             "prefill_replicas": n_p, "decode_replicas": n_d, "prefill_tp": tp, "decode_tp": tp_d,
             "gpus": n_p * tp + n_d * tp_d, "link": link, "shared_link": shared_link,
@@ -207,8 +219,16 @@ def simulate(
                   f"decode (tp={d['decode_tp']}) = {d['gpus']} GPUs; KV over {d['link']}"
                   f"{' (one shared link)' if d['shared_link'] else ''}: {d['transfers']} transfers, mean "
                   f"{ms(d['transfer_s']['mean'])}, P99 {ms(d['transfer_s']['p99'])}, queued for the link P99 "
-                  f"{ms(d['link_wait_s']['p99'])}; TTFT = prefill queue + prefill + transfer + the decode "
-                  "pool's first step")
+                  f"{ms(d['link_wait_s']['p99'])}; TTFT = prefill queue + prefill + decode admission (blocks for "
+                  "the whole prompt) + transfer + the decode pool's first step")
+
+        def pool_kv(role: str) -> str:
+            k = d["kv"][role]
+            peak = k["peak_used"]
+            return (f"{role} {k['blocks_per_replica']:,} blocks" + (
+                f", at most {peak:,} in use ({peak / max(1, k['blocks_per_replica']):.1%})" if peak is not None else ""))
+        con.print(f"KV per replica: {pool_kv('prefill')}: prompts in prefill and those whose KV waits to be read; "
+                  f"{pool_kv('decode')}")
         con.print("launch hints (vLLM with the NIXL connector; adapt):")
         con.print(d["launch_hints"], soft_wrap=True, markup=False, highlight=False)
 

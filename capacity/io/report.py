@@ -100,9 +100,11 @@ def simulation_table(out: dict, console) -> None:
         console.print(f"[bold red]{out['saturation']}[/] (offered {out['offered_rate_per_s']} req/s): the "
                       "percentiles below describe an overloaded system that was stopped early")
     measured = out["policy"] == "measured"  # a load test's summary: no simulated engine behind it
+    d = out.get("disaggregated")
+    where = (f"{d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} decode "
+             f"(tp={d['decode_tp']}) x {out['gpu']}" if d else f"{out['replicas']} x {out['gpu']} (tp={out['tp']})")
     title = (f"Measured {out['model']} at {out['gpu']}, {s['n_requests']} requests" if measured else
-             f"Simulated {out['model']} on {out['replicas']} x {out['gpu']} (tp={out['tp']}), "
-             f"{out['policy']} batching, {s['n_requests']} measured requests")
+             f"Simulated {out['model']} on {where}, {out['policy']} batching, {s['n_requests']} measured requests")
     t = Table(title=title, title_justify="left")
     cols = ["metric (ms)", "mean", "p50", "p90", "p95", "p99", "p99 95% CI"]
     for c in cols:
@@ -141,8 +143,10 @@ def simulation_table(out: dict, console) -> None:
         console.print(f"[dim]{s['definitions']}[/]")
     else:
         console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "
-                      f"{out['preemptions']} preemptions; KV {out['kv_blocks_per_replica']:,} blocks x "
-                      f"{out['block_size']} tokens per replica; Little's law L={out['littles_law']['L']:.2f} vs "
+                      f"{out['preemptions']} preemptions; "
+                      + ("KV per pool below" if d else f"KV {out['kv_blocks_per_replica']:,} blocks x "
+                         f"{out['block_size']} tokens per replica")
+                      + f"; Little's law L={out['littles_law']['L']:.2f} vs "
                       f"lambda*W={out['littles_law']['lambda_W']:.2f}[/]")
     for n in out["notes"]:
         console.print(f"[dim]note: {n}[/]")
