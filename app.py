@@ -385,6 +385,78 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
                "the same comparison from the CLI: simulate --save-run a.json / b.json, then capacity compare a b")
 
 
+@st.cache_data(show_spinner=False)
+def disagg_run(card: dict, gpu: str, engine: dict, workload: dict, profile: str | None, prefill: int, decode: int,
+               decode_tp: int, link: str) -> dict:
+    """One disaggregated layout and the aggregated one on as many GPUs (replicas of the sidebar's TP), the same
+    seed, through the run pipeline (what `capacity simulate --disagg P:D --decode-tp N --link L` runs)."""
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, Disagg, RunOptions, disagg_report, run
+    from capacity.workload import WorkloadSpec
+
+    mc, g, wl = ModelCard.model_validate(card), get_gpu(gpu), WorkloadSpec.model_validate(workload)
+    cfg = validate(EngineConfig, engine, "engine")
+    dep = Deployment(mc, g, cfg, profile=profile, replicas=prefill)
+    dis = Disagg(Deployment(mc, g, cfg.model_copy(update={"tensor_parallel_size": decode_tp}), profile=profile,
+                            replicas=decode), link)
+    res = run(dep, wl, RunOptions(seed=0), disagg=dis)
+    d = disagg_report(res, dep, dis)
+    rows = [{"layout": f"P {prefill}xTP{cfg.tensor_parallel_size} + D {decode}xTP{decode_tp}", "GPUs": d["gpus"],
+             "P99 TTFT (ms)": res.summary.ttft_s.p99, "P99 TPOT (ms)": res.summary.tpot_s.p99,
+             "output tokens/s": res.summary.output_tokens_per_s, "saturated": res.sim.saturated}]
+    tp = cfg.tensor_parallel_size
+    if d["gpus"] % tp == 0:
+        agg = run(Deployment(mc, g, cfg, profile=profile, replicas=d["gpus"] // tp), wl, RunOptions(seed=0))
+        rows.append({"layout": f"{d['gpus'] // tp}xTP{tp} (aggregated)", "GPUs": d["gpus"],
+                     "P99 TTFT (ms)": agg.summary.ttft_s.p99, "P99 TPOT (ms)": agg.summary.tpot_s.p99,
+                     "output tokens/s": agg.summary.output_tokens_per_s, "saturated": agg.sim.saturated})
+    for r in rows:
+        for k in ("P99 TTFT (ms)", "P99 TPOT (ms)"):
+            r[k] = None if r[k] is None else round(r[k] * 1e3, 1)
+        r["output tokens/s"] = round(r["output tokens/s"], 1)
+    return {"rows": rows, "report": {k: v for k, v in d.items() if k != "launch_hints"},
+            "hints": d["launch_hints"]}
+
+
+def disagg_view(card, gpu, engine, workload, profile):
+    """Disaggregated prefill/decode: one layout of the sidebar's scenario next to the aggregated one on as many
+    GPUs, and each pool's KV use."""
+    from capacity.pipeline import LINKS
+
+    st.write("A prefill pool and a decode pool (the prompt's KV read over a link, in vLLM's NIXL order), against "
+             "the aggregated layout on as many GPUs; same requests (same seed).")
+    c = st.columns(4)
+    n_p = c[0].number_input("prefill replicas", 1, 16, 1, key="dis_p")
+    n_d = c[1].number_input("decode replicas", 1, 16, 1, key="dis_d")
+    tp_d = c[2].selectbox("decode TP", [1, 2, 4, 8], index=0, key="dis_tp")
+    link = c[3].selectbox("KV link", list(LINKS), key="dis_link")
+    try:
+        with st.spinner("simulating both layouts..."):
+            out = disagg_run(card, gpu, engine, workload, profile, int(n_p), int(n_d), int(tp_d), link)
+    except CapacityError as exc:
+        st.error(str(exc))
+        return
+    st.dataframe(out["rows"], width="stretch")
+    d = out["report"]
+    kv = d["kv"]
+
+    def pool(role: str) -> str:
+        k = kv[role]
+        peak = k["peak_used"]
+        return f"{role}: {k['blocks_per_replica']:,} blocks per replica" + (
+            f", at most {peak:,} in use ({peak / max(1, k['blocks_per_replica']):.1%})" if peak is not None else "")
+    ms = lambda x: "-" if x is None else f"{x * 1e3:.2f} ms"
+    st.caption(f"KV {pool('prefill')} (prompts in prefill and those waiting to be read); {pool('decode')}. "
+               f"{d['transfers']} KV reads over {d['link']}: mean {ms(d['transfer_s']['mean'])}, queued for the link "
+               f"P99 {ms(d['link_wait_s']['p99'])}. The same from the CLI: capacity simulate ... --disagg {n_p}:{n_d} "
+               f"--decode-tp {tp_d} --link {link}")
+    with st.expander("launch hints (vLLM with the NIXL connector; adapt)"):
+        st.code(out["hints"], language="bash")
+
+
 def plan_and_export(card, gpu, engine, workload, slo, profile, price):
     st.write("The full plan searches the max sustainable rate, the frontier and the GPU count (about 10-30 s).")
     scenario = {"model": card, "gpu": gpu, "engine": {k: v for k, v in engine.items()
@@ -749,7 +821,8 @@ def main():
             headline_view(headline(card, gpu, engine, workload, slo, profile, price), gpu, slo)
     except CapacityError as exc:
         st.error(str(exc))
-    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Autoscale", "Plan & export"])
+    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale",
+                    "Plan & export"])
     with tabs[0]:
         memory_view(b, table)
     try:
@@ -764,9 +837,11 @@ def main():
         with tabs[4]:
             ab_view(card, gpu, engine, workload, profile, sim)
         with tabs[5]:
+            disagg_view(card, gpu, engine, workload, profile)
+        with tabs[6]:
             fleet_day_view()
             autoscale_view(card, gpu, engine, workload, slo, profile, price)
-        with tabs[6]:
+        with tabs[7]:
             plan_and_export(card, gpu, engine, workload, slo, profile, price)
     except CapacityError as exc:
         st.error(str(exc))

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -243,6 +243,33 @@ def disagg_launch_hints(prefill: Deployment, dis: Disagg) -> str:
     lines.append("# not generated: CUDA_VISIBLE_DEVICES per instance, hosts across nodes (and "
                  "VLLM_NIXL_SIDE_CHANNEL_HOST), UCX transports, a production router (llm-d, Dynamo)")
     return "\n".join(lines)
+
+
+def disagg_report(res: RunResult, prefill: Deployment, dis: Disagg) -> dict[str, Any]:
+    """A disaggregated run's own figures, as `simulate --disagg` and the dashboard show them: the pools, GPUs, the
+    link, transfer times and waits, each pool's KV blocks per replica and the most any of its replicas held (the
+    time series at engine events: the prefill pool's are the prompts in prefill and those whose KV waits to be
+    read), and the launch hints."""
+    s = res.sim
+    waits, times = s.transfer_waits, s.transfer_times
+    assert waits is not None and times is not None
+    n_p, n_d = prefill.replicas, dis.decode.replicas
+    tp_p, tp_d = prefill.engine.tensor_parallel_size, dis.decode.engine.tensor_parallel_size
+    ts = s.timeseries
+    blocks = {"prefill": res.budget.planning_blocks, "decode": prepare(dis.decode).budget.planning_blocks}
+    kv: dict[str, dict[str, int | None]] = {}
+    for role in ("prefill", "decode"):
+        m = (ts[:, 4] < n_p) if role == "prefill" else (ts[:, 4] >= n_p)
+        kv[role] = {"blocks_per_replica": int(blocks[role]),
+                    "peak_used": int(ts[m, 3].max()) if ts.size and m.any() else None}
+
+    def stats(x: np.ndarray) -> dict[str, float | None]:
+        return {"mean": float(x.mean()) if x.size else None, "p99": float(np.percentile(x, 99)) if x.size else None}
+
+    return {"kv": kv, "launch_hints": disagg_launch_hints(prefill, dis), "prefill_replicas": n_p,
+            "decode_replicas": n_d, "prefill_tp": tp_p, "decode_tp": tp_d, "gpus": n_p * tp_p + n_d * tp_d,
+            "link": dis.link, "shared_link": dis.shared_link, "transfers": int(times.size),
+            "transfer_s": stats(times), "link_wait_s": stats(waits)}
 
 
 def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),

@@ -186,3 +186,39 @@ def test_fleet_day_report_shows_its_own_figures():
     box = next(w for w in at.text_area if w.key == "day_text")
     box.set_value('{"models": []}').run()
     assert any("fleet-day report" in e.value for e in at.error)
+
+
+def test_disaggregated_tab_shows_the_pipelines_figures():
+    """The Disaggregated tab: 1 prefill + 1 decode replica at TP 1 against 2 aggregated replicas, the sidebar's
+    scenario; the P99s and each pool's KV shown are the run pipeline's for that layout (same seed), computed here
+    through the library, not copied."""
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, Disagg, RunOptions, disagg_report, run
+    from capacity.workload import WorkloadSpec
+
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    assert not at.exception, [e.value for e in at.exception]
+    tables = [d.value for d in at.dataframe if "layout" in d.value.columns and "GPUs" in d.value.columns]
+    assert len(tables) == 1
+    shown = {row["layout"]: row for _, row in tables[0].iterrows()}
+    sc = shown_scenario(at)
+    mc, g, cfg = ModelCard.model_validate(sc["model"]), get_gpu(sc["gpu"]), EngineConfig.model_validate(sc["engine"])
+    wl = WorkloadSpec.model_validate(sc["workload"])
+    tp = cfg.tensor_parallel_size
+    dep = Deployment(mc, g, cfg, profile=sc["profile"], replicas=1)
+    dis = Disagg(Deployment(mc, g, cfg.model_copy(update={"tensor_parallel_size": 1}), profile=sc["profile"]), "nvlink")
+    res = run(dep, wl, RunOptions(seed=0), disagg=dis)
+    agg = run(Deployment(mc, g, cfg, profile=sc["profile"], replicas=(tp + 1) // tp), wl, RunOptions(seed=0))
+    row = shown[f"P 1xTP{tp} + D 1xTP1"]
+    assert row["GPUs"] == tp + 1
+    assert row["P99 TTFT (ms)"] == round(res.summary.ttft_s.p99 * 1e3, 1)
+    assert row["P99 TPOT (ms)"] == round(res.summary.tpot_s.p99 * 1e3, 1)
+    if (tp + 1) % tp == 0:
+        a = shown[f"{(tp + 1) // tp}xTP{tp} (aggregated)"]
+        assert a["P99 TTFT (ms)"] == round(agg.summary.ttft_s.p99 * 1e3, 1)
+    kv = disagg_report(res, dep, dis)["kv"]
+    caption = " ".join(c.value for c in at.caption)
+    assert f"prefill: {kv['prefill']['blocks_per_replica']:,} blocks per replica" in caption
+    assert f"at most {kv['decode']['peak_used']:,} in use" in caption

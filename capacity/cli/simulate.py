@@ -160,36 +160,10 @@ def simulate(
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
     if dis is not None:
-        import numpy as np
+        from capacity.pipeline import disagg_report
 
-        s = res.sim
-        waits, times = s.transfer_waits, s.transfer_times
-        assert waits is not None and times is not None
-        n_p, n_d, tp_d = dep.replicas, dis.decode.replicas, dis.decode.engine.tensor_parallel_size
-        from capacity.pipeline import disagg_launch_hints
-
-        out["replicas"] = n_p + n_d
-        from capacity.pipeline import prepare
-
-        # each pool's KV blocks per replica and the most any of its replicas held (time series at engine events):
-        # the prefill pool's are the prompts being prefilled and those whose KV waits to be read
-        ts = s.timeseries
-        blocks = {"prefill": out["kv_blocks_per_replica"], "decode": prepare(dis.decode).budget.planning_blocks}
-        kv_pools: dict[str, dict] = {}
-        for role in ("prefill", "decode"):
-            m = (ts[:, 4] < n_p) if role == "prefill" else (ts[:, 4] >= n_p)
-            kv_pools[role] = {"blocks_per_replica": int(blocks[role]),
-                              "peak_used": int(ts[m, 3].max()) if ts.size and m.any() else None}
-        out["disaggregated"] = {
-            "kv": kv_pools,
-            "launch_hints": disagg_launch_hints(dep, dis),
-            "prefill_replicas": n_p, "decode_replicas": n_d, "prefill_tp": tp, "decode_tp": tp_d,
-            "gpus": n_p * tp + n_d * tp_d, "link": link, "shared_link": shared_link,
-            "transfers": int(times.size),
-            "transfer_s": {"mean": float(times.mean()) if times.size else None,
-                           "p99": float(np.percentile(times, 99)) if times.size else None},
-            "link_wait_s": {"mean": float(waits.mean()) if waits.size else None,
-                            "p99": float(np.percentile(waits, 99)) if waits.size else None}}
+        out["replicas"] = dep.replicas + dis.decode.replicas
+        out["disaggregated"] = disagg_report(res, dep, dis)
     if kind == "json":
         typer.echo(dumps(out))
         return
