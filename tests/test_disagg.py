@@ -65,12 +65,18 @@ def test_transfers_queue_for_a_shared_link(mode, p, first_tokens):
     assert np.isfinite(r.finish).all()
 
 
-def test_fast_path_is_exact_with_deliveries_during_decode_stretches():
+@pytest.mark.parametrize("blocks, async_scheduling", [(10_000, False), (120, False), (120, True)])
+def test_fast_path_is_exact_with_deliveries_during_decode_stretches(blocks, async_scheduling):
     """Costs and link off the round-number lattice of the hand-traced cases: with whole-millisecond steps and
     transfers, a delivery and a step end can fall on the same instant, where the two modes' float sums (a
-    cumulative sum against step-by-step additions) may order them differently."""
+    cumulative sum against step-by-step additions) may order them differently. Also with small pools (prompts
+    wait for decode blocks before their KV is read, prefill blocks held until read) and async scheduling."""
     pre = LinearCost(fixed_s=0.0101234, per_token_s=0.00097531, source="prefill")
     dec = LinearCost(fixed_s=0.0203457, per_token_s=0.00101117, source="decode")
+
+    def sched():
+        return make_scheduler("continuous", **{**SCHED, "num_blocks": blocks, "async_scheduling": async_scheduling})
+
     dg = Disaggregation(2, 2, dec, sched, kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=4.87e6,
                         latency_s=0.0051357)
     spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=6.0),
