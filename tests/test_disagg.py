@@ -378,3 +378,36 @@ def test_every_block_comes_back_to_both_pools(async_scheduling):
     for rep in sim.replicas:
         s = rep.sched
         assert s.kv.pool.free == s.cfg.num_blocks and not s.held and not s.loading and not s.running
+
+
+def test_the_decode_pool_has_engine_settings_of_its_own():
+    """`--decode-set`: the decode pool's engine alone changes. Its memory budget follows (a token budget of 2,048
+    instead of the H100 default 8,192 and 64 sequences instead of 1,024 shrink the activation peak and the CUDA
+    graphs, so more KV blocks), its launch line carries the settings, the prefill pool keeps the defaults; a
+    wrong key or value is one line naming the flag, on simulate and on disagg."""
+    import json
+
+    from tests.conftest import run_cli
+
+    args = ["simulate", "-m", "llama-3.1-8b", "--max-model-len", "8192", "--rate", "2", "-n", "100", "--input-len",
+            "2048", "--output-len", "32", "--disagg", "1:1", "--json"]
+    base = json.loads(run_cli(*args).stdout)["disaggregated"]
+    r = run_cli(*args, "--decode-set", "max_num_batched_tokens=2048", "--decode-set", "max_num_seqs=64")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)["disaggregated"]
+    assert d["kv"]["prefill"] == base["kv"]["prefill"]
+    assert d["kv"]["decode"]["blocks_per_replica"] > base["kv"]["decode"]["blocks_per_replica"]
+    prefill_line, decode_line = d["launch_hints"].splitlines()[:2]
+    assert "--max-num-seqs 64 " in decode_line and "--max-num-batched-tokens 2048 " in decode_line
+    assert "--max-num-seqs 64 " not in prefill_line
+    for cmd, bad, msg in ((args, "bogus=1", "'bogus'"), (args, "max_num_seqs=-3", "max_num_seqs"),
+                          (["disagg", "-m", "llama-3.1-8b", "--gpus", "2"], "max_num_seqs=0", "max_num_seqs")):
+        r = run_cli(*cmd, "--decode-set", bad)
+        assert r.returncode == 1 and msg in r.stderr and "--decode-set" in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "10", "--decode-set", "max_num_seqs=8")
+    assert r.returncode == 1 and "--disagg" in r.stderr
+    r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "2", "--input-len", "2048", "--output-len", "64", "-n", "200",
+                "--decode-set", "max_num_seqs=64", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["decode_engine"] == {"max_num_seqs": 64}

@@ -93,6 +93,38 @@ def load_card(model: str, weight_dtype: str | None = None, group: int | None = N
     return card
 
 
+def engine_overrides(specs: list[str] | None, flag: str) -> dict:
+    """KEY=VALUE settings of one role's engine (`--decode-set max_num_seqs=64`): the value read as JSON where it
+    parses (64, true, 0.85), else as text; the key an EngineConfig field, not the TP (its own option)."""
+    import json
+
+    from capacity.engine.config import EngineConfig
+
+    out: dict = {}
+    if len(specs or []) > 32:
+        raise CapacityError(f"{flag}: at most 32 settings (got {len(specs or [])})")
+    for spec in specs or []:
+        if "=" not in spec or len(spec) > 200:
+            raise CapacityError(f"{flag} {spec[:80]!r}: expected KEY=VALUE, e.g. max_num_seqs=64")
+        key, raw = (x.strip() for x in spec.split("=", 1))
+        if key not in EngineConfig.model_fields or key == "tensor_parallel_size":
+            raise CapacityError(f"{flag} {key!r}: not an engine setting of one role (see `capacity schema`; the "
+                                "TP has its own option)")
+        try:
+            out[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            out[key] = raw
+    return out
+
+
+def role_engine(cfg, tp: int, over: dict, flag: str):
+    """`cfg` at TP `tp` with a role's own settings, validated (one line naming the flag if one is wrong)."""
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+
+    return validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
+
+
 def engine_config(source: str = "options", **fields):
     """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
     from capacity.engine.config import EngineConfig

@@ -232,6 +232,8 @@ def disagg(
     link: Annotated[str, typer.Option("--link", help="KV link: nvlink, ib-400, roce-200, eth-100")] = "nvlink",
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per probe")] = 600,
     seeds: Annotated[int, typer.Option("--seeds", help="Simulations per probe")] = 1,
+    decode_set: Annotated[Optional[list[str]], typer.Option(
+        "--decode-set", help="KEY=VALUE of the decode pool's engine only, e.g. max_num_seqs=512 (repeat)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Aggregated vs disaggregated prefill/decode on a unit of GPUs: every layout's max rate under the P99 SLOs,
@@ -251,12 +253,17 @@ def disagg(
     spec = WorkloadSpec(input_len=_lengths("--input-len", input_len), output_len=_lengths("--output-len", output_len),
                         num_requests=requests)
     eng = engine_config(max_model_len=max_model_len)
+    from capacity.cli.common import engine_overrides, role_engine
+
+    over = engine_overrides(decode_set, "--decode-set")
+    checked = role_engine(eng, 1, over, "--decode-set")  # a bad value is one line now, not an error per layout
+    over = {k: getattr(checked, k) for k in over}
     from rich.console import Console
 
     con = Console(stderr=True)
     with con.status("simulating layouts") as status:
         out = compare(card, g, eng, spec, (slo_ttft_ms / 1e3, slo_tpot_ms / 1e3), gpus=gpus, target_rate=target_rate,
-                      price_per_gpu_hour=price, seeds=seeds, link=link,
+                      price_per_gpu_hour=price, seeds=seeds, link=link, decode_over=over,
                       progress=None if json_out else (lambda name: status.update(f"simulating {name}")))
     if json_out:
         typer.echo(dumps(out))

@@ -89,6 +89,9 @@ def simulate(
     link_gbps: Annotated[Optional[float], typer.Option("--link-gbps", help="--disagg: GB/s per GPU (overrides --link's)")] = None,
     link_latency_us: Annotated[Optional[float], typer.Option("--link-latency-us", help="--disagg: one-way latency, us")] = None,
     shared_link: Annotated[bool, typer.Option("--shared-link", help="--disagg: one link for the whole prefill pool")] = False,
+    decode_set: Annotated[Optional[list[str]], typer.Option(
+        "--decode-set", help="--disagg: KEY=VALUE of the decode pool's engine only, e.g. max_num_seqs=512 "
+        "(repeat); each pool's memory budget and launch line follow its own settings")] = None,
     save_run: Annotated[Optional[str], typer.Option("--save-run", help="Also write the measured requests as a run file (for capacity compare)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --save-run file")] = False,
     json_out: JsonOpt = False, output: OutputOpt = None,
@@ -148,12 +151,16 @@ def simulate(
             raise CapacityError(f"--disagg: expected P:D replicas, e.g. 1:2 (got {disagg!r})") from None
         if n_p < 1 or n_d < 1:
             raise CapacityError(f"--disagg: need at least one prefill and one decode replica (got {disagg!r})")
-        dcfg = cfg.model_copy(update={"tensor_parallel_size": decode_tp or tp})
+        from capacity.cli.common import engine_overrides, role_engine
+
+        dcfg = role_engine(cfg, decode_tp or tp, engine_overrides(decode_set, "--decode-set"), "--decode-set")
         dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
                          replicas=n_p, router=router, frontend_s=frontend_ms / 1e3)  # type: ignore[arg-type]
         dis = Disagg(Deployment(card, g, dcfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
                                 replicas=n_d, router=router),  # type: ignore[arg-type]
                      link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)
+    elif decode_set:
+        raise CapacityError("--decode-set: needs --disagg (a decode pool of its own)")
     res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward), disagg=dis)
     if save_run:
         Path(save_run).write_text(dumps(run_file(res), indent=None) + "\n")

@@ -57,7 +57,8 @@ def layouts(gpus: int, tps: tuple[int, ...] = TPS) -> list[Layout]:
 
 
 def _probe(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workload: WorkloadSpec, rate: float,
-           slo: tuple[float, float], seeds: int, link: str) -> tuple[bool, float | None, float | None]:
+           slo: tuple[float, float], seeds: int, link: str,
+           decode_over: dict | None = None) -> tuple[bool, float | None, float | None]:
     from capacity.pipeline import Deployment, Disagg, RunOptions, run
 
     # long enough to reach steady state: arrivals over 3 x the longest end-to-end time the SLO allows (a short
@@ -72,7 +73,8 @@ def _probe(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workloa
         if lay.aggregated:
             res = run(Deployment(card, gpu, eng, replicas=lay.prefill), spec, opts)
         else:
-            dec = Deployment(card, gpu, engine.model_copy(update={"tensor_parallel_size": lay.tp_decode}),
+            dec = Deployment(card, gpu, engine.model_copy(update={**(decode_over or {}),
+                                                                  "tensor_parallel_size": lay.tp_decode}),
                              replicas=lay.decode)
             res = run(Deployment(card, gpu, eng, replicas=lay.prefill), spec, opts, disagg=Disagg(dec, link))
         s = res.summary
@@ -85,16 +87,17 @@ def _probe(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workloa
 
 def max_rate(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workload: WorkloadSpec,
              slo: tuple[float, float], seeds: int = 1, link: str = "nvlink", lo: float = 0.05, hi: float = 512.0,
-             tolerance: float = 0.06) -> dict[str, Any]:
-    """The highest Poisson rate (within `tolerance`) at which the layout meets both P99 SLOs, with its P99s."""
-    ok, pt, pp = _probe(card, gpu, engine, lay, workload, lo, slo, seeds, link)
+             tolerance: float = 0.06, decode_over: dict | None = None) -> dict[str, Any]:
+    """The highest Poisson rate (within `tolerance`) at which the layout meets both P99 SLOs, with its P99s.
+    `decode_over`: engine settings of the decode pool only (a validated EngineConfig's fields)."""
+    ok, pt, pp = _probe(card, gpu, engine, lay, workload, lo, slo, seeds, link, decode_over)
     if not ok:
         return {"max_rate": 0.0, "p99_ttft_s": pt, "p99_tpot_s": pp}
     best = (pt, pp)
     # bracket from below by doubling (fewer probes than a bisection over the whole range)
     r = lo
     while r * 2 <= hi:
-        ok, pt, pp = _probe(card, gpu, engine, lay, workload, r * 2, slo, seeds, link)
+        ok, pt, pp = _probe(card, gpu, engine, lay, workload, r * 2, slo, seeds, link, decode_over)
         if not ok:
             hi = r * 2
             break
@@ -102,7 +105,7 @@ def max_rate(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workl
     lo = r
     while hi / lo > 1 + tolerance:
         mid = math.sqrt(lo * hi)
-        ok, pt, pp = _probe(card, gpu, engine, lay, workload, mid, slo, seeds, link)
+        ok, pt, pp = _probe(card, gpu, engine, lay, workload, mid, slo, seeds, link, decode_over)
         if ok:
             lo, best = mid, (pt, pp)
         else:
@@ -112,8 +115,10 @@ def max_rate(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workl
 
 def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadSpec, slo: tuple[float, float], *,
             gpus: int = 8, target_rate: float | None = None, price_per_gpu_hour: float | None = None,
-            seeds: int = 1, link: str = "nvlink", progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Every layout of a `gpus`-GPU unit (see the module docstring); with `target_rate`, the units each needs."""
+            seeds: int = 1, link: str = "nvlink", progress: Callable[[str], None] | None = None,
+            decode_over: dict | None = None) -> dict[str, Any]:
+    """Every layout of a `gpus`-GPU unit (see the module docstring); with `target_rate`, the units each needs.
+    `decode_over`: settings of the decode pool's engine only (its max_num_seqs, token budget, ...)."""
     if gpus < 1 or gpus > 64:
         raise ConfigError(f"gpus: 1 to 64 GPUs per unit (got {gpus})")
     if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
@@ -135,7 +140,7 @@ def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadS
         if progress:
             progress(lay.name)
         try:
-            r = max_rate(card, gpu, engine, lay, workload, slo, seeds, link)
+            r = max_rate(card, gpu, engine, lay, workload, slo, seeds, link, decode_over=decode_over)
         except CapacityError as exc:  # a TP that cannot hold the model, a pool without room: shown with why
             rows.append({"layout": lay.name, "aggregated": lay.aggregated, "gpus": lay.gpus, "max_rate": None,
                          "why": " ".join(str(exc).split())[:160]})
@@ -155,6 +160,7 @@ def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadS
     best_dis = min((r for r in ok if not r["aggregated"]), key=key, default=None)
     return {"model": card.name, "gpu": gpu.name, "gpus_per_unit": gpus, "link": link,
             "slo": {"ttft_s": slo[0], "tpot_s": slo[1]}, "target_rate_per_s": target_rate,
+            "decode_engine": dict(decode_over or {}),
             "input_tokens": workload.input_len.expected, "output_tokens": mean_out, "rows": rows,
             "tp_that_does_not_fit": {str(k): v for k, v in unfit.items()},
             "best_aggregated": best_agg, "best_disaggregated": best_dis,
