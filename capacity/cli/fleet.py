@@ -113,15 +113,9 @@ def autoscale(
         t.add_column(c, justify="left" if c == "layout" else "right")
     for name, d, reps in (("auto", a, f"{a['replicas']['min']}-{a['replicas']['max']}"),
                           ("static", s, str(n_static))):
-        t.add_row(name, reps, f"{d['gpu_hours']:.2f}", f"{d['cost_usd']:.2f}" if d["cost_usd"] is not None else "-",
-                  f"{d['violation_minutes']:.0f}" if (slo_t or slo_p) else "-",
-                  f"{d['p99_ttft_s'] * 1e3:.0f}" if d["p99_ttft_s"] is not None else ("inf" if d["saturated"] else "-"),
-                  f"{(d['p99_tpot_s'] or 0) * 1e3:.1f}")
+        t.add_row(name, reps, *_layout_cells(d, bool(slo_t or slo_p)))
     con.print(t)
-    saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
-    con.print(f"autoscaling uses {_fewer(saved)} GPU-hours than {n_static} static replicas"
-              + (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
-                 f"(static: {s['violation_minutes']:.0f})" if (slo_t or slo_p) else ""))
+    con.print(f"autoscaling uses {_versus(a, s, f'{n_static} static replicas', window_s, bool(slo_t or slo_p))}")
     # the pool per window: replicas ready at each window's start, next to that window's P99 TTFT
     w = a["window"]
     rows = min(len(w["start_s"]), 48)
@@ -139,8 +133,22 @@ def autoscale(
     con.print(tt)
 
 
-def _fewer(saved: float) -> str:
-    return f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
+def _layout_cells(x: dict, slo: bool) -> tuple[str, ...]:
+    """GPU-hours, cost, SLO-miss minutes and the P99s of one layout of an autoscale report."""
+    return (f"{x['gpu_hours']:.2f}", f"{x['cost_usd']:.2f}" if x["cost_usd"] is not None else "-",
+            f"{x['violation_minutes']:.0f}" if slo else "-",
+            f"{x['p99_ttft_s'] * 1e3:.0f}" if x["p99_ttft_s"] is not None else ("inf" if x["saturated"] else "-"),
+            f"{(x['p99_tpot_s'] or 0) * 1e3:.1f}")
+
+
+def _versus(a: dict, s: dict, static: str, window_s: float, slo: bool) -> str:
+    """'N% fewer GPU-hours than STATIC' (or more) and the SLO-miss minutes of both: the autoscaled layout `a`
+    against the static one `s`."""
+    saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
+    fewer = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
+    miss = (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
+            f"(static: {s['violation_minutes']:.0f})" if slo else "")
+    return f"{fewer} GPU-hours than {static}{miss}"
 
 
 def _print_disagg_autoscale(out: dict, model: str, gpu: str, window_s: float, slo: bool) -> None:
@@ -158,15 +166,9 @@ def _print_disagg_autoscale(out: dict, model: str, gpu: str, window_s: float, sl
              f"{a['decode_replicas']['min']}-{a['decode_replicas']['max']}"),
             ("static", s, str(s["replicas"]), str(s["decode_replicas"])))
     for name, x, pre, dec in rows:
-        t.add_row(name, pre, dec, f"{x['gpu_hours']:.2f}", f"{x['cost_usd']:.2f}" if x["cost_usd"] is not None else "-",
-                  f"{x['violation_minutes']:.0f}" if slo else "-",
-                  f"{x['p99_ttft_s'] * 1e3:.0f}" if x["p99_ttft_s"] is not None else ("inf" if x["saturated"] else "-"),
-                  f"{(x['p99_tpot_s'] or 0) * 1e3:.1f}")
+        t.add_row(name, pre, dec, *_layout_cells(x, slo))
     con.print(t)
-    saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
-    con.print(f"autoscaling both pools uses {_fewer(saved)} GPU-hours than each pool at its peak"
-              + (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
-                 f"(static: {s['violation_minutes']:.0f})" if slo else ""))
+    con.print(f"autoscaling both pools uses {_versus(a, s, 'each pool at its peak', window_s, slo)}")
 
 
 @app.command()
