@@ -41,8 +41,8 @@ from capacity.workload import Arrivals, WorkloadSpec, fixed  # noqa: E402
 
 # Peer figures measured side by side (issue 20's measurement: 10,000 requests of this workload, alternating runs,
 # each peer in its fastest configuration that gives identical metrics), with this simulator's figure in that run.
-PEERS = {"recorded": "2026-11 (issue 20), the project's 2-core VM (CPU model not recorded)", "capacity": 5650.0,
-         "peers": {"BLIS (Go, --cache-signal-delay 0)": (2300.0, 10.0), "Vidur (per-token metrics off)": (313.0, 70.0)}}
+PEERS = {"recorded": "2026-12-01 side by side, Intel Xeon Processor, 2 cores (bench/peers/README.md)", "capacity": 8687.0,
+         "peers": {"BLIS (Go, --cache-signal-delay 0)": (2605.0, 10.0), "Vidur (per-token metrics off)": (153.0, 70.0)}}
 
 
 def host_cpu() -> str:
