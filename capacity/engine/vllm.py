@@ -1,25 +1,8 @@
-"""The vLLM engine model: its defaults, its start-up memory accounting, its scheduler and its launch command,
-for any release from 0.4 to the current one (`capacity.engine.vllm_release` holds what changes between
-releases; `docs/memory.md` the derivation of every term with the code it comes from and the logs it was
-checked on).
-
-Start-up memory, per TP rank. The worker loads the weights, runs one profiling pass of
-max_num_batched_tokens tokens followed by a dummy sampler run over full-vocabulary logits, and then
-    requested  = total_gpu_memory x gpu_memory_utilization
-    KV budget  = requested - weights - activation peak - non-torch memory
-                 [- persistent runner buffers, where the release's profiler counts them]
-                 [- the CUDA-graph estimate, from vLLM 0.20 or with VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1]
-    num_blocks = floor(KV budget / block bytes)
-A block is block_size tokens of every layer; with sliding-window layers (V1 >= 0.10's hybrid allocator) it is
-block_size tokens of one group of layers, and every group draws from the same pool.
-
-Weights are exact from the card (the quantisation scales included). The activation peak is derived from the
-release's code: the larger of the forward pass (per-layer live tensors) and the sampler phase (rows x
-vocabulary x the bytes per logit of the release's top-k/top-p path, plus the hidden states it keeps alive,
-the Triton top-k buffer and persistent MoE workspaces). Non-torch memory and CUDA-graph memory are
-empirical: their values and ranges come from the real start-up logs in tests/data/vllm_startup. Every
-estimated term carries a [low, high] range; the KV budget's range follows, and the planner uses its
-conservative end unless `kv_estimate: middle`.
+"""The vLLM engine model: its defaults, its scheduler and its launch command, for any release from 0.4 to the
+current one (`capacity.engine.vllm_release` holds what changes between releases). Its start-up memory
+accounting is `capacity.engine.vllm_memory` (`VllmMemory`, which `Vllm` mixes in; its names are re-exported
+here); `docs/memory.md` has the derivation of every term with the code it comes from and the logs it was
+checked on.
 
 Scheduling is vLLM's V1 scheduler (`capacity.sched.continuous`): token budget, batch cap, chunked prefill,
 preemption by recompute, the full-input admission reserve, prefix caching; `--scheduling-policy priority`
@@ -27,116 +10,35 @@ is the priority request queue.
 """
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
-from dataclasses import dataclass, replace
 
-from capacity.engine.budget import KVGroups, MemoryBudget, SchedLimits, check_fits, fit_problem, kv_bytes_per_token
+from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp
+from capacity.engine.vllm_memory import (  # re-exported: the accounting's names stay importable from here
+    ACTIVATION_SLACK_GIB,
+    GRAPH_SEGMENT_MIB,
+    GRAPH_SEGMENT_MLA_MIB,
+    NON_TORCH_MULTI,
+    NON_TORCH_PER_PEER_GIB,
+    NON_TORCH_TP1,
+    VISION_ACTIVATION_SPREAD,
+    WEIGHTS_SPREAD,
+    Est,
+    VllmMemory,
+    blas_workspace_bytes,
+    cudagraph_capture_sizes,
+    kv_groups,
+)
 from capacity.engine.vllm_release import Release, release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import weight_bytes_per_rank
-from capacity.units import DTYPE_BYTES, GiB, MiB
+from capacity.units import GiB
 
 LARGE_GPU_BYTES = 70 * GiB  # vLLM's threshold for its larger batching defaults
 
 
-@dataclass(frozen=True)
-class Est:
-    """An estimated term: the middle and its [lo, hi] range, bytes."""
-
-    mid: float
-    lo: float
-    hi: float
-
-    @classmethod
-    def exact(cls, v: float) -> Est:
-        return cls(v, v, v)
-
-    def __add__(self, o: Est) -> Est:
-        return Est(self.mid + o.mid, self.lo + o.lo, self.hi + o.hi)
-
-
-# ---- empirical terms, from the real start-up logs (tests/data/vllm_startup/logs.yaml) ----------------------
-# Non-torch memory at tp=1 as each profiler counts it, GiB: (middle, low, high) over the logs of that family.
-NON_TORCH_TP1 = {
-    # device-wide used - torch allocated (the CUDA context is in it): 0.35 on an RTX 3090 (0.6.4)
-    "absolute": (0.35, 0.25, 0.60),
-    # free at init - free after profiling, context excluded; no log seen: the snapshot family's spread, widened
-    "free-delta": (0.15, 0.05, 0.40),
-    # V0 0.7-0.10 snapshot: 0.03-0.09 over T4, RTX 4060/4090, A100 (six logs)
-    "v0-snapshot": (0.06, 0.03, 0.10),
-    # V0 0.6.5-0.6.6: the first memory_profiling also counted memory other than torch's taken before the
-    # baseline: 1.79 on an 80 GB H100 (vllm#10511)
-    "v0-0.6.5": (1.79, 1.50, 2.00),
-    # V1 0.9.1-0.16: 0.02 (L4), 0.13-0.14 (H100, four logs)
-    "v1-snapshot": (0.14, 0.02, 0.20),
-    # V1 0.17-0.26: 0.25-0.27 on H100 (vLLM 0.19, nine logs)
-    "v1-0.17": (0.25, 0.20, 0.30),
-    # V1 0.27+: free memory consumed (non-torch and allocator slack); not yet seen in a log
-    "consumed": (0.30, 0.20, 0.50),
-}
-# Extra non-torch memory at tp > 1, GiB: NVSwitch boards allocate NCCL's NVLS buffers on the first collective
-# (1.79-1.96 at tp 2-4 on H100: vllm#10511 tp2, the 0.10 Qwen3-235B tp4 log, eight 0.19 logs); other links
-# hold NCCL's ring buffers and the custom all-reduce's IPC buffers (0.17 over 0.08 on two RTX 4090s, V0). The NVLS
-# middle is the median of the seven logs after taking off the per-peer growth.
-NON_TORCH_MULTI = {"nvls": (1.82, 1.78, 1.90), "nvlink": (0.50, 0.20, 1.00), "pcie": (0.17, 0.05, 0.40)}
-NON_TORCH_PER_PEER_GIB = 0.04  # growth per extra rank (tp 2 -> 4: +0.06 to +0.11 in the 0.19 logs)
-# CUDA-graph memory per captured piece, MiB: 0.36-0.58 over nine vLLM 0.19 H100 logs of dense and MoE models;
-# 1.1 for DeepSeek-V2-Lite (MLA's full graphs).
-GRAPH_SEGMENT_MIB = (0.45, 0.35, 0.60)
-GRAPH_SEGMENT_MLA_MIB = (1.10, 0.90, 1.30)
-# What the logs show beyond the derived activation peak: +0.00 to +0.06 GiB (0.19, fourteen logs) and
-# -0.15 to +0.06 (0.8-0.11): the high end adds this much.
-ACTIVATION_SLACK_GIB = 0.06
-# Weights are counted exactly, but vLLM allocates a little beyond the checkpoint for some architectures (derived
-# MLA matrices, multimodal extras): logs of plain dense decoders agree within 0.1%; MoE, MLA, sliding-window and
-# vision models were up to 0.6% above the count. The high end of the weights term adds this share.
-WEIGHTS_SPREAD = {"plain": 0.002, "other": 0.01}
-# Vision encoders' profiling (dummy items, their outputs) is read from code and checked on two logs: wider.
-VISION_ACTIVATION_SPREAD = 0.05
-
-
-def blas_workspace_bytes(gpu: GPU) -> int:
-    """PyTorch's cuBLAS workspace, allocated through the caching allocator on the first GEMM (in the profiling
-    run, so inside the torch peak): CUBLAS_WORKSPACE_CONFIG's default ':4096:8' (32 MiB) on sm90 and newer,
-    ':4096:2:16:8' (8.125 MiB) before."""
-    arch = (gpu.arch or "").lower()
-    sm = next((int(t[2:]) for t in arch.replace(",", " ").split() if t.startswith("sm") and t[2:].isdigit()), 0)
-    return 32 * MiB if sm >= 90 else 8 * MiB + 128 * 1024
-
-
-def cudagraph_capture_sizes(max_num_seqs: int, rel: Release | None = None) -> list[int]:
-    """vLLM's default capture sizes. V1: 1, 2, 4, then steps of 8 to 256, then steps of 16, up to
-    min(2 x max_num_seqs, 512). V0: 1, 2, 4, then steps of 8 up to min(max_num_seqs, 256) (rounded up to 8)."""
-    if rel is not None and rel.runner == "v0":
-        top = min(256, -(-max_num_seqs // 8) * 8)
-        return [s for s in [1, 2, 4, *range(8, 257, 8)] if s <= top]
-    top = min(2 * max_num_seqs, 512)
-    sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
-    return [s for s in sizes if s <= top]
-
-
-def kv_groups(card: ModelCard, rel: Release, block_size: int) -> KVGroups:
-    """The KV layout vLLM uses for the card. V1 >= 0.9.1 gives sliding-window layers their own groups (group
-    size: the smaller layer count, or the larger one when they differ by under 25%); older engines and V0
-    treat every layer as full attention. A model whose every layer slides is one sliding group."""
-    n_slide = card.num_sliding_layers
-    if not n_slide or card.sliding_window is None or not rel.hybrid_kv:
-        return KVGroups()
-    window_blocks = -(-(card.sliding_window - 1) // block_size) + 1
-    n_full = card.num_layers - n_slide
-    if n_full == 0:
-        return KVGroups(full=0, sliding=1, group_size=n_slide, window_blocks=window_blocks, window=card.sliding_window)
-    lo, hi = min(n_full, n_slide), max(n_full, n_slide)
-    size = hi if hi < lo * 1.25 else lo
-    return KVGroups(full=-(-n_full // size), sliding=-(-n_slide // size), group_size=size, window_blocks=window_blocks,
-                    window=card.sliding_window)
-
-
-class Vllm:
+class Vllm(VllmMemory):
     """The vLLM engine model of one release (see module docstring)."""
 
     name = "vllm"
@@ -210,245 +112,6 @@ class Vllm:
         """The token budget this engine would pick for `cfg` on `gpu` (whatever cfg says about it)."""
         probe = cfg.model_copy(update={"max_num_batched_tokens": None, "max_num_seqs": 1})
         return self.resolve(probe, card, gpu).max_num_batched_tokens
-
-    # ---- the activation peak -------------------------------------------------------------------------
-    def activation_phases(self, card: ModelCard, eng: ResolvedEngine, gpu: GPU) -> tuple[dict[str, float], float]:
-        """Torch peak increase of the profiling run, per rank, by phase, and the sampler phase at the optimistic
-        end of the release's top-k/top-p paths (the middle is `phases['sampler']`).
-
-        Forward pass over N = max_num_batched_tokens tokens: the largest set of tensors alive at once in one
-        layer. Sampler phase: R rows of full-vocabulary logits (every rank holds all of them) at the release's
-        bytes per logit, the hidden states the profile keeps alive, and buffers allocated there that persist.
-        """
-        rel, p = self.release, eng.cfg.memory_params
-        b = DTYPE_BYTES[card.dtype]
-        n, tp, h = eng.max_num_batched_tokens, eng.tp, card.hidden_size
-        ar_out = h if tp > 1 else 0  # out-of-place all-reduce result
-        if card.mla is None:
-            hd = card.head_dim_
-            q = card.num_attention_heads // tp * hd
-            kv = 2 * max(1, card.num_kv_heads // tp) * hd
-            attn = 2 * h + (q + kv) + q + h + ar_out
-        else:
-            m = card.mla
-            heads = card.num_attention_heads // tp
-            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            attn = (2 * h + (m.q_lora_rank or 0) + heads * qk + (m.kv_lora_rank + m.qk_rope_head_dim)
-                    + heads * (qk + m.v_head_dim) + heads * m.v_head_dim + h + ar_out)
-        phases = {"forward_attention": n * b * attn}
-        if card.num_dense_layers:
-            i = math.ceil(card.intermediate_size / tp)
-            # residual, the normed input, gate/up output, the activation's output, and the layer input the
-            # caller still holds (V0 0.6.4 logs: 2.07 GiB at 20k tokens and 2.99 at 29k for Llama-3.1-8B)
-            phases["forward_mlp"] = n * b * (3 * h + 3 * i + ar_out)
-        workspace = 0.0
-        if card.moe is not None:
-            moe = card.moe
-            cap = rel.fused_moe_chunk(p.fused_moe_chunk_tokens)
-            chunk = n if cap is None else min(n, cap)
-            mi = math.ceil(moe.moe_intermediate_size / tp)
-            si = math.ceil(moe.shared_intermediate / tp)
-            k, wn = moe.experts_per_token, 2 * mi  # wn: rows of the fused gate/up weight per rank
-            if rel.moe_workspace_persistent:  # TritonExperts' workspaces: (M, k, max(N/2, K)) and (M, k, max(N, K))
-                workspace = chunk * k * b * (max(wn // 2, h) + max(wn, h))
-            else:  # fused_experts_impl: one flat cache for gate/up and down outputs, one for the activation
-                workspace = chunk * k * b * (max(wn, h) + wn // 2)
-            per_tok = 2 * h + moe.num_experts + (h if si else 0) + ar_out  # hidden, router logits, shared out
-            phases["forward_moe"] = n * b * per_tok + workspace + n * k * 8 + (n * b * 3 * si if si else 0)
-        enc_out = 0.0
-        if card.vision is not None:
-            phases["encoder"], enc_out = self._encoder_bytes(card, eng)
-        rows = rel.sampler_rows(eng.max_num_seqs, n)
-        d = b
-        mid_b, lo_b = rel.sampler_bytes_per_logit(d, rows, card.is_dense)
-        if p.sampler_bytes_per_logit is not None:
-            mid_b = lo_b = d + p.sampler_bytes_per_logit
-        hidden = (n if rel.hidden_states_alive_in_sampler else rows) * h * b
-        persistent = float(rel.triton_topk_buffer(rows, card.vocab_size, gpu.sm_count or 132))
-        if card.moe is not None and rel.moe_workspace_persistent:
-            persistent += workspace
-        # the sampled rows [R, hidden], and from 0.9 their random replacement (rand_like) beside them
-        copies = 2 if rel.runner == "v1" and rel.version >= (0, 9, 0) else 1
-        base = (hidden + copies * rows * h * b + persistent + (enc_out if rel.runner == "v1" else 0.0)
-                + blas_workspace_bytes(gpu))
-        phases["sampler"] = rows * card.vocab_size * mid_b + base
-        return phases, rows * card.vocab_size * lo_b + base
-
-    def _encoder_bytes(self, card: ModelCard, eng: ResolvedEngine) -> tuple[float, float]:
-        """(the vision encoder's profiling peak, its outputs that stay alive through the text pass and sampler).
-
-        V1 profiles as many of the largest items as the encoder budget (max of max_num_batched_tokens and one
-        item) holds, in one batch; V0 gives each of max_num_seqs sequences one image. Per encoder token: the
-        residual, the normed input, the MLP hidden and its activation, and any layer outputs the encoder keeps
-        (Mllama keeps five for its output); the projected output per language-model token.
-        """
-        v = card.vision
-        assert v is not None
-        b = DTYPE_BYTES[card.dtype]
-        rel = self.release
-        if rel.runner == "v0":
-            items = max(1, eng.max_num_seqs)
-        else:
-            budget = max(eng.max_num_batched_tokens, v.tokens_per_image)
-            items = max(1, budget // v.tokens_per_image)
-        per_tok = b * (2 * v.hidden_size + 2 * v.intermediate_size + v.kept_layer_outputs * v.hidden_size)
-        out = items * v.tokens_per_image * card.hidden_size * b
-        if rel.encoder_output_padded:  # 0.11 also expands each output to the whole encoder budget
-            out += items * max(eng.max_num_batched_tokens, v.tokens_per_image) * card.hidden_size * b
-        pixels = items * 3 * v.image_size ** 2 * v.max_num_tiles * b  # the dummy images stay referenced
-        return items * v.encoder_tokens_per_image * per_tok + out + pixels, out + pixels
-
-    # ---- the budget ------------------------------------------------------------------------------------
-    def non_torch(self, eng: ResolvedEngine, gpu: GPU) -> Est:
-        rel, p = self.release, eng.cfg.memory_params
-        acc = rel.accounting
-        if acc == "snapshot" and rel.runner == "v0":
-            key = "v0-0.6.5" if rel.version < (0, 7, 0) else "v0-snapshot"
-        elif acc == "snapshot":
-            key = "v1-snapshot" if rel.version < (0, 17, 0) else "v1-0.17"
-        else:
-            key = acc
-        base = Est(*(x * GiB for x in NON_TORCH_TP1[key]))
-        if p.non_torch_bytes is not None:
-            base = Est.exact(p.non_torch_bytes)
-        if eng.tp == 1:
-            return base
-        link = "nvls" if gpu.nvls else ("nvlink" if gpu.interconnect.startswith("nvlink") else "pcie")
-        multi = Est(*(x * GiB for x in NON_TORCH_MULTI[link]))
-        if p.non_torch_multi_gpu_bytes is not None:
-            multi = Est.exact(p.non_torch_multi_gpu_bytes)
-        peer = NON_TORCH_PER_PEER_GIB * GiB if p.non_torch_per_peer_bytes is None else p.non_torch_per_peer_bytes
-        return base + multi + Est.exact((eng.tp - 2) * peer)
-
-    def runner_buffers(self, card: ModelCard, eng: ResolvedEngine, groups: KVGroups) -> float:
-        """Persistent model-runner buffers made before profiling, counted only by the absolute (V1 0.7-0.9.0)
-        and consumed (0.27+) profilers: input ids, positions, slot mapping, input embeddings, block tables,
-        and Model Runner V2's penalty bins."""
-        rel = self.release
-        if rel.runner != "v1" or rel.accounting not in ("absolute", "consumed"):
-            return 0.0
-        n = eng.max_num_batched_tokens
-        tables = eng.max_num_seqs * math.ceil(eng.max_model_len / eng.block_size) * 4 * max(1, groups.groups)
-        bins = rel.output_bin_counts(eng.max_num_seqs, card.vocab_size, card.is_dense)
-        return n * (4 + 8 + 8) + n * card.hidden_size * DTYPE_BYTES[card.dtype] + tables + bins
-
-    def cuda_graphs(self, card: ModelCard, eng: ResolvedEngine, fwd_per_token: float) -> Est:
-        p = eng.cfg.memory_params
-        sizes = cudagraph_capture_sizes(eng.max_num_seqs, self.release)
-        # V1: piecewise graphs (one piece per layer + 1) and full decode graphs; V0's whole-model graphs cost about
-        # as much per layer (0.2-0.8 MiB per size and layer in five V0 logs)
-        segments = len(sizes) * (card.num_layers + 1) + len(sizes)
-        act = max(sizes) * fwd_per_token
-        if p.cuda_graph_bytes_per_segment is not None:
-            return Est.exact(act + segments * p.cuda_graph_bytes_per_segment)
-        mib = GRAPH_SEGMENT_MLA_MIB if card.mla is not None else GRAPH_SEGMENT_MIB
-        return Est(*(act + segments * x * MiB for x in mib))
-
-    def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
-        """The VRAM budget. With check_fit, a model or max_model_len that does not fit raises DoesNotFit."""
-        eng = self.resolve(cfg, card, gpu)
-        rel = self.release
-        estimates: list[str] = []
-        total = gpu.usable_memory_bytes
-        usable = total * cfg.gpu_memory_utilization
-        weights = sum(weight_bytes_per_rank(card, eng.tp).values())
-        plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
-        w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
-        if "mxfp4" in (card.weight_format, *card.weight_formats.values()):
-            w_hi = weights * 1.06  # MXFP4 kernels pad and swizzle the experts (13.47 logged vs 12.84 GiB here)
-            estimates.append("weights (mxfp4 layout)")
-
-        phases, sampler_lo = self.activation_phases(card, eng, gpu)
-        fwd = max(v for k, v in phases.items() if k.startswith("forward"))
-        if cfg.activation_bytes is not None:
-            act = Est.exact(cfg.activation_bytes)
-        else:
-            mid = max(phases.values())
-            lo = max([v for k, v in phases.items() if k != "sampler"] + [sampler_lo])
-            slack = ACTIVATION_SLACK_GIB * GiB + (0.10 * mid if rel.accounting == "free-delta" else 0.0)
-            if card.vision is not None:
-                slack += VISION_ACTIVATION_SPREAD * mid
-            if not rel.checked:
-                slack += 0.05 * mid  # read from code only: wider
-            act = Est(mid, min(lo, mid), mid + slack)
-            estimates.append("activation")
-        if cfg.non_torch_bytes is not None:
-            nt = Est.exact(cfg.non_torch_bytes)
-        else:
-            nt = self.non_torch(eng, gpu)
-            estimates.append("non_torch")
-        if cfg.enforce_eager:
-            graphs = Est.exact(0.0)
-        elif cfg.cuda_graph_bytes is not None:
-            graphs = Est.exact(cfg.cuda_graph_bytes)
-        else:
-            graphs = self.cuda_graphs(card, eng, fwd / eng.max_num_batched_tokens)
-            estimates.append("cuda_graphs")
-        estimates.append("cuda_context")
-        groups = kv_groups(card, rel, eng.block_size)
-        if groups.sliding:  # vLLM's max_in_flight_tokens: the budget x concurrent batches (2 with async scheduling)
-            groups = replace(groups, inflight=eng.max_num_batched_tokens * (2 if self.async_scheduling(cfg) else 1))
-        buffers = self.runner_buffers(card, eng, groups)
-
-        in_budget = eng.cuda_graphs_in_budget
-        g_in = graphs if in_budget else Est.exact(0.0)
-        kv_mid = usable - weights - act.mid - nt.mid - buffers - g_in.mid
-        kv_lo = usable - w_hi - act.hi - nt.hi - buffers - g_in.hi
-        kv_hi = usable - weights - act.lo - nt.lo - buffers - g_in.lo
-        kvpt = kv_bytes_per_token(card, eng.kv_dtype, eng.tp)
-        per_layer = card.kv_elements_per_token_per_layer(eng.tp) * DTYPE_BYTES[eng.kv_dtype]
-        block_bytes = eng.block_size * (per_layer * groups.group_size if groups.group_size else kvpt)
-
-        def blocks(kv: float) -> int:
-            return max(0, math.floor(kv / block_bytes)) if kv > 0 else 0
-
-        num_blocks, blocks_lo, blocks_hi = blocks(kv_mid), blocks(kv_lo), blocks(kv_hi)
-        warnings = []
-        if cfg.num_gpu_blocks_override is not None:  # vLLM uses the override instead of what it profiled
-            if cfg.num_gpu_blocks_override > num_blocks:
-                warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} is more than the "
-                                f"{num_blocks:,} blocks the memory budget holds: the engine may run out of memory")
-            num_blocks = blocks_lo = blocks_hi = cfg.num_gpu_blocks_override
-        kv_tokens = num_blocks // max(1, groups.groups) * eng.block_size
-        contiguous = max(0, math.floor(kv_mid / (eng.max_model_len * kvpt))) if kv_mid > 0 else 0
-        outside = cfg.memory_params.cuda_context_bytes + (graphs.mid - g_in.mid)
-        planning = blocks_lo if cfg.kv_estimate == "conservative" else num_blocks
-        per_seq = groups.startup_blocks(eng.max_model_len, eng.block_size)
-
-        b = MemoryBudget(
-            model=card.name, gpu=gpu.name, tp=eng.tp, total_bytes=total,
-            gpu_memory_utilization=cfg.gpu_memory_utilization, usable_bytes=usable, weights_bytes=weights,
-            activation_bytes=act.mid, non_torch_bytes=nt.mid, cuda_graph_bytes=graphs.mid,
-            cuda_graphs_in_budget=in_budget, kv_budget_bytes=kv_mid, kv_dtype=eng.kv_dtype,
-            kv_bytes_per_token=kvpt, block_size=eng.block_size, num_blocks=num_blocks, kv_tokens=kv_tokens,
-            max_model_len=eng.max_model_len, max_num_seqs=eng.max_num_seqs,
-            max_num_batched_tokens=eng.max_num_batched_tokens, max_concurrency=num_blocks / per_seq,
-            paged_kv=cfg.paged_kv, contiguous_max_seqs=contiguous, outside_budget_bytes=outside,
-            estimates=estimates, defaults_used=list(eng.defaults_used), activation_phases=phases,
-            warnings=warnings, engine=self.name, release=rel.label, release_checked=rel.checked,
-            runner_buffers_bytes=buffers,
-            ranges={"weights": [weights, w_hi], "activation": [act.lo, act.hi], "non_torch": [nt.lo, nt.hi],
-                    "cuda_graphs": [graphs.lo, graphs.hi], "kv_budget": [kv_lo, kv_hi]},
-            num_blocks_range=[blocks_lo, blocks_hi], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
-            kv_groups=groups, block_bytes=block_bytes, chunked_prefill=eng.chunked_prefill,
-        )
-        if usable + outside > total:
-            b.warnings.append(
-                f"gpu_memory_utilization {cfg.gpu_memory_utilization} leaves {(total - usable) / GiB:.2f} GiB outside "
-                f"the budget but {outside / GiB:.2f} GiB is needed there (CUDA context"
-                f"{' + CUDA graphs' if not in_budget and graphs.mid else ''}): risk of OOM at start-up"
-            )
-        if not rel.checked:
-            b.warnings.append(f"{rel.label}: its accounting is read from the release's code and not yet checked "
-                              "against a real start-up log; the ranges are wider")
-        why = fit_problem(b, card, gpu)
-        b.fits, b.reason = why is None, why or ""
-        if why is None and cfg.kv_estimate == "conservative" and b.paged_kv and blocks_lo < per_seq:
-            b.warnings.append(f"at the conservative end of the estimate ({blocks_lo:,} blocks) one request of "
-                              f"max_model_len {eng.max_model_len} does not fit: the engine may refuse to start")
-        if check_fit:
-            check_fits(b, card, gpu)
-        return b
 
     # ---- scheduling ----------------------------------------------------------------------------------
     def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
@@ -548,3 +211,9 @@ VllmV1 = Vllm  # the name earlier code and tests use
 # measured vLLM run (async scheduling, from 0.11, overlaps most of it with the GPU step): set
 # EngineConfig.step_overhead_ms from a measured run (docs/fidelity.md) where it matters (small batches, TPOT).
 STEP_OVERHEAD_S = 2e-3
+
+__all__ = [
+    "ACTIVATION_SLACK_GIB", "GRAPH_SEGMENT_MIB", "GRAPH_SEGMENT_MLA_MIB", "LARGE_GPU_BYTES", "NON_TORCH_MULTI",
+    "NON_TORCH_PER_PEER_GIB", "NON_TORCH_TP1", "STEP_OVERHEAD_S", "VISION_ACTIVATION_SPREAD", "WEIGHTS_SPREAD", "Est",
+    "Vllm", "VllmMemory", "VllmV1", "blas_workspace_bytes", "cudagraph_capture_sizes", "kv_groups",
+]
