@@ -142,10 +142,11 @@ def test_slider_updates_the_page(server, browser, tmp_path):
     for t in ("P99 TTFT vs max batch", "P99 TPOT vs max batch", "Request context x max_num_seqs", "Throughput vs P99"):
         assert t in titles, (t, titles)
     browser.save_screenshot(str(shots / "dashboard-tradeoffs.png"))
-    for tab in ("Latency", "Timeline", "Memory"):
+    for tab in ("Latency", "Timeline", "Disaggregated", "Memory"):
         browser.find_element(By.XPATH, f"//*[@role='tab'][contains(., '{tab}')]").click()
         _wait(lambda: _idle(browser), what=f"the {tab} tab")
         time.sleep(1)
+        assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]'), tab
         browser.save_screenshot(str(shots / f"dashboard-{tab.lower()}.png"))
     browser.set_window_size(1280, 800)
     time.sleep(1)
