@@ -1,7 +1,8 @@
 """Engine models: one object per serving engine that owns its defaults, its start-up memory accounting, its
 scheduling behaviour and its launch command (`EngineModel`). vLLM is the first (`vllm.py`, every release from
-0.4: `vllm@0.11`); SGLang the second (`sglang.py`: `sglang`, `sglang@0.4.6`, memory by release, scheduling of
-v0.5.5); another engine is a new module with the same methods and one line in `ENGINES`.
+0.4: `vllm@0.11`; its start-up memory in `vllm_memory.py`); SGLang the second (`sglang.py`: `sglang`,
+`sglang@0.4.6`, scheduling of v0.5.5; memory by release in `sglang_memory.py`); another engine is a new module
+with the same methods and one line in `ENGINES`.
 
 `EngineConfig` (config.py) is the one typed configuration every door uses; `MemoryBudget` (budget.py) the
 shape of the memory answer; `memory.py` the questions built on a budget (tables, inverse queries).
