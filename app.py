@@ -433,6 +433,9 @@ def disagg_view(card, gpu, engine, workload, profile):
     n_d = c[1].number_input("decode replicas", 1, 16, 1, key="dis_d")
     tp_d = c[2].selectbox("decode TP", [1, 2, 4, 8], index=0, key="dis_tp")
     link = c[3].selectbox("KV link", list(LINKS), key="dis_link")
+    if not st.toggle("simulate this layout", key="dis_on",
+                     help="two more simulations (the layout and the aggregated one); cached by their inputs"):
+        return
     try:
         with st.spinner("simulating both layouts..."):
             out = disagg_run(card, gpu, engine, workload, profile, int(n_p), int(n_d), int(tp_d), link)

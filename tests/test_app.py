@@ -199,6 +199,8 @@ def test_disaggregated_tab_shows_the_pipelines_figures():
     from capacity.workload import WorkloadSpec
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    assert not [d for d in at.dataframe if "layout" in d.value.columns and "GPUs" in d.value.columns]  # off
+    next(w for w in at.toggle if w.label == "simulate this layout").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
     tables = [d.value for d in at.dataframe if "layout" in d.value.columns and "GPUs" in d.value.columns]
     assert len(tables) == 1

@@ -231,6 +231,7 @@ def test_a_new_replica_takes_from_the_router_queue_at_once():
     assert q.finish.max() == pytest.approx(23.0)
 
 
+@pytest.mark.slow  # four CLI runs, two of them full: in CI (`pytest -m slow`); the pools' logic is in test_disagg
 def test_autoscale_cli_scales_a_prefill_and_a_decode_pool(tmp_path):
     """`capacity autoscale --decode-tp 1`: two pools, each with its controller, through the run pipeline. Long
     outputs make the decode pool the one that grows; GPU-hours are each pool's replica-seconds x its TP (here
