@@ -262,6 +262,21 @@ class HybridKVCacheManager(KVCacheManager):
         return need
 
 
+def longest_stretch(kv: KVCacheManager, running: list[Seq], k: int, avail: int) -> int:
+    """The largest number of decode steps, at most k, whose blocks (`kv.stretch_blocks`, which grow with the
+    steps) fit in `avail`: k itself, or the bisection's answer."""
+    if kv.stretch_blocks(running, k) <= avail:
+        return k
+    lo, hi = 0, k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if kv.stretch_blocks(running, mid) <= avail:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
 def make_kv_manager(num_blocks: int, block_size: int, prefix_caching: bool = False,
                     groups: tuple[int, ...] | None = None, budget: int | None = None) -> KVCacheManager:
     """The plain manager, or the hybrid one for a sliding-window layout (prefix caching is not modelled there)."""

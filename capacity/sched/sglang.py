@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.sched.base import QueueView, Seq, Step
-from capacity.sched.kv import KVCacheManager
+from capacity.sched.kv import KVCacheManager, longest_stretch
 from capacity.sched.sglang_overlap import SglangOverlap
 from capacity.workload import Request
 
@@ -397,17 +397,7 @@ class SglangScheduler(SglangOverlap, QueueView):
                 k = left
         if k < 2:
             return 0
-        kv = self.kv
-        avail = kv.num_free_blocks
-        if kv.stretch_blocks(run, k) > avail:  # the largest k whose slots are free (needs grow with k)
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if kv.stretch_blocks(run, mid) <= avail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+        k = longest_stretch(self.kv, run, k, self.kv.num_free_blocks)  # the largest k whose slots are free
         return k if k >= 2 else 0
 
     def advance_decodes(self, k: int, end_s: float) -> list[Seq]:

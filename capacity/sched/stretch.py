@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from capacity.sched.kv import longest_stretch
+
 if TYPE_CHECKING:
     from capacity.sched.base import Seq
     from capacity.sched.continuous import ContinuousConfig
@@ -58,17 +60,7 @@ class DecodeStretches:
                 k = left
         if k < 2:
             return 0
-        kv = self.kv
-        avail = kv.stretch_capacity()
-        if kv.stretch_blocks(run, k) > avail:  # largest k whose blocks fit (needs grow with k): bisect
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if kv.stretch_blocks(run, mid) <= avail:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+        k = longest_stretch(self.kv, run, k, self.kv.stretch_capacity())
         return k if k >= 2 else 0
 
     def _admission_blocked(self) -> bool:
