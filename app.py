@@ -483,7 +483,8 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
         c1.metric("GPUs needed", p["gpus"])
         c2.metric("replicas x TP", f"{p['replicas']} x {p['tp']}")
         c3.metric("USD per 1M output tokens", f"{p['cost_per_million_tokens']:.3f}" if p["cost_per_million_tokens"] else "-")
-        st.write(f"Recommended max_num_seqs={rec.get('max_num_seqs')}, max_model_len={rec.get('max_model_len')}; "
+        st.write(f"Recommended max_num_seqs={rec.get('max_num_seqs')}, max_model_len={rec.get('max_model_len')}, "
+                 f"max_num_batched_tokens={p['budget'].get('max_num_batched_tokens')}; "
                  f"verification {'passed' if p['verification']['passed'] else 'FAILED'}")
         st.code(p["vllm_command"], language="bash")
         for t in p["tradeoffs"]:

@@ -234,6 +234,7 @@ def test_verdict_names_the_binding_slo():
 def test_disagg_cli_compares_layouts_for_a_target_rate():
     import json
     import math
+    import shlex
 
     from tests.conftest import run_cli
 
@@ -247,11 +248,51 @@ def test_disagg_cli_compares_layouts_for_a_target_rate():
         if x["max_rate"]:
             assert x["total_gpus"] == 2 * math.ceil(10 / x["max_rate"] - 1e-9)  # units of 2 GPUs for 10 req/s
             assert x["cost_per_1m_output_tokens"] == pytest.approx(x["total_gpus"] * 2 / (10 * 64 * 3600) * 1e6)
-    assert out["verdict"]
+    assert out["verdict"] and not out["tuned"]
+    # --tune prints the two winners as tuned and a `capacity simulate` line for each, which must run as printed
+    r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "2", "--input-len", "2048", "--output-len", "64",
+                "--slo-tpot-ms", "20", "--requests", "100", "--decode-set", "max_num_seqs=8", "--tune", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Each role's settings searched" in r.stdout
+    lines = [x for x in r.stdout.splitlines() if x.startswith("capacity simulate")]
+    assert len(lines) == 2 and "--disagg 1:1" in lines[1] and "--replicas" in lines[0]
+    for line in lines:
+        sim = run_cli(*shlex.split(line)[1:], "-n", "100", timeout=120)
+        assert sim.returncode == 0, (line, sim.stderr)
     r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "100")
     assert r.returncode == 1 and "gpus" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("disagg", "-m", "llama-3.1-8b", "--slo-tpot-ms", "-5")
     assert r.returncode == 1 and "--slo-tpot-ms" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_tuning_each_role_raises_a_batch_cap_that_binds():
+    """Both layouts of two H100s start from a batch cap of 4 (the decode pool's through the decode settings).
+    A 32-token output at ~8 ms a step holds a sequence ~0.3 s, so 4 slots hold a replica near 15 req/s, far
+    below what the GPU can do: the search must raise each winner's cap (the aggregated engine's, the decode
+    pool's), sustain more than the 6% it probes above, and leave the settings it was not given alone."""
+    from capacity.cli.common import load_card
+    from capacity.engine.config import EngineConfig
+    from capacity.model.gpus import get_gpu
+    from capacity.plan.disagg import SEQS, compare
+
+    card = load_card("llama-3.1-8b")
+    spec = WorkloadSpec(input_len=Lengths(kind="fixed", value=512), output_len=Lengths(kind="fixed", value=32),
+                        num_requests=100)
+    out = compare(card, get_gpu("h100-sxm"), EngineConfig(max_model_len=4096, max_num_seqs=4), spec, (0.5, 0.05),
+                  gpus=2, decode_over={"max_num_seqs": 4}, tune_roles=True)
+    agg, dis = out["best_aggregated"], out["best_disaggregated"]
+    assert out["tuned"] and agg["aggregated"] and not dis["aggregated"]
+    assert agg["settings"]["engine"]["max_num_seqs"] in SEQS and dis["settings"]["decode"]["max_num_seqs"] in SEQS
+    assert "max_num_seqs" not in dis["settings"]["prefill"]  # the prefill pool's cap is not searched
+    for r in (agg, dis):
+        assert r["max_rate"] > 1.06 * r["max_rate_as_given"] > 0
+        first = r["tried"][0]
+        assert (first["setting"], first["value"]) == ("max_num_seqs", 64) and first["max_rate"] is not None
+        # a value kept sustains the rate reported; the rates of the values kept rise
+        kept = [t["max_rate"] for t in r["tried"] if t["max_rate"] is not None]
+        assert kept == sorted(kept) and kept[-1] == r["max_rate"]
+    # the verdict compares the tuned pair
+    assert f"{max(agg['max_rate'], dis['max_rate']) / min(agg['max_rate'], dis['max_rate']):.2f}x" in out["verdict"]
 
 
 # ---- autoscaling either pool ------------------------------------------------------------------------------------

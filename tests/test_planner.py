@@ -254,3 +254,33 @@ def test_the_rate_search_probes_the_top_of_its_bracket_first(card8b):
     r = tight.rate_search(tight.engine(1), 1, 256)
     assert r.probes[0][1] and not r.probes[1][1] and len(r.probes) > 2
     assert r.max_rate < r.failed_rate <= r.max_rate * 1.1 + 1e-9
+
+
+def test_the_token_budget_is_tuned_where_it_saves_a_replica(card8b):
+    """4k prompts, 64-token outputs, P99 TPOT <= 20 ms, 40 req/s on H100s at TP 1. At vLLM's 8,192-token
+    budget a step can carry two whole 4k prompts next to the running decodes, and those steps set the P99
+    TPOT; a smaller budget splits prompts into chunks, so each replica sustains more under the SLO and the
+    target needs fewer. The plan must then recommend the smaller budget (note, launch command, memory line),
+    and leave a budget the user fixed alone."""
+    from capacity.engine.config import EngineConfig
+    from capacity.plan.frontier import TOKEN_BUDGETS
+
+    wl = WorkloadSpec(input_len=fixed(4096), output_len=fixed(64))
+    search = SearchSpec(seeds=1, requests=300, tolerance=0.1, max_num_seqs=[256], max_model_len=[8192], tp=[1],
+                        contexts=[])
+
+    def plan_with(eng):
+        sc = Scenario(model="llama-3.1-8b", gpu="h100-sxm", workload=wl, slo=SLOSpec(ttft_s=2.0, tpot_s=0.02),
+                      target_rate_per_s=40.0, search=search, engine=eng)
+        return make_plan(sc, card8b, SerialExecutor(cache=False, progress=False))
+
+    fixed_at_default = plan_with(EngineConfig(max_num_batched_tokens=8192))
+    free = plan_with(EngineConfig())
+    assert fixed_at_default.budget.max_num_batched_tokens == 8192
+    assert not [n for n in fixed_at_default.notes if "max_num_batched_tokens" in n and "sustains" in n]
+    b = free.budget.max_num_batched_tokens
+    assert b in TOKEN_BUDGETS and b < 8192
+    assert free.replicas < fixed_at_default.replicas and free.verification.passed
+    assert free.rec_search.max_rate > fixed_at_default.rec_search.max_rate
+    assert f"--max-num-batched-tokens {b}" in free.vllm_command and f"--max-num-batched-tokens {b}" in free.budget_config
+    assert any(f"max_num_batched_tokens {b} (not 8192)" in n for n in free.notes)

@@ -236,10 +236,12 @@ def disagg(
     seeds: Annotated[int, typer.Option("--seeds", help="Simulations per probe")] = 1,
     decode_set: Annotated[Optional[list[str]], typer.Option(
         "--decode-set", help="KEY=VALUE of the decode pool's engine only, e.g. max_num_seqs=512 (repeat)")] = None,
+    tune: Annotated[bool, typer.Option(
+        "--tune", help="Search each role's batch cap and token budget for the best layout of each kind")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Aggregated vs disaggregated prefill/decode on a unit of GPUs: every layout's max rate under the P99 SLOs,
-    the GPUs and cost for a target rate, and which wins and why."""
+    the GPUs and cost for a target rate, and which wins and why; with --tune, each role's settings searched."""
     from capacity.cli.common import _lengths
     from capacity.model.gpus import get_gpu
     from capacity.plan.disagg import compare
@@ -265,7 +267,7 @@ def disagg(
     con = Console(stderr=True)
     with con.status("simulating layouts") as status:
         out = compare(card, g, eng, spec, (slo_ttft_ms / 1e3, slo_tpot_ms / 1e3), gpus=gpus, target_rate=target_rate,
-                      price_per_gpu_hour=price, seeds=seeds, link=link, decode_over=over,
+                      price_per_gpu_hour=price, seeds=seeds, link=link, decode_over=over, tune_roles=tune,
                       progress=None if json_out else (lambda name: status.update(f"simulating {name}")))
     if json_out:
         typer.echo(dumps(out))
@@ -295,7 +297,43 @@ def disagg(
     con.print(t)
     for tp, why in out["tp_that_does_not_fit"].items():
         con.print(f"TP {tp} left out: {why}")
+    if out["tuned"]:
+        _print_tuned(con, out, f"-m {model} -g {gpu} --input-len {input_len} --output-len {output_len}"
+                     + (f" --weight-dtype {weight_dtype}" if weight_dtype else "") + f" --max-model-len {max_model_len}",
+                     link, decode_set or [])
     con.print(out["verdict"])
+
+
+def _print_tuned(con, out: dict, args: str, link: str, decode_set: list[str]) -> None:
+    """The two tuned winners: each role's settings, the rate before and after, and the simulate line."""
+    from rich.table import Table
+
+    t = Table(title="Each role's settings searched (the best layout of each kind)", title_justify="left")
+    for c in ("layout", "settings", "req/s", "TTFT ms", "TPOT ms"):
+        t.add_column(c, justify="left" if c in ("layout", "settings") else "right")
+    lines = []
+    for r in (out["best_aggregated"], out["best_disaggregated"]):
+        if r is None or "settings" not in r:
+            continue
+        st = r["settings"]
+        text = "; ".join(f"{role} " + ", ".join(f"{k}={v}" for k, v in kv.items()) for role, kv in st.items() if kv)
+        t.add_row(r["layout"], text or "as given", f"{r['max_rate_as_given']:.2f} -> {r['max_rate']:.2f}",
+                  f"{r['p99_ttft_s'] * 1e3:.0f}", f"{r['p99_tpot_s'] * 1e3:.1f}")
+        flags = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens"}
+        own = "".join(f" {flags[k]} {v}" for k, v in st.get("engine", st.get("prefill", {})).items())
+        n, tp = r["prefill"]
+        if r["aggregated"]:
+            lines.append(f"capacity simulate {args} --tp {tp} --replicas {n}{own} --rate {r['max_rate']:.2f}")
+        else:
+            d, tp_d = r["decode"]
+            given = {k.strip(): v.strip() for k, v in (x.split("=", 1) for x in decode_set)}  # checked: KEY=VALUE
+            dec = "".join(f" --decode-set {k}={v}" for k, v in {**given, **st["decode"]}.items())
+            lines.append(f"capacity simulate {args} --tp {tp} --disagg {n}:{d} --decode-tp {tp_d} --link {link}"
+                         f"{own}{dec} --rate {r['max_rate']:.2f}")
+    con.print(t)
+    con.print("The same, one run each:")
+    for line in lines:
+        con.print(line, soft_wrap=True)
 
 
 @app.command()

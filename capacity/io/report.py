@@ -261,7 +261,8 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     v = p.verification
     if p.recommended:
         rc = p.recommended
-        console.print(f"[bold]Recommended[/]: tp={p.tp}, max_num_seqs={rc.max_num_seqs}, max_model_len={rc.max_model_len:,}; "
+        console.print(f"[bold]Recommended[/]: tp={p.tp}, max_num_seqs={rc.max_num_seqs}, max_model_len={rc.max_model_len:,}, "
+                      f"max_num_batched_tokens={p.budget.max_num_batched_tokens:,}; "
                       f"{p.replicas} replica{'s' if p.replicas > 1 else ''} = [bold]{p.gpus} x {p.gpu}[/]"
                       + (f", ${p.cost_per_million_tokens:.3f} per 1M output tokens" if p.cost_per_million_tokens else ""))
     else:

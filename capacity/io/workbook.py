@@ -156,6 +156,8 @@ def _summary(wb, plan: dict) -> None:
         ("gpus", "GPUs", "={replicas}*{tp}", f"x {plan['gpu']}", ""),
         ("seqs", "max_num_seqs (recommended)", rec.get("max_num_seqs"), "sequences", ""),
         ("len", "max_model_len (recommended)", rec.get("max_model_len"), "tokens", ""),
+        ("mnbt", "max_num_batched_tokens (recommended)", plan["budget"].get("max_num_batched_tokens"), "tokens per step",
+         ""),
         ("out", "Mean output tokens per request", mean_output_tokens(plan), "tokens (class-weighted)", ""),
         ("cost_h", "Cost per hour", "={gpus}*{price}", "USD per hour", ""),
         ("tok_s", "Output tokens/s at the target rate", "={rate}*{out}", "tokens/s", ""),

@@ -88,8 +88,9 @@ def _probe(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workloa
 def max_rate(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workload: WorkloadSpec,
              slo: tuple[float, float], seeds: int = 1, link: str = "nvlink", lo: float = 0.05, hi: float = 512.0,
              tolerance: float = 0.06, decode_over: dict | None = None) -> dict[str, Any]:
-    """The highest Poisson rate (within `tolerance`) at which the layout meets both P99 SLOs, with its P99s.
-    `decode_over`: engine settings of the decode pool only (a validated EngineConfig's fields)."""
+    """The highest Poisson rate (within `tolerance`) at which the layout meets both P99 SLOs, with its P99s,
+    searched upwards from `lo` (a rate that fails there gives max_rate 0). `decode_over`: engine settings of the
+    decode pool only (a validated EngineConfig's fields)."""
     ok, pt, pp = _probe(card, gpu, engine, lay, workload, lo, slo, seeds, link, decode_over)
     if not ok:
         return {"max_rate": 0.0, "p99_ttft_s": pt, "p99_tpot_s": pp}
@@ -113,12 +114,98 @@ def max_rate(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workl
     return {"max_rate": lo, "p99_ttft_s": best[0], "p99_tpot_s": best[1]}
 
 
+SEQS = (64, 128, 256, 512, 1024)  # batch caps tried (vLLM's default is 256 or 1,024 by GPU and release)
+BUDGETS = (2048, 4096, 8192, 16384)  # token budgets tried (its defaults run from 2,048 to 16,384)
+
+
+def _knobs(lay: Layout) -> list[tuple[str, str, tuple[int, ...]]]:
+    """(role, setting, values) searched for a layout, in order. An aggregated engine: its batch cap, then its
+    token budget (the TPOT/TTFT trade of chunked prefill). Disaggregated: the decode pool's batch cap (its
+    concurrency against its TPOT), then the prefill pool's token budget (prompt tokens per step: its TTFT), then
+    the decode pool's token budget (its steps carry one token per sequence, so the budget only sizes the
+    activation reserve: a smaller one leaves more KV blocks)."""
+    if lay.aggregated:
+        return [("engine", "max_num_seqs", SEQS), ("engine", "max_num_batched_tokens", BUDGETS)]
+    return [("decode", "max_num_seqs", SEQS), ("prefill", "max_num_batched_tokens", BUDGETS),
+            ("decode", "max_num_batched_tokens", BUDGETS)]
+
+
+def _resolved(card: ModelCard, gpu: GPU, engine: EngineConfig) -> tuple[int, int]:
+    """The batch cap and token budget the engine runs with (its release's defaults where not set)."""
+    from capacity.engine import get_engine
+
+    b = get_engine(engine.engine).budget(card, gpu, engine)
+    return b.max_num_seqs, b.max_num_batched_tokens
+
+
+def tune(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workload: WorkloadSpec,
+         slo: tuple[float, float], found: dict[str, Any], *, seeds: int = 1, link: str = "nvlink",
+         tolerance: float = 0.06, decode_over: dict | None = None,
+         progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Each role's engine settings for one layout, by coordinate search from `found` (max_rate's answer at the
+    settings given): for each setting of `_knobs` in turn, each value is first probed just above the best rate
+    so far (1 + tolerance); one that fails there cannot win and costs that one probe, one that passes is
+    searched upwards and kept if it sustains more. A batch cap above the token budget raises the budget with it
+    (vLLM refuses a budget below the cap); a budget below the batch cap is not tried. Returns the best rate and
+    P99s, each role's settings that differ from the ones given (`prefill`, `decode`; an aggregated engine's are
+    under `prefill`), and every value tried with its rate (None: it did not beat the best at the time)."""
+    from capacity.errors import CapacityError
+
+    pre: dict[str, int] = {}
+    dec: dict[str, Any] = dict(decode_over or {})
+    best = {k: found[k] for k in ("max_rate", "p99_ttft_s", "p99_tpot_s")}
+    tried: list[dict[str, Any]] = []
+    for role, name, values in _knobs(lay):
+        for v in values:
+            p2, d2 = dict(pre), dict(dec)
+            mine = d2 if role == "decode" else p2
+            tp = lay.tp_decode if role == "decode" else lay.tp_prefill
+            try:
+                seqs, budget = _resolved(card, gpu, engine.model_copy(update={**mine, "tensor_parallel_size": tp}))
+            except CapacityError:
+                seqs, budget = -1, -1
+            if (seqs, budget)[name == "max_num_batched_tokens"] == v or (name == "max_num_batched_tokens" and v < seqs):
+                continue
+            mine[name] = v
+            if name == "max_num_seqs" and budget < v:
+                mine["max_num_batched_tokens"] = v
+            if progress:
+                progress(f"{lay.name}: {role} {name}={v}")
+            floor = best["max_rate"] * (1 + tolerance) if best["max_rate"] > 0 else 0.05
+            try:
+                r = max_rate(card, gpu, engine.model_copy(update=p2), lay, workload, slo, seeds, link, lo=floor,
+                             tolerance=tolerance, decode_over=d2)
+            except CapacityError as exc:  # no room for the model or one request at this value
+                tried.append({"role": role, "setting": name, "value": v, "max_rate": None,
+                              "why": " ".join(str(exc).split())[:160]})
+                continue
+            won = r["max_rate"] > 0
+            tried.append({"role": role, "setting": name, "value": v, "max_rate": r["max_rate"] if won else None})
+            if won:
+                best, pre, dec = r, p2, d2
+    settings = ({"engine": pre} if lay.aggregated else
+                {"prefill": pre, "decode": {k: v for k, v in dec.items() if (decode_over or {}).get(k) != v}})
+    return {**best, "settings": settings, "tried": tried}
+
+
+def _size(row: dict[str, Any], target_rate: float | None, price: float | None, mean_out: float) -> None:
+    """Units, GPUs and cost per 1M output tokens of a layout for the target rate (in place)."""
+    if target_rate is not None and row["max_rate"] > 0:
+        units = math.ceil(target_rate / row["max_rate"] - 1e-9)
+        row["units"], row["total_gpus"] = units, units * row["gpus"]
+        if price:
+            row["cost_per_1m_output_tokens"] = units * row["gpus"] * price / (target_rate * mean_out * 3600) * 1e6
+
+
 def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadSpec, slo: tuple[float, float], *,
             gpus: int = 8, target_rate: float | None = None, price_per_gpu_hour: float | None = None,
             seeds: int = 1, link: str = "nvlink", progress: Callable[[str], None] | None = None,
-            decode_over: dict | None = None) -> dict[str, Any]:
+            decode_over: dict | None = None, tune_roles: bool = False) -> dict[str, Any]:
     """Every layout of a `gpus`-GPU unit (see the module docstring); with `target_rate`, the units each needs.
-    `decode_over`: settings of the decode pool's engine only (its max_num_seqs, token budget, ...)."""
+    `decode_over`: settings of the decode pool's engine only (its max_num_seqs, token budget, ...).
+    `tune_roles`: then search each role's settings (`tune`) for the best aggregated and the best disaggregated
+    layout found at the settings given, and compare those two as tuned. Only the two winners are tuned (every
+    layout would multiply the probes by the layouts): another layout that gains more from tuning is not seen."""
     if gpus < 1 or gpus > 64:
         raise ConfigError(f"gpus: 1 to 64 GPUs per unit (got {gpus})")
     if target_rate is not None and not (math.isfinite(target_rate) and target_rate > 0):
@@ -134,7 +221,7 @@ def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadS
         except CapacityError as exc:
             unfit[tp] = " ".join(str(exc).split())[:200]
     tps = tuple(t for t in TPS if t <= gpus and t not in unfit)
-    rows = []
+    rows: list[dict[str, Any]] = []
     mean_out = workload.mean_output_tokens
     for lay in layouts(gpus, tps):
         if progress:
@@ -147,23 +234,31 @@ def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadS
             continue
         row: dict[str, Any] = {"layout": lay.name, "aggregated": lay.aggregated, "gpus": lay.gpus,
                                "prefill": [lay.prefill, lay.tp_prefill], "decode": [lay.decode, lay.tp_decode], **r}
-        if target_rate is not None and r["max_rate"] > 0:
-            units = math.ceil(target_rate / r["max_rate"] - 1e-9)
-            row["units"], row["total_gpus"] = units, units * lay.gpus
-            if price_per_gpu_hour:
-                row["cost_per_1m_output_tokens"] = (units * lay.gpus * price_per_gpu_hour
-                                                    / (target_rate * mean_out * 3600) * 1e6)
+        _size(row, target_rate, price_per_gpu_hour, mean_out)
         rows.append(row)
     ok = [r for r in rows if r.get("max_rate")]
     key = (lambda r: (r["total_gpus"], -r["max_rate"])) if target_rate is not None else (lambda r: -r["max_rate"])
     best_agg = min((r for r in ok if r["aggregated"]), key=key, default=None)
     best_dis = min((r for r in ok if not r["aggregated"]), key=key, default=None)
+    tuned: dict[str, Any] = {}
+    for kind, best in (("aggregated", best_agg), ("disaggregated", best_dis)):
+        if not tune_roles or best is None:
+            continue
+        (n_p, tp_p), (n_d, tp_d) = best["prefill"], best["decode"]
+        lay = Layout(n_p, tp_p, n_d, tp_d)
+        t = tune(card, gpu, engine, lay, workload, slo, best, seeds=seeds, link=link, decode_over=decode_over,
+                 progress=progress)
+        row = {**{k: v for k, v in best.items() if k not in ("units", "total_gpus", "cost_per_1m_output_tokens")},
+               **t, "max_rate_as_given": best["max_rate"]}
+        _size(row, target_rate, price_per_gpu_hour, mean_out)
+        tuned[kind] = row
+    best_agg, best_dis = tuned.get("aggregated", best_agg), tuned.get("disaggregated", best_dis)
     return {"model": card.name, "gpu": gpu.name, "gpus_per_unit": gpus, "link": link,
             "slo": {"ttft_s": slo[0], "tpot_s": slo[1]}, "target_rate_per_s": target_rate,
             "decode_engine": dict(decode_over or {}),
             "input_tokens": workload.input_len.expected, "output_tokens": mean_out, "rows": rows,
             "tp_that_does_not_fit": {str(k): v for k, v in unfit.items()},
-            "best_aggregated": best_agg, "best_disaggregated": best_dis,
+            "best_aggregated": best_agg, "best_disaggregated": best_dis, "tuned": bool(tune_roles),
             "verdict": verdict(best_agg, best_dis, slo, target_rate is not None)}
 
 

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from capacity.plan.tasks import SimTask
 
 CONTEXT_REQUESTS = 300  # requests per simulation of the context trade-off map
+TOKEN_BUDGETS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens tried (vLLM's defaults run 2,048 to 16,384)
 GROUP_BLOCKS = 0.005  # frontier cells whose KV blocks differ by at most this share share one simulation
 
 
@@ -256,3 +257,46 @@ def _ms(x: float | None, nd: int = 0) -> str:
     if x is None:
         return "-"
     return "saturated" if not math.isfinite(x) else f"{x * 1e3:.{nd}f} ms"
+
+
+def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, search, replicas: int):
+    """vLLM's token budget (max_num_batched_tokens: how many prompt tokens a step carries next to its decodes,
+    the trade of TTFT against TPOT) for the recommended configuration. Each of TOKEN_BUDGETS is probed at the
+    rate a replica must sustain for one replica fewer; one that holds the SLOs there gets the rate search, and
+    the one that needs the fewest replicas (then the highest rate) is recommended instead, with a note.
+    Searched only where it can save a GPU (more than one replica), the engine is vLLM and the scenario does not
+    set the budget; a budget below the batch cap (vLLM refuses it), below max_model_len without chunked
+    prefill, or without room for KV is not tried. Returns (engine, search, replicas), unchanged when no budget
+    does better."""
+    from capacity.plan.planner import replicas_for
+
+    sc = pl.sc
+    if replicas <= 1 or engine.engine != "vllm" or sc.engine.max_num_batched_tokens is not None:
+        return engine, search, replicas
+    b = pl.budget(engine)
+    best = (replicas, 0.0, engine, search)  # a budget must save a replica: a higher rate alone changes nothing
+    # the rate a replica must sustain for one replica fewer: a budget that fails there cannot win, and costs
+    # one probe instead of a rate search
+    need = sc.target_rate_per_s / (sc.headroom * (replicas - 1)) * (1 + 1e-9)
+    seeds = range(sc.search.seeds)
+    for v in TOKEN_BUDGETS:
+        if v == b.max_num_batched_tokens or v < max_num_seqs or (not b.chunked_prefill and v < b.max_model_len):
+            continue
+        e = engine.model_copy(update={"max_num_batched_tokens": v})
+        try:
+            pl.budget(e)
+        except (DoesNotFit, ConfigError):
+            continue
+        if not pl._judge(pl.ex.run(pl._tasks(e, need, seeds)))[0]:
+            continue
+        s = pl.rate_search(e, tp, max_num_seqs)
+        if s.max_rate > 0 and replicas_for(sc, s.max_rate) < replicas and (replicas_for(sc, s.max_rate),
+                                                                          -s.max_rate) < best[:2]:
+            best = (replicas_for(sc, s.max_rate), -s.max_rate, e, s)
+    if best[2] is engine:
+        return engine, search, replicas
+    n, _, e, s = best
+    pl.notes.append(f"max_num_batched_tokens {e.max_num_batched_tokens} (not {b.max_num_batched_tokens}) sustains "
+                    f"{s.max_rate:.2f} req/s per replica under the SLOs, against {search.max_rate:.2f}: {n} "
+                    f"replicas instead of {replicas}")
+    return e, s, n

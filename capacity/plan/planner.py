@@ -32,6 +32,7 @@ import math
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.plan import frontier
+from capacity.plan.frontier import tune_budget
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
@@ -297,6 +298,8 @@ class Planner:
                             rec, rec_engine, rec_search = alt, alt_engine, alt_search
                             rec_replicas = replicas_for(sc, alt_search.max_rate)
                 replicas = rec_replicas
+                rec_engine, rec_search, replicas = tune_budget(self, rec_engine, tp, rec.max_num_seqs,
+                                                               rec_search, replicas)
         verification = self.verify(rec_engine, replicas)
         if not verification.passed:
             for _ in range(3):
