@@ -175,11 +175,15 @@ class RequestClass(_Strict):
 
 
 class PrefixGroups(_Strict):
-    """`groups` distinct shared prefixes of `tokens` each; a request has one with probability `share`."""
+    """`groups` distinct shared prefixes of `tokens` each; a request has one with probability `share`, drawn at
+    random or, with `assign: round_robin`, in turn by request number (request j has prefix j mod groups): how
+    genai-perf/perf_analyzer reuse their dataset entries (100 by default, sent in turn), which makes a prefix of
+    the whole prompt less one token a benchmark's repeated prompts."""
 
     groups: PosInt = 1  # distinct shared prefixes (system prompts, templates)
     tokens: PosInt
     share: Annotated[float, Field(ge=0, le=1)] = 1.0  # probability that a request carries one
+    assign: Literal["random", "round_robin"] = "random"  # round_robin: request j has prefix j mod groups
 
 
 class WorkloadSpec(_Strict):
@@ -259,7 +263,10 @@ def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_
     ptoks = np.zeros(n, dtype=np.int64)
     if spec.prefix is not None:
         has = rng.random(n) < spec.prefix.share
-        group[has] = rng.integers(0, spec.prefix.groups, size=int(has.sum()))
+        if spec.prefix.assign == "round_robin":
+            group[has] = (start_id + np.flatnonzero(has)) % spec.prefix.groups
+        else:
+            group[has] = rng.integers(0, spec.prefix.groups, size=int(has.sum()))
         prompt[has] = np.maximum(prompt[has], spec.prefix.tokens + 1)  # a prefix leaves >= 1 token to compute
         ptoks[has] = spec.prefix.tokens
     arr = np.zeros(n) if arrivals is None else arrivals

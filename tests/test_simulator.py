@@ -314,6 +314,27 @@ def test_fast_forward_is_exact_with_prefix_caching(roofline, closed):
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
 
 
+def test_a_benchmarks_reused_prompts_hit_the_prefix_cache_in_turn():
+    """genai-perf sends its dataset entries in turn; `assign: round_robin` gives request j prefix j mod groups.
+    One closed-loop user, 2 prompts of 64 tokens (63 shared: the whole prompt less its last token), 2 output
+    tokens each, blocks of 16, steps of 10 ms + 1 ms per token. Requests 0 and 1 miss: the prefill step computes
+    64 tokens, TTFT 74 ms. Every later request finds 3 full blocks of its prompt (48 tokens; vLLM never hits the
+    block holding the last token) and computes 16: TTFT 26 ms. Each decode step (1 token) takes 11 ms."""
+    from capacity.workload import Lengths, PrefixGroups, draw_attributes
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=1), input_len=Lengths(kind="fixed", value=64),
+                        output_len=Lengths(kind="fixed", value=2), num_requests=6,
+                        prefix=PrefixGroups(groups=2, tokens=63, assign="round_robin"))
+    reqs = draw_attributes(spec, np.random.default_rng(0), 5, start_id=3)
+    assert [r.prefix_group for r in reqs] == [1, 0, 1, 0, 1] and {r.prefix_tokens for r in reqs} == {63}
+    kw = dict(CB, num_blocks=100, prefix_caching=True)
+    res = simulate(spec, LinearCost(fixed_s=0.010, per_token_s=0.001), lambda: make_scheduler("continuous", **kw),
+                   np.random.default_rng(0), SimConfig())
+    r = res.records
+    np.testing.assert_allclose(r.first_token - r.arrival, [0.074, 0.074, 0.026, 0.026, 0.026, 0.026], atol=1e-12)
+    np.testing.assert_allclose(r.finish - r.first_token, 0.011, atol=1e-12)
+
+
 @pytest.mark.parametrize("think, frontend", [(0.0, 0.0), (0.3, 0.0), (0.0, 0.004), (0.05, 0.004)])
 def test_fast_forward_is_exact_in_closed_loop(roofline, think, frontend):
     """Closed-loop users (varied lengths, no think time or some, with and without a front end): a user answered
