@@ -260,18 +260,19 @@ def _ms(x: float | None, nd: int = 0) -> str:
 
 
 def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, search, replicas: int):
-    """vLLM's token budget (max_num_batched_tokens: how many prompt tokens a step carries next to its decodes,
-    the trade of TTFT against TPOT) for the recommended configuration. Each of TOKEN_BUDGETS is probed at the
+    """The token budget (vLLM's max_num_batched_tokens: how many prompt tokens a step carries next to its decodes,
+    the trade of TTFT against TPOT; SGLang's chunked_prefill_size, the prompt tokens of a prefill batch) for the
+    recommended configuration. Each of TOKEN_BUDGETS is probed at the
     rate a replica must sustain for one replica fewer; one that holds the SLOs there gets the rate search, and
     the one that needs the fewest replicas (then the highest rate) is recommended instead, with a note.
-    Searched only where it can save a GPU (more than one replica), the engine is vLLM and the scenario does not
-    set the budget; a budget below the batch cap (vLLM refuses it), below max_model_len without chunked
-    prefill, or without room for KV is not tried. Returns (engine, search, replicas), unchanged when no budget
-    does better."""
+    Searched only where it can save a GPU (more than one replica), with chunked prefill on (without it the
+    budget must hold a whole prompt) and where the scenario does not set the budget; for vLLM a budget below
+    the batch cap (vLLM refuses it), and any budget without room for KV, is not tried. Returns (engine, search,
+    replicas), unchanged when no budget does better."""
     from capacity.plan.planner import replicas_for
 
     sc = pl.sc
-    if replicas <= 1 or engine.engine != "vllm" or sc.engine.max_num_batched_tokens is not None:
+    if replicas <= 1 or engine.engine not in ("vllm", "sglang") or sc.engine.max_num_batched_tokens is not None:
         return engine, search, replicas
     b = pl.budget(engine)
     best = (replicas, 0.0, engine, search)  # a budget must save a replica: a higher rate alone changes nothing
@@ -280,7 +281,7 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
     need = sc.target_rate_per_s / (sc.headroom * (replicas - 1)) * (1 + 1e-9)
     seeds = range(sc.search.seeds)
     for v in TOKEN_BUDGETS:
-        if v == b.max_num_batched_tokens or v < max_num_seqs or (not b.chunked_prefill and v < b.max_model_len):
+        if v == b.max_num_batched_tokens or not b.chunked_prefill or (engine.engine == "vllm" and v < max_num_seqs):
             continue
         e = engine.model_copy(update={"max_num_batched_tokens": v})
         try:
