@@ -227,3 +227,68 @@ def test_write_review_checks_the_report(report, tmp_path):
     with pytest.raises(CapacityError, match="one value per window"):
         write_review(tmp_path / "x.xlsx", autoscale=broken)
     assert not list(tmp_path.iterdir())
+
+
+def test_a_disaggregated_report_exports_each_pool(tmp_path):
+    """A prefill pool (TP 1) and a decode pool (TP 2), each autoscaled: the export's summary gives each pool's
+    replicas and the GPU-hours of both; the per-window table names its pools and adds the decode pool's ready
+    and starting replicas, read here from the report's own timeline; the chart plots both pools. A report whose
+    decode pool lost its timeline is one error line naming the field."""
+    import openpyxl
+
+    from capacity.engine.config import EngineConfig
+    from capacity.io.export import write_review
+    from capacity.io.fleet import DECODE_HEAD, autoscale_report
+    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.gpus import get_gpu
+    from capacity.sim.autoscale import AutoscaleConfig
+    from capacity.workload import WorkloadSpec
+
+    asc = AutoscaleConfig(min_replicas=1, max_replicas=4, target=1.0, interval_s=5.0, startup_s=30.0, cooldown_s=30.0)
+    dasc = AutoscaleConfig(min_replicas=1, max_replicas=4, target=4.0, interval_s=5.0, startup_s=30.0, cooldown_s=30.0)
+    wl = WorkloadSpec.model_validate({**WORKLOAD, "num_requests": 800, "input_len": {"kind": "fixed", "value": 2048},
+                                      "output_len": {"kind": "fixed", "value": 128}})
+    rep = autoscale_report(load_model_card(resolve_model_path("llama-3.1-8b")), get_gpu("h100-sxm"),
+                           EngineConfig(max_model_len=4096), wl, asc, None, window_s=60.0, slo_ttft_s=0.3, price=2.0,
+                           decode=(EngineConfig(max_model_len=4096, tensor_parallel_size=2), dasc, "nvlink"))
+    a, s, dr = rep["autoscaled"], rep["static"], rep["autoscaled"]["decode_replicas"]
+    assert dr["min"] < dr["max"] and a["replicas"]["min"] < a["replicas"]["max"]  # both pools scale
+    path = tmp_path / "d.xlsx"
+    write_review(path, autoscale=rep)
+    ws = openpyxl.load_workbook(path)["Autoscale"]
+    assert "disaggregated: prefill TP 1 (concurrency) and decode TP 2 (concurrency)" in ws.cell(1, 1).value
+    pre = row_of(ws, "Prefill replicas (autoscaled: fewest ready to peak provisioned)")
+    dec = row_of(ws, "Decode replicas (autoscaled: fewest ready to peak provisioned)")
+    assert [ws.cell(pre, j).value for j in (2, 3, 4)] == [f"{a['replicas']['min']}-{a['replicas']['max']}",
+                                                           s["replicas"], "replicas (TP 1)"]
+    assert [ws.cell(dec, j).value for j in (2, 3, 4)] == [f"{dr['min']}-{dr['max']}", s["decode_replicas"],
+                                                           "replicas (TP 2)"]
+    gh = row_of(ws, "GPU-hours")
+    assert ws.cell(gh, 2).value == pytest.approx(a["gpu_hours"]) and "decode TP 2" in ws.cell(gh, 4).value
+    assert ws.cell(row_of(ws, "Decode target"), 2).value == 4.0
+    top = next(c.row for c in ws["A"] if c.value == "window start (s)")
+    head = [c.value for c in ws[top] if c.value is not None]
+    assert head[-2:] == DECODE_HEAD and "prefill ready replicas (at start)" in head
+    rows = list(ws.iter_rows(min_row=top + 1, max_col=len(head), values_only=True))
+    assert len(rows) == a["windows"]
+    for i, row in enumerate(rows):
+        k = max(j for j, t in enumerate(dr["t_s"]) if t <= a["window"]["start_s"][i])
+        assert (row[-2], row[-1]) == (dr["ready"][k], dr["starting"][k])
+    (chart,) = ws._charts
+    assert len(chart.series) == 2  # the prefill pool's ready replicas and the decode pool's
+    broken = json.loads(json.dumps(rep))
+    del broken["autoscaled"]["decode_replicas"]
+    with pytest.raises(CapacityError, match="autoscaled.decode_replicas: Field required"):
+        write_review(tmp_path / "x.xlsx", autoscale=broken)
+
+
+def test_a_curve_whose_every_request_is_rejected_is_one_error(tmp_path):
+    """Prompts longer than max_model_len: nothing is served, and autoscale says why in one line (it used to
+    fail inside the per-window metrics), aggregated or disaggregated."""
+    wl = tmp_path / "wl.json"
+    wl.write_text(json.dumps({**WORKLOAD, "num_requests": 100, "input_len": {"kind": "fixed", "value": 4096}}))
+    for extra in ([], ["--decode-tp", "1"]):
+        r = run_cli("autoscale", "-m", "llama-3.1-8b", "--workload", str(wl), "--max-model-len", "4096", *extra)
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "no request was served (100 rejected: prompt + output = 4160 tokens exceeds max_model_len 4096)" \
+            in r.stderr

@@ -67,6 +67,7 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
     opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
     auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc, router=router),  # type: ignore[arg-type]
                spec, opts)
+    _served(auto)
     tl = auto.sim.autoscale
     assert tl is not None
     peak = max(r + s + d for r, s, d in zip(tl.ready, tl.starting, tl.draining))
@@ -91,6 +92,14 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
         "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
         "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
         "units": "seconds, GPU-hours, USD"})
+
+
+def _served(res) -> None:
+    """A run over the curve that served no request (every one rejected, e.g. longer than max_model_len) is one
+    error naming why, not an empty report."""
+    if len(res.sim.records) == 0:
+        why = f": {res.sim.rejected[0][1]}" if res.sim.rejected else ""
+        raise CapacityError(f"workload: no request was served ({len(res.sim.rejected)} rejected{why})")
 
 
 def _peak(tl) -> int:
@@ -122,6 +131,7 @@ def _disagg_report(card, gpu, engine_cfg, spec, asc, decode, static, *, window_s
     opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
     auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc, router=router), spec, opts,
                disagg=Disagg(Deployment(card, gpu, dec_cfg, profile=profile, autoscale=dasc, router=router), link))
+    _served(auto)
     tp_, td_ = auto.sim.autoscale, auto.sim.autoscale_decode
     assert tp_ is not None and td_ is not None
     n_p, n_d = _peak(tp_), _peak(td_)
@@ -226,6 +236,31 @@ class AutoscaleReport(_Model):
     static: _Static
 
 
+class _Decode(_Model):
+    tp: PositiveInt
+    policy: str
+    target: PositiveFloat
+    startup_s: NonNegativeFloat
+    cooldown_s: NonNegativeFloat
+    link: str
+
+
+class _DisaggAutoscaled(_Autoscaled):
+    decode_replicas: _Replicas
+
+
+class _DisaggStatic(_Static):
+    decode_replicas: PositiveInt
+
+
+class DisaggAutoscaleReport(AutoscaleReport):
+    """The fields of a disaggregated `capacity autoscale --decode-tp N --json` report that the export reads."""
+
+    decode: _Decode
+    autoscaled: _DisaggAutoscaled
+    static: _DisaggStatic
+
+
 def check_report(data: Any, source: str) -> dict[str, Any]:
     """`data` as an autoscale report (`capacity autoscale --json`), or one CapacityError naming `source` and what is
     missing or wrong. Returns the report as given (the fields checked, the rest kept)."""
@@ -237,10 +272,8 @@ def check_report(data: Any, source: str) -> dict[str, Any]:
                             "`capacity autoscale --json`")
     from capacity.files import validate
 
-    validate(AutoscaleReport, data, f"{source}: not a complete autoscale report")
-    if "decode" in data:
-        raise CapacityError(f"{source}: a disaggregated autoscale report (a decode pool of its own): its tables "
-                            "and workbook sheet are not made yet; read its JSON")
+    validate(DisaggAutoscaleReport if "decode" in data else AutoscaleReport, data,
+             f"{source}: not a complete autoscale report")
     return data
 
 
@@ -255,14 +288,15 @@ def load_report(path: str) -> dict[str, Any]:
 
 
 # ---- its tables --------------------------------------------------------------------------------------------------
-def ready_at(report: dict, t: float) -> int:
-    """Replicas of the autoscaled pool ready at time `t`, s (the last change at or before `t`)."""
-    reps = report["autoscaled"]["replicas"]
+def ready_at(report: dict, t: float, pool: str = "replicas") -> int:
+    """Replicas of the autoscaled pool ready at time `t`, s (the last change at or before `t`); `pool`
+    "decode_replicas": the decode pool's of a disaggregated report."""
+    reps = report["autoscaled"][pool]
     return int(reps["ready"][max(0, bisect.bisect_right(reps["t_s"], t) - 1)])
 
 
-def starting_at(report: dict, t: float) -> int:
-    reps = report["autoscaled"]["replicas"]
+def starting_at(report: dict, t: float, pool: str = "replicas") -> int:
+    reps = report["autoscaled"][pool]
     return int(reps["starting"][max(0, bisect.bisect_right(reps["t_s"], t) - 1)])
 
 
@@ -270,6 +304,7 @@ SUMMARY_HEAD = ["figure", "autoscaled", "static", "unit"]
 WINDOW_HEAD = ["window start (s)", "window start (min)", "requests", "ready replicas (at start)",
                "starting replicas (at start)", "P99 TTFT (ms)", "P99 TPOT (ms)", "meets SLO", "static P99 TTFT (ms)",
                "static meets SLO", "SLO P99 TTFT (ms)"]
+DECODE_HEAD = ["decode ready replicas (at start)", "decode starting replicas (at start)"]  # disaggregated only
 
 
 def summary_table(report: dict) -> Table:
@@ -277,10 +312,20 @@ def summary_table(report: dict) -> Table:
     a, s = report["autoscaled"], report["static"]
     slo = report["slo"]
     has_slo = bool(slo.get("ttft_s") or slo.get("tpot_s"))
+    d = report.get("decode")
+    reps = [["Replicas (autoscaled: fewest ready to peak provisioned)", f"{a['replicas']['min']}-{a['replicas']['max']}",
+             s["replicas"], "replicas"]]
+    tps = f"TP {report['tp']}"
+    if d is not None:  # disaggregated: each pool, at its own TP
+        dr = a["decode_replicas"]
+        reps = [["Prefill replicas (autoscaled: fewest ready to peak provisioned)",
+                 f"{a['replicas']['min']}-{a['replicas']['max']}", s["replicas"], f"replicas (TP {report['tp']})"],
+                ["Decode replicas (autoscaled: fewest ready to peak provisioned)", f"{dr['min']}-{dr['max']}",
+                 s["decode_replicas"], f"replicas (TP {d['tp']})"]]
+        tps = f"prefill TP {report['tp']}, decode TP {d['tp']}"
     rows: list[list] = [
-        ["Replicas (autoscaled: fewest ready to peak provisioned)", f"{a['replicas']['min']}-{a['replicas']['max']}",
-         s["replicas"], "replicas"],
-        ["GPU-hours", a["gpu_hours"], s["gpu_hours"], f"GPU-hours (TP {report['tp']})"],
+        *reps,
+        ["GPU-hours", a["gpu_hours"], s["gpu_hours"], f"GPU-hours ({tps})"],
         ["Cost", a["cost_usd"], s["cost_usd"], "USD" if a["cost_usd"] is not None else "USD (no price given)"],
         ["SLO-miss minutes", a["violation_minutes"] if has_slo else None, s["violation_minutes"] if has_slo else None,
          f"minutes, of {a['windows'] * report['window_s'] / 60:g} in windows of {report['window_s']:g} s"
@@ -301,10 +346,17 @@ def window_table(report: dict) -> Table:
     a, s = report["autoscaled"], report["static"]
     slo = ms(report["slo"].get("ttft_s"))
     w, sw = a["window"], s["window"]
+    dis = "decode" in report
     rows = []
     for i, t0 in enumerate(w["start_s"]):
         static_ok = i < len(sw["start_s"])
         rows.append([t0, t0 / 60, w["requests"][i], ready_at(report, t0), starting_at(report, t0),
                      ms(w["ttft_s"][i]), ms(w["tpot_s"][i]), yn(w["met"][i]),
-                     ms(sw["ttft_s"][i]) if static_ok else None, yn(sw["met"][i]) if static_ok else None, slo])
+                     ms(sw["ttft_s"][i]) if static_ok else None, yn(sw["met"][i]) if static_ok else None, slo,
+                     *((ready_at(report, t0, "decode_replicas"), starting_at(report, t0, "decode_replicas"))
+                       if dis else ())])
+    if dis:  # the pool columns name their pool
+        head = [f"prefill {h}" if h.endswith("replicas (at start)") else h for h in WINDOW_HEAD] + DECODE_HEAD
+        return head, rows
     return WINDOW_HEAD, rows
+

@@ -357,13 +357,16 @@ def _autoscale(wb, report: dict) -> None:
     from openpyxl.chart import LineChart, Reference
     from openpyxl.chart.axis import TextAxis
 
-    from capacity.io.fleet import WINDOW_HEAD, summary_table, window_table
+    from capacity.io.fleet import DECODE_HEAD, summary_table, window_table
 
     st = _styles()
     ws = wb.create_sheet("Autoscale")
-    a, s, slo = report["autoscaled"], report["static"], report["slo"]
+    a, s, slo, d = report["autoscaled"], report["static"], report["slo"], report.get("decode")
     put(ws, 1, 1, f"Autoscaling {report['model']} on {report['gpu']} (TP {report['tp']}): {report['policy']} policy "
-                  f"against {s['replicas']} static replicas").font = st["title"]
+                  f"against {s['replicas']} static replicas" if d is None else
+                  f"Autoscaling {report['model']} on {report['gpu']}, disaggregated: prefill TP {report['tp']} "
+                  f"({report['policy']}) and decode TP {d['tp']} ({d['policy']}), against {s['replicas']} + "
+                  f"{s['decode_replicas']} static replicas").font = st["title"]
     saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
     put(ws, 2, 1, f"{a['requests']:,} requests over {a['simulated_s'] / 3600:.2f} h of the load curve; autoscaling "
                   f"uses {saved:.0%} fewer GPU-hours than the static pool").font = st["dim"]
@@ -377,11 +380,11 @@ def _autoscale(wb, report: dict) -> None:
         for j in (2, 3):
             if isinstance(ws.cell(i, j).value, (int, float)):
                 ws.cell(i, j).number_format = fmt
+    units = {"concurrency": "requests in flight per replica", "queue": "requests waiting per ready replica",
+             "kv": "share of the KV cache"}
     settings = [
         ("Policy", report["policy"], "concurrency, queue, kv or predictive"),
-        ("Target", report["target"], {"concurrency": "requests in flight per replica",
-                                      "queue": "requests waiting per ready replica",
-                                      "kv": "share of the KV cache"}.get(report["policy"], "(not used)")),
+        ("Target", report["target"], units.get(report["policy"], "(not used)")),
         ("Start-up delay", report["startup_s"], "s (model load + engine start)"),
         ("Cooldown", report["cooldown_s"], "s"),
         ("Window", report["window_s"], "s (the P99s and the SLO per window)"),
@@ -390,6 +393,13 @@ def _autoscale(wb, report: dict) -> None:
         ("Load curve mean rate", report["curve_mean_rate_per_s"], "requests/s"),
         ("Load curve peak rate", report["curve_peak_rate_per_s"], "requests/s"),
     ]
+    if d is not None:  # disaggregated: the settings above are the prefill pool's
+        settings[:2] = [("Prefill policy", report["policy"], settings[0][2]), ("Prefill target", *settings[1][1:])]
+        settings[2:4] = [("Prefill start-up delay", *settings[2][1:]), ("Prefill cooldown", *settings[3][1:])]
+        settings += [("Decode policy", d["policy"], "the decode pool's controller"),
+                     ("Decode target", d["target"], units.get(d["policy"], "(not used)")),
+                     ("Decode start-up delay", d["startup_s"], "s"), ("Decode cooldown", d["cooldown_s"], "s"),
+                     ("KV link", d["link"], "prefill to decode")]
     r0 = end + 2
     for j, h in enumerate(("setting", "value", "", "unit"), 1):
         put(ws, r0, j, h).font = st["bold"]
@@ -413,11 +423,14 @@ def _autoscale(wb, report: dict) -> None:
                     ws.cell(i, j).fill = st["red"]
     if not wt[1]:
         return
-    col = {h: WINDOW_HEAD.index(h) + 1 for h in WINDOW_HEAD}
+    col = {h: j for j, h in enumerate(wt[0], 1)}
+    pool = "prefill " if d is not None else ""
     reps = LineChart()
     reps.title = "Ready replicas and P99 TTFT per window" + (", SLO dashed" if slo.get("ttft_s") else "")
-    reps.add_data(Reference(ws, min_col=col["ready replicas (at start)"], min_row=top, max_row=last),
+    reps.add_data(Reference(ws, min_col=col[f"{pool}ready replicas (at start)"], min_row=top, max_row=last),
                   titles_from_data=True)
+    if d is not None:  # the decode pool's ready replicas beside the prefill pool's
+        reps.add_data(Reference(ws, min_col=col[DECODE_HEAD[0]], min_row=top, max_row=last), titles_from_data=True)
     reps.set_categories(Reference(ws, min_col=col["window start (min)"], min_row=top + 1, max_row=last))
     reps.x_axis.title = "window start (min)"
     reps.x_axis.number_format = "General"

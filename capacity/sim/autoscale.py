@@ -235,7 +235,7 @@ def window_metrics(records: Records, window_s: float, slo_ttft_s: float | None =
         raise ConfigError(f"window_s: must be a finite number > 0 (got {window_s})")
     arr = records.arrival
     if arr.size == 0:
-        return {k: np.zeros(0) for k in ("start_s", "requests", "ttft_s", "tpot_s", "met")}
+        return {**{k: np.zeros(0) for k in ("start_s", "requests", "ttft_s", "tpot_s")}, "met": np.zeros(0, dtype=bool)}
     n = int(math.floor(float(arr.max()) / window_s)) + 1
     if n > 1_000_000:
         raise ConfigError(f"window_s {window_s:g}: {n:,} windows, too many (at most 1,000,000)")
