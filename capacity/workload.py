@@ -225,6 +225,21 @@ class WorkloadSpec(_Strict):
         k = self.classes[c]
         return k.input_len or self.input_len, k.output_len or self.output_len
 
+    def check_context(self, max_model_len: int, what: str = "max_model_len") -> None:
+        """One error when every request of some class is longer (prompt + output) than `max_model_len`: the engine
+        rejects each of them, so a search over rates, layouts or pools would only ever see nothing served and
+        blame the SLO. (A trace's lengths are its own and are not looked at.)"""
+        if self.arrivals.kind == "trace":
+            return
+        for c, k in enumerate(self.classes):
+            li, lo = self.class_lengths(c)
+            least = _least(li) + _least(lo)
+            if least > max_model_len:
+                who = f"class {k.name!r}" if len(self.classes) > 1 else "the workload"
+                raise ConfigError(f"{what} {max_model_len:,}: every request of {who} is longer (at least {least:,} "
+                                  "tokens, prompt + output), so none could be served: "
+                                  + ("raise it or shorten them" if what == "max_model_len" else "shorten them"))
+
     @property
     def mean_output_tokens(self) -> float:
         w = np.array([k.weight for k in self.classes])
@@ -245,6 +260,23 @@ def interarrival_gaps(arr: Arrivals, rng: np.random.Generator, n: int) -> np.nda
     if arr.kind == "constant":
         return np.full(n, mean)
     raise ConfigError(f"arrivals.kind {arr.kind}: no open-loop gaps (closed-loop users are simulated)")
+
+
+def context_of(engine, card) -> tuple[int, str]:
+    """The longest request an engine serves and its name, for `WorkloadSpec.check_context`: the engine's
+    max_model_len, or the model's context when it sets none."""
+    if engine.max_model_len is not None:
+        return engine.max_model_len, "max_model_len"
+    return card.max_position_embeddings, "the model's context (max_position_embeddings)"
+
+
+def _least(lengths: Lengths) -> int:
+    """The fewest tokens a length distribution draws."""
+    if lengths.kind == "fixed":
+        return int(lengths.value or 1)
+    if lengths.kind == "empirical":
+        return min(lengths.values or [1])
+    return lengths.low
 
 
 def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_id: int = 0,

@@ -284,3 +284,24 @@ def test_the_token_budget_is_tuned_where_it_saves_a_replica(card8b):
     assert free.rec_search.max_rate > fixed_at_default.rec_search.max_rate
     assert f"--max-num-batched-tokens {b}" in free.vllm_command and f"--max-num-batched-tokens {b}" in free.budget_config
     assert any(f"max_num_batched_tokens {b} (not 8192)" in n for n in free.notes)
+
+
+@pytest.mark.parametrize("cmd", [
+    ["plan", "--input-len", "9000", "--max-model-len", "8192"],
+    ["disagg", "--gpus", "2", "--input-len", "9000", "--output-len", "10"],
+    ["pools", "--interactive-rate", "2", "--batch-rate", "1", "--batch-input-len", "10000", "--max-model-len", "8192"],
+    ["plan", "--input-len", "200000"],
+])
+def test_requests_longer_than_the_context_are_one_error_before_any_search(cmd):
+    """Every request longer than max_model_len (or the model's 131,072-token context): vLLM would reject each, so
+    a search could only blame the SLO ("could not measure a capacity", "no layout meets the SLO"). One line
+    names the limit and the shortest request (prompt + output: 9,000 + 256, 9,000 + 10, 10,000 + 512)."""
+    r = run_cli(cmd[0], "-m", "llama-3.1-8b", *cmd[1:], timeout=60)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    want = {"plan": "every request of the workload is longer (at least 9,256 tokens",
+            "disagg": "every request of the workload is longer (at least 9,010 tokens",
+            "pools": "every request of class 'batch' is longer (at least 10,512 tokens"}[cmd[0]]
+    if "200000" in cmd:
+        want = "the model's context (max_position_embeddings) 131,072: every request of the workload is longer " \
+               "(at least 200,256 tokens"
+    assert want in r.stderr

@@ -16,7 +16,7 @@ from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.workload import Arrivals, WorkloadSpec
+from capacity.workload import Arrivals, WorkloadSpec, context_of
 
 TPS = (1, 2, 4, 8)
 MAX_PROBE_REQUESTS = 8000
@@ -212,6 +212,7 @@ def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadS
         raise ConfigError(f"target rate: must be > 0 (got {target_rate})")
     if not all(math.isfinite(x) and x > 0 for x in slo):
         raise ConfigError(f"slo: TTFT and TPOT must be > 0 (got {slo})")
+    workload.check_context(*context_of(engine, card))
     from capacity.pipeline import Deployment, prepare
 
     unfit: dict[int, str] = {}  # TP sizes that cannot hold the model here: their layouts are left out

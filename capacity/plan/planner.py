@@ -36,7 +36,7 @@ from capacity.plan.frontier import tune_budget
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
-from capacity.workload import Arrivals, Lengths, WorkloadSpec
+from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
 
@@ -232,6 +232,7 @@ class Planner:
 
     def make(self) -> Plan:
         sc, card, gpu = self.sc, self.card, self.gpu
+        sc.workload.check_context(*context_of(sc.engine, card))
         tps = self.tp_sizes()
         searches: list[RateSearch] = []
         fit_errors: list[str] = []

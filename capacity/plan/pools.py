@@ -15,7 +15,7 @@ from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.workload import Arrivals, Lengths, RequestClass, WorkloadSpec
+from capacity.workload import Arrivals, Lengths, RequestClass, WorkloadSpec, context_of
 
 
 def _check(res, names: list[str], slo: dict[str, float]) -> tuple[bool, dict[str, Any]]:
@@ -72,6 +72,7 @@ def size_pools(card: ModelCard, gpu: GPU, engine: EngineConfig, *, interactive_r
         n = int(min(20_000, max(requests, math.ceil(rate * 3 * max(mean_e2e, batch_deadline_s / 3)))))
         return WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=rate), classes=classes, num_requests=n)
 
+    spec_of(total, [inter, batch]).check_context(*context_of(engine, card))
     one = search("one pool, priority", engine.model_copy(update={"policy": "priority"}),
                  spec_of(total, [inter, batch]), ["interactive", "batch"])
     two_i = search("interactive pool", engine, spec_of(interactive_rate, [inter.model_copy(update={"weight": 1.0})]),
