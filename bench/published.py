@@ -16,14 +16,16 @@ bench/results/published_nim.json.
 
 Each published row (trtllm-bench throughput: ISL/OSL fixed, every request queued at once, total output tokens/s of
 the TP group) is replayed as an offline batch (`--arrival offline`) through the run pipeline with the roofline step
-cost, in three variants that show what each modelling choice does to the answer:
+cost, in four variants that show what each modelling choice does to the answer:
 
 - `bf16 GEMMs`: FP8 weights costed at the bf16 tensor rate (what the roofline did before FP8 compute was modelled)
   and vLLM's admission (reserve the prompt, preempt when the cache fills);
 - `fp8 GEMMs`: the GEMMs at the rate of the dtype engines multiply in (capacity.model.compute), FP8 attention;
-- `+ no-evict`: and TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (kv_reservation prompt_and_output).
+- `+ no-evict`: and TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (kv_reservation prompt_and_output);
+- `+ bench's batch settings`: and the batch cap and token budget trtllm-bench picks per dataset when given none
+  (`trtllm_bench_settings`), as the page's runs were made.
 
-Engine settings (the page gives none; TensorRT-LLM's defaults): max_batch_size 2048, max_num_tokens 8192, FP8 KV
+Engine settings of the first three (the page gives none): max_batch_size 2048, max_num_tokens 8192, FP8 KV
 cache, KV memory from the vLLM budget at gpu_memory_utilization 0.9 (TensorRT-LLM's free-memory fraction 0.9-0.95
 gives a little more: on the safe side). Requests per row: the page's count, capped by --max-requests (the makespan
 of a capped batch has relatively more ramp-up and tail, which lowers the predicted throughput a little).
@@ -33,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import platform
 import sys
 import time
@@ -60,17 +63,50 @@ VARIANTS = {  # name -> (compute dtype override, kv_reservation)
     "fp8 GEMMs": (None, "prompt"),
     "+ no-evict": (None, "prompt_and_output"),
 }
+# the offline table adds one: trtllm-bench's own batch cap and token budget (trtllm_bench_settings)
+TABLE_VARIANTS = {**{k: (*v, False) for k, v in VARIANTS.items()},
+                  "+ bench's batch settings": (None, "prompt_and_output", True)}
 WEIGHT = {"fp8": "fp8", "fp4": "nvfp4"}
 # the sweeps add one: genai-perf's 100 prompts, sent in turn, hitting the engine's prefix cache (NVIDIA's page
 # does not say whether KV reuse was on: a hypothesis, scored beside the others)
 SWEEP_VARIANTS = {**{k: (*v, False) for k, v in VARIANTS.items()}, "+ reused prompts": (None, "prompt_and_output", True)}
 
 
-def predict(row: dict, n_requests: int, compute: str | None, reservation: str) -> float:
-    """Total output tokens/s of the TP group for one published row, as an offline batch."""
+def trtllm_bench_settings(card, gpu, row: dict, fraction: float = 0.95) -> tuple[int, int]:
+    """The max_batch_size and max_num_tokens `trtllm-bench throughput` picks when it is given neither, as
+    TensorRT-LLM's bench/build/tuning.py (calc_engine_setting, finetune_setting) computes them, read there:
+    the KV bytes per token of the whole model (FP8 KV: the checkpoints' FP8/NVFP4 quantisation maps to an FP8 KV
+    cache; at least one KV head per rank) into the GPUs' memory less the weights (parameters x 1 byte for FP8,
+    0.5 for NVFP4), times the KV fraction (0.95, the heuristic's default and the page's usual setting), gives the
+    requests of ISL + OSL that fit; the batch is that (at most 4,096) rounded up to 32/128/256 and at least 64;
+    the token budget is batch x (1 + ISL/OSL) (at most 32,768) rounded up to 256/512/1,024 and at least 2,048.
+    With chunked prefill off (trtllm-bench's default) the budget is raised to the longest prompt plus the batch."""
+    from capacity.model.weights import count_params
+
+    gib = 2**30
+    kv_per_token = 2 * card.num_layers * max(row["tp"], card.num_kv_heads) * card.head_dim_ / gib
+    weights = count_params(card) * {"fp8": 1.0, "fp4": 0.5}[row["dtype"]] / gib
+    fits = (gpu.usable_memory_bytes / gib * row["tp"] - weights) * fraction / (kv_per_token * (row["isl"] + row["osl"]))
+    bs = min(fits, 4096)
+    tokens = min(bs * (1 + row["isl"] / row["osl"]), 32768)
+    step_bs = 32 if bs < 256 else 128 if bs < 1024 else 256
+    batch = step_bs * math.ceil(bs / step_bs)
+    batch = max(64, batch) if bs < 256 else batch
+    step_tok = 256 if tokens < 4096 else 512 if tokens < 8192 else 1024
+    budget = step_tok * math.ceil(tokens / step_tok)
+    budget = max(2048, budget) if tokens < 4096 else budget
+    return batch, max(budget, row["isl"] + batch)
+
+
+def predict(row: dict, n_requests: int, compute: str | None, reservation: str, bench_settings: bool = False) -> float:
+    """Total output tokens/s of the TP group for one published row, as an offline batch. `bench_settings`:
+    the batch cap and token budget trtllm-bench picks (`trtllm_bench_settings`), not 2,048 and 8,192."""
     card = load_card(row["model"], WEIGHT[row["dtype"]], None, compute)
-    eng = EngineConfig(tensor_parallel_size=row["tp"], kv_cache_dtype="fp8", max_num_seqs=2048,
-                       max_num_batched_tokens=8192, max_model_len=row["isl"] + row["osl"],
+    seqs, budget = trtllm_bench_settings(card, get_gpu(row["gpu"]), row) if bench_settings else (2048, 8192)
+    # chunked prefill stays on: the vLLM engine model refuses a budget below max_model_len without it, and the
+    # budget holds every prompt (TensorRT-LLM would make a prompt that does not fit the step wait, not split it)
+    eng = EngineConfig(tensor_parallel_size=row["tp"], kv_cache_dtype="fp8", max_num_seqs=seqs,
+                       max_num_batched_tokens=budget, max_model_len=row["isl"] + row["osl"],
                        kv_reservation=reservation)  # type: ignore[arg-type]
     spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(row["isl"]), output_len=fixed(row["osl"]),
                         num_requests=n_requests)
@@ -161,7 +197,7 @@ def main() -> None:
     out = []
     for i, r in enumerate(rows):
         n = min(counts[(r["isl"], r["osl"])], cap)
-        pred = {v: predict(r, n, c, k) for v, (c, k) in VARIANTS.items()}
+        pred = {v: predict(r, n, c, k, b) for v, (c, k, b) in TABLE_VARIANTS.items()}
         err = {v: p / r["output_tokens_per_s"] - 1 for v, p in pred.items()}
         out.append({**{k: r[k] for k in ("model", "gpu", "tp", "dtype", "isl", "osl")}, "requests": n,
                     "published": r["output_tokens_per_s"], "predicted": pred, "error": err})
@@ -169,7 +205,7 @@ def main() -> None:
               f"{r['isl']:>5}/{r['osl']:<5} published {r['output_tokens_per_s']:>8,.0f}  "
               + "  ".join(f"{e:+.0%}" for e in err.values()), flush=True)
     summary = {}
-    for v in VARIANTS:
+    for v in TABLE_VARIANTS:
         e = np.array([o["error"][v] for o in out])
         summary[v] = {"mape": float(np.mean(np.abs(e))), "median_abs": float(np.median(np.abs(e))),
                       "median_signed": float(np.median(e)), "within_10pct": int((np.abs(e) <= 0.10).sum()),
@@ -178,19 +214,19 @@ def main() -> None:
     for key in sorted({(o["model"], o["gpu"], o["tp"], o["dtype"]) for o in out}):
         sel = [o for o in out if (o["model"], o["gpu"], o["tp"], o["dtype"]) == key]
         groups[f"{key[0]} {key[1]} tp{key[2]} {key[3]}"] = {
-            v: float(np.mean([abs(o["error"][v]) for o in sel])) for v in VARIANTS}
+            v: float(np.mean([abs(o["error"][v]) for o in sel])) for v in TABLE_VARIANTS}
     print(f"\nthroughput MAPE by group ({len(out)} rows; {time.time() - t0:.0f} s)")
-    print(f"{'group':38s}" + "".join(f"{v:>14s}" for v in VARIANTS))
+    print(f"{'group':38s}" + "".join(f"{v:>14s}" for v in TABLE_VARIANTS))
     for g, m in groups.items():
-        print(f"{g:38s}" + "".join(f"{m[v]:>14.1%}" for v in VARIANTS))
-    print(f"{'all: MAPE':38s}" + "".join(f"{summary[v]['mape']:>14.1%}" for v in VARIANTS))
-    print(f"{'all: median signed error':38s}" + "".join(f"{summary[v]['median_signed']:>+14.1%}" for v in VARIANTS))
+        print(f"{g:38s}" + "".join(f"{m[v]:>14.1%}" for v in TABLE_VARIANTS))
+    print(f"{'all: MAPE':38s}" + "".join(f"{summary[v]['mape']:>14.1%}" for v in TABLE_VARIANTS))
+    print(f"{'all: median signed error':38s}" + "".join(f"{summary[v]['median_signed']:>+14.1%}" for v in TABLE_VARIANTS))
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({
         "source": data["source"]["url"], "command": "python bench/published.py" + (" --quick" if a.quick else ""),
         "host": {"machine": platform.machine(), "processor": platform.processor() or platform.platform(),
                  "python": platform.python_version()},
-        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "max_requests": cap, "variants": list(VARIANTS),
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "max_requests": cap, "variants": list(TABLE_VARIANTS),
         "summary": summary, "groups": groups, "rows": out}, indent=1) + "\n")
     print(f"wrote {a.out}")
 
