@@ -40,3 +40,21 @@ def test_trtllm_bench_batch_settings_by_hand(published):
     assert published.trtllm_bench_settings(c8, h100, {**row, "isl": 128, "osl": 128}) == (4096, 8192)
     assert published.trtllm_bench_settings(c70, h100, {"tp": 2, "dtype": "fp8", "isl": 20000, "osl": 2000}) == \
         (64, 20064)
+
+
+def test_trtllm_bench_batch_settings_match_a_real_log(published):
+    """TensorRT-LLM issue #6294 (0.20.0): Llama-3.1-8B FP8 on an H100, 128-token prompts and outputs of about
+    28 tokens (derived in the data file), and trtllm-bench printed max_num_requests=4096, max_num_tokens=23552.
+    By hand: 68.097 GiB / (6.1035e-5 x 156) = 7,152 requests, capped at 4,096; 4,096 x (1 + 128 / 28) = 22,821
+    tokens -> 1,024 x 23 = 23,552."""
+    import yaml
+
+    from capacity.cli.common import load_card
+    from capacity.model.gpus import get_gpu
+
+    (log,) = yaml.safe_load((ROOT / "tests/data/published/trtllm_bench_logs.yaml").read_text())["logs"]
+    card = load_card(log["model"], log["dtype"], None, None)
+    row = {"tp": log["tp"], "dtype": log["dtype"], "isl": log["isl"], "osl": log["osl_derived"]}
+    got = published.trtllm_bench_settings(card, get_gpu(log["gpu"]), row)
+    assert got == (log["expected"]["max_batch_size"], log["expected"]["max_num_tokens"])
+    assert f"max_num_requests={got[0]}, max_num_tokens={got[1]}" in log["printed"]["settings_line"]
