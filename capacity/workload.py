@@ -238,7 +238,7 @@ class WorkloadSpec(_Strict):
                 who = f"class {k.name!r}" if len(self.classes) > 1 else "the workload"
                 raise ConfigError(f"{what} {max_model_len:,}: every request of {who} is longer (at least {least:,} "
                                   "tokens, prompt + output), so none could be served: "
-                                  + ("raise it or shorten them" if what == "max_model_len" else "shorten them"))
+                                  + ("raise it or shorten them" if what.endswith("max_model_len") else "shorten them"))
 
     @property
     def mean_output_tokens(self) -> float:

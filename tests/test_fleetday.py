@@ -135,3 +135,27 @@ def test_a_day_needs_a_curve(tmp_path):
     open(p, "w").write(text)
     r = run_cli("fleet-day", "--fleet", p)
     assert r.returncode == 1 and "a day follows a load curve" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_model_whose_requests_exceed_its_context_is_one_error_before_any_run(tmp_path):
+    """fleet-day and colocate: a model whose every request is longer than its max_model_len would have no
+    request served, and its SLO would read 'met' (colocate printed exactly that). One line names the model,
+    its limit and its shortest request (5,000 + 64 tokens)."""
+    p = fleet_yaml(tmp_path)
+    text = open(p).read().replace("input_len: {kind: fixed, value: 512}", "input_len: {kind: fixed, value: 5000}", 1)
+    open(p, "w").write(text)
+    r = run_cli("fleet-day", "--fleet", p)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "models[0] (llama-3.1-8b): max_model_len 4,096: every request of the workload is longer (at least " \
+           "5,064 tokens" in r.stderr
+    co = tmp_path / "co.yaml"
+    co.write_text("gpu: h100-sxm\ngpus: 1\nmodels:\n"
+                  "  - model: llama-3.1-8b\n    engine: {max_model_len: 4096}\n    workload:\n"
+                  "      arrivals: {kind: poisson, rate_per_s: 2}\n      input_len: {kind: fixed, value: 5000}\n"
+                  "      output_len: {kind: fixed, value: 64}\n      num_requests: 100\n"
+                  "  - model: mistral-7b\n    engine: {max_model_len: 4096}\n    workload:\n"
+                  "      arrivals: {kind: poisson, rate_per_s: 2}\n      input_len: {kind: fixed, value: 512}\n"
+                  "      output_len: {kind: fixed, value: 64}\n      num_requests: 100\n")
+    r = run_cli("colocate", "--fleet", str(co))
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "models[0] (llama-3.1-8b): max_model_len 4,096: every request" in r.stderr

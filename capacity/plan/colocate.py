@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
-from capacity.workload import WorkloadSpec, generate
+from capacity.workload import WorkloadSpec, context_of, generate
 
 MAX_MODELS = 16
 LAYOUTS = ("separate", "shared", "swapped")
@@ -92,6 +92,8 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     for i, m in enumerate(fleet.models):
         card = load_model_card(resolve_model_path(m.model))
         eng = m.engine
+        limit, what = context_of(eng, card)
+        m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")
         if layout != "separate" and eng.tensor_parallel_size != 1:
             raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the {layout} layout puts one replica of "
                               "every model on each GPU (TP 1)")

@@ -32,7 +32,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
-from capacity.workload import WorkloadSpec
+from capacity.workload import WorkloadSpec, context_of
 
 LAYOUTS = ("static", "reactive", "predictive")
 MAX_MODELS = 8
@@ -240,7 +240,13 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
     """The whole comparison (see the module docstring) as a JSON-ready report."""
     from capacity.files import strict_json
 
+    from capacity.model.card import load_model_card, resolve_model_path
+
     t0 = time.perf_counter()
+    for i, m in enumerate(fleet.models):  # every model's requests fit its context, before any simulation
+        card = load_model_card(resolve_model_path(m.model))
+        limit, what = context_of(m.engine, card)
+        m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")
     points = []
     for i, m in enumerate(fleet.models):
         try:
