@@ -239,7 +239,6 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
               shared: bool = True) -> dict[str, Any]:
     """The whole comparison (see the module docstring) as a JSON-ready report."""
     from capacity.files import strict_json
-
     from capacity.model.card import load_model_card, resolve_model_path
 
     t0 = time.perf_counter()
