@@ -147,10 +147,8 @@ def tune(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workload:
     so far (1 + tolerance); one that fails there cannot win and costs that one probe, one that passes is
     searched upwards and kept if it sustains more. A batch cap above the token budget raises the budget with it
     (vLLM refuses a budget below the cap); a budget below the batch cap is not tried. Returns the best rate and
-    P99s, each role's settings that differ from the ones given (`prefill`, `decode`; an aggregated engine's are
-    under `prefill`), and every value tried with its rate (None: it did not beat the best at the time)."""
-    from capacity.errors import CapacityError
-
+    P99s, each role's settings that differ from the ones given (`settings`: `prefill` and `decode`, or an
+    aggregated layout's `engine`), and every value tried with its rate (None: it did not beat the best then)."""
     pre: dict[str, int] = {}
     dec: dict[str, Any] = dict(decode_over or {})
     best = {k: found[k] for k in ("max_rate", "p99_ttft_s", "p99_tpot_s")}

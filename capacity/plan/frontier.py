@@ -262,9 +262,9 @@ def _ms(x: float | None, nd: int = 0) -> str:
 def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, search, replicas: int):
     """The token budget (vLLM's max_num_batched_tokens: how many prompt tokens a step carries next to its decodes,
     the trade of TTFT against TPOT; SGLang's chunked_prefill_size, the prompt tokens of a prefill batch) for the
-    recommended configuration. Each of TOKEN_BUDGETS is probed at the
-    rate a replica must sustain for one replica fewer; one that holds the SLOs there gets the rate search, and
-    the one that needs the fewest replicas (then the highest rate) is recommended instead, with a note.
+    recommended configuration. Each of TOKEN_BUDGETS is probed at the rate a replica must sustain for one
+    replica fewer; one that holds the SLOs there gets the rate search, and the one that needs the fewest
+    replicas (then the highest rate) is recommended instead, with a note.
     Searched only where it can save a GPU (more than one replica), with chunked prefill on (without it the
     budget must hold a whole prompt) and where the scenario does not set the budget; for vLLM a budget below
     the batch cap (vLLM refuses it), and any budget without room for KV, is not tried. Returns (engine, search,
@@ -272,7 +272,8 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
     from capacity.plan.planner import replicas_for
 
     sc = pl.sc
-    if replicas <= 1 or engine.engine not in ("vllm", "sglang") or sc.engine.max_num_batched_tokens is not None:
+    kind = engine.engine.split("@")[0]  # vllm@0.11, sglang@0.4.6: the engine, whatever its release
+    if replicas <= 1 or kind not in ("vllm", "sglang") or sc.engine.max_num_batched_tokens is not None:
         return engine, search, replicas
     b = pl.budget(engine)
     best = (replicas, 0.0, engine, search)  # a budget must save a replica: a higher rate alone changes nothing
@@ -281,7 +282,7 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
     need = sc.target_rate_per_s / (sc.headroom * (replicas - 1)) * (1 + 1e-9)
     seeds = range(sc.search.seeds)
     for v in TOKEN_BUDGETS:
-        if v == b.max_num_batched_tokens or not b.chunked_prefill or (engine.engine == "vllm" and v < max_num_seqs):
+        if v == b.max_num_batched_tokens or not b.chunked_prefill or (kind == "vllm" and v < max_num_seqs):
             continue
         e = engine.model_copy(update={"max_num_batched_tokens": v})
         try:
