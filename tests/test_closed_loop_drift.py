@@ -1,0 +1,62 @@
+"""Closed-loop users with fixed lengths on a real vLLM drift out of lock-step; the simulator's do not (yet).
+
+`tests/data/vllm_closed_loop/users16_64in_32out.json`: 16 users, no think time, 64-token prompts and exactly
+32 output tokens each, on vLLM 0.32's CPU build (tiny model, steps of ~7-10 ms), 640 requests. A wave of users
+answered in the same step gets its first tokens in the same step: the size of a cluster of first-token times
+(within 3 ms of each other) counts the users still in step. On the real engine the first 64 requests come in
+clusters of up to 13 and the last 240 in clusters of ~2; TTFT falls from ~106 to ~64 ms as the prefills spread
+over the decode steps. docs/fidelity.md (closed-loop lock-step) has the numbers and what is known of why."""
+import json
+
+import numpy as np
+import pytest
+
+from tests.conftest import ROOT
+
+DATA = ROOT / "tests/data/vllm_closed_loop/users16_64in_32out.json"
+
+
+def cluster_sizes(first_token_s, gap: float = 0.003) -> list[int]:
+    ts = np.sort(np.asarray(first_token_s))
+    sizes, cur = [], 1
+    for a, b in zip(ts, ts[1:]):
+        if b - a <= gap:
+            cur += 1
+        else:
+            sizes.append(cur)
+            cur = 1
+    return sizes + [cur]
+
+
+def _by_send(d: dict) -> tuple[np.ndarray, np.ndarray]:
+    sent, ft = np.array(d["sent_s"]), np.array(d["first_token_s"])
+    order = np.argsort(sent)
+    return sent[order], ft[order]
+
+
+def test_a_real_vllm_closed_loop_drifts_out_of_lock_step():
+    d = json.loads(DATA.read_text())
+    sent, ft = _by_send(d)
+    assert len(sent) == 640
+    early, late = cluster_sizes(ft[:64]), cluster_sizes(ft[400:])
+    assert max(early) >= 10 and np.mean(early) > 4  # the start: most of the 16 users in step
+    assert np.mean(late) < 3  # later: pairs, not waves
+    assert (ft - sent)[400:].mean() < 0.75 * (ft - sent)[:64].mean()
+
+
+@pytest.mark.xfail(strict=True, reason="not modelled yet: what drifts real closed-loop users apart (docs/fidelity.md)")
+def test_the_simulator_drifts_as_the_real_engine_does():
+    """The same load simulated step by step with a cost of ~9.5 ms a step: every wave stays in one step."""
+    from capacity.cost.step import LinearCost
+    from capacity.sched import make_scheduler
+    from capacity.sim.simulator import simulate
+    from capacity.workload import Arrivals, Lengths, WorkloadSpec
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=16), input_len=Lengths(kind="fixed", value=64),
+                        output_len=Lengths(kind="fixed", value=32), num_requests=640)
+    res = simulate(spec, LinearCost(fixed_s=0.0095, per_token_s=0.00005),
+                   lambda: make_scheduler("continuous", max_num_seqs=64, max_num_batched_tokens=2048, block_size=32,
+                                          num_blocks=1024), np.random.default_rng(0))
+    r = res.records
+    order = np.argsort(r.arrival)
+    assert np.mean(cluster_sizes(r.first_token[order][400:])) < 3
