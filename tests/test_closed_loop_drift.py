@@ -5,7 +5,8 @@
 answered in the same step gets its first tokens in the same step: the size of a cluster of first-token times
 (within 3 ms of each other) counts the users still in step. On the real engine the first 64 requests come in
 clusters of up to 13 and the last 240 in clusters of ~2; TTFT falls from ~106 to ~64 ms as the prefills spread
-over the decode steps. docs/fidelity.md (closed-loop lock-step) has the numbers and what is known of why."""
+over the decode steps. docs/fidelity.md (closed-loop lock-step) has the numbers, what is known of why, and a
+caveat: on the 2-core VM the engine's processes and the load client share the cores."""
 import json
 
 import numpy as np
