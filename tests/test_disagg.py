@@ -234,7 +234,6 @@ def test_verdict_names_the_binding_slo():
 def test_disagg_cli_compares_layouts_for_a_target_rate():
     import json
     import math
-    import shlex
 
     from tests.conftest import run_cli
 
@@ -249,16 +248,6 @@ def test_disagg_cli_compares_layouts_for_a_target_rate():
             assert x["total_gpus"] == 2 * math.ceil(10 / x["max_rate"] - 1e-9)  # units of 2 GPUs for 10 req/s
             assert x["cost_per_1m_output_tokens"] == pytest.approx(x["total_gpus"] * 2 / (10 * 64 * 3600) * 1e6)
     assert out["verdict"] and not out["tuned"]
-    # --tune prints the two winners as tuned and a `capacity simulate` line for each, which must run as printed
-    r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "2", "--input-len", "2048", "--output-len", "64",
-                "--slo-tpot-ms", "20", "--requests", "100", "--decode-set", "max_num_seqs=8", "--tune", timeout=120)
-    assert r.returncode == 0, r.stderr
-    assert "Each role's settings searched" in r.stdout
-    lines = [x for x in r.stdout.splitlines() if x.startswith("capacity simulate")]
-    assert len(lines) == 2 and "--disagg 1:1" in lines[1] and "--replicas" in lines[0]
-    for line in lines:
-        sim = run_cli(*shlex.split(line)[1:], "-n", "100", timeout=120)
-        assert sim.returncode == 0, (line, sim.stderr)
     r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "100")
     assert r.returncode == 1 and "gpus" in r.stderr and "Traceback" not in r.stderr
     r = run_cli("disagg", "-m", "llama-3.1-8b", "--slo-tpot-ms", "-5")
@@ -293,6 +282,26 @@ def test_tuning_each_role_raises_a_batch_cap_that_binds():
         assert kept == sorted(kept) and kept[-1] == r["max_rate"]
     # the verdict compares the tuned pair
     assert f"{max(agg['max_rate'], dis['max_rate']) / min(agg['max_rate'], dis['max_rate']):.2f}x" in out["verdict"]
+
+
+@pytest.mark.slow  # three CLI runs: in CI (`pytest -m slow`); the search itself is checked by the test above
+def test_disagg_cli_tune_prints_simulate_lines_that_run():
+    """--tune prints the two winners as tuned and a `capacity simulate` line for each, which must run as
+    printed (the user's --decode-set merged with the tuned decode settings, on the disaggregated line only)."""
+    import shlex
+
+    from tests.conftest import run_cli
+
+    r = run_cli("disagg", "-m", "llama-3.1-8b", "--gpus", "2", "--input-len", "2048", "--output-len", "64",
+                "--slo-tpot-ms", "20", "--requests", "100", "--decode-set", "max_num_seqs=8", "--tune", timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "Each role's settings searched" in r.stdout
+    lines = [x for x in r.stdout.splitlines() if x.startswith("capacity simulate")]
+    assert len(lines) == 2 and "--disagg 1:1" in lines[1] and "--replicas" in lines[0]
+    assert "--decode-set" not in lines[0] and lines[1].count("--decode-set max_num_seqs=") == 1
+    for line in lines:
+        sim = run_cli(*shlex.split(line)[1:], "-n", "100", timeout=120)
+        assert sim.returncode == 0, (line, sim.stderr)
 
 
 # ---- autoscaling either pool ------------------------------------------------------------------------------------
