@@ -233,7 +233,7 @@ class WorkloadSpec(_Strict):
             return
         for c, k in enumerate(self.classes):
             li, lo = self.class_lengths(c)
-            least = _least(li) + _least(lo)
+            least = least_tokens(li) + least_tokens(lo)
             if least > max_model_len:
                 who = f"class {k.name!r}" if len(self.classes) > 1 else "the workload"
                 raise ConfigError(f"{what} {max_model_len:,}: every request of {who} is longer (at least {least:,} "
@@ -270,7 +270,7 @@ def context_of(engine, card) -> tuple[int, str]:
     return card.max_position_embeddings, "the model's context (max_position_embeddings)"
 
 
-def _least(lengths: Lengths) -> int:
+def least_tokens(lengths: Lengths) -> int:
     """The fewest tokens a length distribution draws."""
     if lengths.kind == "fixed":
         return int(lengths.value or 1)

@@ -280,6 +280,10 @@ def test_a_disaggregated_report_exports_each_pool(tmp_path):
     del broken["autoscaled"]["decode_replicas"]
     with pytest.raises(CapacityError, match="autoscaled.decode_replicas: Field required"):
         write_review(tmp_path / "x.xlsx", autoscale=broken)
+    lax = json.loads(json.dumps(rep))
+    lax["decode"]["tp"] = True  # strict: a JSON boolean is not a TP size of 1
+    with pytest.raises(CapacityError, match=r"decode.tp: Input should be a valid integer \(got True\)"):
+        write_review(tmp_path / "y.xlsx", autoscale=lax)
 
 
 def test_a_curve_whose_every_request_is_rejected_is_one_error(tmp_path):

@@ -154,7 +154,8 @@ def _disagg_report(card, gpu, engine_cfg, spec, asc, decode, static, *, window_s
 
 # ---- a saved report, read back --------------------------------------------------------------------------------
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")  # a later version may add fields; the ones read here must be right
+    # a later version may add fields; the ones read here must be right, and strict: `true` is not 1, "4" not 4
+    model_config = ConfigDict(extra="ignore", strict=True)
 
 
 class _Window(_Model):

@@ -17,7 +17,7 @@ TOTALS_HEAD = ["layout", "GPUs", "GPU-hours", "cost (USD)", "SLO-miss minutes", 
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", strict=True)  # `true` is not 1, "4" not 4
 
 
 class _Layout(_Model):

@@ -36,7 +36,7 @@ from capacity.plan.frontier import tune_budget
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
-from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
+from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of, least_tokens
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
 
@@ -170,7 +170,7 @@ class Planner:
         wl = self.sc.workload
         if engine.enable_prefix_caching or wl.prefix is not None or wl.trace or not engine.paged_kv:
             return max_num_seqs
-        shortest = min(_min_len(wl.class_lengths(c)[0]) for c in range(len(wl.classes)))
+        shortest = min(least_tokens(wl.class_lengths(c)[0]) for c in range(len(wl.classes)))
         b = self.budget(engine)
         if not b.paged_kv:
             return max_num_seqs
@@ -376,14 +376,6 @@ class Planner:
 def replicas_for(sc: Scenario, max_rate: float) -> int:
     """Replicas to serve the target with each at `headroom` x its max sustainable rate."""
     return math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9)
-
-
-def _min_len(lengths: Lengths) -> int:
-    if lengths.kind == "fixed":
-        return int(lengths.value or 1)
-    if lengths.kind == "empirical":
-        return min(lengths.values or [1])
-    return lengths.low  # uniform and lognormal: their lower bound
 
 
 def _max_len(lengths: Lengths) -> int:
