@@ -103,3 +103,20 @@ def test_simulate_cli_bad_input_is_one_line():
                       (["--policy", "fifo", "--rate", "1"], "policy: unknown policy 'fifo': use continuous, priority, sjf, static"), ([], "--rate is required")):
         r = run_cli("simulate", "--model", "tiny", *args)
         assert r.returncode == 1 and msg in r.stderr and len(r.stderr.strip().splitlines()) == 1, (args, r.stderr)
+
+
+def test_the_sweep_table_fits_80_columns_without_cutting_a_heading():
+    """Two dotted axes used to be cut to "engine…" / "worklo…" at 80 columns: each is headed by its last field
+    name, the full paths listed under the table."""
+    import os
+
+    env = dict(os.environ, COLUMNS="80", CAPACITY_CACHE_DIR="off")
+    r = subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", "sweep", "-m", "llama-3.1-8b",
+                        "--vary", "engine.max_num_seqs=64", "--prefill-sweep", "512,2048", "--requests", "100",
+                        "--seeds", "1", "--rate", "30", "--executor", "serial"],
+                       capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert max(map(len, lines)) <= 80 and "…" not in r.stdout
+    assert "max_num_seqs = engine.max_num_seqs; input_len = workload.input_len" in r.stdout
+    assert "sat. = saturated" in r.stdout  # 64 sequences of 2,048-token prompts do not keep up with 30 req/s

@@ -307,22 +307,34 @@ def write_rows(rows: list[dict], path: str) -> None:
 
 
 def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
+    """One row per grid point: each axis (headed by its last field name when those are distinct; the full
+    paths are listed under the table), the rate, P50/P99 TTFT and TPOT in ms, output tokens/s. Fits 80 columns
+    for two axes."""
     from rich.table import Table
 
-    t = Table(title=f"Sweep ({len(rows)} points); step costs: {rows[0]['source'] if rows else '-'}", title_justify="left")
-    for a in axes:
+    short = [a.rsplit(".", 1)[-1] for a in axes]
+    if len(set(short)) < len(short):
+        short = list(axes)
+    t = Table(title=f"Sweep ({len(rows)} points), latencies in ms; step costs: {rows[0]['source'] if rows else '-'}",
+              title_justify="left")
+    for a in short:
         t.add_column(a)
-    for c in ("req/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "TPOT p99 ms", "tokens/s"):
+    for c in ("req/s", "TTFT\nP50", "TTFT\nP99", "TPOT\nP50", "TPOT\nP99", "output\ntokens/s"):
         t.add_column(c, justify="right")
     for r in rows:
         vals = []
         for a in axes:
             v = r[a]
             vals.append(str(v.get("value", v)) if isinstance(v, dict) else str(v))
-        sat = " [red]saturated[/]" if r["saturated"] else ""
+        sat = " [red]sat.[/]" if r["saturated"] else ""
         t.add_row(*vals, f"{r['rate_per_s']:g}{sat}", _ms(r["ttft_p50_s"]), _ms(r["ttft_p99_s"]), _ms(r["tpot_p50_s"], 1),
                   _ms(r["tpot_p99_s"], 1), f"{r['tokens_per_s']:,.0f}")
     console.print(t)
+    if short != list(axes):
+        console.print("[dim]" + "; ".join(f"{s_} = {a}" for s_, a in zip(short, axes)) + "[/]")
+    if any(r["saturated"] for r in rows):
+        console.print("[dim]sat. = saturated: the queue grew without bound at that rate; its latencies describe a "
+                      "run stopped early[/]")
     console.print(f"[dim]{ex.misses} simulations run, {ex.hits} from the cache[/]")
 
 

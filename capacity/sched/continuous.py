@@ -31,6 +31,8 @@ from capacity.sched.queues import make_queue
 from capacity.sched.stretch import DecodeStretches
 from capacity.workload import Request
 
+NO_STEP = StepPlan()  # frozen: one shared empty plan
+
 
 @dataclass
 class ContinuousConfig:
@@ -183,13 +185,22 @@ class ContinuousScheduler(DecodeStretches, QueueView):
     def schedule(self, now: float = 0.0) -> Step:
         cfg, kv, waiting = self.cfg, self.kv, self.waiting
         budget = cfg.max_num_batched_tokens
-        step = Step(StepPlan())
+        step = Step(NO_STEP)
         sched: list[tuple[Seq, int]] = []
         decodes: list[int] = []  # contexts of the running decodes, classified as they are scheduled
         chunks: list[tuple[Seq, int]] = []  # the other scheduled sequences (prefill chunks), in order
         running = self.running
         chunked = cfg.chunked_prefill
         i = 0
+        for seq in running:  # the common case first: decodes whose block has room, scheduled as the loop below would
+            c = seq.computed
+            g = seq.generated
+            if not g or g >= seq.output or seq.prompt + g - c != 1 or c >= seq.kv_capacity or budget <= 0:
+                break
+            sched.append((seq, 1))
+            decodes.append(c)
+            budget -= 1
+            i += 1
         stuck = False  # the sequence being scheduled was itself preempted: vLLM schedules no more running ones
         while i < len(running) and budget > 0 and not stuck:
             seq = running[i]

@@ -91,6 +91,25 @@ class KVCacheManager:
         """Slots for k single-token (decode) steps at once."""
         return self.allocate_slots(seq, k)
 
+    def extend_decodes(self, running: list[Seq], k: int) -> None:
+        """Slots for k decode steps of every running sequence (the fast path's decode stretch, which checked
+        that they fit: running out is a bug). The plain pool in one pass and one take; managers that place or
+        free blocks per sequence (`decode_slots` overridden) go through it one by one."""
+        if type(self).decode_slots is not KVCacheManager.decode_slots:
+            for s in running:
+                if s.computed + k > s.kv_capacity and not self.decode_slots(s, k):
+                    raise AssertionError("decode stretch ran out of blocks")
+            return
+        bs, taken = self.block_size, 0
+        for s in running:
+            c = s.computed + k
+            if c > s.kv_capacity:
+                b = -(-c // bs)
+                taken += b - s.blocks
+                s.blocks, s.kv_capacity = b, b * bs
+        if not self.pool.take(taken):
+            raise AssertionError("decode stretch ran out of blocks")
+
     def admission_blocks(self, tokens: int) -> int:
         """Free blocks a new request of `tokens` tokens needs to be admitted (the full-input reserve)."""
         return self.blocks_for(tokens)

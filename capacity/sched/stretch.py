@@ -97,14 +97,13 @@ class DecodeStretches:
         """Apply k decode-only steps to every running sequence (the last ending at `end_s`); returns the
         sequences that finished at the k-th step. Token times are the simulator's business."""
         kv = self.kv
+        kv.extend_decodes(self.running, k)  # decode_stretch guaranteed the blocks
         finished = []
         for s in self.running:
-            if s.computed + k > s.kv_capacity and not kv.decode_slots(s, k):  # decode_stretch guaranteed them
-                raise AssertionError("decode stretch ran out of blocks")
             s.computed += k
-            s.generated += k
+            g = s.generated = s.generated + k
             s.last_token_s = end_s
-            if s.generated >= s.output:
+            if g >= s.output:
                 s.finish_s = end_s
                 finished.append(s)
         if self._track_inflight:

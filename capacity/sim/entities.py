@@ -30,6 +30,18 @@ if TYPE_CHECKING:
     from capacity.sim.simulator import Simulation
 
 
+def _first_at(f0: float, g: float, x: float, hi: int) -> int:
+    """The first of k decode steps lasting f0 + g j (j = 0..) whose end, f0 m + g m (m - 1) / 2 after the first
+    starts, is at or after x (at most hi): the root of the quadratic, corrected for rounding."""
+    m = math.ceil(x / f0) if g == 0.0 else math.ceil((math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
+    m = min(max(m, 1), hi)
+    while m > 1 and f0 * (m - 1) + g * ((m - 1) * (m - 2) // 2) >= x:
+        m -= 1
+    while m < hi and f0 * m + g * (m * (m - 1) // 2) < x:
+        m += 1
+    return m
+
+
 class Recorder:
     """Everything measured during a run (see module docstring); `records()` and `itl()` build the arrays once."""
 
@@ -257,40 +269,21 @@ class Replica:
         False (nothing done) if the next request arrives during the first step: a normal step instead."""
         sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
         now, run = env.now, sched.running
+        nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
+        cuts = len(run) < sched.max_running  # an arrival can be admitted: it ends the stretch
+        cum = None
         if line is not None:
             f0, g = line([s.computed for s in run])
-
-            def end(m: int) -> float:  # the end of step m (1-based), from `now`
-                return f0 * m + g * (m * (m - 1) // 2)
-
-            def first_at(x: float, hi: int) -> int:  # the first step whose end is at or after x (at most hi)
-                m = math.ceil(x / f0) if g == 0.0 else math.ceil(
-                    (math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
-                m = min(max(m, 1), hi)
-                while m > 1 and end(m - 1) >= x:
-                    m -= 1
-                while m < hi and end(m) < x:
-                    m += 1
-                return m
-
-            def record(k: int, same: int) -> None:
-                rec.lines.append((now, f0, g, k, same, len(run)))
+            end_k = f0 * k + g * (k * (k - 1) // 2)  # the end of step k, from `now`
+            if cuts and nxt < now + end_k:
+                k = _first_at(f0, g, nxt - now, k)
+                end_k = f0 * k + g * (k * (k - 1) // 2)
         else:
             durs = decode_run_s(self.cost, [s.computed for s in run], k)
             cum = np.cumsum(durs)
-
-            def end(m: int) -> float:
-                return float(cum[m - 1])
-
-            def first_at(x: float, hi: int) -> int:
-                return int(np.searchsorted(cum[:hi], x, side="left")) + 1
-
-            def record(k: int, same: int) -> None:
-                rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
-
-        nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
-        if len(run) < sched.max_running and nxt < now + end(k):
-            k = first_at(nxt - now, k)
+            if cuts and nxt < now + cum[k - 1]:
+                k = int(np.searchsorted(cum[:k], nxt - now, side="left")) + 1
+            end_k = float(cum[k - 1])
         if k < 2:
             return False
         # ITL of the first step: the step itself for sequences that emitted at `now` (nearly all), the gap since
@@ -298,25 +291,35 @@ class Replica:
         lasts = [s.last_token_s for s in run]
         same = lasts.count(now)
         if same < len(lasts):
-            first_end = now + end(1)
+            first_end = now + (f0 if cum is None else float(cum[0]))
             for t in lasts:
                 if t != now:
                     rec.gap_v.append(first_end - t)
                     rec.gap_t.append(first_end)
                     rec.gap_w.append(1)
-        self.stretching, self.cut_before = True, now + end(k - 1)
+        self.stretching = True
+        self.cut_before = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else float(cum[k - 2]))
         try:
-            yield env.timeout(end(k))
+            yield env.timeout(end_k)
         except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
-            k = first_at(env.now - now, k)
-            stop = now + end(k)
+            x = env.now - now
+            if cum is None:
+                k = _first_at(f0, g, x, k)
+                end_k = f0 * k + g * (k * (k - 1) // 2)
+            else:
+                k = int(np.searchsorted(cum[:k], x, side="left")) + 1
+                end_k = float(cum[k - 1])
+            stop = now + end_k
             while env.now < stop:
                 try:
                     yield env.timeout(stop - env.now)
                 except simpy.Interrupt:
                     pass
         self.stretching = False
-        record(k, same)
+        if cum is None:  # the ITL samples as scalars, expanded at the end
+            rec.lines.append((now, f0, g, k, same, len(run)))
+        else:
+            rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
         sim.steps += k
         rec.tokens_total += k * len(run)
         sim.finish(sched.advance_decodes(k, env.now))
