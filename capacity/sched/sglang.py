@@ -53,6 +53,7 @@ from capacity.errors import ConfigError
 from capacity.sched.base import QueueView, Seq, Step
 from capacity.sched.kv import KVCacheManager, longest_stretch
 from capacity.sched.sglang_overlap import SglangOverlap
+from capacity.sched.stretch import advance_running
 from capacity.workload import Request
 
 # SGLang v0.5.5 defaults (srt/environ.py; srt/managers/schedule_policy.py; srt/server_args.py)
@@ -406,16 +407,7 @@ class SglangScheduler(SglangOverlap, QueueView):
         overlap scheduler, the k-th step's output is left unprocessed, as after k single steps (the earlier ones'
         processing changes nothing a decode-only stretch decides)."""
         kv = self.kv
-        finished: list[Seq] = []
-        for s in self.running:
-            if s.computed + k > s.kv_capacity and not kv.allocate_slots(s, k):  # decode_stretch guaranteed them
-                raise AssertionError("decode stretch ran out of KV slots")
-            s.computed += k
-            s.generated += k
-            s.last_token_s = end_s
-            if s.generated >= s.output:
-                s.finish_s = end_s
-                finished.append(s)
+        finished = advance_running(kv, self.running, k, end_s)
         self.ratio_steps += k
         if self.overlap:  # the k-th step's finishes are reported as complete() would (`_report`)
             return self._advance_overlap(finished)

@@ -17,6 +17,22 @@ if TYPE_CHECKING:
     from capacity.sched.kv import KVCacheManager
 
 
+def advance_running(kv: KVCacheManager, running: list[Seq], k: int, end_s: float) -> list[Seq]:
+    """k decode steps of every running sequence, the last ending at `end_s`: their KV slots (which the stretch
+    checked were free), their counts and last token times; returns those that finished at the k-th step. Shared
+    by the vLLM and SGLang schedulers' fast paths."""
+    kv.extend_decodes(running, k)
+    finished = []
+    for s in running:
+        s.computed += k
+        g = s.generated = s.generated + k
+        s.last_token_s = end_s
+        if g >= s.output:
+            s.finish_s = end_s
+            finished.append(s)
+    return finished
+
+
 class DecodeStretches:
     """The fast path of ContinuousScheduler (see the module docstring)."""
 
@@ -97,15 +113,7 @@ class DecodeStretches:
         """Apply k decode-only steps to every running sequence (the last ending at `end_s`); returns the
         sequences that finished at the k-th step. Token times are the simulator's business."""
         kv = self.kv
-        kv.extend_decodes(self.running, k)  # decode_stretch guaranteed the blocks
-        finished = []
-        for s in self.running:
-            s.computed += k
-            g = s.generated = s.generated + k
-            s.last_token_s = end_s
-            if g >= s.output:
-                s.finish_s = end_s
-                finished.append(s)
+        finished = advance_running(kv, self.running, k, end_s)
         if self._track_inflight:
             self.unprocessed = list(self.running)
             for s in self.running:
