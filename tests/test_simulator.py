@@ -462,15 +462,17 @@ def test_saturation_is_detected_with_the_capacity_bound():
 def test_a_burst_reports_the_rate_it_was_served_at_not_its_prefill_phase():
     """300 requests at once that all fit in the batch: the queue empties once the last prompt is admitted, a
     backlog of mostly prefills (their tokens are not output tokens). The rate reported is what the run served:
-    300 requests from the backlog's start (the end of the first step) to the last finish. The backlog's output
-    tokens alone gave 6.8 req/s, 0.28 of it."""
+    300 requests, less the one in flight when the backlog began (the end of the first step, which took the
+    first prompt alone: the others came 1 ns apart, after it started), from then to the last finish. The
+    backlog's output tokens alone gave 6.8 req/s, 0.28 of it."""
     reqs = [Request(i, i * 1e-9, 1000, 500) for i in range(300)]
     sched = lambda: make_scheduler("continuous", max_num_seqs=512, max_num_batched_tokens=2048, block_size=16,
                                    num_blocks=100_000)
     res = simulate(reqs, LinearCost(fixed_s=0.005, per_token_s=2e-5), sched, np.random.default_rng(0))
     assert res.saturated
-    end, first = float(res.records.finish.max()), 0.005 + 2048 * 2e-5  # the first step: 2,048 prompt tokens
-    assert 300 / end < res.capacity_req_per_s <= 300 / (end - first) * (1 + 1e-12)
+    end, first = float(res.records.finish.max()), 0.005 + 1000 * 2e-5  # the first step: one prompt
+    assert res.capacity_req_per_s == pytest.approx(299 / (end - first), rel=1e-12)
+    assert 0.99 * 300 / end < res.capacity_req_per_s < 300 / end
     assert "from the backlog's start to the last finish" in res.saturation
 
 

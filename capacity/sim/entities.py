@@ -54,7 +54,8 @@ class Recorder:
         self.t_last = 0.0
         self.finished_total = 0
         self.tokens_total = 0  # output tokens emitted (the capacity estimate of an overloaded run counts them)
-        self.backlog_since: tuple[float, int, int] | None = None  # (start, finished, tokens) of the queue's backlog
+        # (start, finished, tokens, in flight) at the start of the queue's backlog
+        self.backlog_since: tuple[float, int, int, int] | None = None
         self.gap_v: list[float] = []  # ITL samples of single steps
         self.gap_t: list[float] = []
         self.gap_w: list[int] = []  # how many tokens saw each (those that emitted at the step's start share one)

@@ -227,8 +227,8 @@ class Simulation:
         self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
         self.steps = self.events = 0
         self.swaps: list[tuple[float, int, int]] = []  # swap mode: (time, device's previous replica, new one)
-        self.longest_backlog: tuple[float, float, int, int] = (0.0, 0.0, 0, 0)  # (start, end, tokens, finished
-        # before it) of the longest backlog
+        # (start, end, tokens, finished before it, in flight at its start) of the longest backlog
+        self.longest_backlog: tuple[float, float, int, int, int] = (0.0, 0.0, 0, 0, 0)
         self.overload: tuple[int, int, float] | None = None  # (queued, requests, time) at the last arrival
         self.result = SimResult(Records(*[np.array([])] * 9), np.array([]), np.array([]), np.array([]),
                                 np.empty((0, 5)), cost_source=getattr(cost, "source", type(cost).__name__),
@@ -288,16 +288,17 @@ class Simulation:
         q = rep.sched.num_waiting + (len(rep.router.queue) if rep.router is not None else 0)
         if q == 0:
             if rec.backlog_since is not None:  # a backlogged period ends: keep the longest (the capacity sample)
-                t0, f0, k0 = rec.backlog_since
+                t0, f0, k0, r0 = rec.backlog_since
                 if self.env.now - t0 > self.longest_backlog[1] - self.longest_backlog[0]:
-                    self.longest_backlog = (t0, self.env.now, rec.tokens_total - k0, f0)
+                    self.longest_backlog = (t0, self.env.now, rec.tokens_total - k0, f0, r0)
             rec.backlog_since = None
             return False
         if rec.backlog_since is None:
-            rec.backlog_since = (self.env.now, rec.finished_total, rec.tokens_total)
+            rec.backlog_since = (self.env.now, rec.finished_total, rec.tokens_total,
+                                 sum(len(r.sched.running) for r in self.replicas))
         if (q > self.sat_queue and not self.stop.triggered and not self.offline and self.autoscaler is None
                 and self.decode_autoscaler is None):
-            t0, _, k0 = rec.backlog_since
+            t0, _, k0, _ = rec.backlog_since
             cap = self.backlog_rate(t0, self.env.now, rec.tokens_total - k0)
             res.saturated = True
             res.capacity_req_per_s = cap
@@ -327,19 +328,20 @@ class Simulation:
         assert self.overload is not None
         waiting, n, t_last = self.overload
         rec, res = self.recorder, self.result
-        t0, t1, tokens, f0 = self.longest_backlog
+        t0, t1, tokens, f0, r0 = self.longest_backlog
         if rec.backlog_since is not None and self.env.now - rec.backlog_since[0] > t1 - t0:
-            t0, t1, tokens, f0 = (rec.backlog_since[0], self.env.now, rec.tokens_total - rec.backlog_since[2],
-                                  rec.backlog_since[1])
+            t0, f0, k0, r0 = rec.backlog_since
+            t1, tokens = self.env.now, rec.tokens_total - k0
         cap = self.backlog_rate(t0, t1, tokens)
         how = f"while backlogged ({t1 - t0:.1f} s)"
         # A burst: no request came after that backlog and the run went on until every one finished. The
         # backlog ended when the last prompt was admitted, so it held mostly prefills, whose tokens the rate above
         # does not count; the engine was busy from t0 to the end, so the requests finished since t0 over that time
-        # measure it too (low rather than high: the batch shrinks at the end). The larger of the two is kept.
+        # measure it too, less those in flight at t0 (partly served before it; all of them, so the count is low
+        # rather than high, as the batch shrinking at the end makes it). The larger of the two is kept.
         done = not any(r.sched.has_work for r in self.replicas) and not self.router_queued()
         if done and t_last <= t1 and self.env.now > t0:
-            drained = (rec.finished_total - f0) / (self.env.now - t0)
+            drained = (rec.finished_total - f0 - r0) / (self.env.now - t0)
             if cap is None or drained > cap:
                 cap, how = drained, f"from the backlog's start to the last finish ({self.env.now - t0:.1f} s)"
         if cap is None:
