@@ -72,7 +72,7 @@ def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, prof
             "tpot": np.where(r.output_tokens > 1, (r.finish - r.first_token) / np.maximum(r.output_tokens - 1, 1),
                              np.nan).tolist(),
             "timeseries": res.sim.timeseries.tolist(), "saturated": res.sim.saturated, "saturation": res.sim.saturation,
-            "source": res.cost_source, "num_blocks": res.budget.planning_blocks,
+            "source": res.cost_source, "num_blocks": res.budget.planning_blocks, "notes": res.notes,
             # the run in `capacity compare`'s terms (an A/B of two configurations with the same seed pairs requests)
             "sent": r.arrival.tolist(), "first_token": r.first_token.tolist(), "finish": r.finish.tolist(),
             "output_tokens": r.output_tokens.tolist()}
@@ -323,6 +323,8 @@ def latency_view(sim: dict):
                          "P99 95% CI": f"{ci[0] * 1e3:.1f}-{ci[1] * 1e3:.1f}" if ci and ci[0] == ci[0] else ""})
     st.dataframe(rows, width="stretch")
     st.caption(f"{s['definitions']}; step costs: {sim['source']}")
+    for n in sim["notes"]:  # the notes `capacity simulate` prints for the same run
+        st.caption(f"note: {n}")
 
 
 def timeline_view(sim: dict):

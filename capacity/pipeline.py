@@ -272,6 +272,25 @@ def disagg_report(res: RunResult, prefill: Deployment, dis: Disagg) -> dict[str,
             "transfer_s": stats(times), "link_wait_s": stats(waits)}
 
 
+def lock_step_note(first_token: np.ndarray, users: int) -> list[str]:
+    """A closed loop whose users came back together: the average measured request shared the step of its first
+    token with a quarter of the users or more (4 at least). Fixed lengths without think time keep simulated
+    users in such waves for good, each wave's prompts prefilled at once; real benchmark clients and engines
+    drift apart within a few waves (docs/fidelity.md, "closed-loop lock-step"), so TTFT is then an upper end."""
+    t = first_token[np.isfinite(first_token)]
+    if users < 4 or t.size < 2 * users:
+        return []
+    _, counts = np.unique(t, return_counts=True)
+    shared = float((counts * counts).sum() / t.size)  # per request: how many had their first token in its step
+    if shared < max(4.0, users / 4):
+        return []
+    return [f"closed loop in lock-step: the average measured request got its first token in one step with "
+            f"{shared:.0f} requests, itself included ({users} users). Fixed lengths without think time keep "
+            "simulated users together; real clients and engines drift apart within a few waves, so TTFT here is "
+            "an upper end (safe, not accurate). Lengths a few percent apart (e.g. --output-len 190-210 for 200) "
+            "give the other end (docs/fidelity.md, closed-loop lock-step)"]
+
+
 def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),
         prepared: Prepared | None = None, disagg: Disagg | None = None) -> RunResult:
     """The whole path (see module docstring). With `disagg`, `dep` is the prefill pool."""
@@ -307,6 +326,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine)
     arr = workload.arrivals
+    if arr.kind == "closed":
+        notes += lock_step_note(measured.first_token, arr.users or 0)
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
                      littles_law(sim), notes, is_offline=offline)

@@ -50,6 +50,8 @@ def assert_shows_library(at) -> None:
     assert m["Max concurrency at max_model_len"] == f"{b.max_concurrency:.1f}"
     assert m["P99 TTFT (ms)"] == f"{res.summary.ttft_s.p99 * 1e3:.1f}"
     assert m["P99 TPOT (ms)"] == f"{res.summary.tpot_s.p99 * 1e3:.2f}"
+    shown = [c.value for c in at.caption if c.value.startswith("note: ")]
+    assert shown == [f"note: {n}" for n in res.notes] and res.notes  # the CLI's notes for the same run
 
 
 @pytest.fixture(scope="module")

@@ -61,3 +61,35 @@ def test_the_simulator_drifts_as_the_real_engine_does():
     r = res.records
     order = np.argsort(r.arrival)
     assert np.mean(cluster_sizes(r.first_token[order][400:])) < 3
+
+
+def test_lock_step_note_counts_the_requests_that_share_a_first_token_step():
+    """By hand: 16 first tokens in two steps of 8 -> each request shares its step with 8 (itself included),
+    at least a quarter of 8 users and 4: the note. In pairs -> 2: none. Fewer than 4 users: none."""
+    from capacity.pipeline import lock_step_note
+
+    waves = np.repeat([1.0, 2.0], 8)
+    (note,) = lock_step_note(waves, users=8)
+    assert "in one step with 8 requests, itself included (8 users)" in note
+    assert lock_step_note(np.repeat(np.arange(8.0), 2), users=8) == []
+    assert lock_step_note(np.repeat([1.0, 2.0, 3.0], 3), users=3) == []
+    assert lock_step_note(np.array([1.0, 1.0, np.nan, np.nan]), users=8) == []  # too few measured
+
+
+def test_a_lock_stepped_closed_loop_says_so_and_a_drifting_one_does_not():
+    """The same 16 users through the pipeline (the door every command uses): with fixed lengths every wave's
+    first tokens come in one step, and the run's notes say TTFT is the upper end; with output lengths 28-36
+    they drift apart and it says nothing."""
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.workload import Arrivals, Lengths, WorkloadSpec
+
+    dep = Deployment(card=load_model_card(ROOT / "models/llama-3.1-8b.yaml"), gpu=get_gpu("h100-sxm"))
+    notes = {}
+    for name, out in (("fixed", Lengths(kind="fixed", value=32)), ("spread", Lengths(kind="uniform", low=28, high=36))):
+        spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=16), input_len=Lengths(kind="fixed", value=512),
+                            output_len=out, num_requests=480)
+        notes[name] = [n for n in run(dep, spec, RunOptions(seed=0, ci=False)).notes if "lock-step" in n]
+    assert len(notes["fixed"]) == 1 and "with 16 requests" in notes["fixed"][0]
+    assert notes["spread"] == []
