@@ -130,7 +130,8 @@ def predict_sweep(src: dict, row: dict, compute: str | None, reservation: str,
                         prefix=PrefixGroups(groups=100, tokens=row["isl"] - 1, assign="round_robin") if reused else None)
     res = run(Deployment(card, get_gpu("h100-sxm"), eng), spec, RunOptions(seed=0, ci=False, timeseries=False))
     s = res.summary
-    return {"ttft_ms": s.ttft_s.mean * 1e3, "itl_ms": s.tpot_s.mean * 1e3, "output_tokens_per_s": s.output_tokens_per_s}
+    return {"ttft_ms": s.ttft_s.mean * 1e3, "itl_ms": s.tpot_s.mean * 1e3, "output_tokens_per_s": s.output_tokens_per_s,
+            "lock_step": float(any("lock-step" in n for n in res.notes))}  # the run's own lock-step note
 
 
 def sweeps(out_path: Path) -> None:
@@ -160,10 +161,17 @@ def sweeps(out_path: Path) -> None:
             e = np.array([o["error"][v][m] for o in out if m in o["error"][v]])
             summary[v][m] = {"mape": float(np.mean(np.abs(e))), "median_abs": float(np.median(np.abs(e))),
                              "median_signed": float(np.median(e)), "n": len(e)}
+    for v in SWEEP_VARIANTS:  # where the TTFT error sits: rows whose run ended in lock-step, and the others
+        for name, want in (("ttft_ms in lock-step", 1.0), ("ttft_ms drifted apart", 0.0)):
+            e = np.array([o["error"][v]["ttft_ms"] for o in out
+                          if "ttft_ms" in o["error"][v] and o["predicted"][v]["lock_step"] == want])
+            summary[v][name] = {"mape": float(np.mean(np.abs(e))) if e.size else float("nan"),
+                                "median_abs": float(np.median(np.abs(e))) if e.size else float("nan"),
+                                "median_signed": float(np.median(e)) if e.size else float("nan"), "n": len(e)}
     print(f"\nMAPE by metric ({len(out)} rows; {time.time() - t0:.0f} s)")
     print(f"{'metric':20s}" + "".join(f"{v:>17s}" for v in SWEEP_VARIANTS))
-    for m in metrics:
-        print(f"{m:20s}" + "".join(f"{summary[v][m]['mape']:>17.1%}" for v in SWEEP_VARIANTS))
+    for m in (*metrics, "ttft_ms in lock-step", "ttft_ms drifted apart"):
+        print(f"{m:20s}" + "".join(f"{summary[v][m]['mape']:>12.1%} n={summary[v][m]['n']:<2}" for v in SWEEP_VARIANTS))
         print(f"{'  median signed':20s}" + "".join(f"{summary[v][m]['median_signed']:>+17.1%}" for v in SWEEP_VARIANTS))
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps({

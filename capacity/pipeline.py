@@ -272,23 +272,27 @@ def disagg_report(res: RunResult, prefill: Deployment, dis: Disagg) -> dict[str,
             "transfer_s": stats(times), "link_wait_s": stats(waits)}
 
 
-def lock_step_note(first_token: np.ndarray, users: int) -> list[str]:
-    """A closed loop whose users came back together: the average measured request shared the step of its first
-    token with a quarter of the users or more (4 at least). Fixed lengths without think time keep simulated
-    users in such waves for good, each wave's prompts prefilled at once; real benchmark clients and engines
-    drift apart within a few waves (docs/fidelity.md, "closed-loop lock-step"), so TTFT is then an upper end."""
+def lock_step_note(first_token: np.ndarray, users: int, per_step: float) -> list[str]:
+    """A closed loop whose users came back in waves. `first_token`: the measured requests' first-token times (a
+    step's first tokens share one time); `per_step`: first tokens per engine step over the run. For each request,
+    how many got their first token in its step, itself included (the size-biased mean of those clusters): users
+    arriving independently of each other would give 1 + per_step (a Poisson count seen from one of its members);
+    waves give far more, also when a wave's prompts take several steps of the token budget. Fixed lengths without
+    think time keep simulated users in such waves for good; real clients and engines drift apart within a few
+    waves (docs/fidelity.md, closed-loop lock-step), so TTFT is then an upper end."""
     t = first_token[np.isfinite(first_token)]
     if users < 4 or t.size < 2 * users:
         return []
     _, counts = np.unique(t, return_counts=True)
-    shared = float((counts * counts).sum() / t.size)  # per request: how many had their first token in its step
-    if shared < max(4.0, users / 4):
+    shared = float((counts * counts).sum() / t.size)
+    ratio = shared / (1.0 + per_step)
+    if shared < 4.0 or ratio < 3.0:
         return []
     return [f"closed loop in lock-step: the average measured request got its first token in one step with "
-            f"{shared:.0f} requests, itself included ({users} users). Fixed lengths without think time keep "
-            "simulated users together; real clients and engines drift apart within a few waves, so TTFT here is "
-            "an upper end (safe, not accurate). Lengths a few percent apart (e.g. --output-len 190-210 for 200) "
-            "give the other end (docs/fidelity.md, closed-loop lock-step)"]
+            f"{shared:.0f} requests, itself included, {ratio:.0f}x what {users} users arriving independently would "
+            "give. Fixed lengths without think time keep simulated users in waves; real clients and engines drift "
+            "apart within a few waves, so TTFT here is an upper end (safe, not accurate). Lengths a few percent "
+            "apart (e.g. --output-len 190-210 for 200) give the other end (docs/fidelity.md, closed-loop lock-step)"]
 
 
 def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions(),
@@ -327,7 +331,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     notes += p.engine_model.launch_notes(dep.engine)
     arr = workload.arrivals
     if arr.kind == "closed":
-        notes += lock_step_note(measured.first_token, arr.users or 0)
+        n_first = int(np.isfinite(rec.first_token).sum())
+        notes += lock_step_note(measured.first_token, arr.users or 0, n_first / max(sim.steps, 1))
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
                      littles_law(sim), notes, is_offline=offline)

@@ -64,16 +64,19 @@ def test_the_simulator_drifts_as_the_real_engine_does():
 
 
 def test_lock_step_note_counts_the_requests_that_share_a_first_token_step():
-    """By hand: 16 first tokens in two steps of 8 -> each request shares its step with 8 (itself included),
-    at least a quarter of 8 users and 4: the note. In pairs -> 2: none. Fewer than 4 users: none."""
+    """By hand: 16 first tokens in two steps of 8, 0.25 first tokens per step over the run -> each request
+    shares its step with 8, itself included; users arriving independently would give 1 + 0.25: 6.4x, the note.
+    In pairs: 2, none. Steps of 4 where the engine takes 1.5 prompts a step anyway: 4 / 2.5 = 1.6x, none (a
+    busy engine, not a wave). Fewer than 4 users, or too few measured: none."""
     from capacity.pipeline import lock_step_note
 
     waves = np.repeat([1.0, 2.0], 8)
-    (note,) = lock_step_note(waves, users=8)
-    assert "in one step with 8 requests, itself included (8 users)" in note
-    assert lock_step_note(np.repeat(np.arange(8.0), 2), users=8) == []
-    assert lock_step_note(np.repeat([1.0, 2.0, 3.0], 3), users=3) == []
-    assert lock_step_note(np.array([1.0, 1.0, np.nan, np.nan]), users=8) == []  # too few measured
+    (note,) = lock_step_note(waves, users=8, per_step=0.25)
+    assert "in one step with 8 requests, itself included, 6x what 8 users" in note
+    assert lock_step_note(np.repeat(np.arange(8.0), 2), users=8, per_step=0.25) == []
+    assert lock_step_note(np.repeat(np.arange(8.0), 4), users=8, per_step=1.5) == []
+    assert lock_step_note(np.repeat([1.0, 2.0, 3.0], 3), users=3, per_step=0.25) == []
+    assert lock_step_note(np.array([1.0, 1.0, np.nan, np.nan]), users=8, per_step=0.25) == []
 
 
 def test_a_lock_stepped_closed_loop_says_so_and_a_drifting_one_does_not():
