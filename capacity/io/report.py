@@ -307,9 +307,7 @@ def write_rows(rows: list[dict], path: str) -> None:
 
 
 def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
-    """One row per grid point: each axis (headed by its last field name when those are distinct; the full
-    paths are listed under the table), the rate, P50/P99 TTFT and TPOT in ms, output tokens/s. Fits 80 columns
-    for two axes."""
+    """A row per grid point; axes headed by their last field names (full paths below), so two fit 80 columns."""
     from rich.table import Table
 
     short = [a.rsplit(".", 1)[-1] for a in axes]
@@ -332,10 +330,9 @@ def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
     console.print(t)
     if short != list(axes):
         console.print("[dim]" + "; ".join(f"{s_} = {a}" for s_, a in zip(short, axes)) + "[/]")
-    if any(r["saturated"] for r in rows):
-        console.print("[dim]sat. = saturated: the queue grew without bound at that rate; its latencies describe a "
-                      "run stopped early[/]")
-    console.print(f"[dim]{ex.misses} simulations run, {ex.hits} from the cache[/]")
+    sat = "sat. = saturated: the queue grew without bound, latencies of a run stopped early; " if any(
+        r["saturated"] for r in rows) else ""
+    console.print(f"[dim]{sat}{ex.misses} simulations run, {ex.hits} from the cache[/]")
 
 
 def _short(x: float | None) -> str:
