@@ -139,7 +139,7 @@ def predict_sweep(src: dict, row: dict, compute: str | None, reservation: str,
     res = run(Deployment(card, get_gpu("h100-sxm"), eng), spec, RunOptions(seed=0, ci=False, timeseries=False))
     s = res.summary
     return {"ttft_ms": s.ttft_s.mean * 1e3, "itl_ms": s.tpot_s.mean * 1e3, "output_tokens_per_s": s.output_tokens_per_s,
-            "lock_step": float(any("lock-step" in n for n in res.notes))}  # the run's own lock-step note
+            "lock_step": float(any(n.startswith("closed loop in lock-step") for n in res.notes))}  # the run's own lock-step note
 
 
 def sweeps(out_path: Path) -> None:

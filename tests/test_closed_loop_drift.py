@@ -93,6 +93,28 @@ def test_a_lock_stepped_closed_loop_says_so_and_a_drifting_one_does_not():
     for name, out in (("fixed", Lengths(kind="fixed", value=32)), ("spread", Lengths(kind="uniform", low=28, high=36))):
         spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=16), input_len=Lengths(kind="fixed", value=512),
                             output_len=out, num_requests=480)
-        notes[name] = [n for n in run(dep, spec, RunOptions(seed=0, ci=False)).notes if "lock-step" in n]
+        notes[name] = [n for n in run(dep, spec, RunOptions(seed=0, ci=False)).notes if n.startswith("closed loop in lock-step")]
     assert len(notes["fixed"]) == 1 and "with 16 requests" in notes["fixed"][0]
     assert notes["spread"] == []
+
+
+def test_a_fixed_length_closed_loop_that_drifted_apart_says_ttft_may_be_the_lower_end():
+    """NIM's 8B row at 5 users, 5,000-token prompts, 500-token outputs: the simulated users drift apart (their
+    prompts take different 8,192-token chunks) while the published TTFT, 280 ms, is 2.2x what they give: the run
+    says TTFT may be the lower end. With exponential think time (users that do drift apart) it says nothing."""
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.workload import Arrivals, Lengths, WorkloadSpec
+
+    dep = Deployment(card=load_model_card(ROOT / "models/llama-3.1-8b.yaml"), gpu=get_gpu("h100-sxm"),
+                     engine=EngineConfig(max_num_batched_tokens=8192, max_model_len=5500))
+    notes = {}
+    for think in (0.0, 0.5):
+        spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=5, think_s=think),
+                            input_len=Lengths(kind="fixed", value=5000), output_len=Lengths(kind="fixed", value=500),
+                            num_requests=60)
+        notes[think] = [n for n in run(dep, spec, RunOptions(seed=0, ci=False)).notes if "closed loop" in n]
+    assert len(notes[0.0]) == 1 and "may be the lower end" in notes[0.0][0]
+    assert notes[0.5] == []
