@@ -163,6 +163,8 @@ def main() -> int:
     ap.add_argument("--peer", action="append", default=[], metavar="NAME=COMMAND",
                     help="a peer simulator's command for the same workload, timed side by side (repeatable)")
     args = ap.parse_args()
+    if not 1 <= args.peer_rounds <= 20:
+        ap.error(f"--peer-rounds {args.peer_rounds}: must be from 1 to 20")
     if args.against:
         return against(args.against, args.requests, args.rounds)
     if args.child:  # peak memory in a fresh process
