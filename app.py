@@ -491,6 +491,8 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
         st.code(p["vllm_command"], language="bash")
         for t in p["tradeoffs"]:
             st.write("- " + t)
+        for n in p["notes"]:  # the notes `capacity plan` prints (and the workbook lists) for the same plan
+            st.caption("plan note: " + n)
         from capacity.io.export import write_review
 
         with tempfile.TemporaryDirectory() as d:

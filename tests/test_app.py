@@ -226,3 +226,15 @@ def test_disaggregated_tab_shows_the_pipelines_figures():
     caption = " ".join(c.value for c in at.caption)
     assert f"prefill: {kv['prefill']['blocks_per_replica']:,} blocks per replica" in caption
     assert f"at most {kv['decode']['peak_used']:,} in use" in caption
+
+
+def test_plan_tab_shows_the_plans_notes():
+    """The plan panel: after "Run the plan", the GPUs, the recommendation and every note of the plan, as
+    `capacity plan` prints them and the workbook lists them (the roofline's level on published runs among them)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    next(b for b in at.button if b.label == "Run the plan").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = [c.value.removeprefix("plan note: ") for c in at.caption if c.value.startswith("plan note: ")]
+    assert any(n.startswith("step costs from the roofline, not measured") for n in shown)
+    assert shown[-1].startswith("engine defaults used: ")  # the plan's notes end with the defaults it filled in
+    assert "GPUs needed" in metrics(at)

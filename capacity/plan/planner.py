@@ -332,6 +332,13 @@ class Planner:
             from capacity.cost.profile import load_profile
 
             prov = load_profile(sc.profile).provenance.model_dump()
+        if not sc.profile:  # the roofline's level against published runs (bench/published.py, bench/mlperf.py)
+            self.notes.append(
+                f"step costs from the roofline, not measured: on published runs its max rate under the latency limits "
+                f"was 1.24-1.35x real TensorRT-LLM's (MLPerf Server) and its throughput within 8% of TensorRT-LLM's "
+                f"newer tables (docs/fidelity.md); replicas at {sc.headroom:.0%} of the max rate absorb "
+                + (f"up to {1 / sc.headroom:.2f}x" if sc.headroom < 1 else "none of it")
+                + "; a measured profile (calibrate/) closes it")
         scenario = {**sc.model_dump(), "model": card.model_dump(), "gpu": gpu.name}
         return Plan(card.name, gpu.name, sc.slo, sc.target_rate_per_s, searches, tp, replicas, gpus, frontier,
                     per_replica, rec, rec_search, verification, trade, vllm, sglang, cost, rb,

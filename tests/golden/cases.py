@@ -119,4 +119,7 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # until the next arrival (20 s apart at 0.05 req/s); vLLM's engine loop, with requests waiting, schedules again
 # at once, as the simulator now does (tests/test_scheduler.py, by hand). P50 TTFT 27.3 -> 24.9 s, mean E2E
 # 81.3 -> 78.1 s, P99s unchanged, 21 -> 20 preemptions; no other case reaches that state.
+# Re-recorded: plan_small and plan_a100_classes, notes only. A plan on the roofline (no profile) now says how far
+# the roofline was from published runs (bench/mlperf.py: 1.24-1.35x MLPerf Server's rates) and what its headroom
+# absorbs; one note more before "engine defaults used". Every figure unchanged.
 CHANGES: dict[tuple[str, str], str] = {}
