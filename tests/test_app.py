@@ -229,8 +229,9 @@ def test_disaggregated_tab_shows_the_pipelines_figures():
 
 
 def test_plan_tab_shows_the_plans_notes():
-    """The plan panel: after "Run the plan", the GPUs, the recommendation and every note of the plan, as
-    `capacity plan` prints them and the workbook lists them (the roofline's level on published runs among them)."""
+    """The plan panel: after "Run the plan", the GPUs needed and the plan's notes, as `capacity plan` prints them
+    and the workbook lists them: the roofline's level on published runs among them, the defaults it filled in
+    last."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     next(b for b in at.button if b.label == "Run the plan").click().run()
     assert not at.exception, [e.value for e in at.exception]
