@@ -75,7 +75,8 @@ def input_lengths(data: dict) -> tuple[Lengths, float, float]:
     q, full = d["calibration_subset_quantiles"], d["full_set"]
     qs = [0.0, 0.10, 0.25, 0.50, 0.75, 0.90, 0.95, 0.99, 1.0]
     toks = [full["min"], q["p10"], q["p25"], q["p50"], q["p75"], q["p90"], q["p95"], q["p99"], full["max"]]
-    return _quantile_lengths(qs, toks), _quantile_lengths(qs, toks).expected, float(full["mean"])
+    lengths = _quantile_lengths(qs, toks)
+    return lengths, lengths.expected, float(full["mean"])
 
 
 def _quantile_lengths(qs: list[float], toks: list[float], points: int = 1000) -> Lengths:
@@ -116,6 +117,7 @@ def settings(run: dict, common: dict) -> dict | None:
 
 def deployment(s: dict) -> Deployment:
     card = load_card("llama-2-70b", s["weight"], None, None)
+    # without chunking, the budget must hold a whole request (the vLLM engine model refuses less): v4.1's 4,096 does
     eng = EngineConfig(tensor_parallel_size=s["tp"], kv_cache_dtype="fp8", max_num_seqs=s["batch"],
                        max_num_batched_tokens=max(s["tokens"], MAX_SEQ) if not s["chunked"] else s["tokens"],
                        enable_chunked_prefill=s["chunked"], max_model_len=MAX_SEQ, kv_reservation="prompt")
