@@ -65,7 +65,7 @@ def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, prof
 
     dep = Deployment(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"),
                      profile=profile)
-    res = run(dep, WorkloadSpec.model_validate(workload), RunOptions(seed=seed))
+    res = run(dep, WorkloadSpec.model_validate(workload), RunOptions(seed=seed, capacity_check=True))
     r = res.sim.records
     return {"summary": res.summary.as_dict(), "ttft": (r.first_token - r.arrival).tolist(),
             "e2e": (r.finish - r.arrival).tolist(),
@@ -73,6 +73,7 @@ def simulate(card: dict, gpu: str, engine: dict, workload: dict, seed: int, prof
                              np.nan).tolist(),
             "timeseries": res.sim.timeseries.tolist(), "saturated": res.sim.saturated, "saturation": res.sim.saturation,
             "source": res.cost_source, "num_blocks": res.budget.planning_blocks, "notes": res.notes,
+            "capacity": None if res.capacity is None else res.capacity.as_dict(res.offered_rate_per_s),
             # the run in `capacity compare`'s terms (an A/B of two configurations with the same seed pairs requests)
             "sent": r.arrival.tolist(), "first_token": r.first_token.tolist(), "finish": r.finish.tolist(),
             "output_tokens": r.output_tokens.tolist()}
@@ -302,10 +303,16 @@ def latency_view(sim: dict):
     s = sim["summary"]
     if sim["saturated"]:
         st.warning(sim["saturation"])
-    c1, c2, c3 = st.columns(3)
+    c1, c2, c3, c4 = st.columns(4)
     c1.metric("P99 TTFT (ms)", f"{s['ttft_s']['p99'] * 1e3:.1f}" if s["ttft_s"].get("n") else "-")
     c2.metric("P99 TPOT (ms)", f"{s['tpot_s']['p99'] * 1e3:.2f}" if s["tpot_s"].get("n") else "-")
     c3.metric("output tokens/s", f"{s['output_tokens_per_s']:,.0f}")
+    cap = sim.get("capacity") or {}
+    u = cap.get("offered_over_capacity")
+    c4.metric("load / capacity", f"{u:.0%}" if u is not None else "-",
+              help="the offered rate over the most this deployment serves with its queue never empty (a closed "
+                   f"loop of {cap.get('closed_loop_users', 0):,} users, the planner's measure: "
+                   f"{cap.get('capacity_req_per_s', 0):.3g} req/s); from 90% the percentiles settle slowly")
     fig = go.Figure()
     for key in ("ttft", "tpot", "e2e"):
         x = np.sort(np.array(sim[key], dtype=float))

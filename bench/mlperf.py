@@ -138,7 +138,10 @@ def simulate_server(run: dict, s: dict, inputs: Lengths, duration_s: float, rate
     lim = run.get("constraints_ms") or {}
     out = {"ttft_mean": sm.ttft_s.mean * 1e3, "ttft_p99": sm.ttft_s.p99 * 1e3, "tpot_mean": sm.tpot_s.mean * 1e3,
            "tpot_p99": sm.tpot_s.p99 * 1e3, "tokens_per_s": sm.output_tokens_per_s, "preempted": sm.preempted_requests}
-    out["meets_limits"] = bool(not res.sim.saturated and out["ttft_p99"] <= lim.get("ttft_latency_ms", 2000.0)
+    # as the planner judges a probe: not saturated, TTFT not still rising through the run (a transient's P99s)
+    out["ttft_rising"] = res.rising
+    out["meets_limits"] = bool(not res.sim.saturated and not res.rising
+                               and out["ttft_p99"] <= lim.get("ttft_latency_ms", 2000.0)
                                and out["tpot_p99"] <= lim.get("tpot_latency_ms", 200.0))
     return out
 

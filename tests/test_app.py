@@ -40,7 +40,7 @@ def library(sc: dict):
     dep = Deployment(ModelCard.model_validate(sc["model"]), get_gpu(sc["gpu"]),
                      EngineConfig.model_validate(sc["engine"]), profile=sc["profile"])
     b = budget(dep.card, dep.gpu, dep.engine)
-    return b, run(dep, WorkloadSpec.model_validate(sc["workload"]), RunOptions(seed=sc["seed"]))
+    return b, run(dep, WorkloadSpec.model_validate(sc["workload"]), RunOptions(seed=sc["seed"], capacity_check=True))
 
 
 def assert_shows_library(at) -> None:
@@ -50,6 +50,7 @@ def assert_shows_library(at) -> None:
     assert m["Max concurrency at max_model_len"] == f"{b.max_concurrency:.1f}"
     assert m["P99 TTFT (ms)"] == f"{res.summary.ttft_s.p99 * 1e3:.1f}"
     assert m["P99 TPOT (ms)"] == f"{res.summary.tpot_s.p99 * 1e3:.2f}"
+    assert m["load / capacity"] == f"{res.offered_rate_per_s / res.capacity.req_per_s:.0%}"  # `capacity simulate`'s
     shown = [c.value for c in at.caption if c.value.startswith("note: ")]
     assert shown == [f"note: {n}" for n in res.notes] and res.notes  # the CLI's notes for the same run
 

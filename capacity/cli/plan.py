@@ -356,6 +356,7 @@ def sweep(
             vals = [x.metric(key).stat(stat) for x in rr if x.metric(key).n]
             return sum(vals) / len(vals) if vals else None
         rows.append({**point, "rate_per_s": r, "saturated": any(x.saturated for x in rr),
+                     "ttft_rising": any(x.rising for x in rr),
                      "ttft_p50_s": avg("ttft", "p50"), "ttft_p99_s": avg("ttft", "p99"),
                      "tpot_p50_s": avg("tpot", "p50"), "tpot_p99_s": avg("tpot", "p99"),
                      "tokens_per_s": sum(x.tokens_per_s for x in rr) / len(rr), "source": rr[0].source,

@@ -161,7 +161,8 @@ def simulate(
                      link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)
     elif decode_set:
         raise CapacityError("--decode-set: needs --disagg (a decode pool of its own)")
-    res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward), disagg=dis)
+    res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
+                                    capacity_check=True), disagg=dis)
     if save_run:
         Path(save_run).write_text(dumps(run_file(res), indent=None) + "\n")
     out = res.as_dict()

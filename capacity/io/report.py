@@ -97,8 +97,9 @@ def simulation_table(out: dict, console) -> None:
 
     s = out["summary"]
     if out["saturated"]:
+        early = " that was stopped early" if out.get("stopped_early", True) else ""
         console.print(f"[bold red]{out['saturation']}[/] (offered {out['offered_rate_per_s']} req/s): the "
-                      "percentiles below describe an overloaded system that was stopped early")
+                      f"percentiles below describe an overloaded system{early}")
     measured = out["policy"] == "measured"  # a load test's summary: no simulated engine behind it
     d = out.get("disaggregated")
     where = (f"{d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} decode "
@@ -324,7 +325,7 @@ def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
         for a in axes:
             v = r[a]
             vals.append(str(v.get("value", v)) if isinstance(v, dict) else str(v))
-        sat = " [red]sat.[/]" if r["saturated"] else ""
+        sat = " [red]sat.[/]" if r["saturated"] else " [yellow]rising[/]" if r.get("ttft_rising") else ""
         t.add_row(*vals, f"{r['rate_per_s']:g}{sat}", _ms(r["ttft_p50_s"]), _ms(r["ttft_p99_s"]), _ms(r["tpot_p50_s"], 1),
                   _ms(r["tpot_p99_s"], 1), f"{r['tokens_per_s']:,.0f}")
     console.print(t)
@@ -332,6 +333,8 @@ def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:
         console.print("[dim]" + "; ".join(f"{s_} = {a}" for s_, a in zip(short, axes)) + "[/]")
     sat = "sat. = saturated: the queue grew without bound, latencies of a run stopped early; " if any(
         r["saturated"] for r in rows) else ""
+    if any(r.get("ttft_rising") and not r["saturated"] for r in rows):
+        sat += "rising = TTFT still rising through the run: its latencies are a transient's (the planner fails it); "
     console.print(f"[dim]{sat}{ex.misses} simulations run, {ex.hits} from the cache[/]")
 
 

@@ -1,0 +1,169 @@
+"""Is a run's answer a steady state? The TTFT trend test (by hand, and its false-alarm and detection rates on
+FIFO queues of known stability), the capacity `capacity simulate` sets the offered rate against (the planner's
+own measure), and what a slowly growing overload now says in the library, the CLI and the planner."""
+import numpy as np
+import pytest
+
+from capacity.sim.metrics import TREND_BATCHES, Dist, ttft_trend
+from tests.conftest import ROOT, run_cli
+from tests.test_simulator import lindley
+
+
+def test_the_trend_of_a_ramp_by_hand():
+    """1,000 requests one second apart whose TTFT is 0.1 s + 0.01 x arrival time: 20 batches of 50, batch k's
+    mean arrival 24.5 + 50 k and mean TTFT 0.1 + 0.01 x that: slope 0.01, first batch 0.345 s, last 9.845 s,
+    fitted rise 0.01 x 950 = 9.5 s against a mean of 0.1 + 0.01 x 499.5 = 5.095 s: rising."""
+    t = np.arange(1000.0)
+    tr = ttft_trend(t, t + 0.1 + 0.01 * t)
+    assert TREND_BATCHES == 20
+    assert tr.slope == pytest.approx(0.01) and tr.first_s == pytest.approx(0.345) and tr.last_s == pytest.approx(9.845)
+    assert tr.rise_s == pytest.approx(9.5) and tr.mean_s == pytest.approx(5.095) and tr.p_value < 1e-12
+    assert tr.rising
+    falling = ttft_trend(t, t + 10.0 - 0.005 * t)  # significant, but down: a queue draining its start-up burst
+    assert falling.p_value > 0.99 and not falling.rising
+    # significant but small: the line ends at 1.47x where it starts (rise 0.475 s, mean 1.25 s), not above 5/3
+    assert not ttft_trend(t, t + 1.0 + 0.0005 * t + 0.01 * np.sin(t)).rising
+    assert ttft_trend(t, t + 0.25) is None  # every TTFT the same: nothing to test
+    assert not ttft_trend(t, t + 0.2).rising  # the same up to rounding (which alone can be "significant")
+    assert ttft_trend(t[:199], t[:199] + 0.1 * t[:199]) is None  # fewer than 10 requests per batch
+    unfinished = t + 0.1
+    unfinished[-1] = np.nan
+    assert ttft_trend(t, unfinished) is None
+
+
+def alarms(rho: float, n: int, seeds: int = 300) -> float:
+    """Share of M/D/1 runs (D = 10 ms, TTFT = wait + D, the first tenth left out as warm-up) the test flags."""
+    hits = 0
+    for seed in range(seeds):
+        rng = np.random.default_rng(seed)
+        a = np.cumsum(rng.exponential(0.01 / rho, n))
+        s = np.full(n, 0.01)
+        w = lindley(a, s)
+        m = n // 10
+        hits += ttft_trend(a[m:], a[m:] + w[m:] + 0.01).rising
+    return hits / seeds
+
+
+def test_false_alarms_and_detection_on_a_queue_of_known_stability():
+    """Lindley's recursion gives the FIFO queue's exact waits (the simulator equals it request by request:
+    tests/test_simulator.py). Stable at rho 0.8 over 2,000 requests: never flagged in 300 seeds; rho 0.9:
+    at most 1%; overloaded by 5%: flagged in at least 90% (a 2,000-request run sees (rho - 1) x 2,000 = 100
+    services of growth against a random walk of about sqrt(2,000) = 45), by 10%: always. At rho 0.9 over only
+    500 requests the queue has not settled (its relaxation time is hundreds of services), and 3-15% of runs are
+    flagged: their TTFT is still rising there (the `Trend` docstring says so)."""
+    assert alarms(0.8, 2000) == 0.0
+    assert alarms(0.9, 2000) <= 0.01
+    assert alarms(1.05, 2000) >= 0.9
+    assert alarms(1.1, 2000) == 1.0
+    assert 0.03 <= alarms(0.9, 500) <= 0.15
+
+
+# ---- the run pipeline ------------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def dep():
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment
+
+    return Deployment(load_model_card(ROOT / "models/llama-3.1-8b.yaml"), get_gpu("h100-sxm"), EngineConfig())
+
+
+def spec(rate: float, n: int):
+    from capacity.workload import WorkloadSpec
+
+    return WorkloadSpec.model_validate({"arrivals": {"kind": "poisson", "rate_per_s": rate}, "num_requests": n,
+                                        "input_len": {"kind": "fixed", "value": 1024},
+                                        "output_len": {"kind": "fixed", "value": 256}})
+
+
+def test_a_slowly_growing_overload_is_saturated(dep):
+    """The 8B on an H100 at 22 req/s, 1,024/256 tokens: its capacity (the closed loop that keeps the queue from
+    emptying) is about 21 req/s, the queue only grows about 1 request a second, and after 10,000 requests fewer
+    than 10% are queued at the last arrival, so the run used to pass as steady with P99 TTFT in the tens of
+    seconds. Its TTFT rises through the run: with the capacity measured it is saturated; without, a note says
+    the run is not steady."""
+    from capacity.pipeline import RunOptions, run
+
+    res = run(dep, spec(22.0, 10_000), RunOptions(ci=False, capacity_check=True))
+    assert res.rising and res.trend.last_s > 10 * res.trend.first_s
+    assert 20.0 < res.capacity.req_per_s < 22.0 and res.capacity.users == 834
+    assert res.sim.saturated and res.sim.saturation.startswith("saturated: TTFT rose from")
+    assert res.sim.capacity_req_per_s == res.capacity.req_per_s
+    assert not res.as_dict()["stopped_early"]  # every request finished: the run was not cut short
+    plain = run(dep, spec(22.0, 10_000), RunOptions(ci=False))
+    assert not plain.sim.saturated and plain.capacity is None
+    assert [n for n in plain.notes if n.startswith("not steady: TTFT rose")]
+    assert plain.summary.ttft_s.p99 == res.summary.ttft_s.p99  # the same run, only judged differently
+
+
+def test_a_steady_run_says_nothing_and_the_planner_measures_the_same_capacity(dep):
+    """At 10 req/s (half the capacity) neither check speaks. The capacity `simulate` sets the rate against is the
+    planner's, figure for figure, for the same engine and number of requests (one door, one answer)."""
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Planner, Scenario, SearchSpec
+
+    pl = Planner(Scenario(model="llama-3.1-8b", gpu="h100-sxm", workload=spec(10.0, 1000),
+                          search=SearchSpec(requests=1000)), dep.card, SerialExecutor(cache=False, progress=False))
+    e = pl.engine(1)
+    res = run(Deployment(dep.card, dep.gpu, e), spec(10.0, 1000), RunOptions(ci=False, capacity_check=True))
+    assert not res.rising and not res.sim.saturated
+    assert not [n for n in res.notes if "capacity" in n or "steady" in n]
+    assert res.capacity.req_per_s == pl.capacity(e, pl.budget(e).max_num_seqs).requests_per_s
+    assert res.as_dict()["capacity_check"]["offered_over_capacity"] == pytest.approx(10.0 / res.capacity.req_per_s)
+
+
+def test_the_planner_fails_a_probe_whose_ttft_still_rises(card8b_planner):
+    from capacity.plan.tasks import TaskResult
+
+    d = Dist(1000, 0.1, 0.1, 0.1, 0.1, 0.1)
+    ok = TaskResult(d, Dist(1000, 0.01, 0.01, 0.01, 0.01, 0.01), d, d, 1000.0, 4.0, False, None, "roofline")
+    assert card8b_planner._judge([ok, ok])[0]
+    rising = TaskResult(**{**ok.__dict__, "rising": True})
+    passed, pt, pp = card8b_planner._judge([ok, rising])
+    assert not passed and pt == pytest.approx(0.1)  # the percentiles stay reported
+
+
+@pytest.fixture
+def card8b_planner(dep):
+    from capacity.plan.planner import Planner, Scenario, SLOSpec
+
+    return Planner(Scenario(model="llama-3.1-8b", gpu="h100-sxm", slo=SLOSpec(ttft_s=1.0, tpot_s=0.05)),
+                   dep.card, None)
+
+
+def test_simulate_says_when_the_offered_rate_is_at_the_capacity():
+    """`capacity simulate` at 21 req/s (2,000 requests, whose closed loop measures 20.47 req/s: 103%): a note, in the
+    table's output, that the rate is at or above the capacity; at 10 req/s none."""
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "21")
+    assert r.returncode == 0, r.stderr
+    assert "note: at or above capacity: the offered 21 req/s is 103% of 20.5 req/s" in r.stdout
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "10", "-n", "500")
+    assert r.returncode == 0 and "capacity:" not in r.stdout and "steady" not in r.stdout
+
+
+def test_a_sweep_marks_a_point_whose_ttft_still_rises():
+    """A sweep point at 24 req/s for the 8B (capacity ~20.5 req/s; 2,000 requests): fewer than 10% queued at
+    the last arrival, so not saturated, but its TTFT rises through the run: the table says "rising" and why."""
+    r = run_cli("sweep", "-m", "llama-3.1-8b", "--vary", "engine.max_num_seqs=256", "--rate", "24", "--requests",
+                "2000", "--seeds", "1", "--executor", "serial")
+    assert r.returncode == 0, r.stderr
+    assert "24 rising" in r.stdout and "sat." not in r.stdout
+    assert "rising = TTFT still rising through the run" in r.stdout
+
+
+def test_the_rate_search_never_passes_a_rate_at_or_above_the_capacity(dep):
+    """With a tolerance of 1% the search's first probe is 1.05 x capacity / 1.01, above the capacity: under a
+    loose SLO a finite run there could pass, but at or above the capacity the queue never drains, so that probe
+    fails without a simulation and the answer stays below the capacity."""
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Planner, Scenario, SearchSpec, SLOSpec
+
+    pl = Planner(Scenario(model="llama-3.1-8b", gpu="h100-sxm", workload=spec(10.0, 300),
+                          slo=SLOSpec(ttft_s=60.0, tpot_s=1.0), search=SearchSpec(seeds=1, requests=300, tolerance=0.01)),
+                 dep.card, SerialExecutor(cache=False, progress=False))
+    r = pl.rate_search(pl.engine(1), 1, 256)
+    first = r.probes[1]
+    assert first[0] == pytest.approx(r.capacity_rate * 1.05 / 1.01) and not first[1] and first[2] == float("inf")
+    assert r.max_rate < r.capacity_rate <= r.failed_rate
