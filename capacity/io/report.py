@@ -133,6 +133,11 @@ def simulation_table(out: dict, console) -> None:
     console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
                   f"over {s['window_s']:.1f} s {'measured' if measured else 'simulated'}"
                   + ("" if measured else f"; step costs: {out['step_cost_source']}"))
+    cc = out.get("capacity_check")
+    if cc and cc.get("offered_over_capacity") is not None:
+        console.print(f"capacity: {cc['capacity_req_per_s']:.3g} requests/s with the queue never empty (a closed loop "
+                      f"of {cc['closed_loop_users']:,} users, as the planner measures it); offered "
+                      f"{out['offered_rate_per_s']:g} req/s is {cc['offered_over_capacity']:.0%} of it")
     off = out.get("offline")
     if off:
         console.print(f"offline batch: {off['requests']} requests in a makespan of {off['makespan_s']:.2f} s: "
