@@ -22,8 +22,8 @@ def _check(res, names: list[str], slo: dict[str, float]) -> tuple[bool, dict[str
     """Whether a run meets the interactive SLO and the batch deadline, and the P99s it measured."""
     s = res.summary
     per = s.per_class if len(names) > 1 else {names[0]: s}
-    out: dict[str, Any] = {"saturated": res.sim.saturated}
-    ok = not res.sim.saturated
+    out: dict[str, Any] = {"saturated": res.sim.saturated, "ttft_rising": res.rising}
+    ok = not res.sim.saturated and not res.rising  # a TTFT still rising: a queue that grows (as Planner._judge)
     for name in names:
         c = per[name]
         out[name] = {"p99_ttft_s": c.ttft_s.p99, "p99_tpot_s": c.tpot_s.p99, "p99_e2e_s": c.e2e_s.p99,
