@@ -27,7 +27,7 @@ from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
-from capacity.sim.metrics import SLO, TREND_BATCHES, Summary, Trend, summarize, ttft_trend
+from capacity.sim.metrics import SLO, STEADY_ARRIVALS, TREND_BATCHES, Summary, Trend, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
 from capacity.workload import Arrivals, Request, WorkloadSpec, least_tokens
 
@@ -400,7 +400,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
                          "prompts at 5-150 users: published TTFT 1.9-2.7x this simulator's), so TTFT here may be "
                          "the lower end (docs/fidelity.md, closed-loop lock-step)")
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
-    steady = arr.kind in ("poisson", "gamma", "constant")  # one rate throughout: a stationary queue or a growing one
+    steady = arr.kind in STEADY_ARRIVALS
     trend = ttft_trend(measured.arrival, measured.first_token) if steady and not sim.saturation else None
     cap = None
     if opts.capacity_check and steady and disagg is None and dep.autoscale is None:

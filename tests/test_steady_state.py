@@ -170,3 +170,21 @@ def test_the_rate_search_never_passes_a_rate_at_or_above_the_capacity(dep):
     first = r.probes[1]
     assert first[0] == pytest.approx(r.capacity_rate * 1.05 / 1.01) and not first[1] and first[2] == float("inf")
     assert r.max_rate < r.capacity_rate <= r.failed_rate
+
+
+def test_colocate_fails_a_model_whose_ttft_still_rises():
+    """`capacity colocate`, separate layout: the 8B alone at 24 req/s for 2,000 requests (above its ~20.5 req/s
+    capacity, not enough requests for the queue bounds) meets a 60-s P99 TTFT SLO on paper, but its TTFT rises
+    through the run, so it does not meet it; at 10 req/s it does."""
+    from capacity.plan.colocate import Fleet, simulate_fleet
+
+    def fleet(rate):
+        return Fleet.model_validate({"gpu": "h100-sxm", "models": [{
+            "model": "llama-3.1-8b", "slo_ttft_s": 60.0, "workload": {
+                "arrivals": {"kind": "poisson", "rate_per_s": rate}, "num_requests": 2000,
+                "input_len": {"kind": "fixed", "value": 1024}, "output_len": {"kind": "fixed", "value": 256}}}]})
+
+    over = simulate_fleet(fleet(24.0), "separate")["models"][0]
+    assert over["ttft_rising"] and not over["meets_slo"] and over["p99_ttft_s"] < 60.0
+    ok = simulate_fleet(fleet(10.0), "separate")["models"][0]
+    assert not ok["ttft_rising"] and ok["meets_slo"]

@@ -80,7 +80,7 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     from capacity.model.card import load_model_card, resolve_model_path
     from capacity.model.gpus import get_gpu
     from capacity.pipeline import Deployment, prepare
-    from capacity.sim.metrics import SLO, summarize
+    from capacity.sim.metrics import SLO, STEADY_ARRIVALS, summarize, ttft_trend
     from capacity.sim.simulator import Service, SimConfig, simulate
 
     if layout not in LAYOUTS:
@@ -138,14 +138,19 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
         s = summarize(measured, np.zeros(0), np.zeros(0), np.random.default_rng(seed), ci=False,
                       slos=[SLO(m.slo_ttft_s, m.slo_tpot_s)])
         p99_t, p99_p = s.ttft_s.p99, s.tpot_s.p99
-        ok = not res.saturated and (m.slo_ttft_s is None or (p99_t is not None and p99_t <= m.slo_ttft_s)) and (
+        # a TTFT still rising through the run fails, as the planner's probe does (capacity.sim.metrics.Trend)
+        tr = (ttft_trend(measured.arrival, measured.first_token)
+              if m.workload.arrivals.kind in STEADY_ARRIVALS and not res.saturation else None)
+        rising = bool(tr is not None and tr.rising)
+        ok = not res.saturated and not rising and (m.slo_ttft_s is None or (p99_t is not None and p99_t <= m.slo_ttft_s)) and (
             m.slo_tpot_s is None or (p99_p is not None and p99_p <= m.slo_tpot_s))
         b = budgets[i]
         models.append({"model": cards[i].name, "replicas": services[i].replicas,
                        "gpu_memory_utilization": services_util[i],
                        "kv_blocks": b.planning_blocks, "requests": len(mine), "p99_ttft_s": p99_t, "p99_tpot_s": p99_p,
                        "p50_ttft_s": s.ttft_s.p50, "p50_tpot_s": s.tpot_s.p50,
-                       "slo_ttft_s": m.slo_ttft_s, "slo_tpot_s": m.slo_tpot_s, "meets_slo": bool(ok)})
+                       "slo_ttft_s": m.slo_ttft_s, "slo_tpot_s": m.slo_tpot_s, "ttft_rising": rising,
+                       "meets_slo": bool(ok)})
     extra = {}
     if layout == "swapped":
         extra = {"swaps": len(res.swaps), "swap_s": [s.swap_s for s in services],

@@ -176,6 +176,7 @@ class Summary:
 
 TREND_BATCHES = 20  # batch means in arrival order for the TTFT trend test
 TREND_P = 1e-3  # one-sided significance of a rising TTFT
+STEADY_ARRIVALS = ("poisson", "gamma", "constant")  # one rate throughout: a stationary queue or a growing one
 
 
 @dataclass(frozen=True)
