@@ -27,9 +27,10 @@ from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
-from capacity.sim.metrics import SLO, STEADY_ARRIVALS, TREND_BATCHES, Summary, Trend, summarize, ttft_trend
+from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Summary, Trend, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
-from capacity.workload import Arrivals, Request, WorkloadSpec, least_tokens
+from capacity.steady import Capacity, capacity_loop, stability_notes
+from capacity.workload import Request, WorkloadSpec
 
 
 @dataclass(frozen=True)
@@ -112,25 +113,6 @@ def prepare(dep: Deployment) -> Prepared:
     return Prepared(em, b, cost, em.scheduler_factory(dep.engine, SchedLimits.of(b)))
 
 
-@dataclass(frozen=True)
-class Capacity:
-    """A deployment's capacity for a workload: requests/s served with the queue never empty (`capacity_loop`)."""
-
-    req_per_s: float
-    users: int
-    requests: int
-
-    def utilisation(self, offered: float | None) -> float | None:
-        return None if offered is None or not self.req_per_s > 0 else offered / self.req_per_s
-
-    def as_dict(self, offered: float | None) -> dict:
-        return {"capacity_req_per_s": self.req_per_s, "closed_loop_users": self.users,
-                "closed_loop_requests": self.requests, "offered_over_capacity": self.utilisation(offered)}
-
-
-NEAR_CAPACITY = 0.9  # offered / capacity from which `capacity simulate` says the percentiles settle slowly
-
-
 @dataclass
 class RunResult:
     """One simulated run, typed; `as_dict()` is its JSON form (`capacity simulate --json`)."""
@@ -196,32 +178,6 @@ def check_policy(engine: EngineConfig, workload: WorkloadSpec) -> None:
     if engine.policy == "priority" and len({c.priority for c in workload.classes}) < 2:
         raise ConfigError("policy priority: the workload has no request classes of different priorities "
                           "(workload.classes[].priority, e.g. interactive 0 and batch 1)")
-
-
-def full_batch(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, max_num_seqs: int | None = None) -> int:
-    """The most sequences the engine can run at once on this workload: max_num_seqs (the budget's unless
-    given), or fewer where the KV cache cannot hold that many of the shortest prompts (every running sequence
-    past its prefill holds its prompt's blocks). Where no bound is sure (prefix caching shares blocks; a trace;
-    contiguous KV), max_num_seqs."""
-    seqs = budget.max_num_seqs if max_num_seqs is None else max_num_seqs
-    if engine.enable_prefix_caching or wl.prefix is not None or wl.trace or not engine.paged_kv or not budget.paged_kv:
-        return seqs
-    shortest = min(least_tokens(wl.class_lengths(c)[0]) for c in range(len(wl.classes)))
-    return max(1, min(seqs, budget.planning_blocks // max(1, budget.blocks_for(max(1, shortest))) + 1))
-
-
-def capacity_loop(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, requests: int,
-                  replicas: int = 1, max_num_seqs: int | None = None) -> WorkloadSpec:
-    """The workload that measures a deployment's capacity: the throughput with its queue never empty, a closed
-    loop of twice the full batch's users per replica (`full_batch`) without think time, at least two requests per
-    user. The queue never runs dry, so the engine admits what it would admit with a standing backlog (and preempts
-    as it would) and sees the requests in the same order as with more users, with far fewer requests simulated
-    (a batch cap of 1,024 on a cache that holds 418 prompts of 1,024 tokens). This is the rate an open loop
-    cannot exceed for long: above it a backlog that forms never drains. The planner's rate search and
-    `capacity simulate`'s check both use it."""
-    users = max(2, 2 * full_batch(engine, budget, wl, max_num_seqs) * replicas)
-    return wl.model_copy(update={"arrivals": Arrivals(kind="closed", users=users),
-                                 "num_requests": max(requests, 2 * users)})
 
 
 def simulate_requests(make_scheduler: Callable[[], object], cost, workload: WorkloadSpec | list[Request],
@@ -420,33 +376,3 @@ def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared, opts:
     if r.sim.saturation or not (rate > 0 and math.isfinite(rate)):
         return None
     return Capacity(rate, wl.arrivals.users or 0, wl.num_requests)
-
-
-def stability_notes(sim: SimResult, trend: Trend | None, cap: Capacity | None, offered: float | None) -> list[str]:
-    """What the run says about whether its percentiles are steady-state ones. A TTFT that rose through an
-    overloaded run (offered at or above the capacity) marks the run saturated; a rise alone is a note (the queue
-    may be a stable one too close to capacity to settle within the run), as is an offered rate at or near the
-    capacity whose TTFT did not (yet) rise."""
-    notes = []
-    u = cap.utilisation(offered) if cap is not None else None
-    cap_txt = (f"{cap.req_per_s:.3g} req/s with its queue never empty (a closed loop of {cap.users:,} users, the "
-               "planner's measure)") if cap is not None else ""
-    rise = (f"TTFT rose from {trend.first_s * 1e3:,.0f} ms (first {100 // TREND_BATCHES}% of the measured requests) to "
-            f"{trend.last_s * 1e3:,.0f} ms (last {100 // TREND_BATCHES}%; trend over {TREND_BATCHES} batch means, "
-            f"one-sided p={trend.p_value:.1g})") if trend is not None and trend.rising else ""
-    if rise and u is not None and u >= 1 and not sim.saturated:
-        sim.saturated = True
-        sim.capacity_req_per_s = cap.req_per_s  # type: ignore[union-attr]
-        sim.saturation = (f"saturated: {rise}, at or above the deployment's capacity, {cap_txt}: the queue grows "
-                          "for as long as the load lasts, so these percentiles grow with the run's length")
-    elif rise:
-        notes.append(f"not steady: {rise}: the queue grew through the run, so these percentiles are a transient's "
-                     "and grow with a longer run; the load is at or above capacity, or too close to it to settle in "
-                     "this many requests (more with -n / num_requests shows which)"
-                     + (f"; capacity {cap_txt}" if cap_txt else ""))
-    elif u is not None and u >= NEAR_CAPACITY and not sim.saturated:
-        where = "at or above" if u >= 1 else "near"
-        notes.append(f"{where} capacity: the offered {offered:.3g} req/s is {u:.0%} of {cap_txt}: a backlog that "
-                     "forms here drains slowly" + (" or never" if u >= 1 else "") + ", so the percentiles depend on "
-                     "the run's length and jump with small changes of rate; plan with headroom below it")
-    return notes

@@ -174,14 +174,14 @@ class Planner:
         return ok, pt, pp
 
     def full_batch(self, engine: EngineConfig, max_num_seqs: int) -> int:
-        """The most sequences the engine can run at once on this workload (`pipeline.full_batch`)."""
-        from capacity.pipeline import full_batch
+        """The most sequences the engine can run at once on this workload (`capacity.steady.full_batch`)."""
+        from capacity.steady import full_batch
 
         return full_batch(engine, self.budget(engine), self.sc.workload, max_num_seqs)
 
     def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
-        """Throughput with the queue never empty (`pipeline.capacity_loop`, as `capacity simulate` measures it)."""
-        from capacity.pipeline import capacity_loop
+        """Throughput with the queue never empty (`capacity.steady.capacity_loop`, as `capacity simulate` measures it)."""
+        from capacity.steady import capacity_loop
 
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)

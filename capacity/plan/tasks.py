@@ -59,7 +59,7 @@ class TaskResult:
     p99_ci: dict[str, tuple[float, float]] = field(default_factory=dict)
     per_class: dict[str, tuple[Dist, Dist]] = field(default_factory=dict)  # class -> (TTFT, TPOT), multi-class only
     queue_wait: Dist = Dist()
-    rising: bool = False  # TTFT still rising through the run (`pipeline.RunResult.rising`): a transient's percentiles
+    rising: bool = False  # TTFT still rising through the run (`capacity.pipeline.RunResult.rising`): a transient's percentiles
 
     def metric(self, name: str) -> Dist:
         return {"ttft": self.ttft, "tpot": self.tpot, "itl": self.itl, "e2e": self.e2e}[name]

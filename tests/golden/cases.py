@@ -123,7 +123,7 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # the roofline was from published runs (bench/mlperf.py: 1.24-1.35x MLPerf Server's rates) and what its headroom
 # absorbs; one note more before "engine defaults used". Every figure unchanged.
 # Re-recorded: every simulate case, for the steady-state checks (`capacity simulate` measures the deployment's
-# capacity, the planner's closed loop, and tests TTFT for a rise over the run: pipeline.stability_notes). New keys
+# capacity, the planner's closed loop, and tests TTFT for a rise over the run: capacity.steady.stability_notes). New keys
 # only (ttft_trend, capacity_check, stopped_early), except: simulate_prefix (Qwen2.5-7B on an A100 at 12 req/s with
 # prefix caching) was an overloaded run that passed as steady: its TTFT rises from 230 ms to 4.2 s over the
 # measured requests (one-sided p 1e-11) and its capacity is 11.4 req/s, so it is now saturated (every percentile
