@@ -29,7 +29,7 @@ from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
 from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Summary, Trend, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
-from capacity.steady import Capacity, capacity_loop, stability_notes
+from capacity.steady import Capacity, capacity_loop, capacity_loop_size, stability_notes
 from capacity.workload import Request, WorkloadSpec
 
 
@@ -360,19 +360,32 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     trend = ttft_trend(measured.arrival, measured.first_token) if steady and not sim.saturation else None
     cap = None
     if opts.capacity_check and steady and disagg is None and dep.autoscale is None:
-        cap = measure_capacity(dep, workload, p, opts)
+        cap, why = measure_capacity(dep, workload, p, opts)
+        notes += [why] if why else []
     notes += stability_notes(sim, trend, cap, offered)
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
                      littles_law(sim), notes, is_offline=offline, trend=trend, capacity=cap)
 
 
-def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared, opts: RunOptions) -> Capacity | None:
+CAPACITY_LOOP_MAX_REQUESTS = 100_000  # a capacity loop over this many requests is not run (time, memory)
+
+
+def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared,
+                     opts: RunOptions) -> tuple[Capacity | None, str]:
     """The deployment's capacity for this workload (`capacity_loop`, the planner's measure), from the run's seed
-    and at most 10,000 requests (fewer than the run when the run is longer: the estimate settles by then)."""
-    wl = capacity_loop(dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dep.replicas)
+    and at most 10,000 requests of its own (fewer than the run when the run is longer: the estimate settles by
+    then), or None and why not: a loop of two requests per user over `CAPACITY_LOOP_MAX_REQUESTS` (hundreds of
+    replicas, each with a big batch) is not run."""
+    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dep.replicas)
+    users, n = capacity_loop_size(*size)
+    if n > CAPACITY_LOOP_MAX_REQUESTS:
+        return None, (f"capacity not measured: its closed loop ({users:,} users over {dep.replicas:,} replicas, "
+                      f"{n:,} requests) is over the {CAPACITY_LOOP_MAX_REQUESTS:,}-request bound; "
+                      "the TTFT trend still judges the run")
+    wl = capacity_loop(*size)
     r = run(dep, wl, RunOptions(seed=opts.seed, warmup_fraction=opts.warmup_fraction, fast_forward=opts.fast_forward,
                                 ci=False, max_sim_s=opts.max_sim_s, timeseries=False), prepared=p)
     rate = r.summary.requests_per_s
     if r.sim.saturation or not (rate > 0 and math.isfinite(rate)):
-        return None
-    return Capacity(rate, wl.arrivals.users or 0, wl.num_requests)
+        return None, "capacity not measured: its closed loop " + (r.sim.saturation or "finished no request")
+    return Capacity(rate, users, wl.num_requests), ""

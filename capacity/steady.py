@@ -61,9 +61,15 @@ def capacity_loop(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, 
     (a batch cap of 1,024 on a cache that holds 418 prompts of 1,024 tokens). This is the rate an open loop
     cannot exceed for long: above it a backlog that forms never drains. The planner's rate search and
     `capacity simulate`'s check both use it."""
+    users, n = capacity_loop_size(engine, budget, wl, requests, replicas, max_num_seqs)
+    return wl.model_copy(update={"arrivals": Arrivals(kind="closed", users=users), "num_requests": n})
+
+
+def capacity_loop_size(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, requests: int,
+                       replicas: int = 1, max_num_seqs: int | None = None) -> tuple[int, int]:
+    """`capacity_loop`'s users and requests, before anything is built (a caller bounds them first)."""
     users = max(2, 2 * full_batch(engine, budget, wl, max_num_seqs) * replicas)
-    return wl.model_copy(update={"arrivals": Arrivals(kind="closed", users=users),
-                                 "num_requests": max(requests, 2 * users)})
+    return users, max(requests, 2 * users)
 
 
 def stability_notes(sim: SimResult, trend: Trend | None, cap: Capacity | None, offered: float | None) -> list[str]:

@@ -188,3 +188,16 @@ def test_colocate_fails_a_model_whose_ttft_still_rises():
     assert over["ttft_rising"] and not over["meets_slo"] and over["p99_ttft_s"] < 60.0
     ok = simulate_fleet(fleet(10.0), "separate")["models"][0]
     assert not ok["ttft_rising"] and ok["meets_slo"]
+
+
+def test_a_capacity_loop_too_big_to_run_is_a_note_not_a_run(dep):
+    """200 replicas of the 8B: the capacity loop would keep 2 x 417 users per replica busy (166,800 users,
+    333,600 requests): over the 100,000-request bound, so it is not run (it would take minutes and gigabytes for a
+    500-request question); the note says so and the run is still judged by its TTFT trend."""
+    from capacity.pipeline import Deployment, RunOptions, run
+
+    res = run(Deployment(dep.card, dep.gpu, dep.engine, replicas=200), spec(1.0, 500),
+              RunOptions(ci=False, capacity_check=True))
+    assert res.capacity is None and res.trend is not None
+    assert [n for n in res.notes if n.startswith("capacity not measured: its closed loop (166,800 users over 200 "
+                                                 "replicas, 333,600 requests) is over the 100,000-request bound")]
