@@ -69,7 +69,7 @@ def test_the_plan_note_quotes_the_benches_as_recorded():
 
     import numpy as np
 
-    from capacity.plan.planner import ROOFLINE_VS_MLPERF, ROOFLINE_VS_TRTLLM_FP8
+    from capacity.plan.planner import ROOFLINE_VS_MLPERF, ROOFLINE_VS_TRTLLM_FP4, ROOFLINE_VS_TRTLLM_FP8
 
     res = json.loads((mlperf.ROOT / "bench/results/mlperf.json").read_text())
     ratios = [1 + r["error"]["dataset"]["max_qps"] for r in res["rows"]
@@ -79,3 +79,29 @@ def test_the_plan_note_quotes_the_benches_as_recorded():
     pub = json.loads((mlperf.ROOT / "bench/results/published_trtllm.json").read_text())
     fp8 = [abs(r["error"]["+ bench's batch settings"]) for r in pub["rows"] if r["dtype"] == "fp8"]
     assert len(fp8) == 60 and round(float(np.mean(fp8)), 2) == ROOFLINE_VS_TRTLLM_FP8
+    fp4 = [1 + r["error"]["+ bench's batch settings"] for r in pub["rows"] if r["dtype"] == "fp4"]
+    assert len(fp4) == 20
+    assert tuple(round(float(f(fp4)), 2) for f in (np.min, np.median, np.max)) == ROOFLINE_VS_TRTLLM_FP4
+
+
+def test_a_plan_with_fp4_gemms_on_the_roofline_says_its_rates_are_an_upper_bound():
+    """NVFP4 weights on a B200 run FP4 GEMMs, the roofline's figure furthest on the unsafe side (1.17-1.55x
+    TensorRT-LLM's published throughput): the plan says so with the headroom that would cover it (1 / 1.55 = 0.645,
+    rounded down); the same model in FP8 on the same GPU has no such note."""
+    from capacity.model.card import load_model_card
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, SearchSpec, SLOSpec, make_plan
+    from capacity.workload import WorkloadSpec, fixed
+
+    small = SearchSpec(seeds=1, requests=200, tolerance=0.2, max_num_seqs=[64], max_model_len=[4096], tp=[1])
+
+    def notes(weights):
+        card = load_model_card(mlperf.ROOT / "models/llama-3.1-8b.yaml").with_overrides(weight_dtype=weights)
+        sc = Scenario(model="llama-3.1-8b", gpu="b200", workload=WorkloadSpec(input_len=fixed(512),
+                      output_len=fixed(64)), slo=SLOSpec(ttft_s=1.0, tpot_s=0.05), target_rate_per_s=5.0, search=small)
+        return [n for n in make_plan(sc, card, SerialExecutor(cache=False)).notes if n.startswith("FP4 GEMMs")]
+
+    (fp4,) = notes("nvfp4")
+    assert "1.17-1.55x the published (median 1.34x" in fp4 and "--headroom 0.64 covers the highest" in fp4
+    assert "replicas at 80% of the max rate absorb (1.25x)" in fp4
+    assert notes("fp8") == []
