@@ -25,6 +25,12 @@ from capacity.plan.planner import Scenario, SearchSpec, make_plan  # noqa: E402
 TARGET_S = 10  # issue 20: the default plan in under 10 s on this 2-core machine
 
 
+def build() -> str:
+    from capacity import compiled
+
+    return "compiled (mypyc, scripts/compile.sh)" if compiled() else "pure Python"
+
+
 def timed(search: SearchSpec, workers: int) -> tuple[float, int, int]:
     card = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
     ex = PoolExecutor(workers, progress=False, cache=False)
@@ -64,8 +70,8 @@ def main() -> int:
               f"{'met' if ok else 'MISSED'}); "
               f"1 worker / {cores} workers = {rows[1]['wall_s'] / rows[0]['wall_s']:.2f}x")
     out = ROOT / "bench/results/plan_speed.json"
-    out.write_text(json.dumps({"cores": cores, "cpu": host_cpu(), "date": time.strftime("%Y-%m-%d"), "rows": rows,
-                               "target_s": TARGET_S, "met": ok}, indent=1) + "\n")
+    out.write_text(json.dumps({"cores": cores, "cpu": host_cpu(), "build": build(), "date": time.strftime("%Y-%m-%d"),
+                               "rows": rows, "target_s": TARGET_S, "met": ok}, indent=1) + "\n")
     con.print(f"wrote {out}")
     return 0
 

@@ -41,9 +41,9 @@ from capacity.workload import Arrivals, WorkloadSpec, fixed  # noqa: E402
 
 # Peer figures measured side by side (issue 20's measurement: 10,000 requests of this workload, alternating runs,
 # each peer in its fastest configuration that gives identical metrics), with this simulator's figure in that run.
-PEERS = {"recorded": "2026-12-01 side by side, best of 3 alternating runs, Intel Xeon Processor, 2 cores "
-                     "(bench/peers/README.md)", "capacity": 13618.0,
-         "peers": {"BLIS": (2392.0, 10.0), "Vidur": (203.0, 70.0)}}
+PEERS = {"recorded": "2026-12-02 side by side, best of 3 alternating runs, AMD EPYC, 2 cores, the compiled build "
+                     "(bench/peers/README.md)", "capacity": 53165.0,
+         "peers": {"BLIS": (3934.0, 10.0), "Vidur": (341.0, 70.0)}}
 
 
 def host_cpu() -> str:
@@ -215,8 +215,11 @@ def main() -> int:
     from rich.table import Table
 
     cpu = host_cpu()
-    t = Table(title=f"Simulator speed (one core, {cpu}): Llama-3.1-8B roofline on H100, 1024/256 tokens, Poisson "
-                    "4 req/s, batch cap 128", title_justify="left")
+    from capacity import compiled
+
+    build = "compiled (mypyc, scripts/compile.sh)" if compiled() else "pure Python"
+    t = Table(title=f"Simulator speed (one core, {cpu}, {build}): Llama-3.1-8B roofline on H100, 1024/256 tokens, "
+                    "Poisson 4 req/s, batch cap 128", title_justify="left")
     for c in ("run", "requests", "engine events", "steps", "wall s", "sim req / wall s"):
         t.add_column(c, justify="right" if c != "run" else "left")
     rate_slow = args.slow_requests / wall_slow
@@ -255,6 +258,7 @@ def main() -> int:
               f"peak RSS for {args.memory_requests:,} requests: {mem['maxrss_kib'] / 1024:.0f} MiB (target <= 500); "
               f"p99 TTFT {sf.ttft_s.p99 * 1e3:.1f} ms, p99 TPOT {sf.tpot_s.p99 * 1e3:.2f} ms")
     out = {"workload": "llama-3.1-8b roofline h100-sxm, 1024/256, poisson 4/s, max_num_seqs 128", "cpu": cpu,
+           "build": build,
            "requests": args.requests, "wall_s_fast": wall_fast, "sim_req_per_s_fast": rate_fast,
            "wall_s_step_by_step": wall_slow, "sim_req_per_s_step_by_step": rate_slow,
            "peers_side_by_side": peers, "ratios_side_by_side": ratios, "peers_recorded": PEERS,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from capacity import compiled
 from capacity.sched import SglangConfig, SglangScheduler, make_scheduler
 from capacity.workload import Request
 
@@ -213,6 +214,9 @@ class RetractMostGenerated(SglangScheduler):
 def test_the_traces_tell_the_rules_apart(cls, name, first):
     """capacity's scheduler with one of SGLang's rules changed: the batch-full mark, the one-round lag before a
     finished request leaves the batch, the retraction order. Each makes a recorded trace diverge."""
+    if compiled() and cls in (NoFullMark, FilterAtOnce, IdleResetAfterABatch):
+        pytest.skip("overrides an attribute with a property, which compiled code reads directly; "
+                    "the pure-Python run checks it")
     trace = load(name)
     d = first_difference(trace, replay(trace, cls))
     assert d is not None and d.startswith(first), d
@@ -384,6 +388,9 @@ def test_the_overlap_traces_tell_the_rules_apart(cls, name, first):
     decode slot freed a step late (a page only where it opened one), the dropped token of a retracted request, the
     stale output counts of a retraction's ratio, no idle reset right after a batch, the stale output counts of the
     admission offset, a finish reported before the next decision could retract the request."""
+    if compiled() and cls in (NoFullMark, FilterAtOnce, IdleResetAfterABatch):
+        pytest.skip("overrides an attribute with a property, which compiled code reads directly; "
+                    "the pure-Python run checks it")
     trace = load(name, overlap=True)
     d = first_difference(trace, replay(trace, cls, overlap_schedule=True))
     assert d is not None and d.startswith(first), d

@@ -16,9 +16,11 @@ tokens x total keys: what some engines do on CPU) so the model can represent the
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Literal
 
+import pydantic.main  # noqa: F401  (mypyc: its class body of a BaseModel looks the base up in pydantic.main)
 from pydantic import BaseModel, ConfigDict, Field
 
 from capacity.cost.step import StepPlan
@@ -73,7 +75,10 @@ class RooflineCost:
         L = self.card.num_layers
         # Per-layer weight bytes of each GEMM family on this rank.
         attn_names = ("q_proj", "kv_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
-        self._attn_w = sum(w.get(n, 0.0) for n in attn_names) / L
+        attn_w = 0.0  # a loop, not sum(): sum() of floats is compensated from Python 3.12 on, a compiled loop not
+        for n in attn_names:
+            attn_w += w.get(n, 0.0)
+        self._attn_w = attn_w / L
         self._dense_w = (w.get("mlp_gate_up", 0.0) + w.get("mlp_down", 0.0)) / max(1, self.card.num_dense_layers)
         moe_layers = max(1, self.card.num_moe_layers)
         self._shared_w = (w.get("shared_gate_up", 0.0) + w.get("shared_down", 0.0)) / moe_layers
@@ -198,7 +203,9 @@ class RooflineCost:
         if self.params.attention != "ideal":
             return self._breakdown_full(plan, n, plan.num_sampled)
         gemm, norms, comm, samp = self._terms(n, plan.num_sampled)
-        attn = sum(self._chunk_s(p.new_tokens, p.cached_tokens) for p in plan.prefills)
+        attn = 0.0  # (a loop: as _attn_w)
+        for p in plan.prefills:
+            attn += self._chunk_s(p.new_tokens, p.cached_tokens)
         if plan.decode_contexts:
             keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
             attn += keys * self._decode_s_per_key + self.params.kernel_launch_s
@@ -240,7 +247,7 @@ class RooflineCost:
         f1 = self.step_s(StepPlan(decode_contexts=tuple(c + 1 for c in contexts)))
         return f0, f1 - f0
 
-    def decode_run_s(self, contexts: tuple[int, ...], k: int):
+    def decode_run_s(self, contexts: Sequence[int], k: int):  # a list from the engine loop (mypyc checks)
         """k decode-only steps of the same batch (`decode_line`, expanded)."""
         import numpy as np
 

@@ -83,9 +83,11 @@ class LinearCost:
         keys = sum(p.cached_tokens + p.new_tokens for p in plan.prefills) + sum(d + 1 for d in plan.decode_contexts)
         pairs: float
         if self.attention == "packed":
-            pairs = plan.num_tokens * keys
+            pairs = float(plan.num_tokens * keys)  # mypyc: an int is not a float (same value as float * int)
         else:
-            pairs = sum(p.new_tokens * (p.cached_tokens + (p.new_tokens + 1) / 2) for p in plan.prefills)
+            pairs = 0.0  # a loop, not sum(): sum() of floats is compensated from Python 3.12 on, a compiled loop not
+            for p in plan.prefills:
+                pairs += p.new_tokens * (p.cached_tokens + (p.new_tokens + 1) / 2)
         seqs = len(plan.prefills) + len(plan.decode_contexts)
         return {"overhead": self.fixed_s + self.per_seq_s * seqs, "gemm": self.per_token_s * plan.num_tokens,
                 "attention": self.per_key_s * keys + self.per_pair_s * pairs}

@@ -10,10 +10,15 @@ policy's configuration or its block pool.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from mypy_extensions import mypyc_attr
 
 from capacity.cost.step import StepPlan
 from capacity.workload import Request
+
+if TYPE_CHECKING:
+    from capacity.sched.kv import KVCacheManager
 
 NAN = float("nan")
 
@@ -56,12 +61,13 @@ class Seq:
         return self.generated > 0 and self.prompt + self.generated - self.computed == 1
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # SglangScheduler's base (its tests subclass it)
 class QueueView:
     """The read-only views every scheduler derives the same way from its waiting queue and its KV cache manager
     (`self.waiting`, `self.kv`)."""
 
     waiting: Any
-    kv: Any
+    kv: KVCacheManager  # every scheduler's (mypyc: a subclass may not narrow an attribute's type)
 
     @property
     def num_waiting(self) -> int:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import NAN, QueueView, Seq, Step
+from capacity.sched.base import NAN, Seq, Step
 from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.sched.stretch import DecodeStretches
@@ -66,7 +66,7 @@ class ContinuousConfig:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
 
 
-class ContinuousScheduler(DecodeStretches, QueueView):
+class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (same MRO; mypyc: one base)
     """vLLM-v1-style continuous batching (see module docstring)."""
 
     def __init__(self, cfg: ContinuousConfig) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from capacity.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -34,6 +36,7 @@ class BlockPool:
         return False
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the trace tests subclass its subclasses
 class KVCacheManager:
     """Allocation of KV slots for new tokens and their release, without a prefix cache (see the module
     docstring; `capacity.sched.prefix_cache` adds vLLM's)."""
@@ -172,6 +175,7 @@ class KVCacheManager:
         return self.pool.free
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the trace tests change one rule in a subclass
 class HybridKVCacheManager(KVCacheManager):
     """vLLM's hybrid allocator for models with sliding-window layers (vLLM 0.32's `SlidingWindowManager` under a
     `HybridKVCacheCoordinator`): one pool of blocks serves every group of layers; a full-attention group holds

@@ -24,12 +24,15 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from capacity.sched.kv import KVCacheManager
 
 if TYPE_CHECKING:
     from capacity.sched.base import Seq
 
 
+@mypyc_attr(allow_interpreted_subclasses=True)  # the trace tests change one rule in a subclass
 class PrefixCachingKVCacheManager(KVCacheManager):
     """The KV cache manager with vLLM's block-level prefix cache (see the module docstring). A sequence's
     `blocks` counts the blocks in its table, `shared_blocks` those it hit on admission; `kv_capacity` stays 0

@@ -66,7 +66,8 @@ class _HeapQueue:
     def add(self, seq: Seq) -> None:
         heapq.heappush(self._h, (*self.key(seq), seq.req.id, seq))
 
-    prepend = add  # a preempted sequence takes its place by key, as in vLLM's priority queue
+    def prepend(self, seq: Seq) -> None:  # a preempted sequence takes its place by key, as in vLLM's priority queue
+        self.add(seq)  # (a method, not `prepend = add`: mypyc makes a class-body alias an instance attribute)
 
     def peek(self) -> Seq:
         return self._h[0][-1]

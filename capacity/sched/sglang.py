@@ -48,9 +48,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from mypy_extensions import mypyc_attr
+
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import QueueView, Seq, Step
+from capacity.sched.base import Seq, Step
 from capacity.sched.kv import KVCacheManager, longest_stretch
 from capacity.sched.sglang_overlap import SglangOverlap
 from capacity.sched.stretch import advance_running
@@ -101,13 +103,14 @@ class SglangConfig:
         return min(self.context_len - 1, pool - 1) if self.context_len is not None else pool - 1
 
 
-class SglangScheduler(SglangOverlap, QueueView):
+@mypyc_attr(allow_interpreted_subclasses=True)  # the trace tests change one rule in a subclass
+class SglangScheduler(SglangOverlap):  # QueueView via SglangOverlap (same MRO; mypyc: one base)
     """SGLang v0.5.5's scheduling (see module docstring); the overlap scheduler's bookkeeping is `SglangOverlap`'s."""
 
     def __init__(self, cfg: SglangConfig) -> None:
         self.cfg = cfg
         self.kv = KVCacheManager(cfg.max_total_tokens // cfg.page_size, cfg.page_size)
-        self.waiting: deque[Seq] = deque()
+        self.waiting = deque()  # deque[Seq] (typed Any by QueueView)
         self.running: list[Seq] = []  # decoding requests, in SGLang's running-batch order
         self.chunked: Seq | None = None  # the request whose prompt is being prefilled in chunks
         self.inflight: list[Seq] = []  # the members of the prefill batch being run
@@ -250,8 +253,9 @@ class SglangScheduler(SglangOverlap, QueueView):
         page, clip = cfg.page_size, cfg.clip_max_new_tokens
         ratio = self.new_token_ratio
         avail = kv.num_free_blocks * page  # available_size() (+ an evictable radix cache: none here)
-        # the running requests' estimated future tokens, summed in batch order as SGLang does (0 + sum of list)
-        offset: float = 0 + sum([min(s.output - s.generated + s.inflight, clip) * ratio for s in self.running])
+        # the running requests' estimated future tokens, summed in batch order as SGLang does (0 + sum of list;
+        # start 0.0, the same floats: mypyc compiles `0 + sum(...)` of floats as an int addition, a TypeError)
+        offset: float = sum([min(s.output - s.generated + s.inflight, clip) * ratio for s in self.running], 0.0)
         cur_offset = 0
         rem_input = cfg.max_prefill_tokens
         rem_chunk = cfg.chunked_prefill_size

@@ -33,24 +33,25 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mypy_extensions import mypyc_attr
+
 from capacity.cost.step import StepPlan
-from capacity.sched.base import NAN, Seq, Step
+from capacity.sched.base import NAN, QueueView, Seq, Step
 
 if TYPE_CHECKING:
-    from collections import deque
-
     from capacity.sched.kv import KVCacheManager
     from capacity.sched.sglang import SglangConfig
 
 
-class SglangOverlap:
+@mypyc_attr(allow_interpreted_subclasses=True)  # SglangScheduler's base (its tests subclass it)
+class SglangOverlap(QueueView):  # SglangScheduler's only base (same MRO as before; mypyc: one base)
     """The overlap scheduler's state and its processing of a step's output one step late (see module docstring);
     the scheduling it wraps (`_round`, check_decode_mem, the idle reset) is `SglangScheduler`'s."""
 
     # SglangScheduler's state, which the lag's bookkeeping reads and updates
     cfg: SglangConfig
     kv: KVCacheManager
-    waiting: deque[Seq]
+    # waiting: a deque[Seq], declared Any by QueueView (mypyc: a subclass may not narrow an attribute's type)
     running: list[Seq]
     chunked: Seq | None
     inflight: list[Seq]
@@ -58,12 +59,15 @@ class SglangOverlap:
     batch_full: bool
     unfiltered: int
 
-    if TYPE_CHECKING:  # SglangScheduler's methods
-        def _round(self, now: float) -> Step | None: ...
+    # SglangScheduler's methods (real methods, not TYPE_CHECKING stubs: mypyc compiles no statement in a class body)
+    def _round(self, now: float) -> Step | None:
+        raise NotImplementedError
 
-        def _decode_fits(self, seqs: list[Seq]) -> bool: ...
+    def _decode_fits(self, seqs: list[Seq]) -> bool:
+        raise NotImplementedError
 
-        def _maybe_idle(self) -> None: ...
+    def _maybe_idle(self) -> None:
+        raise NotImplementedError
 
     def _init_overlap(self, on: bool) -> None:
         """The lag's state, set by SglangScheduler.__init__ (`on`: SglangConfig.overlap_schedule)."""

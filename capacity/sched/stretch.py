@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from capacity.sched.base import QueueView
 from capacity.sched.kv import longest_stretch
 
 if TYPE_CHECKING:
@@ -33,7 +34,7 @@ def advance_running(kv: KVCacheManager, running: list[Seq], k: int, end_s: float
     return finished
 
 
-class DecodeStretches:
+class DecodeStretches(QueueView):
     """The fast path of ContinuousScheduler (see the module docstring)."""
 
     cfg: ContinuousConfig
@@ -44,8 +45,8 @@ class DecodeStretches:
     unprocessed: list[Seq]
     _track_inflight: bool
 
-    if TYPE_CHECKING:  # ContinuousScheduler's
-        def _retire(self) -> None: ...
+    def _retire(self) -> None:  # ContinuousScheduler's (a real method, not a TYPE_CHECKING stub: mypyc)
+        raise NotImplementedError
 
     def decode_stretch(self, max_steps: int) -> int:
         """How many consecutive decode-only steps can run with nothing but decodes happening: every running

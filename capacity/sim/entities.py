@@ -118,15 +118,16 @@ class Recorder:
             ws.append(w)
             ts.append(ends)
         if self.lines:  # expanded at once: step j of a run lasts f0 + g j and ends f0 (j + 1) + g j (j + 1) / 2 in
-            start, f0, g, k, first_w, rest_w = np.array(self.lines, dtype=float).T
+            # (first_ws, rest_ws: arrays, not the loop's ints above: mypyc keeps one type per local)
+            start, f0, g, k, first_ws, rest_ws = np.array(self.lines, dtype=float).T
             steps = k.astype(np.int64)
             heads = np.cumsum(steps) - steps
             j = np.arange(int(steps.sum())) - np.repeat(heads, steps)
             f0r, gr = np.repeat(f0, steps), np.repeat(g, steps)
             vs.append(f0r + gr * j)
             ts.append(np.repeat(start, steps) + (f0r * (j + 1) + gr * (j * (j + 1) // 2)))
-            w = np.repeat(rest_w, steps)
-            w[heads] = first_w
+            w = np.repeat(rest_ws, steps)
+            w[heads] = first_ws
             ws.append(w)
         v, w, t = np.concatenate(vs), np.concatenate(ws), np.concatenate(ts)
         keep = w > 0
@@ -300,9 +301,12 @@ class Replica:
                     rec.gap_w.append(1)
         self.stretching = True
         self.cut_before = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else float(cum[k - 2]))
+        interrupted = False
         try:
             yield env.timeout(end_k)
         except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
+            interrupted = True
+        if interrupted:  # (outside the except block: mypyc leaks a handled exception past a yield inside one)
             x = env.now - now
             if cum is None:
                 k = _first_at(f0, g, x, k)

@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import simpy
@@ -46,7 +46,7 @@ class Disaggregation:
 
     prefill_replicas: int
     decode_replicas: int
-    decode_cost: object
+    decode_cost: Any  # a step cost (mypyc: a compiled dataclass's `object` field fails at import, KeyError)
     make_decode_scheduler: Callable[[], Scheduler]
     kv_bytes_per_token: float  # the whole model's KV bytes per token (all layers, all heads): what moves
     bandwidth_bytes_per_s: float
@@ -84,7 +84,7 @@ class Service:
     the weights back)."""
 
     name: str
-    cost: object
+    cost: Any  # a step cost (mypyc: as Disaggregation.decode_cost)
     make_scheduler: Callable[[], Scheduler]
     replicas: int = 1
     devices: tuple[int | None, ...] | None = None  # per replica: a shared device id, or None

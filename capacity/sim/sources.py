@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections.abc import Generator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from capacity.workload import Request, WorkloadSpec, draw_attributes
 
@@ -62,7 +62,7 @@ class ClosedLoopUsers:
         self.sim.next_arrival_s = self.due[0]
         return t
 
-    def user(self) -> Generator:
+    def user(self) -> Generator[Any, float | None, None]:  # sent: the answer's due time (mypyc checks it)
         sim, env, spec = self.sim, self.sim.env, self.spec
         while self.issued < spec.num_requests:
             rid = self.issued
