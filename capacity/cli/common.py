@@ -12,9 +12,9 @@ from capacity.errors import CapacityError
 
 def _print_version(value: bool) -> None:
     if value:
-        from capacity import __version__
+        from capacity import __version__, compiled
 
-        typer.echo(f"capacity {__version__}")
+        typer.echo(f"capacity {__version__} (" + ("simulator compiled by mypyc" if compiled() else "pure Python") + ")")
         raise typer.Exit()
 
 
