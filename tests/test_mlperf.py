@@ -69,7 +69,7 @@ def test_the_plan_note_quotes_the_benches_as_recorded():
 
     import numpy as np
 
-    from capacity.plan.planner import ROOFLINE_VS_MLPERF, ROOFLINE_VS_TRTLLM_FP4, ROOFLINE_VS_TRTLLM_FP8
+    from capacity.plan.roofline_level import ROOFLINE_VS_MLPERF, ROOFLINE_VS_TRTLLM_FP4, ROOFLINE_VS_TRTLLM_FP8
 
     res = json.loads((mlperf.ROOT / "bench/results/mlperf.json").read_text())
     ratios = [1 + r["error"]["dataset"]["max_qps"] for r in res["rows"]

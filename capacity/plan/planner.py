@@ -31,24 +31,13 @@ import math
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
-from capacity.model.compute import gemm_dtypes
 from capacity.plan import frontier
 from capacity.plan.frontier import tune_budget
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
+from capacity.plan.roofline_level import roofline_notes
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
-
-# The roofline's level on published runs, as the benches recorded it (a plan on the roofline says so; the tests in
-# tests/test_mlperf.py recompute both from bench/results/, so a bench rerun that moves them fails until they are
-# updated here): the simulated over the published max rate under LoadGen's limits, lowest and highest of the MLPerf
-# Server runs at the modelled clocks outside the Interactive scenario (bench/mlperf.py); the throughput MAPE on
-# TensorRT-LLM's FP8 table rows at trtllm-bench's batch settings (bench/published.py), and on its B200 FP4 rows the
-# simulated over the published throughput, lowest, median and highest (FP4 GEMMs at 70% of the datasheet rate: the
-# roofline's least certain figure, on the unsafe side).
-ROOFLINE_VS_MLPERF = (1.19, 1.35)
-ROOFLINE_VS_TRTLLM_FP8 = 0.08
-ROOFLINE_VS_TRTLLM_FP4 = (1.17, 1.34, 1.55)
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
 
@@ -345,22 +334,7 @@ class Planner:
 
             prov = load_profile(sc.profile).provenance.model_dump()
         if not sc.profile:  # the roofline's level against published runs (bench/published.py, bench/mlperf.py)
-            self.notes.append(
-                f"step costs from the roofline, not measured: on published runs its max rate under the latency limits "
-                f"was {ROOFLINE_VS_MLPERF[0]:.2f}-{ROOFLINE_VS_MLPERF[1]:.2f}x real TensorRT-LLM's (MLPerf Server) and "
-                f"its throughput within {ROOFLINE_VS_TRTLLM_FP8:.0%} of TensorRT-LLM's "
-                f"newer tables (docs/fidelity.md); replicas at {sc.headroom:.0%} of the max rate absorb "
-                + (f"up to {1 / sc.headroom:.2f}x" if sc.headroom < 1 else "none of it")
-                + "; a measured profile (calibrate/) closes it")
-            if "fp4" in gemm_dtypes(card, gpu).values():
-                lo, mid, hi = ROOFLINE_VS_TRTLLM_FP4
-                self.notes.append(
-                    f"FP4 GEMMs on the roofline are its least certain figure: on TensorRT-LLM's B200 FP4 table its "
-                    f"throughput was {lo:.2f}-{hi:.2f}x the published (median {mid:.2f}x; docs/fidelity.md), more than "
-                    f"replicas at {sc.headroom:.0%} of the max rate absorb"
-                    + (f" ({1 / sc.headroom:.2f}x)" if sc.headroom < 1 else "")
-                    + f": read these rates as an upper bound; --headroom {math.floor(100 / hi) / 100:.2f} covers the "
-                    "highest")
+            self.notes += roofline_notes(card, gpu, sc.headroom)
         scenario = {**sc.model_dump(), "model": card.model_dump(), "gpu": gpu.name}
         return Plan(card.name, gpu.name, sc.slo, sc.target_rate_per_s, searches, tp, replicas, gpus, frontier,
                     per_replica, rec, rec_search, verification, trade, vllm, sglang, cost, rb,
