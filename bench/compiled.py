@@ -22,6 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.sim_speed import host_cpu  # noqa: E402
+
 WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang")
 
 CHILD = r"""
@@ -102,11 +106,6 @@ def child(tree: str, workload: str, fast: bool, reps: int) -> dict:
     if out.returncode:
         raise SystemExit(f"{tree} {workload} fast={fast}: {out.stderr[-2000:]}")
     return json.loads(out.stdout)
-
-
-def host_cpu() -> str:
-    return next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                 if ln.startswith("model name")), "unknown CPU")
 
 
 def main() -> int:
