@@ -5,7 +5,10 @@
 #   3. full calibration of each model (MODEL or MODEL:fp8 for FP8 GEMMs) -> capacity/data/profiles/<model>-<gpu>.json
 #      (time-boxed per model; an
 #      interrupted one leaves <profile>.partial.json, which a rerun resumes)
-#   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>-<gpu>.json
+#   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>[-paged]-<gpu>.json
+# Attention (ATTN, default auto): one FlashAttention varlen call per layer over a paged KV pool, as vLLM runs it,
+#   where the GPU's torch passes the start-up probe (calibrate/paged.py), else padded SDPA; ATTN=sdpa forces the
+#   padded layout the committed H200 profiles used; ATTN=paged on a CPU rehearses the paged path (reference kernel).
 # Everything lands in $OUT/results.tar.gz (re-packed after every stage, so a cut-off run still returns what
 # it finished), with the log and nvidia-smi output beside it. Analysis runs afterwards on any machine:
 #   python bench/step_accuracy.py --model llama-3.1-8b --profile capacity/data/profiles/llama-3.1-8b-h200.json ...
@@ -17,7 +20,7 @@
 #   bash bench/device_run.sh
 # The same script on a CPU, end to end, in about two minutes:
 #   DEVICE=cpu QUICK=1 MODELS=tiny SHAPES_MODELS=tiny NO_WHEELS=1 OUT=/tmp/devout PY=.venv/bin/python \
-#     bash bench/device_run.sh
+#     ATTN=paged bash bench/device_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 DEVICE=${DEVICE:-cuda:0}
@@ -28,12 +31,14 @@ MODELS=${MODELS:-llama-3.1-8b:fp8 mixtral-8x7b}
 BUDGETS=(${BUDGETS:-230 170})       # seconds of calibration per model, in MODELS order
 SHAPES_MODELS=${SHAPES_MODELS:-llama-3.1-8b}
 QUICK=${QUICK:-}
+ATTN=${ATTN:-auto}
+SUFFIX=-paged; [ "$ATTN" = sdpa ] && SUFFIX=""  # the committed step shapes are padded SDPA: keep them
 STAGES=${STAGES:-peaks tests calibrate shapes}  # a rerun can name fewer
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT" capacity/data/profiles bench/results
 exec > >(tee -a "$OUT/device_run.log") 2>&1
 stamp() { echo "## $(date -u +%T) $*"; }
-stamp "start device=$DEVICE models=$MODELS quick=${QUICK:-no}"
+stamp "start device=$DEVICE models=$MODELS quick=${QUICK:-no} attention=$ATTN"
 export PYTHONPATH=$PWD
 if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then  # packages the device image lacks
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -90,7 +95,8 @@ for spec in $MODELS; do  # MODEL or MODEL:WEIGHT_DTYPE (llama-3.1-8b:fp8 -> FP8 
   stamp "calibrate $spec (budget ${budget}s)"
   start=$(date +%s)
   timeout --signal=INT --kill-after=20 "$budget" "$PY" -c "from capacity.cli import main; main()" calibrate \
-    --model "$m" "${WARG[@]}" --device "$DEVICE" --out "capacity/data/profiles/$name-$TAG.json" "${QARG[@]}"
+    --model "$m" "${WARG[@]}" --device "$DEVICE" --out "capacity/data/profiles/$name-$TAG.json" "${QARG[@]}" \
+    --attention-kernel "$ATTN"
   stamp "$m: rc=$? after $(( $(date +%s) - start )) s"
   pack
 done
@@ -98,7 +104,7 @@ has shapes || SHAPES_MODELS=""
 for m in $SHAPES_MODELS; do
   stamp "4/4 step shapes $m"
   timeout --signal=INT --kill-after=10 90 "$PY" bench/step_shapes.py measure --model "$m" --device "$DEVICE" \
-    --out "bench/results/step_shapes-$m-$TAG.json" "${SMALL[@]}"
+    --out "bench/results/step_shapes-$m$SUFFIX-$TAG.json" "${SMALL[@]}" --attention "$ATTN"
   pack
 done
 stamp done

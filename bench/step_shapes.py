@@ -57,14 +57,15 @@ def measure_cmd(args) -> int:
     dev = resolve_device(args.device)
     shapes = SMALL if args.small else SHAPES
     max_ctx = max([c + k for _, p, _ in shapes for c, k in p] + [x + 1 for _, _, d in shapes for _, x in d])
-    stack = DecoderStack(card, dev, max_context=max(max_ctx, 2))
+    stack = DecoderStack(card, dev, max_context=max(max_ctx, 2), attention=args.attention)
     rows = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
 
     def save():
         out.write_text(json.dumps({"model": card.name, "device": device_info(dev), "distinct_layers":
-                                   stack.distinct_layers, "rows": rows}, indent=1) + "\n")
+                                   stack.distinct_layers, "attention_kernel": stack.attn_kernel,
+                                   "page": stack.page or None, "rows": rows}, indent=1) + "\n")
 
     with torch.inference_mode():
         for name, pf, dc in shapes:
@@ -121,7 +122,8 @@ def report_cmd(args) -> int:
     cal = CalibratedCost(prof, card, tp=1, profile_path=args.profile) if prof else None
     # The reference is how the step was timed for the profile: graph replays for a CUDA-graph profile.
     ref_key = "graph_s" if prof is not None and prof.provenance.cuda_graphs else "eager_s"
-    t = Table(title=f"{card.name} on {m['device'].get('device_name')}: whole steps (ms); errors vs the "
+    t = Table(title=f"{card.name} on {m['device'].get('device_name')} (attention: "
+                    f"{m.get('attention_kernel') or 'sdpa'}): whole steps (ms); errors vs the "
                     f"{'CUDA graph' if ref_key == 'graph_s' else 'eager'} timing", title_justify="left")
     for c in ("shape", "measured eager", "CUDA graph", "profile", "roofline", "profile err", "roofline err"):
         t.add_column(c, justify="left" if c == "shape" else "right")
@@ -171,6 +173,8 @@ def main() -> int:
     m.add_argument("--out", required=True)
     m.add_argument("--small", action="store_true", help="shapes scaled down (CPU smoke run)")
     m.add_argument("--no-graphs", action="store_true")
+    m.add_argument("--attention", default="auto", choices=["auto", "sdpa", "paged"],
+                   help="paged: one FlashAttention call per layer over a paged KV pool (calibrate/paged.py)")
     r = sub.add_parser("report")
     r.add_argument("--measured", required=True)
     r.add_argument("--profile")

@@ -7,7 +7,8 @@ so op tables and whole-step timings measure the same kernels:
     x[n, h] = embed(token ids)                      n = all new tokens of the step, prefills first
     per layer:  r = norm(x); q,k,v = qkv(r); rope(q, k)
                 attention: each prefill chunk alone (causal over cached + new keys, SDPA),
-                           all decodes in one padded batched SDPA over their KV caches
+                           all decodes in one padded batched SDPA over their KV caches;
+                           or (attention="paged") every sequence in one call over a paged pool (paged.py)
                 x += o(attn); r = norm(x); x += mlp(r)      (MoE: router + the experts actually hit)
     logits = lm_head(norm(x[rows that sample])); next = argmax(logits)
 
@@ -294,8 +295,10 @@ class DecoderStack:
     """Random-weight decoder stack for one TP rank of `card` on `device`."""
 
     def __init__(self, card: ModelCard, device: str = "cpu", tp: int = 1, seed: int = 0,
-                 max_weight_fraction: float = 0.5, max_context: int | None = None) -> None:
+                 max_weight_fraction: float = 0.5, max_context: int | None = None, attention: str = "sdpa") -> None:
         import torch
+
+        from calibrate import paged
 
         self.card, self.tp, self.device = card, tp, device
         self.gemm = stack_gemm_dtype(card, device)
@@ -328,6 +331,9 @@ class DecoderStack:
         if card.moe is not None and device.startswith("cuda"):
             self.moe_impl = self._probe_grouped()
         self.capturable = card.moe is None or self.moe_impl == "grouped"
+        # attention: "sdpa" (padded decodes, each prefill chunk alone) or "paged" (calibrate/paged.py)
+        self.attention, self.attn_kernel, self.page, self._cu_k = paged.resolve(
+            attention, device, s.q_heads, s.kv_heads, s.head_dim, self.dtype)
 
     def set_moe_impl(self, impl: str) -> None:
         if impl not in ("loop", "grouped"):
@@ -385,6 +391,12 @@ class DecoderStack:
         ids = torch.randint(0, s.vocab, (n,), generator=g, device=dev)
         pos = [torch.arange(k, k + c) for c, k in prefills] + [torch.tensor(decodes, dtype=torch.long)]
         pos_t = torch.cat(pos).to(dev) if n else torch.zeros(0, dtype=torch.long, device=dev)
+        sample_rows = [sum(c for c, _ in prefills[:i + 1]) - 1 for i in range(len(prefills))]
+        sample_rows += list(range(n - len(decodes), n))
+        st = {"prefills": prefills, "decodes": decodes, "ids": ids, "pos": pos_t,
+              "sample_rows": torch.tensor(sample_rows, device=dev, dtype=torch.long)}
+        if self.attention == "paged":
+            return {**st, "paged": self.paged_step(list(prefills) + [(1, d) for d in decodes], g) if n else None}
         prefill_kv = [torch.randn(2, s.kv_heads, k + c, s.head_dim, generator=g, device=dev, dtype=dt)
                       for c, k in prefills]
         decode_kv = decode_mask = decode_pos = None
@@ -394,11 +406,25 @@ class DecoderStack:
                                     dtype=dt)
             decode_pos = torch.tensor(decodes, device=dev)
             decode_mask = (torch.arange(t, device=dev)[None, :] <= decode_pos[:, None])[:, None, None, :]
-        sample_rows = [sum(c for c, _ in prefills[:i + 1]) - 1 for i in range(len(prefills))]
-        sample_rows += list(range(n - len(decodes), n))
-        return {"prefills": prefills, "decodes": decodes, "ids": ids, "pos": pos_t, "prefill_kv": prefill_kv,
-                "decode_kv": decode_kv, "decode_mask": decode_mask, "decode_pos": decode_pos,
-                "sample_rows": torch.tensor(sample_rows, device=dev, dtype=torch.long)}
+        return {**st, "prefill_kv": prefill_kv, "decode_kv": decode_kv, "decode_mask": decode_mask,
+                "decode_pos": decode_pos}
+
+    def paged_step(self, seqs: list[tuple[int, int]], gen=None):
+        """A paged pool holding `seqs` ((new, cached) each; a decode is (1, context)), for `attention_paged`."""
+        import torch
+
+        from calibrate.paged import build_step
+
+        gen = gen if gen is not None else torch.Generator(device=self.device).manual_seed(0)
+        return build_step(seqs, self.s.kv_heads, self.s.head_dim, page=self.page, device=self.device,
+                          dtype=self.dtype, gen=gen)
+
+    def attention_paged(self, q, k_new, v_new, st):
+        """Every sequence of a step in one call over the paged pool (vLLM's FlashAttention backend), new K/V
+        written to their slots first. q: [n, Hq, d]; k_new/v_new: [n, Hk, d]. Returns [n, Hq*d]."""
+        from calibrate.paged import attend
+
+        return attend(self.attn_kernel, q, k_new, v_new, st, self._cu_k)
 
     # ---- attention (timed as prefill_attn / decode_attn) -----------------------------------------
     @staticmethod
@@ -455,6 +481,9 @@ class DecoderStack:
         for i in range(self.card.num_layers):
             layer = self.layer(i)
             q, k, v = layer.pre(x, cos, sin)
+            if self.attention == "paged":
+                x = layer.post(x, self.attention_paged(q, k, v, st["paged"]))
+                continue
             outs = []
             start = 0
             for (c, cached), kv in zip(st["prefills"], st["prefill_kv"]):

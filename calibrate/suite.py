@@ -67,7 +67,7 @@ def _progress():
 def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int = 1, quick: bool = False,
               threads: int | None = None, max_context: int | None = None, seed: int = 0,
               progress: bool = True, command: str = "", passes: int | None = None,
-              cuda_graphs: bool | None = None) -> Profile:
+              cuda_graphs: bool | None = None, attention: str = "auto") -> Profile:
     """Measure every table for `card` on `device`, fit, validate and (optionally) write the profile.
 
     `cuda_graphs` (default: on for CUDA devices when the stack can be captured) times every op-table point
@@ -77,7 +77,11 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     host, which capture forbids; on a GPU whose torch runs `torch._grouped_mm` (and agrees with the loop)
     the stack routes on the device and runs the experts as two grouped GEMMs, which can be captured; else
     MoE cards are timed eagerly (a point whose capture fails falls back to eager timing, and the profile
-    counts those in its notes)."""
+    counts those in its notes).
+
+    `attention` (calibrate/paged.py): "paged" times one FlashAttention varlen call per layer over a paged KV
+    pool, as vLLM runs attention (on a CPU, the reference kernel: a rehearsal); "sdpa" the padded SDPA
+    layout; "auto" (default) paged where the device runs FlashAttention, else sdpa."""
     import torch
 
     from calibrate.stack import DecoderStack, resolve_device
@@ -92,7 +96,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
         torch.set_num_threads(threads)
     max_context = min(max_context or card.max_position_embeddings, card.max_position_embeddings)
     grid = default_grid(device, quick, max_context)
-    stack = DecoderStack(card, device, tp=tp, seed=seed, max_context=max_context)
+    stack = DecoderStack(card, device, tp=tp, seed=seed, max_context=max_context, attention=attention)
+    paged = stack.attention == "paged"
     if cuda_graphs is None:  # graphs when the stack can be captured (dense, or MoE with grouped GEMMs)
         cuda_graphs = device.startswith("cuda") and stack.capturable
     s, dt, dev = stack.s, stack.dtype, device
@@ -172,6 +177,9 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     def prefill_job(c, k_):
         def make():
             qp, kn, vn = rnd(c, s.q_heads, s.head_dim), rnd(c, s.kv_heads, s.head_dim), rnd(c, s.kv_heads, s.head_dim)
+            if paged:
+                st = stack.paged_step([(c, k_)], g)
+                return lambda: stack.attention_paged(qp, kn, vn, st)
             kv = rnd(2, s.kv_heads, k_ + c, s.head_dim)
             return lambda: stack.attention_prefill(qp, kn, vn, kv, k_)
         return make
@@ -179,6 +187,9 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     def decode_job(b, ctx):
         def make():
             qd, kn, vn = rnd(b, s.q_heads, s.head_dim), rnd(b, s.kv_heads, s.head_dim), rnd(b, s.kv_heads, s.head_dim)
+            if paged:
+                st = stack.paged_step([(1, ctx)] * b, g)
+                return lambda: stack.attention_paged(qd, kn, vn, st)
             kv = rnd(2, b, s.kv_heads, ctx + 1, s.head_dim)
             posd = torch.full((b,), ctx, device=dev)
             mask = torch.ones(b, 1, 1, ctx + 1, dtype=torch.bool, device=dev)
@@ -218,7 +229,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     import hashlib
 
     ident = json.dumps({"shape": model_shape(card), "device": dev, "tp": tp, "quick": quick, "seed": seed,
-                        "cuda_graphs": cuda_graphs,
+                        "cuda_graphs": cuda_graphs, "attention": [stack.attention, stack.attn_kernel, stack.page],
                         "passes": passes, "threads": torch.get_num_threads(), "grid": grid.__dict__,
                         "max_context": max_context}, sort_keys=True, default=str)
     ident = hashlib.sha256(ident.encode()).hexdigest()[:16]
@@ -311,6 +322,15 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
         notes.append("eager mode (no CUDA graphs): small steps include Python launch time"
                      + ("; MoE routing synchronises with the host, which graph capture forbids"
                         if card.moe and not stack.capturable else ""))
+    if paged:
+        notes.append(f"attention: one call per layer over a paged KV pool ({stack.page}-token pages, scattered), "
+                     + ("FlashAttention varlen with a block table (torch.nn.attention.varlen.varlen_attn), as "
+                        "vLLM's FLASH_ATTN backend" if stack.attn_kernel == "flash" else
+                        f"the reference kernel (pages gathered, SDPA per sequence): {dev} has no paged attention "
+                        "kernel in torch; a rehearsal of the GPU path, not a measure of any kernel"))
+    else:
+        notes.append("attention: SDPA; decodes padded to the longest context with a mask, each prefill chunk alone"
+                     " (no paged kernel)")
     if card.moe is not None:
         notes.append(f"MoE experts: {'two grouped GEMMs (torch._grouped_mm), routing on the device' if stack.moe_impl == 'grouped' else 'a per-expert loop (expert counts read on the host)'}")
     shape = model_shape(card)
@@ -319,10 +339,10 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
         "provenance": {**info, "dtype": card.dtype, "gemm_dtype": stack.gemm,
                        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                        "host": socket.gethostname(), "command": command or " ".join(sys.argv), "quick": quick,
-                       "cuda_graphs": cuda_graphs,
+                       "cuda_graphs": cuda_graphs, "attention_kernel": stack.attn_kernel,
                        "notes": notes},
         "model": {"name": card.name, "shape": shape, "fingerprint": shape_fingerprint(shape)},
-        "tp": tp, "decode_layout": "padded", "prefill_layout": "per_sequence",
+        "tp": tp, "decode_layout": "paged" if paged else "padded", "prefill_layout": "per_sequence",
         "tokens": grid.tokens, "linear": linear, "embed": embed, "lm_head": lm,
         "expert_tokens": grid.tokens if moe else [], "expert": expert,
         "prefill_chunk": grid.prefill_chunk, "prefill_cached": grid.prefill_cached, "prefill_attn": prefill,

@@ -209,6 +209,32 @@ def test_cli_calibrate_quick_end_to_end(tmp_path):
     assert res["step_s"] > 0 and res["source"].startswith("calibrated profile") and res["tokens"] == 68
 
 
+def test_a_paged_attention_profile_says_so_and_predicts_mixed_lengths_by_their_mean(tiny):
+    """--attention-kernel paged: the profile records the kernel (on a CPU the reference, with a note saying it is a
+    rehearsal) and a paged decode layout, so mixed decode lengths cost what their mean context costs, not the
+    longest padded over the batch."""
+    from calibrate.suite import run_suite
+
+    prof = run_suite(tiny, "cpu", None, quick=True, threads=1, progress=False, command="pytest", attention="paged")
+    assert prof.decode_layout == "paged" and prof.provenance.attention_kernel == "reference"
+    assert any("reference kernel" in n and "rehearsal" in n for n in prof.provenance.notes)
+    cost = CalibratedCost(prof, tiny)
+
+    def step(*contexts):
+        return cost.step_s(StepPlan(decode_contexts=contexts))
+
+    lo, hi = prof.decode_context[0], prof.decode_context[-1]  # 16 and 256 on the quick grid
+    assert step(lo, hi) == pytest.approx(step((lo + hi) // 2, (lo + hi) // 2), rel=1e-9)
+    assert step(lo, hi) < step(hi, hi)  # what the padded layout would cost
+
+
+def test_bad_attention_kernel_is_one_line(tmp_path):
+    r = run_cli("calibrate", "--model", "tiny", "--device", "cpu", "--quick", "--attention-kernel", "flash",
+                "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "--attention-kernel: auto, sdpa or paged (got 'flash')" in r.stderr
+
+
 # ---- the shipped profile ---------------------------------------------------------------------------
 def test_shipped_tiny_cpu_profile_loads_and_matches_the_card(tiny):
     path = ROOT / "calibrate/profiles/tiny-cpu.json"

@@ -1,12 +1,14 @@
 """The calibration stack's kernels are right on every device this machine has (the CPU always; a CUDA GPU
 when there is one): the padded, batched decode attention and the cached prefill chunk match plain
-per-sequence attention, and on a GPU the quick suite writes a profile tagged with the GPU and a whole step
+per-sequence attention, so does paged attention over a scattered pool (calibrate/paged.py: the reference kernel on
+a CPU, FlashAttention varlen on a GPU), and on a GPU the quick suite writes a profile tagged with the GPU and a whole step
 replayed as a CUDA graph samples the same tokens as the eager step. On a machine without CUDA the GPU-only
 tests are skipped; `bench/device_run.sh` runs this file on the GPU."""
 import math
 
 import pytest
 
+from capacity.errors import ConfigError
 from tests.conftest import MODELS
 
 torch = pytest.importorskip("torch")
@@ -73,6 +75,119 @@ def test_cached_prefill_chunk_matches_causal_attention_over_prefix(dev, tiny):
     assert torch.equal(k_all[cached:], kn) and torch.equal(v_all[cached:], vn)
     ref = reference_attention(q, k_all, v_all, torch.arange(cached, cached + c, device=dev))
     assert torch.allclose(out.double(), ref, atol=3e-2, rtol=3e-2)
+
+
+# ---- paged attention (calibrate/paged.py): FlashAttention varlen on a GPU, the reference kernel on a CPU ----
+MIXED_STEP = ([(30, 10), (17, 0)], [5, 40, 15, 16, 0])  # a chunk on cached keys, a whole prompt; decodes
+# that end just before, on and after a 16-token page boundary, and one with no cached key
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_paged_attention_matches_per_sequence_attention(dev, tiny):
+    """One call over a scattered paged pool gives every sequence plain causal attention over its own keys,
+    after writing the new K/V to the slots its block table names (flash on a GPU, the reference on a CPU)."""
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, dev, max_context=256, attention="paged")
+    assert stack.attn_kernel == ("flash" if dev.startswith("cuda") else "reference")
+    s, (prefills, decodes) = stack.s, MIXED_STEP
+    seqs = prefills + [(1, d) for d in decodes]
+    st = stack.paged_step(seqs, torch.Generator(device=dev).manual_seed(5))
+    n = sum(c for c, _ in seqs)
+    g = torch.Generator(device=dev).manual_seed(6)
+    q = torch.randn(n, s.q_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    kn = torch.randn(n, s.kv_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    vn = torch.randn(n, s.kv_heads, s.head_dim, generator=g, device=dev, dtype=stack.dtype)
+    owned = [p for i, (c, k) in enumerate(seqs) for p in st.block_table[i, :-(-(c + k) // st.page)].tolist()]
+    assert len(owned) == len(set(owned)) == st.pool_k.shape[0]  # every page once, none shared
+    with torch.inference_mode():
+        out = stack.attention_paged(q, kn, vn, st)
+    start = 0
+    for i, (c, cached) in enumerate(seqs):
+        pages = st.block_table[i, :-(-(c + cached) // st.page)].long()
+        k_i = st.pool_k[pages].reshape(-1, s.kv_heads, s.head_dim)[:c + cached]
+        v_i = st.pool_v[pages].reshape(-1, s.kv_heads, s.head_dim)[:c + cached]
+        assert torch.equal(k_i[cached:], kn[start:start + c]) and torch.equal(v_i[cached:], vn[start:start + c])
+        ref = reference_attention(q[start:start + c], k_i, v_i, torch.arange(cached, cached + c, device=dev))
+        assert torch.allclose(out[start:start + c].double(), ref, atol=3e-2, rtol=3e-2), (dev, i)
+        start += c
+
+
+@pytest.mark.parametrize("dev", DEVICES)
+def test_a_paged_step_computes_what_the_padded_step_computes_on_the_same_keys(dev, tiny):
+    """The whole forward pass with paged attention equals the padded SDPA stack's, given the same weights and the
+    same cached keys: positions, sequence order and slots line up end to end."""
+    from calibrate.stack import DecoderStack
+
+    prefills, decodes = MIXED_STEP
+    padded = DecoderStack(tiny, dev, max_context=256, attention="sdpa")
+    paged = DecoderStack(tiny, dev, max_context=256, attention="paged")
+    sp, pp = padded.prepare(prefills, decodes, gen_seed=1), paged.prepare(prefills, decodes, gen_seed=1)
+    pool_k = pp["paged"].pool_k.view(-1, padded.s.kv_heads, padded.s.head_dim)
+    pool_v = pp["paged"].pool_v.view(-1, padded.s.kv_heads, padded.s.head_dim)
+    table, page = pp["paged"].block_table, pp["paged"].page
+
+    def copy(i, kv, positions):  # sequence i's cached keys (kv: [2, Hk, T, d]) into its pages
+        for p in positions:
+            slot = int(table[i, p // page]) * page + p % page
+            pool_k[slot], pool_v[slot] = kv[0, :, p], kv[1, :, p]
+
+    for i, ((_, cached), kv) in enumerate(zip(prefills, sp["prefill_kv"])):
+        copy(i, kv, range(cached))
+    for j, d in enumerate(decodes):
+        copy(len(prefills) + j, sp["decode_kv"][:, j], range(d))
+    finals = {}
+    for name, stack, st in (("padded", padded, sp), ("paged", paged, pp)):
+        stack.lm_head = lambda x, rows, name=name: finals.__setitem__(name, x.index_select(0, rows).float())
+        with torch.inference_mode():
+            stack.forward(st)
+    assert finals["padded"].shape == finals["paged"].shape == (len(prefills) + len(decodes), padded.s.hidden)
+    scale = finals["padded"].abs().max()
+    assert (finals["paged"] - finals["padded"]).abs().max() <= 0.03 * scale
+
+
+def test_the_attention_setting_on_a_cpu(tiny):
+    from calibrate.paged import probe_flash
+    from calibrate.stack import DecoderStack
+
+    assert DecoderStack(tiny, "cpu", max_context=64).attention == "sdpa"
+    auto = DecoderStack(tiny, "cpu", max_context=64, attention="auto")
+    assert (auto.attention, auto.attn_kernel) == ("sdpa", "sdpa")  # no paged kernel on a CPU: keep the padded layout
+    assert probe_flash(2, 8, 32, "cpu", torch.bfloat16) is None
+    with pytest.raises(ConfigError, match="attention-kernel: auto, sdpa or paged"):
+        DecoderStack(tiny, "cpu", max_context=64, attention="flash")
+
+
+def test_the_flash_call_takes_the_pool_as_built(tiny):
+    """On meta tensors torch's own argument checks of varlen_attn run without a GPU: the pool's KV heads sit
+    where the paged form expects them, and the output has the queries' shape."""
+    from calibrate.paged import PagedStep, flash_attention
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, "cpu", max_context=256, attention="paged")
+    st = stack.paged_step([(30, 10), (1, 16), (1, 17)])
+    meta = PagedStep(**{k: v.to("meta") if isinstance(v, torch.Tensor) else v for k, v in vars(st).items()})
+    q = torch.empty(32, stack.s.q_heads, stack.s.head_dim, device="meta", dtype=stack.dtype)
+    assert flash_attention(q, meta).shape == q.shape
+    bad = PagedStep(**{**vars(meta), "pool_k": meta.pool_k.transpose(1, 2), "pool_v": meta.pool_v.transpose(1, 2)})
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        flash_attention(q, bad)
+
+
+@needs_cuda
+def test_paged_cuda_graph_replay_samples_what_the_eager_step_samples(tiny):
+    from calibrate.stack import DecoderStack
+    from calibrate.timing import cuda_graph
+
+    stack = DecoderStack(tiny, "cuda:0", max_context=512, attention="paged")
+    st = stack.prepare([(64, 0), (16, 100)], [30, 200, 7, 90], gen_seed=2)
+    out = {}
+    with torch.inference_mode():
+        eager = stack.forward(st).clone()
+        replay = cuda_graph(lambda: out.__setitem__("tokens", stack.forward(st)), "cuda:0")
+        replay()
+        torch.cuda.synchronize()
+    assert torch.equal(out["tokens"], eager)
 
 
 @needs_cuda

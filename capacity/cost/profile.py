@@ -74,6 +74,7 @@ class Provenance(_Strict):
     command: str = ""
     quick: bool = False
     cuda_graphs: bool = False  # timed as replays of captured CUDA graphs (what engines run), not eagerly
+    attention_kernel: Literal["sdpa", "flash", "reference"] | None = None  # calibrate/paged.py; None: before it
     notes: list[str] = []
 
 
