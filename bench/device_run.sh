@@ -33,12 +33,15 @@ SHAPES_MODELS=${SHAPES_MODELS:-llama-3.1-8b}
 QUICK=${QUICK:-}
 ATTN=${ATTN:-auto}
 SUFFIX=-paged; [ "$ATTN" = sdpa ] && SUFFIX=""  # the committed step shapes are padded SDPA: keep them
+COMPILE=${COMPILE:-}  # COMPILE=1: torch.compile each layer's work around attention (calibrate/fusion.py), as vLLM
+CARG=(); PSUFFIX=""
+if [ -n "$COMPILE" ]; then CARG=(--compile); SUFFIX="$SUFFIX-compiled"; PSUFFIX=-compiled; fi
 STAGES=${STAGES:-peaks tests calibrate shapes}  # a rerun can name fewer
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT" capacity/data/profiles bench/results
 exec > >(tee -a "$OUT/device_run.log") 2>&1
 stamp() { echo "## $(date -u +%T) $*"; }
-stamp "start device=$DEVICE models=$MODELS quick=${QUICK:-no} attention=$ATTN"
+stamp "start device=$DEVICE models=$MODELS quick=${QUICK:-no} attention=$ATTN compile=${COMPILE:-no}"
 export PYTHONPATH=$PWD
 if [ -z "${NO_WHEELS:-}" ] && compgen -G ".whl/*.whl" >/dev/null; then  # packages the device image lacks
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -90,13 +93,14 @@ for spec in $MODELS; do  # MODEL or MODEL:WEIGHT_DTYPE (llama-3.1-8b:fp8 -> FP8 
   wd=${spec#"$m"}; wd=${wd#:}
   WARG=(); name=$m
   if [ -n "$wd" ]; then WARG=(--weight-dtype "$wd"); name="$m-$wd"; fi
+  name="$name$PSUFFIX"
   budget=${BUDGETS[$i]:-${BUDGETS[-1]}}
   i=$((i + 1))
   stamp "calibrate $spec (budget ${budget}s)"
   start=$(date +%s)
   timeout --signal=INT --kill-after=20 "$budget" "$PY" -c "from capacity.cli import main; main()" calibrate \
     --model "$m" "${WARG[@]}" --device "$DEVICE" --out "capacity/data/profiles/$name-$TAG.json" "${QARG[@]}" \
-    --attention-kernel "$ATTN"
+    --attention-kernel "$ATTN" "${CARG[@]}"
   stamp "$m: rc=$? after $(( $(date +%s) - start )) s"
   pack
 done
@@ -104,7 +108,7 @@ has shapes || SHAPES_MODELS=""
 for m in $SHAPES_MODELS; do
   stamp "4/4 step shapes $m"
   timeout --signal=INT --kill-after=10 90 "$PY" bench/step_shapes.py measure --model "$m" --device "$DEVICE" \
-    --out "bench/results/step_shapes-$m$SUFFIX-$TAG.json" "${SMALL[@]}" --attention "$ATTN"
+    --out "bench/results/step_shapes-$m$SUFFIX-$TAG.json" "${SMALL[@]}" --attention "$ATTN" "${CARG[@]}"
   pack
 done
 stamp done

@@ -58,6 +58,12 @@ def measure_cmd(args) -> int:
     shapes = SMALL if args.small else SHAPES
     max_ctx = max([c + k for _, p, _ in shapes for c, k in p] + [x + 1 for _, _, d in shapes for _, x in d])
     stack = DecoderStack(card, dev, max_context=max(max_ctx, 2), attention=args.attention)
+    compile_why = None
+    if args.compile:
+        from calibrate.fusion import compile_layers
+
+        compile_why = compile_layers(stack)
+        print("torch.compile: " + (compile_why or "on"), flush=True)
     rows = []
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,7 +71,8 @@ def measure_cmd(args) -> int:
     def save():
         out.write_text(json.dumps({"model": card.name, "device": device_info(dev), "distinct_layers":
                                    stack.distinct_layers, "attention_kernel": stack.attn_kernel,
-                                   "page": stack.page or None, "rows": rows}, indent=1) + "\n")
+                                   "page": stack.page or None,
+                                   "compiled": bool(args.compile and compile_why is None), "rows": rows}, indent=1) + "\n")
 
     with torch.inference_mode():
         for name, pf, dc in shapes:
@@ -173,6 +180,7 @@ def main() -> int:
     m.add_argument("--out", required=True)
     m.add_argument("--small", action="store_true", help="shapes scaled down (CPU smoke run)")
     m.add_argument("--no-graphs", action="store_true")
+    m.add_argument("--compile", action="store_true", help="torch.compile each layer's halves (calibrate/fusion.py)")
     m.add_argument("--attention", default="auto", choices=["auto", "sdpa", "paged"],
                    help="paged: one FlashAttention call per layer over a paged KV pool (calibrate/paged.py)")
     r = sub.add_parser("report")

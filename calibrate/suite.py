@@ -67,7 +67,7 @@ def _progress():
 def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int = 1, quick: bool = False,
               threads: int | None = None, max_context: int | None = None, seed: int = 0,
               progress: bool = True, command: str = "", passes: int | None = None,
-              cuda_graphs: bool | None = None, attention: str = "auto") -> Profile:
+              cuda_graphs: bool | None = None, attention: str = "auto", compile_layers: bool = False) -> Profile:
     """Measure every table for `card` on `device`, fit, validate and (optionally) write the profile.
 
     `cuda_graphs` (default: on for CUDA devices when the stack can be captured) times every op-table point
@@ -81,7 +81,8 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
 
     `attention` (calibrate/paged.py): "paged" times one FlashAttention varlen call per layer over a paged KV
     pool, as vLLM runs attention (on a CPU, the reference kernel: a rehearsal); "sdpa" the padded SDPA
-    layout; "auto" (default) paged where the device runs FlashAttention, else sdpa."""
+    layout; "auto" (default) paged where the device runs FlashAttention, else sdpa. `compile_layers` runs each
+    layer's work around attention through torch.compile, as vLLM does (calibrate/fusion.py)."""
     import torch
 
     from calibrate.stack import DecoderStack, resolve_device
@@ -98,6 +99,12 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     grid = default_grid(device, quick, max_context)
     stack = DecoderStack(card, device, tp=tp, seed=seed, max_context=max_context, attention=attention)
     paged = stack.attention == "paged"
+    compile_why = None
+    if compile_layers:
+        from calibrate.fusion import compile_layers as _compile
+
+        compile_why = _compile(stack)
+    compiled = compile_layers and compile_why is None
     if cuda_graphs is None:  # graphs when the stack can be captured (dense, or MoE with grouped GEMMs)
         cuda_graphs = device.startswith("cuda") and stack.capturable
     s, dt, dev = stack.s, stack.dtype, device
@@ -229,7 +236,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     import hashlib
 
     ident = json.dumps({"shape": model_shape(card), "device": dev, "tp": tp, "quick": quick, "seed": seed,
-                        "cuda_graphs": cuda_graphs, "attention": [stack.attention, stack.attn_kernel, stack.page],
+                        "cuda_graphs": cuda_graphs, "attention": [stack.attention, stack.attn_kernel, stack.page], "compiled": compiled,
                         "passes": passes, "threads": torch.get_num_threads(), "grid": grid.__dict__,
                         "max_context": max_context}, sort_keys=True, default=str)
     ident = hashlib.sha256(ident.encode()).hexdigest()[:16]
@@ -331,6 +338,11 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     else:
         notes.append("attention: SDPA; decodes padded to the longest context with a mask, each prefill chunk alone"
                      " (no paged kernel)")
+    if compiled:
+        notes.append("torch.compile: each layer's work around attention (norm, qkv, RoPE; o, residual, norm, MLP) "
+                     "compiled by Inductor with a dynamic token count, elementwise ops fused, as vLLM compiles")
+    elif compile_layers:
+        notes.append(f"--compile asked for, but {compile_why}")
     if card.moe is not None:
         notes.append(f"MoE experts: {'two grouped GEMMs (torch._grouped_mm), routing on the device' if stack.moe_impl == 'grouped' else 'a per-expert loop (expert counts read on the host)'}")
     shape = model_shape(card)
@@ -340,6 +352,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
                        "date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                        "host": socket.gethostname(), "command": command or " ".join(sys.argv), "quick": quick,
                        "cuda_graphs": cuda_graphs, "attention_kernel": stack.attn_kernel,
+                       "compiled": compiled,
                        "notes": notes},
         "model": {"name": card.name, "shape": shape, "fingerprint": shape_fingerprint(shape)},
         "tp": tp, "decode_layout": "paged" if paged else "padded", "prefill_layout": "per_sequence",

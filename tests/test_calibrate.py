@@ -235,6 +235,55 @@ def test_bad_attention_kernel_is_one_line(tmp_path):
     assert "--attention-kernel: auto, sdpa or paged (got 'flash')" in r.stderr
 
 
+@pytest.mark.slow  # Inductor compiles C++ on a CPU: about 20 s
+def test_compiled_layers_compute_what_the_eager_layers_compute(tiny):
+    """calibrate/fusion.py: each layer's halves around attention through torch.compile (dynamic token count),
+    shared by every layer; the whole step's final hidden states match the eager stack's within bf16 rounding,
+    and steps of other sizes reuse the compiled code (at most 4 graphs in all)."""
+    from torch._dynamo.utils import counters
+
+    from calibrate.fusion import compile_layers
+    from calibrate.stack import DecoderStack
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, comp = DecoderStack(tiny, "cpu", max_context=256), DecoderStack(tiny, "cpu", max_context=256)
+    assert compile_layers(comp) is None
+    finals = {}
+    for name, stack in (("eager", eager), ("compiled", comp)):
+        stack.lm_head = lambda x, rows, name=name: finals.__setitem__(name, x.index_select(0, rows).float())
+    for shape in (([(30, 10), (17, 0)], [5, 40]), ([(100, 0)], [3] * 20), ([], [7] * 3)):
+        for stack in (eager, comp):
+            with torch.inference_mode():
+                stack.forward(stack.prepare(*shape))
+        assert (finals["eager"] - finals["compiled"]).abs().max() <= 0.03 * finals["eager"].abs().max()
+    assert 0 < counters["stats"]["unique_graphs"] <= 4
+
+
+def test_a_failing_or_disagreeing_compile_leaves_the_stack_eager_and_says_why(tiny, monkeypatch):
+    from calibrate.fusion import compile_layers
+    from calibrate.stack import DecoderStack
+
+    stack = DecoderStack(tiny, "cpu", max_context=64)
+
+    def broken(fn, **kw):
+        def run(*a):
+            raise RuntimeError("no C++ compiler\nmore")
+        return run
+
+    monkeypatch.setattr(torch, "compile", broken)
+    why = compile_layers(stack)
+    assert why == "torch.compile failed (RuntimeError: no C++ compiler): stayed eager"
+    assert all("pre" not in vars(layer) and "post" not in vars(layer) for layer in stack.layers)
+
+    def off(fn, **kw):
+        return lambda *a: (lambda out: [o + 1 for o in out] if isinstance(out, tuple) else out + 1)(fn(*a))
+
+    monkeypatch.setattr(torch, "compile", off)
+    assert compile_layers(stack).startswith("compiled layer disagrees with eager")
+    assert all("pre" not in vars(layer) for layer in stack.layers)
+
+
 # ---- the shipped profile ---------------------------------------------------------------------------
 def test_shipped_tiny_cpu_profile_loads_and_matches_the_card(tiny):
     path = ROOT / "calibrate/profiles/tiny-cpu.json"

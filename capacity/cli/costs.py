@@ -23,6 +23,7 @@ def calibrate(
     cuda_graphs: Annotated[Optional[bool], typer.Option("--cuda-graphs/--eager", help="Time CUDA graph replays (default: on for CUDA and cards without MoE)")] = None,
     seed: Annotated[int, typer.Option("--seed", help="Seed for weights and step shapes")] = 0,
     attention_kernel: Annotated[str, typer.Option("--attention-kernel", help="paged: one FlashAttention call per layer over a paged KV pool, as vLLM (CPU: a reference rehearsal); sdpa: padded SDPA; auto: paged where FlashAttention runs")] = "auto",
+    compile_layers: Annotated[bool, typer.Option("--compile", help="torch.compile each layer's work around attention, as vLLM does (Inductor; minutes of compiling)")] = False,
     from_run: Annotated[Optional[list[str]], typer.Option("--from-run", help="Fit engine terms to measured runs instead")] = None,
     num_blocks: Annotated[Optional[int], typer.Option("--num-blocks", help="--from-run: the engine's KV blocks (default: each run's record)")] = None,
     block_size: Annotated[Optional[int], typer.Option("--block-size", help="--from-run: the engine's block size")] = None,
@@ -88,7 +89,7 @@ def calibrate(
         dest = Path(f"{stem}.json")
     check_writable(dest, force, "--out")  # before minutes of measuring, not after
     prof = run_suite(card, device, dest, tp=tp, quick=quick, threads=threads, max_context=max_context, seed=seed,
-                     cuda_graphs=cuda_graphs, attention=attention_kernel,
+                     cuda_graphs=cuda_graphs, attention=attention_kernel, compile_layers=compile_layers,
                      command="capacity calibrate " + " ".join(sys.argv[2:]))
     hold = [st for st in prof.steps if st.role == "holdout"]
     typer.echo(f"wrote {dest}: {prof.provenance.device_name}, {len(prof.steps)} whole steps "

@@ -75,6 +75,7 @@ class Provenance(_Strict):
     quick: bool = False
     cuda_graphs: bool = False  # timed as replays of captured CUDA graphs (what engines run), not eagerly
     attention_kernel: Literal["sdpa", "flash", "reference"] | None = None  # calibrate/paged.py; None: before it
+    compiled: bool = False  # each layer's work around attention through torch.compile (calibrate/fusion.py)
     notes: list[str] = []
 
 
