@@ -88,11 +88,14 @@ fi
 stamp "3/4 calibration"
 i=0
 has calibrate || MODELS=""
-for spec in $MODELS; do  # MODEL or MODEL:WEIGHT_DTYPE (llama-3.1-8b:fp8 -> FP8 GEMMs, profile llama-3.1-8b-fp8-<gpu>)
-  m=${spec%%:*}
+for spec in $MODELS; do  # MODEL or MODEL:WEIGHT_DTYPE[/BLOCK] (llama-3.1-8b:fp8 -> FP8 GEMMs, profile
+  m=${spec%%:*}           # llama-3.1-8b-fp8-<gpu>; qwen2.5-7b:fp8/128 -> FP8 with 128 x 128 block scales)
   wd=${spec#"$m"}; wd=${wd#:}
   WARG=(); name=$m
-  if [ -n "$wd" ]; then WARG=(--weight-dtype "$wd"); name="$m-$wd"; fi
+  if [ -n "$wd" ]; then
+    blk=${wd#*/}; wd=${wd%%/*}; WARG=(--weight-dtype "$wd"); name="$m-$wd"
+    if [ "$blk" != "$wd" ]; then WARG+=(--quant-group-size "$blk"); name="$name-b$blk"; fi
+  fi
   name="$name$PSUFFIX"
   budget=${BUDGETS[$i]:-${BUDGETS[-1]}}
   i=$((i + 1))

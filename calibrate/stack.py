@@ -21,40 +21,19 @@ FP8 GEMMs (`gemm="fp8"`, the default for a card with FP8 weights on a device wit
 projections (qkv, o, gate/up, down, shared experts) hold e4m3 weights with a per-tensor scale and run
 `torch._scaled_mm`, the activations quantised per tensor on the fly (vLLM's dynamic FP8 scheme: a scale from the
 input's absolute maximum, then a cast), all on the device, so a step stays capturable as a CUDA graph. Routed
-experts, the router and the LM head stay in the activation dtype.
+experts, the router and the LM head stay in the activation dtype. A card with FP8 blocks (`quant_group_size`)
+runs block scales instead (fp8.py).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
+from calibrate.fp8 import FP8_MAX, fp8_supported, stack_gemm_dtype  # noqa: F401 (fp8_supported: re-exported)
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
-FP8_MAX = 448.0  # largest finite float8_e4m3fn
-
-
-def fp8_supported(device: str) -> bool:
-    """Whether this torch runs FP8 GEMMs (`torch._scaled_mm`) on `device`: CUDA sm89+ (Ada, Hopper, Blackwell);
-    CPU builds run them too (slowly: a rehearsal of the GPU path, not a measure of any GPU)."""
-    import torch
-
-    if not hasattr(torch, "_scaled_mm") or not hasattr(torch, "float8_e4m3fn"):
-        return False
-    if device.startswith("cuda"):
-        return torch.cuda.get_device_capability(device) >= (8, 9)
-    return True
-
-
-def stack_gemm_dtype(card: ModelCard, device: str) -> str:
-    """The dtype the stack's dense GEMMs run in: FP8 for FP8 weights where the device has it and the card does
-    not ask for weight-only kernels (capacity.model.compute's rule), else the activation dtype."""
-    if card.weight_format == "fp8" and card.gemm_dtype in ("auto", "fp8") and fp8_supported(device):
-        return "fp8"
-    if card.gemm_dtype == "fp8":
-        raise ConfigError(f"compute_dtype fp8: torch on {device} cannot run FP8 GEMMs (torch._scaled_mm needs sm89+)")
-    return card.dtype
 
 
 def resolve_device(device: str) -> str:
@@ -126,13 +105,17 @@ def _rope(x, cos, sin):
 class Layer:
     """One decoder layer's weights on this rank and its per-op functions."""
 
-    def __init__(self, s: RankShapes, card: ModelCard, moe: bool, dtype, device, gen, gemm: str = "bf16") -> None:
+    def __init__(self, s: RankShapes, card: ModelCard, moe: bool, dtype, device, gen, gemm: str = "bf16",
+                 block_kernel: str | None = None) -> None:
         import torch
+
+        from calibrate import fp8
 
         def w(*shape):
             return torch.randn(*shape, generator=gen, device=device, dtype=dtype).mul_(0.02)
 
         self.fp8 = gemm == "fp8"
+        self.block_kernel = block_kernel  # FP8 block scales: "scaled_mm" or "reference"; None: per tensor
         self.dtype = dtype
         self.one = torch.ones((), device=device, dtype=torch.float32)
 
@@ -140,6 +123,8 @@ class Layer:
             if not self.fp8:
                 return w(k, n)
             t = torch.randn(n, k, generator=gen, device=device, dtype=dtype).mul_(0.02)
+            if block_kernel:
+                return fp8.quantize_weight_blocks(t)
             scale = t.abs().amax().float() / FP8_MAX
             return ((t.float() / scale).to(torch.float8_e4m3fn).t(), scale)  # [k, n], column-major
 
@@ -166,6 +151,10 @@ class Layer:
         import torch
 
         w8, sw = wt
+        if self.block_kernel:
+            from calibrate.fp8 import block_mm
+
+            return block_mm(x, w8, sw, self.dtype, self.block_kernel)
         sx = x.abs().amax().float().clamp_(min=1e-12) / FP8_MAX
         x8 = (x / sx.to(x.dtype)).to(torch.float8_e4m3fn)
         return torch._scaled_mm(x8, w8, scale_a=sx, scale_b=sw, out_dtype=self.dtype)
@@ -305,6 +294,16 @@ class DecoderStack:
         self.s = s = RankShapes.of(card, tp)
         self.dtype = getattr(torch, TORCH_DTYPES[card.dtype])
         self.max_context = max_context or card.max_position_embeddings
+        self.block_kernel = None  # FP8 blocks (fp8.py): the block-scaled kernel; a CPU's reference; else per tensor
+        if self.gemm == "fp8" and card.quant_group_size:
+            from calibrate import fp8
+
+            kernel = fp8.probe_block_kernel(device, self.dtype)
+            if kernel == "scaled_mm" or not device.startswith("cuda"):
+                fp8.check_block_dims(card, {"hidden_size": s.hidden, "q/k/v width": (s.q_heads + 2 * s.kv_heads)
+                                            * s.head_dim, "o-proj input": s.q_heads * s.head_dim, "intermediate_size": s.intermediate if card.moe is None
+                                            or card.num_dense_layers else 0, "shared experts": s.shared_intermediate})
+                self.block_kernel = kernel
         gen = torch.Generator(device=device).manual_seed(seed)
         layer_bytes = self._layer_bytes()
         self.distinct_layers = card.num_layers
@@ -316,7 +315,8 @@ class DecoderStack:
         self.layers = []
         for i in range(self.distinct_layers):
             self.layers.append(Layer(s, card, moe=i >= n_dense and card.moe is not None, dtype=self.dtype,
-                                     device=device, gen=gen, gemm=self.gemm))
+                                     device=device, gen=gen, gemm=self.gemm,
+                                     block_kernel=self.block_kernel))
         self.embed_w = torch.randn(s.vocab, s.hidden, generator=gen, device=device, dtype=self.dtype).mul_(0.02)
         self.lm_w = torch.randn(s.hidden, s.vocab, generator=gen, device=device, dtype=self.dtype).mul_(0.02)
         self.norm_w = torch.ones(s.hidden, device=device, dtype=self.dtype)

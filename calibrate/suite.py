@@ -237,7 +237,7 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
 
     ident = json.dumps({"shape": model_shape(card), "device": dev, "tp": tp, "quick": quick, "seed": seed,
                         "cuda_graphs": cuda_graphs, "attention": [stack.attention, stack.attn_kernel, stack.page], "compiled": compiled,
-                        "passes": passes, "threads": torch.get_num_threads(), "grid": grid.__dict__,
+                        "fp8_blocks": stack.block_kernel, "passes": passes, "threads": torch.get_num_threads(), "grid": grid.__dict__,
                         "max_context": max_context}, sort_keys=True, default=str)
     ident = hashlib.sha256(ident.encode()).hexdigest()[:16]
     partial = Path(str(out) + ".partial.json") if out is not None else None
@@ -314,8 +314,14 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     info = device_info(dev)
     notes = []
     if stack.gemm == "fp8":
-        notes.append("FP8 GEMMs (torch._scaled_mm, per-tensor scales, activations quantised on the fly) for the dense "
-                     "projections" + ("; routed experts in " + card.dtype if card.moe else ""))
+        scales = {None: "torch._scaled_mm, per-tensor scales",
+                  "scaled_mm": "scaled_mm with 128 x 128 weight blocks and 1 x 128 activation groups",
+                  "reference": f"128 x 128 weight blocks and 1 x 128 activation groups through the reference matmul "
+                               f"(no block-scaled kernel on {dev}: a rehearsal)"}[stack.block_kernel]
+        notes.append(f"FP8 GEMMs ({scales}, activations quantised on the fly) for the dense projections"
+                     + ("; routed experts in " + card.dtype if card.moe else ""))
+        if card.quant_group_size and stack.block_kernel is None:
+            notes.append(f"the card's FP8 blocks ran with per-tensor scales: no block-scaled kernel in torch on {dev}")
     elif card.weight_format != card.dtype:
         notes.append(f"weights stored as {card.weight_format} in the card were run in {card.dtype}: quantised "
                      "GEMM kernels are not benchmarked")

@@ -233,6 +233,10 @@ def test_bad_attention_kernel_is_one_line(tmp_path):
                 "--out", str(tmp_path / "p.json"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "--attention-kernel: auto, sdpa or paged (got 'flash')" in r.stderr
+    r = run_cli("calibrate", "--model", "tiny", "--device", "cpu", "--quick", "--weight-dtype", "fp8",
+                "--quant-group-size", "128", "--out", str(tmp_path / "p.json"))
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == "error: fp8 block scales: intermediate_size 688 on this rank is not a multiple of 128"
 
 
 @pytest.mark.slow  # Inductor compiles C++ on a CPU: about 20 s

@@ -338,6 +338,59 @@ def test_fp8_projections_match_the_bf16_product_within_fp8_precision(dev, tiny):
     assert out.shape[0] == 3 and int(out.max()) < stack.s.vocab
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_fp8_block_projections_match_the_product_of_their_dequantised_operands(dev, tiny):
+    """A card with FP8 blocks (quant_group_size 128, DeepSeek/Qwen3 style) runs block scales: 128 x 128 weight
+    blocks, activations per token per 128 inputs (the block-scaled kernel on a GPU, the reference on a CPU); each
+    projection equals the float64 product of the unquantised input and the dequantised weight to within e4m3's
+    precision, and a whole step runs."""
+    from calibrate.stack import DecoderStack
+
+    card = tiny.with_overrides(weight_dtype="fp8", quant_group_size=128, intermediate_size=768)
+    stack = DecoderStack(card, dev, max_context=64)
+    assert stack.block_kernel == ("scaled_mm" if dev.startswith("cuda") else "reference")
+    lay = stack.layers[0]
+    w8, sw = lay.gate_up_w  # [256, 1536] e4m3 and [round_up(2, 4), 12] scales
+    assert w8.shape == (256, 1536) and sw.shape == (4, 12) and sw.stride() == (1, 4)
+    dequant = w8.double() * sw[:2].double().repeat_interleave(128, 0).repeat_interleave(128, 1)
+    x = torch.randn(8, stack.s.hidden, device=dev, dtype=stack.dtype)
+    want = x.double() @ dequant
+    got = lay.gate_up(x)
+    assert got.dtype == stack.dtype and float((got.double() - want).norm() / want.norm()) < 0.05
+    with torch.inference_mode():
+        out = stack.forward(stack.prepare([(8, 0)], [5, 9]))
+    assert out.shape[0] == 3 and int(out.max()) < stack.s.vocab
+
+
+def test_fp8_block_scales_are_laid_out_as_torchs_kernel_checks_them():
+    """On meta tensors torch runs its own checks of the block-scaled kernel's arguments without a GPU: the scale
+    shapes and strides the stack builds pass them (a wrong layout fails them, as the last call shows)."""
+    import torch.nn.functional as F
+
+    from calibrate.fp8 import quantize_act_blocks, quantize_weight_blocks
+
+    w8, sw = quantize_weight_blocks(torch.randn(384, 640, dtype=torch.bfloat16))  # N 384, K 640: 5 blocks -> 8
+    x8, sx = quantize_act_blocks(torch.randn(48, 640, dtype=torch.bfloat16))
+    assert sw.shape == (8, 3) and sw.stride() == (1, 8) and sx.shape == (48, 5) and sx.stride() == (1, 48)
+    meta = [t.to("meta") for t in (x8, sx, w8, sw)]
+    assert [t.stride() for t in meta] == [t.stride() for t in (x8, sx, w8, sw)]
+    a, sa, b, sb = meta
+    out = F.scaled_mm(a, b, sa, F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128,
+                      output_dtype=torch.bfloat16)
+    assert out.shape == (48, 384)
+    with pytest.raises(RuntimeError, match="blockwise scaling"):
+        F.scaled_mm(a, b, sa.contiguous(), F.ScalingType.BlockWise1x128, sb, F.ScalingType.BlockWise128x128)
+
+
+def test_fp8_blocks_that_do_not_divide_the_layer_are_one_error(tiny):
+    from calibrate.stack import DecoderStack
+
+    with pytest.raises(ConfigError, match="intermediate_size 688 on this rank is not a multiple of 128"):
+        DecoderStack(tiny.with_overrides(weight_dtype="fp8", quant_group_size=128), "cpu", max_context=64)
+    with pytest.raises(ConfigError, match="quant_group_size 64: .* 128 x 128 blocks only"):
+        DecoderStack(tiny.with_overrides(weight_dtype="fp8", quant_group_size=64), "cpu", max_context=64)
+
+
 @needs_cuda
 def test_fp8_quick_suite_on_the_gpu_records_fp8_gemms_and_captures_graphs(tiny, tmp_path):
     from calibrate.suite import run_suite
