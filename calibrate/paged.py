@@ -129,7 +129,8 @@ def attend(kernel: str, q, k_new, v_new, st: PagedStep, pass_cu_k: bool = True):
     return o.reshape(q.shape[0], -1)
 
 
-def resolve(attention: str, device: str, q_heads: int, kv_heads: int, head_dim: int, dtype) -> tuple[str, str, int, bool]:
+def resolve(attention: str, device: str, q_heads: int, kv_heads: int, head_dim: int,
+            dtype) -> tuple[str, str, int, bool]:
     """(layout, kernel, page size, pass cu_seq_k) for the stack's `attention` setting on `device`:
     sdpa -> the padded layout (decodes padded to the longest, SDPA with a mask; each prefill chunk alone);
     paged -> the paged pool with FlashAttention where the probe passes, the reference on a CPU, an error on a

@@ -300,9 +300,11 @@ class DecoderStack:
 
             kernel = fp8.probe_block_kernel(device, self.dtype)
             if kernel == "scaled_mm" or not device.startswith("cuda"):
-                fp8.check_block_dims(card, {"hidden_size": s.hidden, "q/k/v width": (s.q_heads + 2 * s.kv_heads)
-                                            * s.head_dim, "o-proj input": s.q_heads * s.head_dim, "intermediate_size": s.intermediate if card.moe is None
-                                            or card.num_dense_layers else 0, "shared experts": s.shared_intermediate})
+                dense = card.moe is None or card.num_dense_layers
+                fp8.check_block_dims(card, {
+                    "hidden_size": s.hidden, "q/k/v width": (s.q_heads + 2 * s.kv_heads) * s.head_dim,
+                    "o-proj input": s.q_heads * s.head_dim, "intermediate_size": s.intermediate if dense else 0,
+                    "shared experts": s.shared_intermediate})
                 self.block_kernel = kernel
         gen = torch.Generator(device=device).manual_seed(seed)
         layer_bytes = self._layer_bytes()

@@ -236,9 +236,10 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     import hashlib
 
     ident = json.dumps({"shape": model_shape(card), "device": dev, "tp": tp, "quick": quick, "seed": seed,
-                        "cuda_graphs": cuda_graphs, "attention": [stack.attention, stack.attn_kernel, stack.page], "compiled": compiled,
-                        "fp8_blocks": stack.block_kernel, "passes": passes, "threads": torch.get_num_threads(), "grid": grid.__dict__,
-                        "max_context": max_context}, sort_keys=True, default=str)
+                        "cuda_graphs": cuda_graphs, "attention": [stack.attention, stack.attn_kernel, stack.page],
+                        "compiled": compiled, "fp8_blocks": stack.block_kernel, "passes": passes,
+                        "threads": torch.get_num_threads(), "grid": grid.__dict__, "max_context": max_context},
+                       sort_keys=True, default=str)
     ident = hashlib.sha256(ident.encode()).hexdigest()[:16]
     partial = Path(str(out) + ".partial.json") if out is not None else None
     if partial is not None and partial.is_file():

@@ -1,8 +1,9 @@
 """The calibration stack's kernels are right on every device this machine has (the CPU always; a CUDA GPU
 when there is one): the padded, batched decode attention and the cached prefill chunk match plain
-per-sequence attention, so does paged attention over a scattered pool (calibrate/paged.py: the reference kernel on
-a CPU, FlashAttention varlen on a GPU), and on a GPU the quick suite writes a profile tagged with the GPU and a whole step
-replayed as a CUDA graph samples the same tokens as the eager step. On a machine without CUDA the GPU-only
+per-sequence attention, so does paged attention over a scattered pool (calibrate/paged.py: the reference
+kernel on a CPU, FlashAttention varlen on a GPU), FP8 GEMMs (per tensor, and in blocks: calibrate/fp8.py)
+match the product of their dequantised operands, and on a GPU the quick suite writes a profile tagged with
+the GPU and a whole step replayed as a CUDA graph samples the same tokens as the eager step. On a machine without CUDA the GPU-only
 tests are skipped; `bench/device_run.sh` runs this file on the GPU."""
 import math
 
