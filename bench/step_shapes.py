@@ -5,6 +5,9 @@
     # anywhere: compare a measurement file with a profile and the roofline of the measured GPU
     python bench/step_shapes.py report --measured bench/results/step_shapes-llama-3.1-8b-h200.json \
         --profile calibrate/profiles/llama-3.1-8b-h200.json
+    # the same shapes with other kernels (--attention paged, --compile), side by side; ratios to the first file
+    python bench/step_shapes.py compare bench/results/step_shapes-llama-3.1-8b-h200.json \
+        bench/results/step_shapes-llama-3.1-8b-paged-h200.json
     # the same code end to end on a CPU
     python bench/step_shapes.py measure --model tiny --device cpu --out /tmp/shapes.json --small
 
@@ -171,6 +174,55 @@ def report_cmd(args) -> int:
     return 0
 
 
+def label(m: dict) -> str:
+    """A measurement's kernels in a few words: attention (sdpa / paged flash / paged reference), compiled."""
+    kern = m.get("attention_kernel") or "sdpa"
+    name = "sdpa" if kern == "sdpa" else f"paged {kern}"
+    return name + (" + compile" if m.get("compiled") else "")
+
+
+def compare_cmd(args) -> int:
+    """The same shapes measured with different kernels (padded SDPA, paged attention, torch.compile): each file's
+    step time (the CUDA graph replay where there is one, else eager) and its ratio to the first file's."""
+    from rich.console import Console
+    from rich.table import Table
+
+    runs = [json.loads(Path(f).read_text()) for f in args.measured]
+    names = [label(m) for m in runs]
+    devices = {m["device"].get("device_name") for m in runs}
+    if len(devices) > 1:
+        print(f"warning: measured on different devices: {sorted(devices)}", file=sys.stderr)
+    t = Table(title=f"{runs[0]['model']} on {runs[0]['device'].get('device_name')}: whole steps (ms), graph replay "
+                    f"where captured; ratios to {names[0]}", title_justify="left")
+    t.add_column("shape")
+    for i, n in enumerate(names):
+        t.add_column(n, justify="right")
+        if i:
+            t.add_column("ratio", justify="right")
+
+    def best(r):
+        return r.get("graph_s") or r.get("eager_s")
+
+    rows = []
+    by_shape = [{r["shape"]: r for r in m["rows"]} for m in runs]
+    for r0 in runs[0]["rows"]:
+        times = [best(b[r0["shape"]]) if r0["shape"] in b else None for b in by_shape]
+        ratios = [times[i] / times[0] if times[i] and times[0] else None for i in range(len(times))]
+        rows.append({"shape": r0["shape"], "step_s": dict(zip(names, times)), "ratio": dict(zip(names, ratios))})
+        cells = [r0["shape"]]
+        for i, x in enumerate(times):
+            cells.append(f"{x * 1e3:.3f}" if x else "-")
+            if i:
+                cells.append(f"{ratios[i]:.2f}x" if ratios[i] else "-")
+        t.add_row(*cells)
+    Console(width=140).print(t)
+    if args.out:
+        Path(args.out).write_text(json.dumps({"measured": args.measured, "kernels": names, "rows": rows}, indent=1)
+                                  + "\n")
+        print(f"wrote {args.out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -183,6 +235,9 @@ def main() -> int:
     m.add_argument("--compile", action="store_true", help="torch.compile each layer's halves (calibrate/fusion.py)")
     m.add_argument("--attention", default="auto", choices=["auto", "sdpa", "paged"],
                    help="paged: one FlashAttention call per layer over a paged KV pool (calibrate/paged.py)")
+    c = sub.add_parser("compare", help="the same shapes measured with different kernels, side by side")
+    c.add_argument("measured", nargs="+", help="step_shapes measurement files; ratios are to the first")
+    c.add_argument("--out")
     r = sub.add_parser("report")
     r.add_argument("--measured", required=True)
     r.add_argument("--profile")
@@ -190,7 +245,7 @@ def main() -> int:
     r.add_argument("--gpu")
     r.add_argument("--out")
     args = ap.parse_args()
-    return measure_cmd(args) if args.cmd == "measure" else report_cmd(args)
+    return {"measure": measure_cmd, "compare": compare_cmd, "report": report_cmd}[args.cmd](args)
 
 
 if __name__ == "__main__":

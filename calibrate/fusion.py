@@ -29,13 +29,14 @@ def compile_layers(stack) -> str | None:
     s, dev, dt = stack.s, stack.device, stack.dtype
     g = torch.Generator(device=dev).manual_seed(7)
     n = 17
-    x = torch.randn(n, s.hidden, generator=g, device=dev, dtype=dt)
-    a = torch.randn(n, s.q_heads * s.head_dim, generator=g, device=dev, dtype=dt)
-    pos = torch.arange(n, device=dev)
-    cos, sin = stack.cos[pos].unsqueeze(1), stack.sin[pos].unsqueeze(1)
     checked = {layer.moe: layer for layer in stack.layers}  # one dense and one MoE layer, where present
     try:
+        # Inference tensors, as the timed steps pass (guards tell them apart: others would compile a graph for nothing)
         with torch.inference_mode():
+            x = torch.randn(n, s.hidden, generator=g, device=dev, dtype=dt)
+            a = torch.randn(n, s.q_heads * s.head_dim, generator=g, device=dev, dtype=dt)
+            pos = torch.arange(n, device=dev)
+            cos, sin = stack.cos[pos].unsqueeze(1), stack.sin[pos].unsqueeze(1)
             for layer in checked.values():
                 want = [*layer.pre(x, cos, sin), layer.post(x, a)]
                 got = [*pre(layer, x, cos, sin), post(layer, x, a)]
