@@ -237,6 +237,9 @@ def test_bad_attention_kernel_is_one_line(tmp_path):
                 "--quant-group-size", "128", "--out", str(tmp_path / "p.json"))
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert r.stderr.strip() == "error: fp8 block scales: intermediate_size 688 on this rank is not a multiple of 128"
+    r = run_cli("memory", "--model", "tiny", "--quant-group-size", "128")  # bf16 weights: nothing to group
+    assert r.returncode == 1 and r.stderr.strip() == ("error: --quant-group-size 128: model tiny stores bf16 weights, "
+                                                      "which have no groups; give --weight-dtype too")
 
 
 @pytest.mark.slow  # Inductor compiles C++ on a CPU: about 20 s

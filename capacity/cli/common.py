@@ -40,7 +40,7 @@ OverheadOpt = Annotated[Optional[float], typer.Option(
 CompOpt = Annotated[Optional[str], typer.Option(
     "--compute-dtype", help="Dtype quantised GEMMs multiply in: auto (what engines run for the weight format on the "
     "GPU: fp8 weights -> FP8 GEMMs where the GPU has FP8), bf16/fp16 (weight-only), fp8, int8, fp4")]
-GroupOpt = Annotated[Optional[int], typer.Option("--quant-group-size", help="Group size for int4 (default 128)")]
+GroupOpt = Annotated[Optional[int], typer.Option("--quant-group-size", help="int4: group size (default 128); fp8/int8: square blocks (128: DeepSeek/Qwen3 FP8)")]
 UtilOpt = Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")]
 LenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="Max context (default: the model's)")]
 SeqOpt = Annotated[Optional[int], typer.Option("--max-num-seqs", help="Max batch (default: vLLM's rule)")]
@@ -88,6 +88,11 @@ def load_card(model: str, weight_dtype: str | None = None, group: int | None = N
         if group is None and weight_dtype == "int4":
             group = 128
         card = card.with_overrides(weight_dtype=weight_dtype, quant_group_size=group)
+    elif group is not None:  # a group for the card's own quantised weights; never dropped silently
+        if not {card.weight_format, *card.weight_formats.values()} - {"bf16", "fp16"}:
+            raise CapacityError(f"--quant-group-size {group}: model {card.name} stores {card.weight_format} weights, "
+                                "which have no groups; give --weight-dtype too")
+        card = card.with_overrides(quant_group_size=group)
     if compute_dtype is not None:
         card = card.with_overrides(gemm_dtype=compute_dtype)
     return card

@@ -32,7 +32,7 @@ def calibrate(
     attention: Annotated[str, typer.Option("--attention", help="--from-run: per_sequence (vLLM, SGLang) or packed (transformers CB on CPU)")] = "per_sequence",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing output file")] = False,
     weight_dtype: WOpt = None, compute_dtype: CompOpt = None,
-    quant_group_size: Annotated[Optional[int], typer.Option("--quant-group-size", help="int4 groups; fp8: 128 x 128 blocks, as DeepSeek/Qwen3 FP8 checkpoints")] = None,
+    quant_group_size: GroupOpt = None,
 ) -> None:
     """Measure step costs with real torch kernels on a device and write a profile (needs torch:
     `pip install torch==2.13.0`); or, with --from-run, fit an engine's step-cost terms to measured runs."""
