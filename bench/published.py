@@ -11,8 +11,10 @@ left out, the same engine settings as below; scored on mean TTFT, mean ITL (TPOT
 first token) and output tokens/s, in the variants below and a fourth, `+ reused prompts`: genai-perf sends its
 100 dataset entries in turn (perf_analyzer's round-robin over `--num-dataset-entries`, default 100), so from the
 101st request on every prompt was seen before; with the engine's prefix cache on (vLLM's default; whether NIM's
-TensorRT-LLM had KV reuse on is not stated) a prompt computes only its last partial block. Writes
-bench/results/published_nim.json.
+TensorRT-LLM had KV reuse on is not stated) a prompt computes only its last partial block. Two more: `+ whole
+prompts` (no chunked prefill, a 32,768-token step) and `+ lengths ±5%` (output lengths uniform within 5% of the
+published, so the simulated users drift apart: the other end of a fixed-length closed loop's TTFT; the summary
+counts the lock-step rows whose published TTFT lies between the two ends). Writes bench/results/published_nim.json.
 
 Each published row (trtllm-bench throughput: ISL/OSL fixed, every request queued at once, total output tokens/s of
 the TP group) is replayed as an offline batch (`--arrival offline`) through the run pipeline with the roofline step
@@ -47,11 +49,12 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.sim_speed import host_cpu  # noqa: E402
 from capacity.cli.common import load_card  # noqa: E402
 from capacity.engine.config import EngineConfig  # noqa: E402
 from capacity.model.gpus import get_gpu  # noqa: E402
 from capacity.pipeline import Deployment, RunOptions, run  # noqa: E402
-from capacity.workload import Arrivals, PrefixGroups, WorkloadSpec, fixed  # noqa: E402
+from capacity.workload import Arrivals, Lengths, PrefixGroups, WorkloadSpec, fixed  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "published" / "trtllm_perf_overview.yaml"
 SWEEPS = ROOT / "tests" / "data" / "published" / "concurrency_sweeps.yaml"
@@ -72,9 +75,12 @@ WEIGHT = {"fp8": "fp8", "fp4": "nvfp4"}
 # and another: whole prompts (no chunked prefill) in a 32,768-token step budget, so that a wave of closed-loop
 # users' prompts is prefilled together and stays together (NIM does not publish its engines' batch settings: a
 # hypothesis about them, scored beside the others, not a setting fitted to the rows)
-SWEEP_VARIANTS = {**{k: (*v, False, None) for k, v in VARIANTS.items()},
-                  "+ reused prompts": (None, "prompt_and_output", True, None),
-                  "+ whole prompts": (None, "prompt_and_output", False, 32768)}
+# and a last one: output lengths drawn uniformly within 5% of the published, so that the simulated users drift
+# apart (the other end of a fixed-length closed loop's TTFT; does the published lie between the two?)
+SWEEP_VARIANTS = {**{k: (*v, False, None, 0.0) for k, v in VARIANTS.items()},
+                  "+ reused prompts": (None, "prompt_and_output", True, None, 0.0),
+                  "+ whole prompts": (None, "prompt_and_output", False, 32768, 0.0),
+                  "+ lengths ±5%": (None, "prompt_and_output", False, None, 0.05)}
 
 
 def trtllm_bench_settings(card, gpu, row: dict, fraction: float = 0.95) -> tuple[int, int]:
@@ -122,19 +128,22 @@ def predict(row: dict, n_requests: int, compute: str | None, reservation: str, b
 
 
 def predict_sweep(src: dict, row: dict, compute: str | None, reservation: str,
-                  reused: bool = False, whole: int | None = None) -> dict[str, float]:
+                  reused: bool = False, whole: int | None = None, spread: float = 0.0) -> dict[str, float]:
     """Mean TTFT (ms), mean ITL (ms) and output tokens/s of a closed loop of `concurrency` users. `reused`:
     genai-perf's prompts, its 100 dataset entries sent in turn, with the engine's prefix cache on. `whole`: no
-    chunked prefill, this step budget (at least one whole request)."""
+    chunked prefill, this step budget (at least one whole request). `spread`: output lengths uniform within this
+    fraction of the published (the same mean)."""
     c = row["concurrency"]
     card = load_card(SWEEP_MODEL[src["model"]], "fp8", None, compute)
-    mml = row["isl"] + row["osl"]
+    half = int(row["osl"] * spread)
+    out_len = Lengths(kind="uniform", low=row["osl"] - half, high=row["osl"] + half) if half else fixed(row["osl"])
+    mml = row["isl"] + row["osl"] + half
     eng = EngineConfig(tensor_parallel_size=src["tp"], kv_cache_dtype="fp8", max_num_seqs=2048,
                        max_num_batched_tokens=8192 if whole is None else max(whole, mml), max_model_len=mml,
                        enable_chunked_prefill=whole is None,
                        kv_reservation=reservation, enable_prefix_caching=reused)  # type: ignore[arg-type]
     spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=c), input_len=fixed(row["isl"]),
-                        output_len=fixed(row["osl"]), num_requests=min(1500, max(8 * c, 80)),
+                        output_len=out_len, num_requests=min(1500, max(8 * c, 80)),
                         prefix=PrefixGroups(groups=100, tokens=row["isl"] - 1, assign="round_robin") if reused else None)
     res = run(Deployment(card, get_gpu("h100-sxm"), eng), spec, RunOptions(seed=0, ci=False, timeseries=False))
     s = res.summary
@@ -152,7 +161,7 @@ def sweeps(out_path: Path) -> None:
     out = []
     for i, r in enumerate(rows):
         src = srcs[r["source"]]
-        pred = {v: predict_sweep(src, r, c, k, reused, whole) for v, (c, k, reused, whole) in SWEEP_VARIANTS.items()}
+        pred = {v: predict_sweep(src, r, *args) for v, args in SWEEP_VARIANTS.items()}
         err = {v: {m: p[m] / r[m] - 1 for m in metrics if r.get(m)} for v, p in pred.items()}
         out.append({"source": r["source"], "model": src["model"], "isl": r["isl"], "osl": r["osl"],
                     "concurrency": r["concurrency"], "check": r.get("check"),
@@ -178,15 +187,26 @@ def sweeps(out_path: Path) -> None:
             summary[v][name] = {"mape": float(np.mean(np.abs(e))) if e.size else float("nan"),
                                 "median_abs": float(np.median(np.abs(e))) if e.size else float("nan"),
                                 "median_signed": float(np.median(e)) if e.size else float("nan"), "n": len(e)}
+    # The two ends of a fixed-length closed loop: lock-step (fixed lengths) and drifted apart (lengths within 5%)
+    ends = [o for o in out if o["predicted"]["+ no-evict"]["lock_step"] == 1.0]
+    inside = [o for o in ends if min(o["predicted"][v]["ttft_ms"] for v in ("+ no-evict", "+ lengths ±5%"))
+              <= o["published"]["ttft_ms"] <= max(o["predicted"][v]["ttft_ms"] for v in ("+ no-evict", "+ lengths ±5%"))]
+    below = [o for o in ends if o["published"]["ttft_ms"] < min(o["predicted"][v]["ttft_ms"]
+                                                                 for v in ("+ no-evict", "+ lengths ±5%"))]
+    summary["ttft between the two ends"] = {"rows_in_lock_step": len(ends), "inside": len(inside),
+                                           "below_both": len(below), "above_both": len(ends) - len(inside) - len(below)}
     print(f"\nMAPE by metric ({len(out)} rows; {time.time() - t0:.0f} s)")
     print(f"{'metric':25s}" + "".join(f"{v:>17s}" for v in SWEEP_VARIANTS))
     for m in (*metrics, *[k for k in summary[next(iter(SWEEP_VARIANTS))] if k.startswith("ttft_ms ")]):
         print(f"{m:25s}" + "".join(f"{summary[v][m]['mape']:>12.1%} n={summary[v][m]['n']:<2}" for v in SWEEP_VARIANTS))
         print(f"{'  median signed':25s}" + "".join(f"{summary[v][m]['median_signed']:>+17.1%}" for v in SWEEP_VARIANTS))
+    b = summary["ttft between the two ends"]
+    print(f"published TTFT of the {b['rows_in_lock_step']} lock-step rows: between lock-step and drifted apart in "
+          f"{b['inside']}, below both in {b['below_both']}, above both in {b['above_both']}")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps({
         "source": [x["url"] for x in data["sources"]], "command": "python bench/published.py --sweeps",
-        "host": {"machine": platform.machine(), "processor": platform.processor() or platform.platform(),
+        "host": {"cpu": host_cpu(), "machine": platform.machine(), "processor": platform.processor() or platform.platform(),
                  "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "variants": list(SWEEP_VARIANTS),
         "summary": summary, "rows": out}, indent=1) + "\n")
@@ -242,7 +262,7 @@ def main() -> None:
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps({
         "source": data["source"]["url"], "command": "python bench/published.py" + (" --quick" if a.quick else ""),
-        "host": {"machine": platform.machine(), "processor": platform.processor() or platform.platform(),
+        "host": {"cpu": host_cpu(), "machine": platform.machine(), "processor": platform.processor() or platform.platform(),
                  "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "max_requests": cap, "variants": list(TABLE_VARIANTS),
         "summary": summary, "groups": groups, "rows": out}, indent=1) + "\n")
