@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 
 from calibrate.fp8 import FP8_MAX, fp8_supported, stack_gemm_dtype  # noqa: F401 (fp8_supported: re-exported)
+from calibrate.moe import MoEOps
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 
@@ -102,8 +103,8 @@ def _rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
-class Layer:
-    """One decoder layer's weights on this rank and its per-op functions."""
+class Layer(MoEOps):
+    """One decoder layer's weights on this rank and its per-op functions (the MoE ones in moe.py)."""
 
     def __init__(self, s: RankShapes, card: ModelCard, moe: bool, dtype, device, gen, gemm: str = "bf16",
                  block_kernel: str | None = None) -> None:
@@ -215,69 +216,10 @@ class Layer:
         x = x + self.o(a)
         return x + self.mlp(_rms_norm(x, self.norm_w))
 
-    # ---- MoE ----------------------------------------------------------------------------------
-    def route(self, r):
-        """Router GEMM, softmax, top-k, and the sort that groups tokens by expert."""
-        import torch
-
-        probs = torch.softmax((r @ self.router_w).float(), dim=-1)
-        weights, experts = probs.topk(self.s.top_k, dim=-1)
-        flat = experts.flatten()
-        order = flat.argsort()
-        counts = torch.bincount(flat, minlength=self.s.experts).tolist()  # host sync, as a grouped loop needs
-        return weights.flatten()[order].to(r.dtype), order // self.s.top_k, counts
-
-    def expert(self, e: int, r, tok, w, out):
-        """One routed expert over its tokens: gather, gate_up, act, down, weighted scatter-add."""
-        xs = r.index_select(0, tok)
-        y = self.act(xs @ self.e_gate_up[e]) @ self.e_down[e]
-        out.index_add_(0, tok, y * w.unsqueeze(-1))
-
-    def route_on_device(self, r):
-        """Routing that never waits for the host: per-expert end offsets are computed on the device
-        (scatter-add, cumsum), so the whole MoE layer can be captured in a CUDA graph."""
-        import torch
-
-        probs = torch.softmax((r @ self.router_w).float(), dim=-1)
-        weights, experts = probs.topk(self.s.top_k, dim=-1)
-        flat = experts.flatten()
-        order = flat.argsort()
-        counts = torch.zeros(self.s.experts, dtype=torch.int64, device=r.device).scatter_add_(
-            0, flat, torch.ones_like(flat))
-        return weights.flatten()[order].to(r.dtype), order // self.s.top_k, counts.cumsum(0).to(torch.int32)
-
-    def mlp_grouped(self, r):
-        """All routed experts as two grouped GEMMs (torch._grouped_mm over the expert-sorted tokens), as
-        fused-MoE kernels run them: no per-expert Python loop and no host synchronisation."""
-        import torch
-
-        w, tok, offs = self.route_on_device(r)
-        xs = r.index_select(0, tok)
-        y = torch._grouped_mm(self.act(torch._grouped_mm(xs, self.e_gate_up, offs=offs)), self.e_down, offs=offs)
-        out = torch.zeros_like(r).index_add_(0, tok, y * w.unsqueeze(-1))
-        if self.s.shared_intermediate:
-            out = out + self.down(self.act(self.gate_up(r)))
-        return out
-
     moe_impl = "loop"  # "grouped" where the device runs torch._grouped_mm (set by DecoderStack)
 
     def mlp(self, r):
-        if not self.moe:
-            return self.down(self.act(self.gate_up(r)))
-        if self.moe_impl == "grouped":
-            return self.mlp_grouped(r)
-        import torch
-
-        w, tok, counts = self.route(r)
-        out = torch.zeros_like(r)
-        start = 0
-        for e, c in enumerate(counts):
-            if c:
-                self.expert(e, r, tok[start:start + c], w[start:start + c], out)
-                start += c
-        if self.s.shared_intermediate:
-            out = out + self.down(self.act(self.gate_up(r)))
-        return out
+        return self.moe_mlp(r) if self.moe else self.down(self.act(self.gate_up(r)))
 
 
 class DecoderStack:
