@@ -110,6 +110,10 @@ def prepare(dep: Deployment) -> Prepared:
     cost = make_step_cost(dep.card, dep.gpu, b.tp, kv_dtype=b.kv_dtype, profile=dep.profile,
                           allow_mismatch=dep.allow_profile_mismatch, step_overhead_s=em.step_overhead_s(dep.engine),
                           overhead_given=dep.engine.step_overhead_ms is not None)
+    if dep.engine.output_cpu_us_per_token is not None:
+        from capacity.cost.overlap import OutputPacedCost
+
+        cost = OutputPacedCost(cost, dep.engine.output_cpu_us_per_token / 1e6)
     return Prepared(em, b, cost, em.scheduler_factory(dep.engine, SchedLimits.of(b)))
 
 

@@ -37,6 +37,9 @@ ReserveOpt = Annotated[Optional[str], typer.Option(
     "GUARANTEED_NO_EVICT: never preempts)")]
 OverheadOpt = Annotated[Optional[float], typer.Option(
     "--step-overhead-ms", help="CPU time per engine step the GPU waits for (default: the engine model's, 2 ms)")]
+OutputCpuOpt = Annotated[Optional[float], typer.Option(
+    "--output-cpu-us", help="CPU us per output token the server spends beside the GPU (detokenise, stream), "
+    "overlapped: caps output at 1/this; measure it (default: not modelled)")]
 CompOpt = Annotated[Optional[str], typer.Option(
     "--compute-dtype", help="Dtype quantised GEMMs multiply in: auto (what engines run for the weight format on the "
     "GPU: fp8 weights -> FP8 GEMMs where the GPU has FP8), bf16/fp16 (weight-only), fp8, int8, fp4")]

@@ -18,6 +18,7 @@ from capacity.cli.common import (
     MnbtOpt,
     NoChunkOpt,
     OptimisticOpt,
+    OutputCpuOpt,
     OutputOpt,
     OverheadOpt,
     ReserveOpt,
@@ -82,7 +83,7 @@ def plan(
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")] = None,
     weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
-    kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None,
+    kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None, output_cpu_us: OutputCpuOpt = None,
     gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")] = None,
     max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Fix max_model_len (default: the frontier searches it)")] = None,
     max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Fix max_num_seqs (default: the frontier searches it)")] = None,
@@ -133,7 +134,7 @@ def plan(
         ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
         ("enable_prefix_caching", prefix_caching), ("async_scheduling", async_scheduling), ("policy", policy),
         ("kv_reservation", kv_reservation),
-        ("step_overhead_ms", step_overhead_ms)) if v is not None}
+        ("step_overhead_ms", step_overhead_ms), ("output_cpu_us_per_token", output_cpu_us)) if v is not None}
     engines = [e.strip() for e in engine.split(",") if e.strip()] if engine and "," in engine else None
     eng_flags.update(engine_fields(None if engines else engine, optimistic, usage_context, large_gpu_defaults))
     if eng_flags:

@@ -21,6 +21,7 @@ from capacity.cli.common import (
     ModelOpt,
     NoChunkOpt,
     OptimisticOpt,
+    OutputCpuOpt,
     OutputOpt,
     OverheadOpt,
     ReserveOpt,
@@ -76,6 +77,7 @@ def simulate(
     no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="One event per step (slow; for checks)")] = False,
     kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
     compute_dtype: CompOpt = None, kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None,
+    output_cpu_us: OutputCpuOpt = None,
     gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
     max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
     no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
@@ -113,7 +115,7 @@ def simulate(
         enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
         policy=policy, static_max_batch=max_batch,
         static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
-        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
+        output_cpu_us_per_token=output_cpu_us, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
     if workload:
         spec = validate(WorkloadSpec, read_mapping(workload), workload)
     else:

@@ -86,6 +86,11 @@ class EngineConfig(BaseModel):
     # None: the engine model's figure (2 ms for vLLM, not yet checked against a measured run); a measured run
     # fits it (see docs/fidelity.md). Applies to the roofline; a calibrated profile keeps its fitted overhead.
     step_overhead_ms: Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)] | None = None
+    # CPU time the server spends per output token beside the engine (detokenising, streaming: vLLM's API server
+    # process, SGLang's detokenizer), overlapped with the GPU: a step lasts at least this x the tokens it emits,
+    # which caps output at 1/this tokens/s (capacity/cost/overlap.py), us. None: not modelled (the server's figure
+    # on its CPU is not known in advance; measure it).
+    output_cpu_us_per_token: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
     usage_context: Literal["serve", "llm"] = "serve"  # `vllm serve` or the offline LLM class (different defaults)
     # vLLM's larger batching defaults (1024 sequences; 8192 tokens for serve). None: the release's own test on
     # the GPU (memory >= 70 GiB and, from 0.9, not an A100 by device name); True/False forces it.

@@ -119,7 +119,12 @@ class Planner:
             from capacity.cost.factory import make_step_cost
 
             kv = self.sc.engine.kv_cache_dtype
-            self.sources[tp] = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile).source
+            src = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile).source
+            if self.sc.engine.output_cpu_us_per_token is not None:  # the pipeline wraps the cost in it (overlap.py)
+                from capacity.cost.overlap import paced_source
+
+                src = paced_source(src, self.sc.engine.output_cpu_us_per_token / 1e6)
+            self.sources[tp] = src
         return self.sources[tp]
 
     # one probe = `seeds` simulations at one rate

@@ -1,0 +1,64 @@
+"""CPU work beside the engine that paces it: a server's per-token output handling, overlapped with the GPU.
+
+What the engines' code does: vLLM v1 hands each step's outputs from the engine core process to the API server
+process (`AsyncLLM`'s output handler: `OutputProcessor.process_outputs` detokenises every request's new token,
+builds its output and wakes its stream; the OpenAI server then formats and writes one SSE chunk per request). SGLang
+splits the same work between its detokenizer and tokenizer-manager processes. That CPU work runs beside the GPU,
+not inside the step, and costs about the same per token per request whatever the model: so at high concurrency
+with a small model it, not the GPU, sets the pace. Tokens cannot reach users faster than the server handles them.
+
+The model: a step lasts max(the GPU step, `per_token_s` x the sequences that emit a token in it). Overlapped, so
+below the crossover nothing changes; above it the output rate is capped at 1 / `per_token_s` tokens/s and every
+step stretches with the batch. (In the real server the engine can run ahead while outputs queue, and frees a
+finished request's KV blocks a little earlier; pacing the steps holds them longer: the safe side.)
+
+The figure is the server's, on its CPU: it is not known in advance, so it is 0 (off) unless set
+(`EngineConfig.output_cpu_us_per_token`; `docs/fidelity.md` shows NVIDIA NIM's Llama-3.1-8B sweep, whose ITL
+grows as 75-82 us x the sequences decoding at 100-250 users).
+"""
+from __future__ import annotations
+
+from capacity.cost.step import StepPlan
+
+
+def paced_source(source: str, per_token_s: float) -> str:
+    """A step cost's description with the output handling beside it (the same words everywhere)."""
+    return f"{source}; output handling {per_token_s * 1e6:g} us/token beside the GPU"
+
+
+class OutputPacedCost:
+    """A step cost whose steps last at least `per_token_s` x the tokens they emit (see the module docstring).
+    Everything else is the wrapped cost's."""
+
+    def __init__(self, inner, per_token_s: float) -> None:
+        if not 0 < per_token_s < 1:
+            raise ValueError(f"per_token_s: must be in (0, 1) s (got {per_token_s})")
+        self.inner = inner
+        self.per_token_s = per_token_s
+        self.source = paced_source(getattr(inner, "source", type(inner).__name__), per_token_s)
+
+    # Not the wrapped cost's closed-form decode line: a paced step is not linear in the step index, so the fast
+    # path must use `decode_run_s` (the engine loop reads `decode_line` with getattr and a default of None).
+    decode_line = None
+
+    def __getattr__(self, name: str):  # the wrapped cost's other attributes (card, gpu, params, ...)
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def step_s(self, plan: StepPlan) -> float:
+        return max(self.inner.step_s(plan), self.per_token_s * plan.num_sampled)
+
+    def breakdown(self, plan: StepPlan) -> dict[str, float]:
+        b = dict(self.inner.breakdown(plan))
+        wait = self.per_token_s * plan.num_sampled - self.inner.step_s(plan)
+        if wait > 0:
+            b["output handling"] = wait  # the part of the step the GPU waits for the CPU
+        return b
+
+    def decode_run_s(self, contexts, k: int):
+        import numpy as np
+
+        from capacity.cost.step import decode_run_s
+
+        return np.maximum(decode_run_s(self.inner, contexts, k), self.per_token_s * len(contexts))
