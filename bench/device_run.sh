@@ -113,5 +113,9 @@ for m in $SHAPES_MODELS; do
   timeout --signal=INT --kill-after=10 90 "$PY" bench/step_shapes.py measure --model "$m" --device "$DEVICE" \
     --out "bench/results/step_shapes-$m$SUFFIX-$TAG.json" "${SMALL[@]}" --attention "$ATTN" "${CARG[@]}"
   pack
+  base="bench/results/step_shapes-$m-$TAG.json"  # the padded SDPA shapes (committed): side by side in the log
+  if [ -n "$SUFFIX" ] && [ -f "$base" ] && [ -f "bench/results/step_shapes-$m$SUFFIX-$TAG.json" ]; then
+    "$PY" bench/step_shapes.py compare "$base" "bench/results/step_shapes-$m$SUFFIX-$TAG.json"
+  fi
 done
 stamp done
