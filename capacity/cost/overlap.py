@@ -1,8 +1,10 @@
 """CPU work beside the engine that paces it: a server's per-token output handling, overlapped with the GPU.
 
 What the engines' code does: vLLM v1 hands each step's outputs from the engine core process to the API server
-process (`AsyncLLM`'s output handler: `OutputProcessor.process_outputs` detokenises every request's new token,
-builds its output and wakes its stream; the OpenAI server then formats and writes one SSE chunk per request). SGLang
+process (`vllm/v1/engine/async_llm.py`, read at 00080ee: a background `output_handler` task pulls each step's
+`EngineCoreOutputs` and runs `OutputProcessor.process_outputs` on them in chunks of
+`VLLM_V1_OUTPUT_PROC_CHUNK_SIZE`, which detokenises every request's new token, builds its output and pushes it to
+the request's queue; each request's `generate()` then yields it and the OpenAI server writes one SSE chunk). SGLang
 splits the same work between its detokenizer and tokenizer-manager processes. That CPU work runs beside the GPU,
 not inside the step, and costs about the same per token per request whatever the model: so at high concurrency
 with a small model it, not the GPU, sets the pace. Tokens cannot reach users faster than the server handles them.
