@@ -105,3 +105,40 @@ def test_a_plan_with_fp4_gemms_on_the_roofline_says_its_rates_are_an_upper_bound
     assert "1.17-1.55x the published (median 1.34x" in fp4 and "--headroom 0.64 covers the highest" in fp4
     assert "replicas at 80% of the max rate absorb (1.25x)" in fp4
     assert notes("fp8") == []
+
+
+def test_the_output_plateau_is_the_published_one_and_a_plan_past_it_says_so():
+    """PUBLISHED_OUTPUT_PLATEAU is the most output tokens/s of NVIDIA NIM's Llama-3.1-8B sweep on one H100, to the
+    thousand (13,348 at 200 users, 200/200). A plan whose replica would stream more at its max rate gets a note,
+    unless the server's output handling is set (then the simulation holds it); one under it gets none."""
+    import json
+
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import load_model_card
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, SearchSpec, SLOSpec, make_plan
+    from capacity.plan.roofline_level import PUBLISHED_OUTPUT_PLATEAU, output_handling_notes
+    from capacity.workload import WorkloadSpec, fixed
+
+    nim = json.loads((mlperf.ROOT / "bench/results/published_nim.json").read_text())
+    top = max(r["published"]["output_tokens_per_s"] for r in nim["rows"] if r["model"] == "llama-3.1-8b")
+    assert top == 13348.4 and PUBLISHED_OUTPUT_PLATEAU == round(top, -3)
+    assert output_handling_notes(26.0, 500.0, False) == [] and output_handling_notes(26.1, 500.0, True) == []
+    (note,) = output_handling_notes(26.1, 500.0, False)
+    assert note.startswith("at its max rate a replica streams 13,050 output tokens/s") and "--output-cpu-us" in note
+
+    small = SearchSpec(seeds=1, requests=200, tolerance=0.2, max_num_seqs=[256], max_model_len=[4096], tp=[1])
+    card = load_model_card(mlperf.ROOT / "models/llama-3.1-8b.yaml")
+
+    def notes(output_len, engine=None):
+        sc = Scenario(model="llama-3.1-8b", gpu="h200", workload=WorkloadSpec(input_len=fixed(128),
+                      output_len=fixed(output_len)), slo=SLOSpec(ttft_s=1.0, tpot_s=0.05), target_rate_per_s=20.0,
+                      search=small, **({"engine": engine} if engine else {}))
+        plan = make_plan(sc, card, SerialExecutor(cache=False))
+        return [n for n in plan.notes if n.startswith("at its max rate a replica streams")], plan
+
+    (long_out,), plan = notes(512)
+    assert plan.rec_search.max_rate * 512 > PUBLISHED_OUTPUT_PLATEAU
+    assert notes(16)[0] == []  # 16 tokens a request: far under it
+    paced, plan = notes(512, EngineConfig(output_cpu_us_per_token=77.0))
+    assert paced == [] and plan.rec_search.max_rate * 512 <= 1 / 77e-6  # the simulation held the cap

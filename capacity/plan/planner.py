@@ -34,7 +34,7 @@ from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.plan import frontier
 from capacity.plan.frontier import tune_budget
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
-from capacity.plan.roofline_level import roofline_notes
+from capacity.plan.roofline_level import output_handling_notes, roofline_notes
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
@@ -340,6 +340,9 @@ class Planner:
             prov = load_profile(sc.profile).provenance.model_dump()
         if not sc.profile:  # the roofline's level against published runs (bench/published.py, bench/mlperf.py)
             self.notes += roofline_notes(card, gpu, sc.headroom)
+        if rec_search is not None:
+            self.notes += output_handling_notes(rec_search.max_rate, mean_out,
+                                                rec_engine.output_cpu_us_per_token is not None)
         scenario = {**sc.model_dump(), "model": card.model_dump(), "gpu": gpu.name}
         return Plan(card.name, gpu.name, sc.slo, sc.target_rate_per_s, searches, tp, replicas, gpus, frontier,
                     per_replica, rec, rec_search, verification, trade, vllm, sglang, cost, rb,

@@ -8,7 +8,11 @@ that moves them fails until they are updated here):
 - `ROOFLINE_VS_TRTLLM_FP8`: the throughput MAPE on TensorRT-LLM's FP8 table rows at trtllm-bench's batch settings
   (bench/published.py);
 - `ROOFLINE_VS_TRTLLM_FP4`: on its B200 FP4 rows, the simulated over the published throughput, lowest, median and
-  highest (FP4 GEMMs at 70% of the datasheet rate: the roofline's least certain figure, on the unsafe side).
+  highest (FP4 GEMMs at 70% of the datasheet rate: the roofline's least certain figure, on the unsafe side);
+- `PUBLISHED_OUTPUT_PLATEAU`: the most output tokens/s NVIDIA NIM's Llama-3.1-8B sweep reached on one H100, to the
+  thousand (bench/results/published_nim.json): there its throughput stopped rising while its ITL grew with the
+  batch, a limit of the server's per-token output handling, not of the GPU (docs/fidelity.md). Not a model term: a
+  plan whose replicas would stream more says so (any step cost), unless the server's figure is set.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ from capacity.model.gpus import GPU
 ROOFLINE_VS_MLPERF = (1.19, 1.35)
 ROOFLINE_VS_TRTLLM_FP8 = 0.08
 ROOFLINE_VS_TRTLLM_FP4 = (1.17, 1.34, 1.55)
+PUBLISHED_OUTPUT_PLATEAU = 13_000
 
 
 def roofline_notes(card: ModelCard, gpu: GPU, headroom: float) -> list[str]:
@@ -41,3 +46,14 @@ def roofline_notes(card: ModelCard, gpu: GPU, headroom: float) -> list[str]:
                      + f": read these rates as an upper bound; --headroom {math.floor(100 / hi) / 100:.2f} covers "
                      "the highest")
     return notes
+
+
+def output_handling_notes(max_rate: float, mean_output_tokens: float, set_: bool) -> list[str]:
+    """A note when a replica's max rate means streaming more output tokens/s than a published server managed."""
+    tok_s = max_rate * mean_output_tokens
+    if set_ or tok_s <= PUBLISHED_OUTPUT_PLATEAU:
+        return []
+    return [f"at its max rate a replica streams {tok_s:,.0f} output tokens/s: a server's per-token output handling "
+            f"(detokenising and streaming on its CPU) can stop it first (NVIDIA NIM's Llama-3.1-8B stopped at "
+            f"{PUBLISHED_OUTPUT_PLATEAU:,} on one H100, its ITL then growing with the batch; docs/fidelity.md): "
+            "measure the server's and set --output-cpu-us, or read the rate as an upper bound"]
