@@ -49,11 +49,6 @@ class PagedStep:
         return max(self.k_lens)
 
 
-def pages_needed(seqs: list[tuple[int, int]], page: int) -> int:
-    """Pages a step's sequences occupy: each (new, cached) sequence holds ceil((cached + new) / page)."""
-    return sum(math.ceil((c + k) / page) for c, k in seqs)
-
-
 def build_step(seqs: list[tuple[int, int]], kv_heads: int, head_dim: int, *, page: int, device, dtype,
                gen, spare_pages: int = 0) -> PagedStep:
     """Allocate a pool for `seqs` ((new tokens, cached tokens) each; a decode is (1, context)), hand each
