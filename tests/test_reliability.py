@@ -132,6 +132,31 @@ def test_cache_key_covers_version_and_profile_contents(tmp_path):
         capacity.__version__ = old
 
 
+def test_cache_key_covers_the_code_itself(tmp_path, monkeypatch):
+    """An edit or a `git pull` changes the simulator without changing __version__: the key must change too."""
+    import shutil
+
+    from capacity.plan import tasks
+
+    pkg = tmp_path / "capacity"
+    shutil.copytree(ROOT / "capacity", pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    f0 = tasks.code_fingerprint(str(pkg))
+    assert f0 == tasks.code_fingerprint.__wrapped__(str(pkg))  # deterministic
+    sim = pkg / "sim" / "metrics.py"
+    sim.write_text(sim.read_text() + "\n# one more line\n")
+    f1 = tasks.code_fingerprint.__wrapped__(str(pkg))
+    assert f1 != f0
+    (pkg / "data" / "gpus.yaml").write_text((pkg / "data" / "gpus.yaml").read_text() + "\n")
+    assert tasks.code_fingerprint.__wrapped__(str(pkg)) not in (f0, f1)  # data files too
+    (pkg / "notes.txt").write_text("not code")
+    f2 = tasks.code_fingerprint.__wrapped__(str(pkg))
+    (pkg / "notes.txt").write_text("still not code")
+    assert tasks.code_fingerprint.__wrapped__(str(pkg)) == f2
+    before = _tasks(1)[0].key()
+    monkeypatch.setattr(tasks, "code_fingerprint", lambda root=None: "another-build")
+    assert _tasks(1)[0].key() != before
+
+
 def test_corrupted_cache_entry_is_recomputed(tmp_path):
     from capacity.plan.executors import SerialExecutor
 

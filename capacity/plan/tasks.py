@@ -2,6 +2,7 @@
 (`TaskResult`). `run_task` runs in any process (pool, Ray worker) through the one run pipeline."""
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from capacity.sim.metrics import Dist
@@ -30,7 +31,7 @@ class SimTask:
 
         from capacity import __version__
 
-        d = {**self.__dict__, "v": __version__, "schema": RESULT_SCHEMA}
+        d = {**self.__dict__, "v": __version__, "schema": RESULT_SCHEMA, "code": code_fingerprint()}
         if self.profile:  # the profile's contents, not just its name, decide the result
             from pathlib import Path
 
@@ -38,6 +39,25 @@ class SimTask:
             d["profile_sha256"] = hashlib.sha256(p.read_bytes()).hexdigest() if p.is_file() else "missing"
         blob = json.dumps(d, sort_keys=True, default=str)
         return hashlib.sha256(blob.encode()).hexdigest()[:24]
+
+
+CODE_SUFFIXES = (".py", ".so", ".pyd", ".yaml", ".json", ".csv")
+
+
+@functools.lru_cache(maxsize=4)
+def code_fingerprint(root: str | None = None) -> str:
+    """A hash of the package's code and data files (names and bytes), so a cached result is never served to
+    code that would compute another one: a `git pull` or an edit changes the simulator without changing
+    `__version__`. Hashed once per process (a few MB, milliseconds)."""
+    import hashlib
+    from pathlib import Path
+
+    base = Path(root) if root else Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for p in sorted(q for q in base.rglob("*") if q.suffix in CODE_SUFFIXES and q.is_file()):
+        h.update(p.relative_to(base).as_posix().encode() + b"\0")
+        h.update(hashlib.sha256(p.read_bytes()).digest())
+    return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
