@@ -77,10 +77,14 @@ WEIGHT = {"fp8": "fp8", "fp4": "nvfp4"}
 # hypothesis about them, scored beside the others, not a setting fitted to the rows)
 # and a last one: output lengths drawn uniformly within 5% of the published, so that the simulated users drift
 # apart (the other end of a fixed-length closed loop's TTFT; does the published lie between the two?)
-SWEEP_VARIANTS = {**{k: (*v, False, None, 0.0) for k, v in VARIANTS.items()},
-                  "+ reused prompts": (None, "prompt_and_output", True, None, 0.0),
-                  "+ whole prompts": (None, "prompt_and_output", False, 32768, 0.0),
-                  "+ lengths ±5%": (None, "prompt_and_output", False, None, 0.05)}
+# and the TensorRT-LLM engine model (capacity.engine.trtllm) in place of vLLM's: its KV pool (0.9 of the memory
+# free after its profile, not of the device), 32-token blocks, no-evict admission, the overlap scheduler; chunked
+# prefill on (NIM serves 20,000-token prompts with an 8,192-token budget, so its engines must chunk them)
+SWEEP_VARIANTS = {**{k: (*v, False, None, 0.0, "vllm") for k, v in VARIANTS.items()},
+                  "+ reused prompts": (None, "prompt_and_output", True, None, 0.0, "vllm"),
+                  "+ whole prompts": (None, "prompt_and_output", False, 32768, 0.0, "vllm"),
+                  "+ lengths ±5%": (None, "prompt_and_output", False, None, 0.05, "vllm"),
+                  "TensorRT-LLM": (None, "prompt_and_output", False, None, 0.0, "trtllm")}
 
 
 def trtllm_bench_settings(card, gpu, row: dict, fraction: float = 0.95) -> tuple[int, int]:
@@ -128,17 +132,19 @@ def predict(row: dict, n_requests: int, compute: str | None, reservation: str, b
 
 
 def predict_sweep(src: dict, row: dict, compute: str | None, reservation: str,
-                  reused: bool = False, whole: int | None = None, spread: float = 0.0) -> dict[str, float]:
+                  reused: bool = False, whole: int | None = None, spread: float = 0.0,
+                  engine: str = "vllm") -> dict[str, float]:
     """Mean TTFT (ms), mean ITL (ms) and output tokens/s of a closed loop of `concurrency` users. `reused`:
     genai-perf's prompts, its 100 dataset entries sent in turn, with the engine's prefix cache on. `whole`: no
     chunked prefill, this step budget (at least one whole request). `spread`: output lengths uniform within this
-    fraction of the published (the same mean)."""
+    fraction of the published (the same mean). `engine`: the engine model (trtllm: its own defaults but for the
+    batch cap, the token budget and chunked prefill, set as for vLLM)."""
     c = row["concurrency"]
     card = load_card(SWEEP_MODEL[src["model"]], "fp8", None, compute)
     half = int(row["osl"] * spread)
     out_len = Lengths(kind="uniform", low=row["osl"] - half, high=row["osl"] + half) if half else fixed(row["osl"])
     mml = row["isl"] + row["osl"] + half
-    eng = EngineConfig(tensor_parallel_size=src["tp"], kv_cache_dtype="fp8", max_num_seqs=2048,
+    eng = EngineConfig(engine=engine, tensor_parallel_size=src["tp"], kv_cache_dtype="fp8", max_num_seqs=2048,
                        max_num_batched_tokens=8192 if whole is None else max(whole, mml), max_model_len=mml,
                        enable_chunked_prefill=whole is None,
                        kv_reservation=reservation, enable_prefix_caching=reused)  # type: ignore[arg-type]

@@ -292,7 +292,8 @@ def models(json_out: JsonOpt = False) -> None:
 @app.command()
 def engines(json_out: JsonOpt = False) -> None:
     """The vLLM releases the memory model knows (`--engine vllm@X.Y`), how each accounts for start-up memory,
-    and whether that accounting was checked against real start-up logs."""
+    and whether that accounting was checked against real start-up logs; then the other engines (SGLang's
+    releases, TensorRT-LLM)."""
     from capacity.engine.vllm_release import CURRENT, LAST_PATCH, fmt, release
 
     rows: list[dict[str, Any]] = []
@@ -301,6 +302,17 @@ def engines(json_out: JsonOpt = False) -> None:
         rows.append({"engine": f"vllm@{major}.{minor}", "release": fmt(rel.version), "runner": rel.runner,
                      "accounting": rel.accounting, "graphs_in_budget": rel.cuda_graphs_in_budget_default,
                      "checked_against_logs": rel.checked, "current": rel.version == CURRENT})
+    from capacity.engine.sglang import CURRENT as SG_CURRENT
+    from capacity.engine.sglang import RELEASES as SG_RELEASES
+    from capacity.engine.trtllm import RELEASE as TRT_RELEASE
+
+    others: list[dict[str, Any]] = [
+        {"engine": f"sglang@{r}", "release": r, "runner": "pytorch", "accounting": "F x free memory at start",
+         "graphs_in_budget": False, "checked_against_logs": True, "current": r == SG_CURRENT} for r in SG_RELEASES]
+    others.append({"engine": "trtllm", "release": TRT_RELEASE, "runner": "pytorch backend",
+                   "accounting": "0.9 x free after its profile", "graphs_in_budget": True,
+                   "checked_against_logs": False, "current": True})
+    rows += others
     if json_out:
         typer.echo(dumps(rows))
         return
@@ -311,10 +323,18 @@ def engines(json_out: JsonOpt = False) -> None:
               title_justify="left")
     for col in ("engine", "release", "runner", "accounting", "graphs", "logs"):
         t.add_column(col)
-    for r in rows:
+    for r in rows[:len(rows) - len(others)]:
         t.add_row(r["engine"] + (" *" if r["current"] else ""), r["release"], r["runner"], r["accounting"],
                   "in budget" if r["graphs_in_budget"] else "outside", "checked" if r["checked_against_logs"] else "")
     Console().print(t)
+    o = Table(title="Other engines (--engine sglang\\[@X.Y], --engine trtllm; * = what the bare name means)",
+              title_justify="left")
+    for col in ("engine", "KV pool", "logs"):
+        o.add_column(col)
+    for r in others:
+        o.add_row(r["engine"] + (" *" if r["current"] and r["engine"].startswith("sglang") else ""), r["accounting"],
+                  "checked" if r["checked_against_logs"] else "formula only (docs/trtllm.md)")
+    Console().print(o)
 
 
 # The planning, step-cost and ground-truth commands live in their own modules; importing them registers them

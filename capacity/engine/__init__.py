@@ -1,7 +1,8 @@
 """Engine models: one object per serving engine that owns its defaults, its start-up memory accounting, its
 scheduling behaviour and its launch command (`EngineModel`). vLLM is the first (`vllm.py`, every release from
 0.4: `vllm@0.11`; its start-up memory in `vllm_memory.py`); SGLang the second (`sglang.py`: `sglang`,
-`sglang@0.4.6`, scheduling of v0.5.5; memory by release in `sglang_memory.py`); another engine is a new module
+`sglang@0.4.6`, scheduling of v0.5.5; memory by release in `sglang_memory.py`); TensorRT-LLM the third
+(`trtllm.py`: `trtllm`, the PyTorch backend of 1.x, its capacity scheduler's no-evict admission); another engine is a new module
 with the same methods and one line in `ENGINES`.
 
 `EngineConfig` (config.py) is the one typed configuration every door uses; `MemoryBudget` (budget.py) the
@@ -15,6 +16,7 @@ from typing import Protocol
 from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, ResolvedEngine
 from capacity.engine.sglang import Sglang, parse_release
+from capacity.engine.trtllm import Trtllm
 from capacity.engine.vllm import Vllm
 from capacity.engine.vllm_release import parse_engine, release
 from capacity.errors import ConfigError
@@ -44,7 +46,7 @@ class EngineModel(Protocol):
         """CPU time per engine step that the GPU waits for (scheduling, input preparation, output handling)."""
 
 
-ENGINES: dict[str, EngineModel] = {"vllm": Vllm(), "sglang": Sglang()}  # the current release of each engine
+ENGINES: dict[str, EngineModel] = {"vllm": Vllm(), "sglang": Sglang(), "trtllm": Trtllm()}  # the current release of each engine
 _BY_SPEC: dict[str, EngineModel] = {}
 
 

@@ -148,6 +148,18 @@ class ResolvedEngine:
     release: str = "vllm"  # the engine release that resolved it
 
 
+def resolve_max_model_len(cfg: EngineConfig, card: ModelCard, used: list[str]) -> int:
+    """max_model_len as every engine fills it in: the configured one (at most the model's
+    max_position_embeddings), else the model's whole context (recorded in `used`)."""
+    if cfg.max_model_len is None:
+        used.append("max_model_len")
+        return card.max_position_embeddings
+    if cfg.max_model_len > card.max_position_embeddings:
+        raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
+                          f"{card.max_position_embeddings} ({card.name})")
+    return cfg.max_model_len
+
+
 def check_tp(card: ModelCard, tp: int) -> None:
     """vLLM needs attention heads divisible by tp, and KV heads either divisible by tp or dividing it."""
     if card.num_attention_heads % tp:

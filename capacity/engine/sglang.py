@@ -27,7 +27,7 @@ import math
 from collections.abc import Callable
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
-from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp
+from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
 from capacity.engine.sglang_memory import (  # re-exported: the accounting's names stay importable from here
     CURRENT,
     LOAD_EXTRA_HIGH_GIB,
@@ -121,13 +121,7 @@ class Sglang(SglangMemory):
         tp = cfg.tensor_parallel_size
         check_tp(card, tp)
         used: list[str] = []
-        ctx = cfg.max_model_len
-        if ctx is None:
-            ctx = card.max_position_embeddings
-            used.append("max_model_len")
-        elif ctx > card.max_position_embeddings:
-            raise ConfigError(f"max_model_len {ctx} exceeds the model's max_position_embeddings "
-                              f"{card.max_position_embeddings} ({card.name})")
+        ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
             chunked = True

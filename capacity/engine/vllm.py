@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
-from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp
+from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp, resolve_max_model_len
 from capacity.engine.vllm_memory import (  # re-exported: the accounting's names stay importable from here
     ACTIVATION_SLACK_GIB,
     GRAPH_SEGMENT_MIB,
@@ -53,15 +53,7 @@ class Vllm(VllmMemory):
         check_tp(card, tp)
         used: list[str] = []
 
-        max_model_len = cfg.max_model_len
-        if max_model_len is None:
-            max_model_len = card.max_position_embeddings
-            used.append("max_model_len")
-        elif max_model_len > card.max_position_embeddings:
-            raise ConfigError(
-                f"max_model_len {max_model_len} exceeds the model's max_position_embeddings "
-                f"{card.max_position_embeddings} ({card.name})"
-            )
+        max_model_len = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
             chunked = rel.default_chunked_prefill(max_model_len, card.vision is not None, card.num_sliding_layers > 0)

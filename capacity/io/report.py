@@ -28,22 +28,29 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
     t.add_column("GiB", justify="right")
     t.add_column("range", justify="right")
     t.add_column("basis")
+    trt = b.engine == "trtllm"  # its fraction is a share of the memory free after its profile, not of the device
     t.add_row("GPU total (engine's view)", _g(b.total_bytes), "", "")
-    t.add_row(f"usable = total x {b.gpu_memory_utilization}", _g(b.usable_bytes), "", "gpu_memory_utilization")
+    if not trt:
+        t.add_row(f"usable = total x {b.gpu_memory_utilization}", _g(b.usable_bytes), "", "gpu_memory_utilization")
     t.add_row("- weights", _g(b.weights_bytes), _rng(b, "weights"), "from the card")
     t.add_row("- activation peak", _g(b.activation_bytes), _rng(b, "activation"),
-              "derived" if "activation" in est else "given")
-    t.add_row("- non-torch memory", _g(b.non_torch_bytes), _rng(b, "non_torch"),
-              "from logs" if "non_torch" in est else "given")
+              ("vLLM's derivation, wider" if trt else "derived") if "activation" in est else "given")
+    t.add_row("- CUDA context + NCCL" if trt else "- non-torch memory", _g(b.non_torch_bytes), _rng(b, "non_torch"),
+              ("estimate" if trt else "from logs") if "non_torch" in est else "given")
     if b.runner_buffers_bytes:
         t.add_row("- runner buffers", _g(b.runner_buffers_bytes), "", "derived")
     graph_basis = ("off (eager)" if not b.cuda_graph_bytes else
-                   ("from logs" if "cuda_graphs" in est else "given")
+                   (("estimate" if trt else "from logs") if "cuda_graphs" in est else "given")
                    + (", in budget" if b.cuda_graphs_in_budget else ", outside"))
     t.add_row(("- " if b.cuda_graphs_in_budget else "  ") + "CUDA graphs", _g(b.cuda_graph_bytes),
               _rng(b, "cuda_graphs"), graph_basis)
-    t.add_row("= KV cache budget", _g(b.kv_budget_bytes), _rng(b, "kv_budget"), "")
-    t.add_row("outside (context + graphs)", _g(b.outside_budget_bytes), "", "estimate")
+    if trt:
+        free = b.total_bytes - b.weights_bytes - b.activation_bytes - b.non_torch_bytes - b.cuda_graph_bytes
+        t.add_row("= free after the profile", _g(free), "", "")
+        t.add_row("= KV cache budget (x 0.9)", _g(b.kv_budget_bytes), _rng(b, "kv_budget"), "free_gpu_memory_fraction")
+    else:
+        t.add_row("= KV cache budget", _g(b.kv_budget_bytes), _rng(b, "kv_budget"), "")
+        t.add_row("outside (context + graphs)", _g(b.outside_budget_bytes), "", "estimate")
     console.print(t)
     kv = Table(title="KV cache", title_justify="left", show_header=False)
     kv.add_row("KV bytes per token", f"{b.kv_bytes_per_token:,.0f} B ({b.kv_dtype}, per rank)")
@@ -57,7 +64,7 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
         kv.add_row(f"blocks per request at {b.max_model_len:,}",
                    f"{g.startup_blocks(b.max_model_len, b.block_size):,} to admit (window + "
                    f"{g.inflight:,} tokens in flight), {b.blocks_for(b.max_model_len):,} held decoding")
-    kv.add_row("KV tokens (as vLLM logs)", f"{b.kv_tokens:,}")
+    kv.add_row("KV tokens (as TensorRT-LLM logs)" if trt else "KV tokens (as vLLM logs)", f"{b.kv_tokens:,}")
     kv.add_row(f"concurrency at {b.max_model_len:,}", f"{b.max_concurrency:.2f}x")
     kv.add_row("contiguous seqs at max len", f"{b.contiguous_max_seqs}")
     kv.add_row("engine knobs", f"max_num_seqs {b.max_num_seqs}, max_num_batched_tokens {b.max_num_batched_tokens}")
@@ -86,6 +93,11 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
         console.print(f"[bold red]does not fit:[/] {b.reason}")
     for w in b.warnings:
         console.print(f"[yellow]warning:[/] {w}")
+    if trt:
+        console.print("[dim]The KV formula is read from TensorRT-LLM's code and checked on its logs; the peak's terms "
+                      "are estimates (docs/trtllm.md). Override with --activation-gib, --non-torch-gib, "
+                      "--cuda-graph-gib when you have measured values.[/]")
+        return
     console.print("[dim]Activation is derived from the release's profiling code; non-torch and CUDA-graph terms "
                   "come from real start-up logs (ranges: their spread). Override with --activation-gib, "
                   "--non-torch-gib, --cuda-graph-gib when you have measured values.[/]")
