@@ -145,16 +145,40 @@ def sidebar():
     max_len = sb.select_slider("max_model_len", [2048, 4096, 8192, 16384, 32768, 65536, 131072], value=8192,
                                key="max_len")
     mnbt = sb.select_slider("max_num_batched_tokens", [1024, 2048, 4096, 8192, 16384], value=8192)
-    util = sb.slider("gpu_memory_utilization", 0.5, 0.98, 0.9, 0.01)
-    block = sb.select_slider("block size", [16, 32, 64], value=16)
-    chunked = sb.checkbox("chunked prefill", value=True)
     from capacity.engine.vllm_release import LAST_PATCH
 
     releases = ["vllm"] + [f"vllm@{a}.{b}" for (a, b) in sorted(LAST_PATCH, reverse=True) if (a, b) >= (0, 10)]
-    release = sb.selectbox("vLLM release", releases, help="whose defaults and start-up memory accounting apply "
-                           "(vllm = the current release; `capacity engines` lists them all)")
+    release = sb.selectbox("Engine", [*releases, "sglang", "trtllm"],
+                           help="whose defaults, start-up memory accounting and scheduler apply: vLLM (vllm = the "
+                           "current release), SGLang or TensorRT-LLM (`capacity engines` lists them all)")
+    vllm_engine = release.startswith("vllm")
+    # SGLang and TensorRT-LLM size their pools by their own fractions (of free memory) and pick their own page
+    # sizes: the engine model refuses a vLLM utilisation, so these two are vLLM's only
+    util = sb.slider("gpu_memory_utilization", 0.5, 0.98, 0.9, 0.01, disabled=not vllm_engine,
+                     help=None if vllm_engine else f"{release} sizes its KV pool by its own rule (capacity memory "
+                     f"--engine {release})")
+    block = sb.select_slider("block size", [16, 32, 64], value=16, disabled=not vllm_engine,
+                             help=None if vllm_engine else f"{release}'s own page size")
+    chunked = sb.checkbox("chunked prefill", value=True)
     kv_end = sb.radio("plan KV on", ["conservative", "middle"], horizontal=True,
                       help="the end of the predicted KV range the simulation uses")
+    what_if: dict = {}
+    with sb.expander("Engine what-ifs (as simulate/plan flags)"):
+        reserve = st.selectbox("KV reserved at admission", ["engine's own", "prompt", "prompt_and_output"],
+                               help="--kv-reservation: prompt (vLLM) or prompt_and_output (TensorRT-LLM's "
+                               "GUARANTEED_NO_EVICT: nothing is ever preempted)")
+        overhead = st.number_input("step overhead (ms)", 0.0, 1000.0, value=None, step=0.5,
+                                   help="--step-overhead-ms: CPU time per step the GPU waits for; empty: the "
+                                   "engine model's (2 ms)")
+        out_cpu = st.number_input("output handling (us per token)", 1.0, 100_000.0, value=None, step=5.0,
+                                  help="--output-cpu-us: the server's per-token output work beside the GPU; a step "
+                                  "lasts at least this x the tokens it emits; empty: not modelled")
+    if reserve != "engine's own":
+        what_if["kv_reservation"] = reserve
+    if overhead is not None:
+        what_if["step_overhead_ms"] = float(overhead)
+    if out_cpu is not None:
+        what_if["output_cpu_us_per_token"] = float(out_cpu)
     sb.header("Workload and SLOs")
     rate = sb.slider("arrival rate (req/s)", 0.5, 64.0, 8.0, 0.5, key="rate")
     arrival = sb.selectbox("arrival process", ["poisson", "gamma", "constant"])
@@ -173,7 +197,10 @@ def sidebar():
 
     engine = {"tensor_parallel_size": tp, "max_num_seqs": seqs, "max_model_len": max_len,
               "max_num_batched_tokens": max(mnbt, seqs), "gpu_memory_utilization": util, "block_size": block,
-              "kv_cache_dtype": kv, "enable_chunked_prefill": chunked, "engine": release, "kv_estimate": kv_end}
+              "kv_cache_dtype": kv, "enable_chunked_prefill": chunked, "engine": release, "kv_estimate": kv_end,
+              **what_if}
+    if not vllm_engine:
+        engine = {k: v for k, v in engine.items() if k not in VLLM_ONLY}
     if not chunked:
         engine["max_num_batched_tokens"] = max(engine["max_num_batched_tokens"], max_len)
 
@@ -355,7 +382,9 @@ AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
     "kv_cache_dtype": ["auto", "fp8"],
     "enable_chunked_prefill": [True, False],
     "gpu_memory_utilization": [0.7, 0.8, 0.85, 0.9, 0.95],
+    "engine": ["vllm", "sglang", "trtllm"],
 }
+VLLM_ONLY = ("gpu_memory_utilization", "block_size")  # sidebar settings the other engines size by their own rules
 
 
 def _requests(sim: dict):
@@ -376,8 +405,11 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
     knob = c1.selectbox("setting to change (B)", list(AB_KNOBS), key="ab_knob")
     options = [v for v in AB_KNOBS[knob] if v != engine.get(knob)]
     value = c2.selectbox(f"B: {knob}", options, key="ab_value")
+    eng_b = {**engine, knob: value}
+    if knob == "engine" and not str(value).startswith("vllm"):  # B is sized by its own engine's rules
+        eng_b = {k: v for k, v in eng_b.items() if k not in VLLM_ONLY}
     try:
-        sim_b = simulate(card, gpu, {**engine, knob: value}, workload, 0, profile)
+        sim_b = simulate(card, gpu, eng_b, workload, 0, profile)
     except CapacityError as exc:
         st.error(f"B ({knob} {value}): {exc}")
         return

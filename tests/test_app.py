@@ -95,6 +95,57 @@ def test_chunked_prefill_setting_reaches_the_simulation():
     assert_shows_library(at)
 
 
+def test_engine_and_its_what_ifs_reach_the_simulation():
+    """The sidebar's engine (TensorRT-LLM here) and the what-ifs the CLI takes as flags (--step-overhead-ms,
+    --output-cpu-us, --kv-reservation) reach the scenario the numbers come from, and the numbers are the
+    library's for it; vLLM's utilisation and block size are not sent to an engine that sizes its pool by its own
+    rules (it would refuse them)."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    util = widget(at, "slider", "gpu_memory_utilization")
+    assert not util.disabled
+    widget(at, "selectbox", "Engine").set_value("trtllm").run()
+    widget(at, "number_input", "step overhead (ms)").set_value(0.5).run()
+    widget(at, "number_input", "output handling (us per token)").set_value(77.0).run()
+    assert not at.exception, [e.value for e in at.exception]
+    eng = shown_scenario(at)["engine"]
+    assert eng["engine"] == "trtllm" and eng["step_overhead_ms"] == 0.5 and eng["output_cpu_us_per_token"] == 77.0
+    assert "gpu_memory_utilization" not in eng and "block_size" not in eng
+    assert widget(at, "slider", "gpu_memory_utilization").disabled
+    assert_shows_library(at)
+    widget(at, "selectbox", "Engine").set_value("vllm").run()
+    widget(at, "selectbox", "KV reserved at admission").set_value("prompt_and_output").run()
+    eng = shown_scenario(at)["engine"]
+    assert eng["engine"] == "vllm" and eng["kv_reservation"] == "prompt_and_output" and eng["block_size"] == 16
+    assert_shows_library(at)
+
+
+@pytest.mark.slow  # over 5 s
+def test_ab_tab_compares_engines():
+    """B = the same scenario on TensorRT-LLM: its sizes come from its own rules (no vLLM utilisation or block
+    size), and the shown B figures are the library's run of that scenario."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("engine").run()
+    next(w for w in at.selectbox if w.label == "B: engine").set_value("trtllm").run()
+    assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
+    table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    shown = {row["metric"]: row for _, row in table.iterrows()}
+    sc = shown_scenario(at)
+    b_engine = {k: v for k, v in sc["engine"].items() if k not in ("gpu_memory_utilization", "block_size")}
+    import numpy as np
+
+    from capacity.truth.compare import Requests, compare
+
+    runs = []
+    for e in (sc["engine"], {**b_engine, "engine": "trtllm"}):
+        r = library({**sc, "engine": e})[1].sim.records
+        ok = np.isfinite(r.finish)
+        runs.append(Requests(r.arrival[ok], r.first_token[ok], r.finish[ok], r.output_tokens[ok].astype(float),
+                             ids=np.flatnonzero(ok)))
+    want = {c.metric: c for c in compare(*runs, resamples=1000)}
+    for m in ("p99_ttft", "mean_tpot", "throughput"):
+        assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
+
+
 def test_bad_card_is_an_error_box():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
     at.text_area(key="pasted_card").input("num_layers: -3\nfoo: 1\n").run()
