@@ -78,7 +78,7 @@ def memory(
         else:
             from rich.console import Console
 
-            from capacity.io.report import memory_tables
+            from capacity.io.memory_report import memory_tables
 
             memory_tables(b, [], Console(stderr=True))
         raise CapacityError(f"does not fit: {b.reason}")
@@ -104,7 +104,7 @@ def memory(
         return
     from rich.console import Console
 
-    from capacity.io.report import memory_tables
+    from capacity.io.memory_report import memory_tables
 
     console = Console()
     memory_tables(b, table, console)
