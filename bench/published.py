@@ -84,7 +84,9 @@ SWEEP_VARIANTS = {**{k: (*v, False, None, 0.0, "vllm") for k, v in VARIANTS.item
                   "+ reused prompts": (None, "prompt_and_output", True, None, 0.0, "vllm"),
                   "+ whole prompts": (None, "prompt_and_output", False, 32768, 0.0, "vllm"),
                   "+ lengths ±5%": (None, "prompt_and_output", False, None, 0.05, "vllm"),
-                  "TensorRT-LLM": (None, "prompt_and_output", False, None, 0.0, "trtllm")}
+                  "TensorRT-LLM": (None, "prompt_and_output", False, None, 0.0, "trtllm"),
+                  "TensorRT-LLM ±5%": (None, "prompt_and_output", False, None, 0.05, "trtllm")}
+ENDS = {"vLLM": ("+ no-evict", "+ lengths ±5%"), "TensorRT-LLM": ("TensorRT-LLM", "TensorRT-LLM ±5%")}
 
 
 def trtllm_bench_settings(card, gpu, row: dict, fraction: float = 0.95) -> tuple[int, int]:
@@ -193,22 +195,32 @@ def sweeps(out_path: Path) -> None:
             summary[v][name] = {"mape": float(np.mean(np.abs(e))) if e.size else float("nan"),
                                 "median_abs": float(np.median(np.abs(e))) if e.size else float("nan"),
                                 "median_signed": float(np.median(e)) if e.size else float("nan"), "n": len(e)}
-    # The two ends of a fixed-length closed loop: lock-step (fixed lengths) and drifted apart (lengths within 5%)
-    ends = [o for o in out if o["predicted"]["+ no-evict"]["lock_step"] == 1.0]
-    inside = [o for o in ends if min(o["predicted"][v]["ttft_ms"] for v in ("+ no-evict", "+ lengths ±5%"))
-              <= o["published"]["ttft_ms"] <= max(o["predicted"][v]["ttft_ms"] for v in ("+ no-evict", "+ lengths ±5%"))]
-    below = [o for o in ends if o["published"]["ttft_ms"] < min(o["predicted"][v]["ttft_ms"]
-                                                                 for v in ("+ no-evict", "+ lengths ±5%"))]
-    summary["ttft between the two ends"] = {"rows_in_lock_step": len(ends), "inside": len(inside),
-                                           "below_both": len(below), "above_both": len(ends) - len(inside) - len(below)}
-    print(f"\nMAPE by metric ({len(out)} rows; {time.time() - t0:.0f} s)")
-    print(f"{'metric':25s}" + "".join(f"{v:>17s}" for v in SWEEP_VARIANTS))
-    for m in (*metrics, *[k for k in summary[next(iter(SWEEP_VARIANTS))] if k.startswith("ttft_ms ")]):
-        print(f"{m:25s}" + "".join(f"{summary[v][m]['mape']:>12.1%} n={summary[v][m]['n']:<2}" for v in SWEEP_VARIANTS))
-        print(f"{'  median signed':25s}" + "".join(f"{summary[v][m]['median_signed']:>+17.1%}" for v in SWEEP_VARIANTS))
-    b = summary["ttft between the two ends"]
-    print(f"published TTFT of the {b['rows_in_lock_step']} lock-step rows: between lock-step and drifted apart in "
-          f"{b['inside']}, below both in {b['below_both']}, above both in {b['above_both']}")
+    # The two ends of a fixed-length closed loop: lock-step (fixed lengths) and drifted apart (lengths within 5%),
+    # for each engine model
+    for eng, (lock, drift) in ENDS.items():
+        ends = [o for o in out if o["predicted"][lock]["lock_step"] == 1.0]
+        lo = {id(o): min(o["predicted"][v]["ttft_ms"] for v in (lock, drift)) for o in ends}
+        hi = {id(o): max(o["predicted"][v]["ttft_ms"] for v in (lock, drift)) for o in ends}
+        inside = [o for o in ends if lo[id(o)] <= o["published"]["ttft_ms"] <= hi[id(o)]]
+        below = [o for o in ends if o["published"]["ttft_ms"] < lo[id(o)]]
+        key = "ttft between the two ends" + ("" if eng == "vLLM" else f" ({eng})")
+        summary[key] = {"rows_in_lock_step": len(ends), "inside": len(inside), "below_both": len(below),
+                        "above_both": len(ends) - len(inside) - len(below)}
+    # two tables of 80 columns, a variant per line: MAPE (median signed error)
+    cell = lambda v, m: f"{summary[v][m]['mape']:>6.1%} ({summary[v][m]['median_signed']:+.0%})"
+    print(f"\nMAPE (median signed error), {len(out)} rows, {time.time() - t0:.0f} s")
+    print(f"{'variant':18s}{'mean TTFT':>16s}{'mean ITL':>16s}{'output tok/s':>16s}")
+    for v in SWEEP_VARIANTS:
+        print(f"{v:18s}" + "".join(f"{cell(v, m):>16s}" for m in metrics))
+    splits = [k for k in summary[next(iter(SWEEP_VARIANTS))] if k.startswith("ttft_ms ")]
+    print(f"\nTTFT by run{'':7s}" + "".join(f"{k.removeprefix('ttft_ms ').replace('llama-', '')[:15]:>15s}"
+                                       for k in splits))
+    for v in SWEEP_VARIANTS:
+        print(f"{v:18s}" + "".join(f"{summary[v][k]['mape']:>9.0%} n={summary[v][k]['n']:<2}" for k in splits))
+    for eng in ENDS:
+        b = summary["ttft between the two ends" + ("" if eng == "vLLM" else f" ({eng})")]
+        print(f"{eng}: published TTFT of the {b['rows_in_lock_step']} lock-step rows: between lock-step and drifted "
+              f"apart in {b['inside']}, below both in {b['below_both']}, above both in {b['above_both']}")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps({
         "source": [x["url"] for x in data["sources"]], "command": "python bench/published.py --sweeps",
