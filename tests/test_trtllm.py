@@ -205,3 +205,14 @@ def test_the_memory_table_shows_the_fraction_of_what_is_free():
     assert free == pytest.approx(float(rows["GPU total (engine's view)"]) - sum(terms), abs=0.03)
     assert float(rows["= KV cache budget (x 0.9)"]) == pytest.approx(0.9 * free, abs=0.02)
     assert "KV tokens (as TensorRT-LLM logs)" in r.stdout
+
+
+def test_a_setting_refused_at_every_tp_is_said_once():
+    """The planner tries every TP; a setting the engine refuses whatever the TP is one line, said once (not once
+    per TP, cut off at the terminal's width)."""
+    r = run_cli("plan", "--model", str(ROOT / "models/llama-3.1-8b.yaml"), "--gpu", "h100-sxm", "--engine", "trtllm",
+                "--kv-reservation", "prompt", "--target-rate", "5")
+    assert r.returncode == 1
+    assert r.stderr.strip() == ("error: kv_reservation prompt: TensorRT-LLM's MAX_UTILIZATION policy (which pauses "
+                                "requests when the cache fills) is not modelled; its default GUARANTEED_NO_EVICT is "
+                                "prompt_and_output")

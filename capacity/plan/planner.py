@@ -242,6 +242,7 @@ class Planner:
         tps = self.tp_sizes()
         searches: list[RateSearch] = []
         fit_errors: list[str] = []
+        config_errors: set[str] = set()  # settings the engine refuses whatever the TP
         unfit: list[TpUnfit] = []
         for tp in tps:
             done = [r for r in searches if r.max_rate > 0]
@@ -251,6 +252,8 @@ class Planner:
             try:
                 e, b = self.fitting_engine(tp)
             except (DoesNotFit, ConfigError) as exc:
+                if isinstance(exc, ConfigError):
+                    config_errors.add(str(exc))
                 fit_errors.append(f"tp={tp}: {exc}")
                 unfit.append(TpUnfit(tp, str(exc)))
                 continue
@@ -258,6 +261,8 @@ class Planner:
             self.search_engines[tp] = e
             searches.append(self.rate_search(e, tp, b.max_num_seqs))
         if not searches:
+            if len(config_errors) == 1 and all(u.why in config_errors for u in unfit):
+                raise ConfigError(next(iter(config_errors)))  # the same setting refused at every TP: say it once
             raise DoesNotFit(f"no feasible configuration of {card.name} on {gpu.name}: " + "; ".join(fit_errors))
         usable = [r for r in searches if r.max_rate > 0]
         if not usable:
