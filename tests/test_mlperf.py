@@ -49,11 +49,10 @@ def test_settings_are_the_submissions_configs():
     assert mlperf.settings(RUNS["v4.0/H200-SXM-141GBx8_TRT/Server"], common) is None
 
 
-@pytest.mark.xfail(strict=True, reason="the roofline is optimistic on MLPerf v4.1-v5.1: it serves 1.19-1.35x the "
-                   "published rates (bench/mlperf.py, docs/fidelity.md 'MLPerf Server')")
 def test_a_rate_above_the_published_offline_throughput_misses_loadgens_limits():
     # v4.1 H200 x8 served 107.5 samples/s offline (every request queued at once: the most it can do); Poisson
-    # arrivals at 121.2/s (1.2x the Server run's 101) exceed that, so the real system would miss the limits
+    # arrivals at 121.2/s (1.2x the Server run's 101) exceed that, so the real system would miss the limits.
+    # (An expected failure until FP8 GEMMs ran at the efficiency measured for them, 0.61 on an H200, not 0.70.)
     server, offline = RUNS["v4.1/H200-SXM-141GBx8_TRT/Server"], RUNS["v4.1/H200-SXM-141GBx8_TRT/Offline"]
     rate = 1.2 * server["target_qps"]
     assert rate > offline["throughput"]["samples_per_s"]
@@ -84,9 +83,10 @@ def test_the_plan_note_quotes_the_benches_as_recorded():
     assert tuple(round(float(f(fp4)), 2) for f in (np.min, np.median, np.max)) == ROOFLINE_VS_TRTLLM_FP4
 
 
-def test_a_plan_with_fp4_gemms_on_the_roofline_says_its_rates_are_an_upper_bound():
-    """NVFP4 weights on a B200 run FP4 GEMMs, the roofline's figure furthest on the unsafe side (1.17-1.55x
-    TensorRT-LLM's published throughput): the plan says so with the headroom that would cover it (1 / 1.55 = 0.645,
+def test_a_plan_with_fp4_gemms_on_the_roofline_says_so_where_its_headroom_does_not_cover_the_table():
+    """NVFP4 weights on a B200 run FP4 GEMMs. At their measured efficiency the roofline's B200 FP4 throughput was
+    0.81-1.15x TensorRT-LLM's published (1.17-1.55x at the default 0.70): the default headroom (0.8: 1.25x)
+    covers it, so a plan has no FP4 note; at headroom 0.9 (1.11x) it says which headroom would (1 / 1.15 = 0.869,
     rounded down); the same model in FP8 on the same GPU has no such note."""
     from capacity.model.card import load_model_card
     from capacity.plan.executors import SerialExecutor
@@ -95,16 +95,18 @@ def test_a_plan_with_fp4_gemms_on_the_roofline_says_its_rates_are_an_upper_bound
 
     small = SearchSpec(seeds=1, requests=200, tolerance=0.2, max_num_seqs=[64], max_model_len=[4096], tp=[1])
 
-    def notes(weights):
+    def notes(weights, headroom=0.8):
         card = load_model_card(mlperf.ROOT / "models/llama-3.1-8b.yaml").with_overrides(weight_dtype=weights)
         sc = Scenario(model="llama-3.1-8b", gpu="b200", workload=WorkloadSpec(input_len=fixed(512),
-                      output_len=fixed(64)), slo=SLOSpec(ttft_s=1.0, tpot_s=0.05), target_rate_per_s=5.0, search=small)
+                      output_len=fixed(64)), slo=SLOSpec(ttft_s=1.0, tpot_s=0.05), target_rate_per_s=5.0,
+                      search=small, headroom=headroom)
         return [n for n in make_plan(sc, card, SerialExecutor(cache=False)).notes if n.startswith("FP4 GEMMs")]
 
-    (fp4,) = notes("nvfp4")
-    assert "1.17-1.55x the published (median 1.34x" in fp4 and "--headroom 0.64 covers the highest" in fp4
-    assert "replicas at 80% of the max rate absorb (1.25x)" in fp4
-    assert notes("fp8") == []
+    assert notes("nvfp4") == []
+    (fp4,) = notes("nvfp4", 0.9)
+    assert "0.81-1.15x the published (median 1.00x" in fp4 and "--headroom 0.86 covers the highest" in fp4
+    assert "replicas at 90% of the max rate absorb (1.11x)" in fp4
+    assert notes("fp8", 0.9) == []
 
 
 def test_the_output_plateau_is_the_published_one_and_a_plan_past_it_says_so():

@@ -51,6 +51,10 @@ class RooflineParams(BaseModel):
     attention: Literal["ideal", "dense_packed"] = "ideal"
     # FP8 KV on Hopper/Blackwell: attention multiplies in FP8 (FlashAttention-3 and TRT-LLM's FMHA quantise q too)
     fp8_attention: bool = True
+    # A GEMM dtype never runs above the efficiency measured for it on that GPU in a serving engine's kernels
+    # (capacity/data/gemm_efficiency.yaml, from NVIDIA aiconfigurator's TensorRT-LLM tables: FP8 0.59-0.61 on
+    # Hopper, FP4 0.38 on a B200, where gemm_flops_eff is 0.70); False: gemm_flops_eff for every dtype.
+    measured_gemm_eff: bool = True
 
 
 @dataclass
@@ -70,6 +74,7 @@ class RooflineCost:
         # Each GEMM family at the tensor-core rate of the dtype it multiplies in (FP8 weights on an H100: FP8 GEMMs).
         self.gemm_dtypes = gemm_dtypes(self.card, self.gpu)
         self._fam_peak = {f: self.gpu.peak_flops(d) for f, d in self.gemm_dtypes.items()}
+        self._fam_eff = {f: self._gemm_eff(d) for f, d in self.gemm_dtypes.items()}
         self.source = f"roofline ({self.gpu.name} datasheet x efficiencies, {describe(self.card, self.gpu)})"
         w = weight_bytes_per_rank(self.card, self.tp)
         L = self.card.num_layers
@@ -87,6 +92,7 @@ class RooflineCost:
         self._lm_w = w.get("lm_head", w["embed_tokens"])
         self._b = DTYPE_BYTES[self.card.dtype]
         self._peak = self.gpu.peak_flops(self.card.dtype)  # LM head, router, norms: the activation dtype
+        self._act_eff = self._gemm_eff(self.card.dtype)
         fp8_attn = (self.params.fp8_attention and self.kv_dtype == "fp8" and self.gpu.fp8_flops is not None
                     and self.gpu.arch.startswith(("Hopper", "Blackwell")))
         self._attn_peak = self.gpu.peak_flops("fp8") if fp8_attn else self._peak
@@ -104,6 +110,16 @@ class RooflineCost:
         self._decode_s_per_key = max(self._per_key_flops / (self._attn_peak * p.attn_flops_eff),
                                      self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
 
+    def _gemm_eff(self, dtype: str) -> float:
+        """gemm_flops_eff, capped by what this GPU's engine kernels were measured to reach in `dtype`."""
+        from capacity.model.compute import measured_gemm_efficiency
+
+        eff = self.params.gemm_flops_eff
+        if not self.params.measured_gemm_eff:
+            return eff
+        got = measured_gemm_efficiency(self.gpu, dtype, block_scaled=self.card.quant_group_size is not None)
+        return eff if got is None else min(eff, got)
+
     # ---- primitives -----------------------------------------------------------------------------
     def _op(self, flops: float, bytes_: float, eff: float, peak: float | None = None) -> float:
         p = self.params
@@ -116,8 +132,8 @@ class RooflineCost:
         outputs). family None: an unquantised GEMM (the LM head) at the activation dtype."""
         elems = self._elems(weight_bytes, family) if family else weight_bytes / self._b
         flops = 2.0 * tokens * elems
-        return self._op(flops, weight_bytes + tokens * act_width * self._b, self.params.gemm_flops_eff,
-                        self._fam_peak[family] if family else None)
+        return self._op(flops, weight_bytes + tokens * act_width * self._b,
+                        self._fam_eff[family] if family else self._act_eff, self._fam_peak[family] if family else None)
 
     def _elems(self, weight_bytes: float, family: str) -> float:
         """Number of weight elements a GEMM family multiplies (its FLOPs per token / 2)."""
@@ -158,8 +174,8 @@ class RooflineCost:
         touched = e * (1 - (1 - k / e) ** tokens)  # expected distinct experts hit by `tokens` tokens
         flops = 2.0 * tokens * k * self._elems(self._expert_w, "experts")
         bytes_ = touched * self._expert_w + tokens * k * 2 * h * self._b
-        t = self._op(flops, bytes_, self.params.gemm_flops_eff, self._fam_peak["experts"])
-        t += self._op(2.0 * tokens * h * e, e * h * self._b, self.params.gemm_flops_eff)  # router
+        t = self._op(flops, bytes_, self._fam_eff["experts"], self._fam_peak["experts"])
+        t += self._op(2.0 * tokens * h * e, e * h * self._b, self._act_eff)  # router
         if self._shared_w:
             t += self._gemm(tokens, self._shared_w, 2 * h + 3 * moe.shared_intermediate / self.tp, "shared_experts")
         return t

@@ -67,3 +67,32 @@ def describe(card: ModelCard, gpu: GPU) -> str:
     if len(kinds) == 1:
         return f"{kinds[0]} GEMMs"
     return ", ".join(f"{f} {v}" for f, v in used.items()) + " GEMMs"
+
+
+def measured_gemm_efficiency(gpu: GPU, dtype: str, block_scaled: bool = False) -> float | None:
+    """The GEMM efficiency (achieved / datasheet FLOP/s) measured for this GPU and compute dtype in the kernels
+    of a serving engine (capacity/data/gemm_efficiency.yaml: NVIDIA aiconfigurator's TensorRT-LLM tables, written
+    by bench/gemm_efficiency.py), or None where nothing was measured. A GPU not listed takes its architecture's
+    (Hopper: the H100 SXM's, Blackwell: the B200's); FP8 with block scales has its own figure."""
+    data = _gemm_efficiency_data()
+    key = gpu.name if gpu.name in data["gpus"] else data["architectures"].get((gpu.arch or "").split(" ")[0])
+    by = data["gpus"].get(key or "", {})
+    if dtype == "fp8" and block_scaled and "fp8_block" in by:
+        return float(by["fp8_block"])
+    v = by.get("bf16" if dtype == "fp16" else dtype)
+    return None if v is None else float(v)
+
+
+_GEMM_EFF: dict = {}
+
+
+def _gemm_efficiency_data() -> dict:
+    if not _GEMM_EFF:
+        from pathlib import Path
+
+        import yaml
+
+        _GEMM_EFF.update(yaml.safe_load((Path(__file__).resolve().parent.parent / "data" /
+                                         "gemm_efficiency.yaml").read_text(encoding="utf-8")))
+    return _GEMM_EFF
+
