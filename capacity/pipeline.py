@@ -242,6 +242,15 @@ def disagg_launch_hints(prefill: Deployment, dis: Disagg) -> str:
     """vLLM commands for the layout, as text to adapt: each pool's `vllm serve` (the simulated knobs of its own
     budget) with the NIXL KV connector, one port per instance, and vLLM's toy proxy that sends each request to
     a prefiller with max_tokens 1, then to a decoder (tests/v1/kv_connector/nixl_integration/ in vLLM's repo)."""
+    pools = (("prefill", prefill, prepare(prefill)), ("decode", dis.decode, prepare(dis.decode)))
+    other = sorted({p.engine_model.name for _, _, p in pools} - {"vllm"})
+    if other:  # another engine's command with vLLM's connector flags would be wrong, not a hint
+        how = {"sglang": "SGLang: --disaggregation-mode prefill / decode and its router",
+               "trtllm": "TensorRT-LLM: trtllm-serve disaggregated with a config file"}
+        return (f"# not generated for {', '.join(other)}: these hints are vLLM's (NIXL connector, toy proxy); set "
+                "disaggregated serving up as the engine does (" + "; ".join(how.get(e, e) for e in other) + "). "
+                "Each pool's command: " + " | ".join(f"{role}: {p.engine_model.launch_command(d.card, d.engine, p.budget)}"
+                                                for role, d, p in pools))
     kv = """--kv-transfer-config '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'"""
     lines: list[str] = []
     ports: dict[str, list[int]] = {"prefill": [], "decode": []}

@@ -216,3 +216,16 @@ def test_a_setting_refused_at_every_tp_is_said_once():
     assert r.stderr.strip() == ("error: kv_reservation prompt: TensorRT-LLM's MAX_UTILIZATION policy (which pauses "
                                 "requests when the cache fills) is not modelled; its default GUARANTEED_NO_EVICT is "
                                 "prompt_and_output")
+
+
+def test_disaggregated_hints_are_not_vllm_flags_on_another_engines_command():
+    """`simulate --disagg` on TensorRT-LLM: vLLM's NIXL connector flags glued onto trtllm-serve would be a wrong
+    command, so the hints say they are not generated and give each pool's own command."""
+    import json
+
+    r = run_cli("simulate", "--model", str(ROOT / "models/llama-3.1-8b.yaml"), "--gpu", "h100-sxm", "--engine",
+                "trtllm", "--disagg", "1:1", "--rate", "2", "--requests", "60", "--json")
+    assert r.returncode == 0, r.stderr
+    hints = json.loads(r.stdout)["disaggregated"]["launch_hints"]
+    assert hints.startswith("# not generated for trtllm") and "trtllm-serve disaggregated" in hints
+    assert "NixlConnector" not in hints and "VLLM_" not in hints and hints.count("trtllm-serve meta-llama") == 2
