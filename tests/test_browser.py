@@ -40,7 +40,10 @@ def server():
     env = dict(os.environ, CAPACITY_CACHE_DIR="off", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
     log = open(Path(os.environ.get("SCREENSHOT_DIR", "/tmp")) / f"streamlit-{port}.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
-                             "--server.address", "127.0.0.1", "--server.port", str(port)],
+                             "--server.address", "127.0.0.1", "--server.port", str(port),
+                             # no file watcher: a test never edits the app, and a busy tree (a build, another
+                             # test run) overflowed its inotify queue and kept the server at full CPU
+                             "--server.fileWatcherType", "none"],
                             stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     url = f"http://127.0.0.1:{port}"
     for _ in range(120):
