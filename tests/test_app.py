@@ -95,6 +95,7 @@ def test_chunked_prefill_setting_reaches_the_simulation():
     assert_shows_library(at)
 
 
+@pytest.mark.slow  # over 15 s (five runs of the app): in CI's slow group
 def test_engine_and_its_what_ifs_reach_the_simulation():
     """The sidebar's engine (TensorRT-LLM here) and the what-ifs the CLI takes as flags (--step-overhead-ms,
     --output-cpu-us, --kv-reservation) reach the scenario the numbers come from, and the numbers are the

@@ -25,8 +25,9 @@ Read in TensorRT-LLM's code (NVIDIA/TensorRT-LLM, 1.x; docs/trtllm.md has the ha
   token budget (the micro-batch scheduler) is max_num_tokens, decode tokens included. This is the continuous
   scheduler with `reserve_output` (capacity.sched.continuous).
 
-Checked against a real start-up log (tests/data/trtllm_startup/logs.yaml): given a log's own profile readings,
-the formula gives its KV memory and token count exactly. The terms of the peak are *estimated* (no TensorRT-LLM
+Checked against real start-up logs (tests/data/trtllm_startup/logs.yaml): given a log's own profile readings,
+the formula gives its KV memory, its token count within the rounding of the printed GiB figures, and, rounded up
+to whole blocks, its allocation exactly. The terms of the peak are *estimated* (no TensorRT-LLM
 log of a model with a card here shows them): the weights are counted; the activation peak of a max_num_tokens
 forward is vLLM's derivation (`VllmMemory.activation_phases`, the forward phases only: the dummy requests ask
 for one output token each); the CUDA context, NCCL and CUDA graphs are the vLLM model's terms for the same
