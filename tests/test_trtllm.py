@@ -169,7 +169,6 @@ def test_launch_command_pins_the_planned_pool():
 @pytest.mark.parametrize("update, field", [
     ({"gpu_memory_utilization": 0.8}, "gpu_memory_utilization 0.8"),
     ({"policy": "priority"}, "policy priority"),
-    ({"kv_reservation": "prompt"}, "kv_reservation prompt"),
     ({"kv_cache_dtype": "int8"}, "kv_cache_dtype int8"),
     ({"paged_kv": False}, "paged_kv"),
     ({"large_gpu_defaults": True}, "large_gpu_defaults"),
@@ -211,11 +210,27 @@ def test_a_setting_refused_at_every_tp_is_said_once():
     """The planner tries every TP; a setting the engine refuses whatever the TP is one line, said once (not once
     per TP, cut off at the terminal's width)."""
     r = run_cli("plan", "--model", str(ROOT / "models/llama-3.1-8b.yaml"), "--gpu", "h100-sxm", "--engine", "trtllm",
-                "--kv-reservation", "prompt", "--target-rate", "5")
-    assert r.returncode == 1
-    assert r.stderr.strip() == ("error: kv_reservation prompt: TensorRT-LLM's MAX_UTILIZATION policy (which pauses "
-                                "requests when the cache fills) is not modelled; its default GUARANTEED_NO_EVICT is "
-                                "prompt_and_output")
+                "--gpu-memory-utilization", "0.8", "--target-rate", "5")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert r.stderr.startswith("error: gpu_memory_utilization 0.8: no TensorRT-LLM meaning") and "tp=" not in r.stderr
+
+
+def test_max_utilization_admits_the_prompt_and_pauses_when_the_cache_fills():
+    """kv_reservation prompt on TensorRT-LLM is its MAX_UTILIZATION policy: the case of the no-evict test (two
+    requests of 16 + 32 tokens, a pool of 4 blocks of 16) admits both and must pause one when their outputs outgrow
+    the pool; the launch command names the policy."""
+    cost = LinearCost(fixed_s=0.01, per_token_s=0.001)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(16), output_len=fixed(32), num_requests=2)
+    limits = SchedLimits(max_num_seqs=8, max_num_batched_tokens=512, block_size=16, num_blocks=4, max_model_len=64)
+    cfg = EngineConfig(engine="trtllm", async_scheduling=False, kv_reservation="prompt")
+    res = simulate(spec, cost, Trtllm().scheduler_factory(cfg, limits), np.random.default_rng(0), SimConfig())
+    assert res.preemptions > 0 and np.isfinite(res.records.finish).all()
+    card = load_card("llama-3.1-8b", None, None, None)
+    b = budget(card, get_gpu("h100-sxm"), cfg.model_copy(update={"max_model_len": 8192}))
+    import shlex
+
+    extra = yaml.safe_load(shlex.split(get_engine("trtllm").launch_command(card, cfg, b))[1])
+    assert extra["scheduler_config"] == {"capacity_scheduler_policy": "MAX_UTILIZATION"}
 
 
 def test_disaggregated_hints_are_not_vllm_flags_on_another_engines_command():

@@ -23,7 +23,9 @@ Read in TensorRT-LLM's code (NVIDIA/TensorRT-LLM, 1.x; docs/trtllm.md has the ha
   and a new request is admitted, first come first served, only if the blocks of its prompt *and* its maximum
   output fit in what is left; the first that does not fit stops admission. Nothing is ever evicted. The step's
   token budget (the micro-batch scheduler) is max_num_tokens, decode tokens included. This is the continuous
-  scheduler with `reserve_output` (capacity.sched.continuous).
+  scheduler with `reserve_output` (capacity.sched.continuous). The other policy, MAX_UTILIZATION
+  (`kv_reservation: prompt`), admits while the blocks of a request's next step fit and pauses requests when the
+  cache fills, to be recomputed: vLLM's admission and preemption.
 
 Checked against real start-up logs (tests/data/trtllm_startup/logs.yaml): given a log's own profile readings,
 the formula gives its KV memory, its token count within the rounding of the printed GiB figures, and, rounded up
@@ -33,7 +35,8 @@ forward is vLLM's derivation (`VllmMemory.activation_phases`, the forward phases
 for one output token each); the CUDA context, NCCL and CUDA graphs are the vLLM model's terms for the same
 libraries, with wider ranges. The planner uses the conservative end, every term at its high end.
 
-EngineConfig maps onto TensorRT-LLM's names: max_num_seqs = max_batch_size, max_num_batched_tokens =
+EngineConfig maps onto TensorRT-LLM's names: kv_reservation = the capacity scheduler's policy (prompt_and_output:
+GUARANTEED_NO_EVICT, the default; prompt: MAX_UTILIZATION), max_num_seqs = max_batch_size, max_num_batched_tokens =
 max_num_tokens, max_model_len = max_seq_len, block_size = tokens_per_block, num_gpu_blocks_override x block =
 kv_cache_config.max_tokens (TensorRT-LLM takes the smaller of it and the profiled pool), async_scheduling = the
 overlap scheduler, enable_prefix_caching = enable_block_reuse. The fraction is TensorRT-LLM's default (there is no
@@ -117,10 +120,6 @@ class Trtllm:
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the TensorRT-LLM model schedules first come first served "
                               "(its capacity scheduler) only; use policy continuous")
-        if cfg.kv_reservation == "prompt":
-            raise ConfigError("kv_reservation prompt: TensorRT-LLM's MAX_UTILIZATION policy (which pauses requests "
-                              "when the cache fills) is not modelled; its default GUARANTEED_NO_EVICT is "
-                              "prompt_and_output")
         other = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget") if getattr(cfg, k) is not None]
         other += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                   if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
@@ -279,10 +278,13 @@ class Trtllm:
         if chunked is None:
             chunked = limits.chunked_prefill if limits.chunked_prefill is not None else False
         overlap = self.async_scheduling(cfg)
+        max_util = cfg.kv_reservation == "prompt"
+        # MAX_UTILIZATION admits a request when the blocks of its next step fit (its whole prompt, or its chunk with
+        # chunked prefill) and pauses requests when the cache fills, recomputing them later: vLLM's preemption
         kw = dict(max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
                   block_size=limits.block_size, num_blocks=limits.num_blocks, chunked_prefill=chunked,
-                  prefix_caching=cfg.enable_prefix_caching, max_model_len=limits.max_model_len, reserve_output=True,
-                  async_scheduling=overlap)
+                  prefix_caching=cfg.enable_prefix_caching, max_model_len=limits.max_model_len,
+                  reserve_output=not max_util, reserve_full_input=not chunked, async_scheduling=overlap)
         make_scheduler("continuous", **kw)
         return lambda: make_scheduler("continuous", **kw)
 
@@ -307,6 +309,8 @@ class Trtllm:
                  + (", dtype: fp8" if cfg.kv_cache_dtype == "fp8" else "") + "}",
                  f"enable_chunked_prefill: {str(b.chunked_prefill).lower()}",
                  f"disable_overlap_scheduler: {str(not self.async_scheduling(cfg)).lower()}"]
+        if cfg.kv_reservation == "prompt":
+            extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:
             extra.append("cuda_graph_config: null")
         cmd = " ".join([f"trtllm-serve {card.hf_id or card.name}", "--backend pytorch", f"--tp_size {b.tp}",
