@@ -55,6 +55,21 @@ def assert_shows_library(at) -> None:
     assert shown == [f"note: {n}" for n in res.notes] and res.notes  # the CLI's notes for the same run
 
 
+def library_comparison(sc: dict, engine_a: dict, engine_b: dict) -> dict:
+    """`capacity compare` on the library's own runs of the scenario with engines A and B (same seed: paired)."""
+    import numpy as np
+
+    from capacity.truth.compare import Requests, compare
+
+    runs = []
+    for e in (engine_a, engine_b):
+        r = library({**sc, "engine": e})[1].sim.records
+        ok = np.isfinite(r.finish)
+        runs.append(Requests(r.arrival[ok], r.first_token[ok], r.finish[ok], r.output_tokens[ok].astype(float),
+                             ids=np.flatnonzero(ok)))
+    return {c.metric: c for c in compare(*runs, resamples=1000)}
+
+
 @pytest.fixture(scope="module")
 def app():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
@@ -132,17 +147,7 @@ def test_ab_tab_compares_engines():
     shown = {row["metric"]: row for _, row in table.iterrows()}
     sc = shown_scenario(at)
     b_engine = {k: v for k, v in sc["engine"].items() if k not in ("gpu_memory_utilization", "block_size")}
-    import numpy as np
-
-    from capacity.truth.compare import Requests, compare
-
-    runs = []
-    for e in (sc["engine"], {**b_engine, "engine": "trtllm"}):
-        r = library({**sc, "engine": e})[1].sim.records
-        ok = np.isfinite(r.finish)
-        runs.append(Requests(r.arrival[ok], r.first_token[ok], r.finish[ok], r.output_tokens[ok].astype(float),
-                             ids=np.flatnonzero(ok)))
-    want = {c.metric: c for c in compare(*runs, resamples=1000)}
+    want = library_comparison(sc, sc["engine"], {**b_engine, "engine": "trtllm"})
     for m in ("p99_ttft", "mean_tpot", "throughput"):
         assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
 
@@ -185,10 +190,6 @@ def test_step_cost_sources_are_the_profiles_for_this_model_and_gpu():
 def test_ab_tab_compares_two_configurations_as_the_cli_does():
     """The A/B tab: B = the sidebar's scenario with max_num_seqs 16; the figures shown are capacity compare's on the
     library's own two runs of that scenario (same seed: paired requests)."""
-    import numpy as np
-
-    from capacity.truth.compare import Requests, compare
-
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
     next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("max_num_seqs").run()
     next(w for w in at.selectbox if w.label == "B: max_num_seqs").set_value(16).run()
@@ -198,14 +199,7 @@ def test_ab_tab_compares_two_configurations_as_the_cli_does():
     table = tables[0]
     shown = {row["metric"]: row for _, row in table.iterrows()}
     sc = shown_scenario(at)
-    runs = []
-    for seqs in (sc["engine"]["max_num_seqs"], 16):
-        _, res = library({**sc, "engine": {**sc["engine"], "max_num_seqs": seqs}})
-        r = res.sim.records
-        ok = np.isfinite(r.finish)
-        runs.append(Requests(r.arrival[ok], r.first_token[ok], r.finish[ok], r.output_tokens[ok].astype(float),
-                             ids=np.flatnonzero(ok)))
-    want = {c.metric: c for c in compare(*runs, resamples=1000)}
+    want = library_comparison(sc, sc["engine"], {**sc["engine"], "max_num_seqs": 16})
     for m in ("p99_ttft", "mean_tpot", "throughput"):
         assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
         assert shown[m]["verdict"] == want[m].verdict
