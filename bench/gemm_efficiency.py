@@ -16,7 +16,11 @@ Writes:
   without the database (tests/test_gemm_efficiency.py does);
 - capacity/data/gemm_efficiency.yaml: the medians, which the roofline reads (its GEMM efficiency for a dtype is
   never above the measured one: capacity.cost.roofline);
-- bench/results/gemm_efficiency.json: the medians with their quartiles and the per-m medians.
+- bench/results/gemm_efficiency.json: the medians with their quartiles and the per-m medians;
+- capacity/data/gemm_latency.json (with --aic): the measured latency of every (m, n, k) of a sub-grid (m = 1 to
+  16,384 in powers of 2; n, k from 512 to 65,536), per GPU and dtype. The roofline never runs one of its dense GEMMs
+  faster than the measured latency of that shape (capacity.model.compute.gemm_floor): the kernels' fixed costs at
+  small shapes (FP8: the activations' quantisation, 8-10 us a GEMM) and their dip below the ridge (m = 128-512).
 """
 from __future__ import annotations
 
@@ -44,22 +48,44 @@ SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200", "b200_sxm": "b200"}  # ai
 DTYPES = {"bfloat16": "bf16", "fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "fp4"}  # -> the roofline's names
 M_USED = (2048, 4096, 8192)
 NK_RANGE = (4096, 16384)
+LATENCY = ROOT / "capacity" / "data" / "gemm_latency.json"
+M_GRID = tuple(2 ** i for i in range(15))  # 1 .. 16384 tokens
+NK_GRID = (512, 1024, 1536, 2048, 3072, 4096, 5120, 6144, 7168, 8192, 10240, 12288, 16384, 51200, 65536)
+
+
+def _table(aic: Path, system: str):
+    import pandas as pd
+
+    rel = PATH.format(system=system, version=VERSION)
+    f = aic / rel
+    if f.is_file():
+        raw = f.read_bytes()
+    else:  # a bare mirror: read the blob at the snapshot
+        raw = subprocess.run(["git", f"--git-dir={aic}", "show", f"{COMMIT}:{rel}"], capture_output=True,
+                             check=True).stdout
+    return pd.read_parquet(io.BytesIO(raw))
+
+
+def latency_grid(aic: Path) -> dict:
+    """{gpu: {dtype: [m][n][k] latency in us (None where not measured)}} on M_GRID x NK_GRID x NK_GRID."""
+    out: dict = {}
+    for system, name in SYSTEMS.items():
+        d = _table(aic, system)
+        for dt, ours in DTYPES.items():
+            x = d[(d.gemm_dtype == dt) & d.m.isin(M_GRID) & d.n.isin(NK_GRID) & d.k.isin(NK_GRID)]
+            if x.empty:
+                continue
+            at = {(int(r.m), int(r.n), int(r.k)): float(r.latency) * 1e3 for r in x.itertuples()}
+            out.setdefault(name, {})[ours] = [[[None if (m, n, k) not in at else float(f"{at[m, n, k]:.4g}")
+                                                for k in NK_GRID] for n in NK_GRID] for m in M_GRID]
+    return out
 
 
 def read_database(aic: Path) -> list[dict]:
     """The rows used, from the parquet tables of a checkout or a bare git mirror of aiconfigurator."""
-    import pandas as pd
-
     rows = []
     for system in SYSTEMS:
-        rel = PATH.format(system=system, version=VERSION)
-        f = aic / rel
-        if f.is_file():
-            raw = f.read_bytes()
-        else:  # a bare mirror: read the blob at the snapshot
-            raw = subprocess.run(["git", f"--git-dir={aic}", "show", f"{COMMIT}:{rel}"], capture_output=True,
-                                 check=True).stdout
-        d = pd.read_parquet(io.BytesIO(raw))
+        d = _table(aic, system)
         keep = d[d.gemm_dtype.isin(list(DTYPES)) & d.m.isin(M_USED) & d.n.between(*NK_RANGE) & d.k.between(*NK_RANGE)]
         for r in keep.itertuples():
             rows.append({"system": system, "device": r.device, "gemm_dtype": r.gemm_dtype, "m": int(r.m),
@@ -101,6 +127,13 @@ def main() -> int:
             w = csv.DictWriter(fh, fieldnames=list(rows[0]))
             w.writeheader()
             w.writerows(rows)
+        grid = latency_grid(args.aic)
+        LATENCY.write_text(json.dumps({
+            "source": f"NVIDIA aiconfigurator (github.com/ai-dynamo/aiconfigurator@{COMMIT}, Apache-2.0), "
+                      f"TensorRT-LLM {VERSION} GEMM tables (torch flow, CUDA-graph replay, clocks locked to maximum)",
+            "written_by": "python bench/gemm_efficiency.py --aic PATH", "unit": "us", "layout": "[m][n][k]",
+            "m": list(M_GRID), "nk": list(NK_GRID), "gpus": grid}, separators=(",", ":")) + "\n")
+        print(f"wrote {LATENCY.relative_to(ROOT)}: " + ", ".join(f"{g} {'/'.join(by)}" for g, by in grid.items()))
     else:
         with CSV.open() as fh:
             rows = [{**r, "m": int(r["m"]), "n": int(r["n"]), "k": int(r["k"]), "latency_ms": float(r["latency_ms"])}

@@ -107,13 +107,25 @@ def prepare(dep: Deployment) -> Prepared:
 
     em = get_engine(dep.engine.engine)
     b = em.budget(dep.card, dep.gpu, dep.engine)
+    overhead = em.step_overhead_s(dep.engine)
+    overlaps = em.overhead_overlaps(dep.engine)
+    # An engine whose CPU work per step runs beside the GPU: the step cost is the GPU's alone, and the overlap
+    # wrapper makes a step last the longer of the two (a profile's fitted overhead moves there too).
     cost = make_step_cost(dep.card, dep.gpu, b.tp, kv_dtype=b.kv_dtype, profile=dep.profile,
-                          allow_mismatch=dep.allow_profile_mismatch, step_overhead_s=em.step_overhead_s(dep.engine),
+                          allow_mismatch=dep.allow_profile_mismatch,
+                          step_overhead_s=0.0 if overlaps and dep.profile is None else overhead,
                           overhead_given=dep.engine.step_overhead_ms is not None)
-    if dep.engine.output_cpu_us_per_token is not None:
-        from capacity.cost.overlap import OutputPacedCost
+    per_step = 0.0
+    if overlaps:
+        per_step = overhead if dep.profile is None else float(getattr(cost, "overhead_s", 0.0))
+        if dep.profile is not None:
+            cost.overhead_s = 0.0  # type: ignore[attr-defined]
+    per_token = (dep.engine.output_cpu_us_per_token or 0.0) / 1e6
+    if per_step or per_token:
+        from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 
-        cost = OutputPacedCost(cost, dep.engine.output_cpu_us_per_token / 1e6)
+        cost = (OutputPacedCost(cost, per_token) if not per_step else
+                CpuOverlapCost(cost, per_token_s=per_token, per_step_s=per_step))
     return Prepared(em, b, cost, em.scheduler_factory(dep.engine, SchedLimits.of(b)))
 
 

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from capacity.cli.common import load_card
-from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline import RooflineCost, RooflineParams
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.model.compute import gemm_dtype
@@ -20,7 +20,9 @@ GEMM_ELEMS = 32 * LAYER_ELEMS  # 6.98e9
 
 
 def gemm_ms(weight, gpu="h100-sxm", tokens=8192, kv=None, compute=None):
-    c = RooflineCost(load_card("llama-3.1-8b", weight, compute_dtype=compute), get_gpu(gpu), 1, kv_dtype=kv)
+    # the roofline's rates alone: the measured floor under each GEMM shape is tests/test_gemm_efficiency.py's
+    c = RooflineCost(load_card("llama-3.1-8b", weight, compute_dtype=compute), get_gpu(gpu), 1, kv_dtype=kv,
+                     params=RooflineParams(measured_gemm_floor=False))
     return c, c.breakdown(StepPlan(prefills=(PrefillChunk(tokens, 0),)))
 
 

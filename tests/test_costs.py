@@ -6,7 +6,8 @@ from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.model.gpus import get_gpu
 from capacity.model.weights import weight_bytes_per_rank
 
-NO_FIXED = RooflineParams(kernel_launch_s=0.0, step_overhead_s=0.0, allreduce_latency_s=0.0)
+NO_FIXED = RooflineParams(kernel_launch_s=0.0, step_overhead_s=0.0, allreduce_latency_s=0.0,
+                          measured_gemm_floor=False)  # the formulas alone: no fixed or measured terms
 
 
 def test_decode_batch1_is_weight_bandwidth_bound(card):

@@ -85,8 +85,8 @@ def test_the_plan_note_quotes_the_benches_as_recorded():
 
 def test_a_plan_with_fp4_gemms_on_the_roofline_says_so_where_its_headroom_does_not_cover_the_table():
     """NVFP4 weights on a B200 run FP4 GEMMs. At their measured efficiency the roofline's B200 FP4 throughput was
-    0.81-1.15x TensorRT-LLM's published (1.17-1.55x at the default 0.70): the default headroom (0.8: 1.25x)
-    covers it, so a plan has no FP4 note; at headroom 0.9 (1.11x) it says which headroom would (1 / 1.15 = 0.869,
+    0.80-1.12x TensorRT-LLM's published (1.17-1.55x at the default 0.70): the default headroom (0.8: 1.25x)
+    covers it, so a plan has no FP4 note; at headroom 0.9 (1.11x) it says which headroom would (1 / 1.12 = 0.893,
     rounded down); the same model in FP8 on the same GPU has no such note."""
     from capacity.model.card import load_model_card
     from capacity.plan.executors import SerialExecutor
@@ -104,7 +104,7 @@ def test_a_plan_with_fp4_gemms_on_the_roofline_says_so_where_its_headroom_does_n
 
     assert notes("nvfp4") == []
     (fp4,) = notes("nvfp4", 0.9)
-    assert "0.81-1.15x the published (median 1.00x" in fp4 and "--headroom 0.86 covers the highest" in fp4
+    assert "0.80-1.12x the published (median 0.90x" in fp4 and "--headroom 0.89 covers the highest" in fp4
     assert "replicas at 90% of the max rate absorb (1.11x)" in fp4
     assert notes("fp8", 0.9) == []
 

@@ -17,6 +17,13 @@ finished request's KV blocks a little earlier; pacing the steps holds them longe
 The figure is the server's, on its CPU: it is not known in advance, so it is 0 (off) unless set
 (`EngineConfig.output_cpu_us_per_token`; `docs/fidelity.md` shows NVIDIA NIM's Llama-3.1-8B sweep, whose ITL
 grows as 75-82 us x the sequences decoding at 100-250 users).
+
+**The engine's own CPU work, overlapped.** An engine with an overlap scheduler prepares step n+1 on the CPU while
+the GPU runs step n. TensorRT-LLM's PyTorch executor (`tensorrt_llm/_torch/pyexecutor/py_executor.py`,
+`_executor_loop_overlap`) schedules the next batch and enqueues its forward pass before it processes the previous
+batch's outputs, so the GPU has the next step queued while the CPU works. In steady state a step then lasts
+max(the GPU step, the CPU's per-step work) instead of their sum. `CpuOverlapCost(inner, per_step_s=...)` is that,
+with `inner` the GPU step alone (the engine model says where it applies: `EngineModel.overhead_overlaps`).
 """
 from __future__ import annotations
 
@@ -28,16 +35,25 @@ def paced_source(source: str, per_token_s: float) -> str:
     return f"{source}; output handling {per_token_s * 1e6:g} us/token beside the GPU"
 
 
-class OutputPacedCost:
-    """A step cost whose steps last at least `per_token_s` x the tokens they emit (see the module docstring).
-    Everything else is the wrapped cost's."""
+def overlapped_source(source: str, per_step_s: float) -> str:
+    return f"{source}; engine CPU {per_step_s * 1e3:g} ms a step overlapped with the GPU"
 
-    def __init__(self, inner, per_token_s: float) -> None:
-        if not 0 < per_token_s < 1:
-            raise ValueError(f"per_token_s: must be in (0, 1) s (got {per_token_s})")
+
+class CpuOverlapCost:
+    """A step cost whose steps last max(the wrapped (GPU) step, `per_step_s`, `per_token_s` x the tokens they emit):
+    CPU work that runs beside the GPU (see the module docstring). Everything else is the wrapped cost's."""
+
+    def __init__(self, inner, per_token_s: float = 0.0, per_step_s: float = 0.0) -> None:
+        if not 0 <= per_token_s < 1 or not 0 <= per_step_s < 1 or not per_token_s + per_step_s > 0:
+            raise ValueError(f"per_token_s, per_step_s: in [0, 1) s, one of them > 0 (got {per_token_s}, "
+                             f"{per_step_s})")
         self.inner = inner
         self.per_token_s = per_token_s
-        self.source = paced_source(getattr(inner, "source", type(inner).__name__), per_token_s)
+        self.per_step_s = per_step_s
+        src = getattr(inner, "source", type(inner).__name__)
+        if per_step_s:
+            src = overlapped_source(src, per_step_s)
+        self.source = paced_source(src, per_token_s) if per_token_s else src
 
     # Not the wrapped cost's closed-form decode line: a paced step is not linear in the step index, so the fast
     # path must use `decode_run_s` (the engine loop reads `decode_line` with getattr and a default of None).
@@ -48,14 +64,23 @@ class OutputPacedCost:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
+    def _cpu_s(self, sampled: int) -> float:
+        return max(self.per_step_s, self.per_token_s * sampled)
+
     def step_s(self, plan: StepPlan) -> float:
-        return max(self.inner.step_s(plan), self.per_token_s * plan.num_sampled)
+        if plan.num_tokens == 0:
+            return self.inner.step_s(plan)
+        return max(self.inner.step_s(plan), self._cpu_s(plan.num_sampled))
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         b = dict(self.inner.breakdown(plan))
-        wait = self.per_token_s * plan.num_sampled - self.inner.step_s(plan)
-        if wait > 0:
-            b["output handling"] = wait  # the part of the step the GPU waits for the CPU
+        if plan.num_tokens == 0:
+            return b
+        gpu = self.inner.step_s(plan)
+        wait = self._cpu_s(plan.num_sampled) - gpu
+        if wait > 0:  # the part of the step the GPU waits for the CPU
+            key = "output handling" if self.per_token_s * plan.num_sampled > self.per_step_s else "overhead"
+            b[key] = b.get(key, 0.0) + wait
         return b
 
     def decode_run_s(self, contexts, k: int):
@@ -63,4 +88,13 @@ class OutputPacedCost:
 
         from capacity.cost.step import decode_run_s
 
-        return np.maximum(decode_run_s(self.inner, contexts, k), self.per_token_s * len(contexts))
+        return np.maximum(decode_run_s(self.inner, contexts, k), self._cpu_s(len(contexts)))
+
+
+class OutputPacedCost(CpuOverlapCost):
+    """A step cost whose steps last at least `per_token_s` x the tokens they emit (see the module docstring)."""
+
+    def __init__(self, inner, per_token_s: float) -> None:
+        if not 0 < per_token_s < 1:
+            raise ValueError(f"per_token_s: must be in (0, 1) s (got {per_token_s})")
+        super().__init__(inner, per_token_s=per_token_s)

@@ -55,6 +55,11 @@ class RooflineParams(BaseModel):
     # (capacity/data/gemm_efficiency.yaml, from NVIDIA aiconfigurator's TensorRT-LLM tables: FP8 0.59-0.61 on
     # Hopper, FP4 0.38 on a B200, where gemm_flops_eff is 0.70); False: gemm_flops_eff for every dtype.
     measured_gemm_eff: bool = True
+    # A dense GEMM (attention projections, dense and shared-expert MLP) never runs faster than NVIDIA measured that
+    # shape on that GPU in TensorRT-LLM's kernels (capacity/data/gemm_latency.json, from the same tables): the
+    # kernels' fixed costs at small shapes and their dip below the ridge. MoE experts (grouped GEMMs) and the LM
+    # head are not bounded. False: the roofline alone.
+    measured_gemm_floor: bool = True
 
 
 @dataclass
@@ -90,6 +95,7 @@ class RooflineCost:
         e = self.card.moe.num_experts if self.card.moe else 1
         self._expert_w = (w.get("experts_gate_up", 0.0) + w.get("experts_down", 0.0)) / (moe_layers * e)
         self._lm_w = w.get("lm_head", w["embed_tokens"])
+        self._floors = self._gemm_floors(w) if self.params.measured_gemm_floor else {}
         self._b = DTYPE_BYTES[self.card.dtype]
         self._peak = self.gpu.peak_flops(self.card.dtype)  # LM head, router, norms: the activation dtype
         self._act_eff = self._gemm_eff(self.card.dtype)
@@ -120,6 +126,49 @@ class RooflineCost:
         got = measured_gemm_efficiency(self.gpu, dtype, block_scaled=self.card.quant_group_size is not None)
         return eff if got is None else min(eff, got)
 
+    def _gemm_floors(self, w: dict[str, float]) -> dict[str, list[list[float]]]:
+        """Per GEMM family, the measured latency curves over m of its GEMMs on one rank (gemm_floor_curve), where
+        a table covers the GPU, the family's compute dtype and its shapes."""
+        from capacity.model.compute import gemm_floor_curve, gemm_latency_table
+
+        c = self.card
+        h = c.hidden_size
+        L = c.num_layers
+        groups: dict[str, list[tuple[str, float, bool]]] = {  # (tensor, layers, input is the hidden state)
+            "dense_mlp": [("mlp_gate_up", c.num_dense_layers, True), ("mlp_down", c.num_dense_layers, False)],
+            "shared_experts": [("shared_gate_up", c.num_moe_layers, True), ("shared_down", c.num_moe_layers, False)]}
+        if c.mla is None:
+            groups["attention"] = [("q_proj+kv_proj", L, True), ("o_proj", L, False)]
+        out: dict[str, list[list[float]]] = {}
+        for fam, tensors in groups.items():
+            fmt, gd = c.format_of(fam), self.gemm_dtypes[fam]
+            if fmt in ("bf16", "fp16") and gd in ("bf16", "fp16"):
+                table_dtype = "bf16"
+            elif fmt == "fp8" and gd == "fp8":
+                table_dtype = "fp8_block" if c.quant_group_size is not None else "fp8"
+            elif fmt == "nvfp4" and gd == "fp4":
+                table_dtype = "fp4"
+            else:
+                continue
+            table = gemm_latency_table(self.gpu, table_dtype)
+            if table is None:
+                continue
+            curves = []
+            for names, layers, from_hidden in tensors:
+                b = 0.0
+                for name in names.split("+"):
+                    b += w.get(name, 0.0)
+                if not b or not layers:
+                    continue
+                other = round(b / layers / DTYPE_BYTES[fmt] / h)  # the GEMM's other dimension
+                n, k = (other, h) if from_hidden else (h, other)
+                curve = gemm_floor_curve(table, n, k)
+                if curve is not None:
+                    curves.append(curve)
+            if curves:
+                out[fam] = curves
+        return out
+
     # ---- primitives -----------------------------------------------------------------------------
     def _op(self, flops: float, bytes_: float, eff: float, peak: float | None = None) -> float:
         p = self.params
@@ -132,8 +181,17 @@ class RooflineCost:
         outputs). family None: an unquantised GEMM (the LM head) at the activation dtype."""
         elems = self._elems(weight_bytes, family) if family else weight_bytes / self._b
         flops = 2.0 * tokens * elems
-        return self._op(flops, weight_bytes + tokens * act_width * self._b,
-                        self._fam_eff[family] if family else self._act_eff, self._fam_peak[family] if family else None)
+        t = self._op(flops, weight_bytes + tokens * act_width * self._b,
+                     self._fam_eff[family] if family else self._act_eff, self._fam_peak[family] if family else None)
+        curves = self._floors.get(family) if family else None
+        if curves:
+            from capacity.model.compute import gemm_floor_s
+
+            floor = 0.0
+            for curve in curves:
+                floor += gemm_floor_s(curve, tokens)
+            t = max(t, floor)
+        return t
 
     def _elems(self, weight_bytes: float, family: str) -> float:
         """Number of weight elements a GEMM family multiplies (its FLOPs per token / 2)."""

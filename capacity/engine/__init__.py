@@ -45,6 +45,10 @@ class EngineModel(Protocol):
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """CPU time per engine step that the GPU waits for (scheduling, input preparation, output handling)."""
 
+    def overhead_overlaps(self, cfg: EngineConfig) -> bool:
+        """Whether that CPU time runs beside the GPU (a step lasts the longer of the two, capacity.cost.overlap)
+        rather than before it (the sum)."""
+
 
 ENGINES: dict[str, EngineModel] = {"vllm": Vllm(), "sglang": Sglang(), "trtllm": Trtllm()}  # the current release of each engine
 _BY_SPEC: dict[str, EngineModel] = {}

@@ -298,6 +298,12 @@ class Trtllm:
 
         return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
 
+    def overhead_overlaps(self, cfg: EngineConfig) -> bool:
+        """The overlap scheduler (`_torch/pyexecutor/py_executor.py`, `_executor_loop_overlap`) enqueues the next
+        batch's forward pass before it processes the previous batch's outputs: a step lasts the longer of the GPU
+        step and the CPU's work (capacity.cost.overlap)."""
+        return self.async_scheduling(cfg)
+
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`trtllm-serve` with the plan's limits, after writing the options file (one YAML flow mapping) for what

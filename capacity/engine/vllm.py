@@ -183,6 +183,11 @@ class Vllm(VllmMemory):
         """CPU time per step the GPU waits for: the configured figure, else STEP_OVERHEAD_S."""
         return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
 
+    def overhead_overlaps(self, cfg: EngineConfig) -> bool:
+        """False: the per-step overhead adds to the GPU step. Async scheduling (0.32's GPU default) overlaps part
+        of it; how much has not been measured, and the sum is the safe side (docs/fidelity.md)."""
+        return False
+
     def launch_notes(self, cfg: EngineConfig) -> list[str]:
         """What the launch command cannot express about the simulated configuration."""
         notes = []

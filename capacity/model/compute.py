@@ -96,3 +96,93 @@ def _gemm_efficiency_data() -> dict:
                                          "gemm_efficiency.yaml").read_text(encoding="utf-8")))
     return _GEMM_EFF
 
+
+
+# Measured GEMM latencies (capacity/data/gemm_latency.json, from the same aiconfigurator tables): a floor under the
+# roofline's dense GEMMs. A table is used for a GPU whose own name it carries, or for a GPU of the same
+# architecture that is no faster in bandwidth or in that dtype's rate (then the table is a lower bound there too);
+# otherwise none applies.
+_GEMM_LAT: dict = {}
+LATENCY_DTYPES = ("bf16", "fp8", "fp8_block", "fp4")
+
+
+def _gemm_latency_data() -> dict:
+    if not _GEMM_LAT:
+        import json
+        from pathlib import Path
+
+        _GEMM_LAT.update(json.loads((Path(__file__).resolve().parent.parent / "data" / "gemm_latency.json")
+                                    .read_text(encoding="utf-8")))
+    return _GEMM_LAT
+
+
+def gemm_latency_table(gpu: GPU, dtype: str) -> list | None:
+    """The measured [m][n][k] latency table (us) that bounds `gpu`'s GEMMs in `dtype` from below, or None."""
+    from capacity.model.gpus import get_gpu
+
+    data = _gemm_latency_data()
+    if dtype not in LATENCY_DTYPES:
+        return None
+    own = data["gpus"].get(gpu.name, {})
+    if dtype in own:
+        return own[dtype]
+    rate = gpu.peak_flops("fp8" if dtype == "fp8_block" else dtype)
+    best: tuple[float, list] | None = None
+    for name, by in data["gpus"].items():
+        ref = get_gpu(name)
+        if dtype not in by or (ref.arch or "").split(" ")[0] != (gpu.arch or "").split(" ")[0]:
+            continue
+        ref_rate = ref.peak_flops("fp8" if dtype == "fp8_block" else dtype)
+        if ref.mem_bw_bytes_per_s >= gpu.mem_bw_bytes_per_s and ref_rate >= rate:
+            if best is None or ref.mem_bw_bytes_per_s < best[0]:  # the closest of the faster ones
+                best = (ref.mem_bw_bytes_per_s, by[dtype])
+    return None if best is None else best[1]
+
+
+def gemm_floor_curve(table: list, n: int, k: int) -> list[float] | None:
+    """Measured latency (seconds) of an (m x k) @ (k x n) GEMM at each m of the grid, for this n and k:
+    interpolated bilinearly in (log n, log k) on log latency; n or k past the grid's largest scales the edge's
+    latency in proportion; None where n or k is below the grid or a corner was not measured."""
+    import math
+
+    data = _gemm_latency_data()
+    nk = data["nk"]
+    if n < nk[0] or k < nk[0]:
+        return None
+
+    def bracket(v: int) -> tuple[int, int, float, float]:
+        if v >= nk[-1]:
+            return len(nk) - 1, len(nk) - 1, 0.0, v / nk[-1]
+        j = 0
+        while nk[j + 1] < v:
+            j += 1
+        f = (math.log(v) - math.log(nk[j])) / (math.log(nk[j + 1]) - math.log(nk[j]))
+        return j, j + 1, f, 1.0
+
+    n0, n1, fn, sn = bracket(n)
+    k0, k1, fk, sk = bracket(k)
+    out = []
+    for row in table:
+        corners = (row[n0][k0], row[n0][k1], row[n1][k0], row[n1][k1])
+        if any(c is None for c in corners):
+            return None
+        a, b, c, d = (math.log(x) for x in corners)
+        lg = (1 - fn) * ((1 - fk) * a + fk * b) + fn * ((1 - fk) * c + fk * d)
+        out.append(math.exp(lg) * sn * sk * 1e-6)
+    return out
+
+
+def gemm_floor_s(curve: list[float], m: int) -> float:
+    """The curve of gemm_floor_curve at m tokens: log-log interpolation between the grid's powers of 2, and in
+    proportion to m past its largest (compute-bound there)."""
+    import math
+
+    if m <= 0:
+        return 0.0
+    top = len(curve) - 1
+    if m >= 2 ** top:
+        return curve[top] * m / 2 ** top
+    x = math.log2(m)
+    i = int(x)
+    f = x - i
+    return math.exp((1 - f) * math.log(curve[i]) + f * math.log(curve[i + 1]))

@@ -119,10 +119,18 @@ class Planner:
             from capacity.cost.factory import make_step_cost
 
             kv = self.sc.engine.kv_cache_dtype
-            src = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile).source
-            if self.sc.engine.output_cpu_us_per_token is not None:  # the pipeline wraps the cost in it (overlap.py)
-                from capacity.cost.overlap import paced_source
+            cost = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile)
+            src = cost.source
+            from capacity.cost.overlap import overlapped_source, paced_source
+            from capacity.engine import get_engine
 
+            em = get_engine(self.sc.engine.engine)
+            if em.overhead_overlaps(self.sc.engine):  # as capacity.pipeline.prepare wraps the cost
+                given = self.sc.profile is None or self.sc.engine.step_overhead_ms is not None
+                per_step = em.step_overhead_s(self.sc.engine) if given else float(getattr(cost, "overhead_s", 0.0))
+                if per_step:
+                    src = overlapped_source(src, per_step)
+            if self.sc.engine.output_cpu_us_per_token is not None:  # the pipeline wraps the cost in it (overlap.py)
                 src = paced_source(src, self.sc.engine.output_cpu_us_per_token / 1e6)
             self.sources[tp] = src
         return self.sources[tp]

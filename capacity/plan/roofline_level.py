@@ -9,7 +9,8 @@ that moves them fails until they are updated here):
   (bench/published.py);
 - `ROOFLINE_VS_TRTLLM_FP4`: on its B200 FP4 rows, the simulated over the published throughput, lowest, median and
   highest (FP4 GEMMs at the efficiency measured for them on a B200, 0.38 of the datasheet: capacity/data/
-  gemm_efficiency.yaml; at the default 0.70 they were 1.17-1.55x);
+  gemm_efficiency.yaml, and never faster than their measured latency per shape: capacity/data/gemm_latency.json;
+  at the default 0.70 they were 1.17-1.55x);
 - `PUBLISHED_OUTPUT_PLATEAU`: the most output tokens/s NVIDIA NIM's Llama-3.1-8B sweep reached on one H100, to the
   thousand (bench/results/published_nim.json): there its throughput stopped rising while its ITL grew with the
   batch, a limit of the server's per-token output handling, not of the GPU (docs/fidelity.md). Not a model term: a
@@ -23,9 +24,9 @@ from capacity.model.card import ModelCard
 from capacity.model.compute import gemm_dtypes
 from capacity.model.gpus import GPU
 
-ROOFLINE_VS_MLPERF = (0.77, 1.22)
-ROOFLINE_VS_TRTLLM_FP8 = 0.07
-ROOFLINE_VS_TRTLLM_FP4 = (0.81, 1.0, 1.15)
+ROOFLINE_VS_MLPERF = (0.77, 1.19)
+ROOFLINE_VS_TRTLLM_FP8 = 0.11
+ROOFLINE_VS_TRTLLM_FP4 = (0.8, 0.9, 1.12)
 PUBLISHED_OUTPUT_PLATEAU = 13_000
 
 
