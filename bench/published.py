@@ -67,8 +67,11 @@ VARIANTS = {  # name -> (compute dtype override, kv_reservation)
     "+ no-evict": (None, "prompt_and_output"),
 }
 # the offline table adds one: trtllm-bench's own batch cap and token budget (trtllm_bench_settings)
-TABLE_VARIANTS = {**{k: (*v, False) for k, v in VARIANTS.items()},
-                  "+ bench's batch settings": (None, "prompt_and_output", True)}
+# and the TensorRT-LLM engine model (capacity.engine.trtllm) at those settings: its KV pool, 32-token blocks, whole
+# prompts (chunked prefill off, trtllm-bench's default), the overlap scheduler
+TABLE_VARIANTS = {**{k: (*v, False, "vllm") for k, v in VARIANTS.items()},
+                  "+ bench's batch settings": (None, "prompt_and_output", True, "vllm"),
+                  "TensorRT-LLM engine": (None, "prompt_and_output", True, "trtllm")}
 WEIGHT = {"fp8": "fp8", "fp4": "nvfp4"}
 # the sweeps add one: genai-perf's 100 prompts, sent in turn, hitting the engine's prefix cache (NVIDIA's page
 # does not say whether KV reuse was on: a hypothesis, scored beside the others)
@@ -115,14 +118,15 @@ def trtllm_bench_settings(card, gpu, row: dict, fraction: float = 0.95) -> tuple
     return batch, max(budget, row["isl"] + batch)
 
 
-def predict(row: dict, n_requests: int, compute: str | None, reservation: str, bench_settings: bool = False) -> float:
+def predict(row: dict, n_requests: int, compute: str | None, reservation: str, bench_settings: bool = False,
+            engine: str = "vllm") -> float:
     """Total output tokens/s of the TP group for one published row, as an offline batch. `bench_settings`:
     the batch cap and token budget trtllm-bench picks (`trtllm_bench_settings`), not 2,048 and 8,192."""
     card = load_card(row["model"], WEIGHT[row["dtype"]], None, compute)
     seqs, budget = trtllm_bench_settings(card, get_gpu(row["gpu"]), row) if bench_settings else (2048, 8192)
     # chunked prefill stays on: the vLLM engine model refuses a budget below max_model_len without it, and the
     # budget holds every prompt (TensorRT-LLM would make a prompt that does not fit the step wait, not split it)
-    eng = EngineConfig(tensor_parallel_size=row["tp"], kv_cache_dtype="fp8", max_num_seqs=seqs,
+    eng = EngineConfig(engine=engine, tensor_parallel_size=row["tp"], kv_cache_dtype="fp8", max_num_seqs=seqs,
                        max_num_batched_tokens=budget, max_model_len=row["isl"] + row["osl"],
                        kv_reservation=reservation)  # type: ignore[arg-type]
     spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(row["isl"]), output_len=fixed(row["osl"]),
@@ -253,7 +257,7 @@ def main() -> None:
     out = []
     for i, r in enumerate(rows):
         n = min(counts[(r["isl"], r["osl"])], cap)
-        pred = {v: predict(r, n, c, k, b) for v, (c, k, b) in TABLE_VARIANTS.items()}
+        pred = {v: predict(r, n, c, k, b, e) for v, (c, k, b, e) in TABLE_VARIANTS.items()}
         err = {v: p / r["output_tokens_per_s"] - 1 for v, p in pred.items()}
         out.append({**{k: r[k] for k in ("model", "gpu", "tp", "dtype", "isl", "osl")}, "requests": n,
                     "published": r["output_tokens_per_s"], "predicted": pred, "error": err})
