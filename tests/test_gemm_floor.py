@@ -112,3 +112,20 @@ def test_an_overlap_scheduler_hides_the_cpu_step_behind_the_gpu():
     c = prepare(dep).cost
     assert sum(c.breakdown(one).values()) == pytest.approx(10e-3, rel=1e-9)
     assert "engine CPU 10 ms a step overlapped" in c.source
+
+
+def test_a_profiles_fitted_overhead_moves_into_the_overlap():
+    """With a measured profile, TensorRT-LLM's overlap takes the profile's fitted per-step overhead out of the step
+    (the GPU's) and makes a step last the longer of the two; vLLM's model keeps it inside, summed."""
+    def prepared(engine):
+        dep = Deployment(load_card("llama-3.1-8b"), get_gpu("h200"), EngineConfig(engine=engine),
+                         profile="llama-3.1-8b-h200")
+        return prepare(dep).cost
+
+    summed, overlapped = prepared("vllm"), prepared("trtllm")
+    fitted = summed.overhead_s
+    assert fitted > 0 and overlapped.per_step_s == fitted and overlapped.inner.overhead_s == 0.0
+    for plan in (StepPlan(decode_contexts=(100,)), StepPlan(decode_contexts=(2000,) * 64),
+                 StepPlan(prefills=(PrefillChunk(4096, 0),))):
+        gpu = summed.step_s(plan) - fitted
+        assert overlapped.step_s(plan) == pytest.approx(max(gpu, fitted), rel=1e-9)
