@@ -102,24 +102,32 @@ class Prepared:
         return getattr(self.cost, "source", type(self.cost).__name__)
 
 
+def overlapped_cpu_s(em: EngineModel, cfg: EngineConfig, profile: str | None, cost: object) -> float:
+    """The engine's CPU time per step that runs beside the GPU (0: none, it adds to the step instead): the engine
+    model's figure, or a measured profile's fitted overhead unless the configuration sets one. `cost`: the step cost
+    as make_step_cost built it."""
+    if not em.overhead_overlaps(cfg):
+        return 0.0
+    if profile is None or cfg.step_overhead_ms is not None:
+        return em.step_overhead_s(cfg)
+    return float(getattr(cost, "overhead_s", 0.0))
+
+
 def prepare(dep: Deployment) -> Prepared:
     from capacity.cost.factory import make_step_cost
 
     em = get_engine(dep.engine.engine)
     b = em.budget(dep.card, dep.gpu, dep.engine)
-    overhead = em.step_overhead_s(dep.engine)
     overlaps = em.overhead_overlaps(dep.engine)
     # An engine whose CPU work per step runs beside the GPU: the step cost is the GPU's alone, and the overlap
     # wrapper makes a step last the longer of the two (a profile's fitted overhead moves there too).
     cost = make_step_cost(dep.card, dep.gpu, b.tp, kv_dtype=b.kv_dtype, profile=dep.profile,
                           allow_mismatch=dep.allow_profile_mismatch,
-                          step_overhead_s=0.0 if overlaps and dep.profile is None else overhead,
+                          step_overhead_s=0.0 if overlaps and dep.profile is None else em.step_overhead_s(dep.engine),
                           overhead_given=dep.engine.step_overhead_ms is not None)
-    per_step = 0.0
-    if overlaps:
-        per_step = overhead if dep.profile is None else float(getattr(cost, "overhead_s", 0.0))
-        if dep.profile is not None:
-            cost.overhead_s = 0.0  # type: ignore[attr-defined]
+    per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
+    if per_step and dep.profile is not None:
+        cost.overhead_s = 0.0  # type: ignore[attr-defined]
     per_token = (dep.engine.output_cpu_us_per_token or 0.0) / 1e6
     if per_step or per_token:
         from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost

@@ -123,13 +123,12 @@ class Planner:
             src = cost.source
             from capacity.cost.overlap import overlapped_source, paced_source
             from capacity.engine import get_engine
+            from capacity.pipeline import overlapped_cpu_s
 
-            em = get_engine(self.sc.engine.engine)
-            if em.overhead_overlaps(self.sc.engine):  # as capacity.pipeline.prepare wraps the cost
-                given = self.sc.profile is None or self.sc.engine.step_overhead_ms is not None
-                per_step = em.step_overhead_s(self.sc.engine) if given else float(getattr(cost, "overhead_s", 0.0))
-                if per_step:
-                    src = overlapped_source(src, per_step)
+            # as capacity.pipeline.prepare wraps the cost
+            per_step = overlapped_cpu_s(get_engine(self.sc.engine.engine), self.sc.engine, self.sc.profile, cost)
+            if per_step:
+                src = overlapped_source(src, per_step)
             if self.sc.engine.output_cpu_us_per_token is not None:  # the pipeline wraps the cost in it (overlap.py)
                 src = paced_source(src, self.sc.engine.output_cpu_us_per_token / 1e6)
             self.sources[tp] = src
