@@ -27,7 +27,7 @@ from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
-from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Summary, Trend, summarize, ttft_trend
+from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Backlogged, Summary, Trend, backlogged, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
 from capacity.steady import Capacity, capacity_loop, capacity_loop_size, stability_notes
 from capacity.workload import Request, WorkloadSpec
@@ -153,6 +153,7 @@ class RunResult:
     is_offline: bool = False
     trend: Trend | None = None  # TTFT over arrival time (open-loop arrivals at a steady rate only)
     capacity: Capacity | None = None  # with RunOptions.capacity_check
+    backlogged: Backlogged | None = None  # closed loops of at least 3 x users requests: the whole population's rate
 
     @property
     def rising(self) -> bool:
@@ -181,6 +182,7 @@ class RunResult:
             "offline": self.offline(),
             "ttft_trend": None if self.trend is None else {**self.trend.__dict__, "rising": self.trend.rising},
             "capacity_check": None if self.capacity is None else self.capacity.as_dict(self.offered_rate_per_s),
+            "closed_loop_backlogged": None if self.backlogged is None else self.backlogged.__dict__,
         }
 
     def offline(self) -> dict | None:
@@ -377,7 +379,9 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine)
     arr = workload.arrivals
+    backlog = None
     if arr.kind == "closed":
+        backlog = backlogged(rec, arr.users or 0, sim.itl_times, sim.itl_weights)
         n_first = int(np.isfinite(rec.first_token).sum())
         lock = lock_step_note(measured.first_token, arr.users or 0, n_first / max(sim.steps, 1))
         notes += lock
@@ -397,7 +401,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes += [why] if why else []
     notes += stability_notes(sim, trend, cap, offered)
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
-                     littles_law(sim), notes, is_offline=offline, trend=trend, capacity=cap)
+                     littles_law(sim), notes, is_offline=offline, trend=trend, capacity=cap, backlogged=backlog)
 
 
 CAPACITY_LOOP_MAX_REQUESTS = 100_000  # a capacity loop over this many requests is not run (time, memory)
@@ -407,7 +411,7 @@ def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared,
                      opts: RunOptions) -> tuple[Capacity | None, str]:
     """The deployment's capacity for this workload (`capacity_loop`, the planner's measure), from the run's seed
     and at most 10,000 requests of its own (fewer than the run when the run is longer: the estimate settles by
-    then), or None and why not: a loop of two requests per user over `CAPACITY_LOOP_MAX_REQUESTS` (hundreds of
+    then), or None and why not: a loop of four requests per user over `CAPACITY_LOOP_MAX_REQUESTS` (hundreds of
     replicas, each with a big batch) is not run."""
     size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dep.replicas)
     users, n = capacity_loop_size(*size)
@@ -418,7 +422,7 @@ def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared,
     wl = capacity_loop(*size)
     r = run(dep, wl, RunOptions(seed=opts.seed, warmup_fraction=opts.warmup_fraction, fast_forward=opts.fast_forward,
                                 ci=False, max_sim_s=opts.max_sim_s, timeseries=False), prepared=p)
-    rate = r.summary.requests_per_s
+    rate = r.backlogged.requests_per_s if r.backlogged is not None else r.summary.requests_per_s
     if r.sim.saturation or not (rate > 0 and math.isfinite(rate)):
         return None, "capacity not measured: its closed loop " + (r.sim.saturation or "finished no request")
     return Capacity(rate, users, wl.num_requests), ""

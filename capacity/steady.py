@@ -37,6 +37,7 @@ class Capacity:
                 "closed_loop_requests": self.requests, "offered_over_capacity": self.utilisation(offered)}
 
 
+CAPACITY_LOOP_ROUNDS = 4  # requests per user in the capacity loop: the first round is start-up, the last drains
 NEAR_CAPACITY = 0.9  # offered / capacity from which `capacity simulate` says the percentiles settle slowly
 
 
@@ -55,8 +56,11 @@ def full_batch(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, max
 def capacity_loop(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, requests: int,
                   replicas: int = 1, max_num_seqs: int | None = None) -> WorkloadSpec:
     """The workload that measures a deployment's capacity: the throughput with its queue never empty, a closed
-    loop of twice the full batch's users per replica (`full_batch`) without think time, at least two requests per
-    user. The queue never runs dry, so the engine admits what it would admit with a standing backlog (and preempts
+    loop of twice the full batch's users per replica (`full_batch`) without think time, at least four requests per
+    user, read over the stretch where every user is in the loop (`capacity.sim.metrics.backlogged`: from the
+    users-th completion to the last send, at least two requests per user). Read over the whole run instead, the
+    start-up burst made it 0.2-3% low at two requests per user, and the drain at the end 1-2% high at thirty
+    (`bench/steady_state.py --capacity`). The queue never runs dry, so the engine admits what it would admit with a standing backlog (and preempts
     as it would) and sees the requests in the same order as with more users, with far fewer requests simulated
     (a batch cap of 1,024 on a cache that holds 418 prompts of 1,024 tokens). This is the rate an open loop
     cannot exceed for long: above it a backlog that forms never drains. The planner's rate search and
@@ -69,7 +73,7 @@ def capacity_loop_size(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadS
                        replicas: int = 1, max_num_seqs: int | None = None) -> tuple[int, int]:
     """`capacity_loop`'s users and requests, before anything is built (a caller bounds them first)."""
     users = max(2, 2 * full_batch(engine, budget, wl, max_num_seqs) * replicas)
-    return users, max(requests, 2 * users)
+    return users, max(requests, CAPACITY_LOOP_ROUNDS * users)
 
 
 def stability_notes(sim: SimResult, trend: Trend | None, cap: Capacity | None, offered: float | None) -> list[str]:

@@ -88,8 +88,10 @@ def test_simulate_takes_it_and_bad_values_are_one_line():
 
 def test_the_planner_caps_a_replica_at_the_output_handling_rate():
     """With 500 us per token the server hands out at most 2,000 tokens/s: 7.8125 requests/s of 256 output tokens.
-    The planner's capacity (its backlogged closed loop) sits just under it, its max rate under the SLOs at or below,
-    and the plan names the term beside its step costs (23.5 req/s without it: the GPU's limit)."""
+    The planner's capacity (its backlogged closed loop, read while every user is in it) sits at it: within 0.5%
+    below, and above by no more than the slope of a staircase can read (tokens come a step at a time: 1e-4); the
+    whole run, start-up and drain included, read 0-3% under it. Its max rate under the SLOs is at or below, and
+    the plan names the term beside its step costs (23.5 req/s without it: the GPU's limit)."""
     import json
 
     r = run_cli("plan", "--model", str(MODELS / "llama-3.1-8b.yaml"), "--gpu", "h200", "--output-cpu-us", "500",
@@ -98,6 +100,6 @@ def test_the_planner_caps_a_replica_at_the_output_handling_rate():
     d = json.loads(r.stdout)
     cap = 1 / 500e-6 / d["mean_output_tokens"]
     assert d["mean_output_tokens"] == 256 and cap == pytest.approx(7.8125)
-    assert 0.97 * cap <= d["rec_search"]["capacity_rate"] <= cap
+    assert 0.995 * cap <= d["rec_search"]["capacity_rate"] <= cap * (1 + 1e-4)
     assert d["rec_search"]["max_rate"] <= d["rec_search"]["capacity_rate"]
     assert d["source"].endswith("; output handling 500 us/token beside the GPU")

@@ -261,12 +261,15 @@ def test_the_token_budget_is_tuned_where_it_saves_a_replica(card8b):
     budget a step can carry two whole 4k prompts next to the running decodes, and those steps set the P99
     TPOT; a smaller budget splits prompts into chunks, so each replica sustains more under the SLO and the
     target needs fewer. The plan must then recommend the smaller budget (note, launch command, memory line),
-    and leave a budget the user fixed alone."""
+    and leave a budget the user fixed alone. The gain is 4-6% a replica (2.69 -> 2.79 req/s), so the search runs
+    at a 3% tolerance: at 10% which budget wins was decided by where the bisection's probes fell (the capacity
+    that places them moved by 0.5% when it was first measured with the whole population in the loop, and 4,096
+    tokens fell to 2.66 req/s)."""
     from capacity.engine.config import EngineConfig
     from capacity.plan.frontier import TOKEN_BUDGETS
 
     wl = WorkloadSpec(input_len=fixed(4096), output_len=fixed(64))
-    search = SearchSpec(seeds=1, requests=300, tolerance=0.1, max_num_seqs=[256], max_model_len=[8192], tp=[1],
+    search = SearchSpec(seeds=1, requests=300, tolerance=0.03, max_num_seqs=[256], max_model_len=[8192], tp=[1],
                         contexts=[])
 
     def plan_with(eng):

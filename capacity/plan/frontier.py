@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.plan.results import Cell, ContextCell, MetricStats
+from capacity.steady import CAPACITY_LOOP_ROUNDS
 from capacity.workload import Lengths, WorkloadSpec
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
         # cap look slower than a smaller one
         full = pl.full_batch(eng, s)
         cap = pl._tasks(eng, None, range(sc.search.seeds), closed_users=max(2, 2 * full),
-                          requests=max(sc.search.requests, 4 * full))
+                          requests=max(sc.search.requests, CAPACITY_LOOP_ROUNDS * max(2, 2 * full)))
         sims[key] = (load, cap)
     flat = [t for load, cap in sims.values() for t in (*load, *cap)]
     out = iter(pl.ex.run(flat))
@@ -102,7 +103,7 @@ def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
             c.p_ttft, c.p_tpot = pt, pp
             c.p_ttft_band, c.p_tpot_band = band_t, band_p
             c.stats = stats
-            c.capacity_tokens_per_s = _mean([x.tokens_per_s for x in caps])
+            c.capacity_tokens_per_s = _mean([x.capacity_rates[1] for x in caps])
             c.preemptions = _mean([r.preemptions for r in res])
             c.saturated = any(r.saturated for r in res)
             c.meets_slo = ok and c.covers_workload
@@ -146,15 +147,15 @@ def context_frontier(pl: Planner, tp: int) -> list[ContextCell]:
             cell.kv_concurrency = b.concurrency_at(ctx)
             users = max(2, 2 * min(s, cell.kv_concurrency))  # more only queue behind a full batch
             cap = pl._tasks(e, None, range(1), closed_users=users, workload=wl,
-                              requests=max(CONTEXT_REQUESTS, 4 * users))[0]
+                              requests=max(CONTEXT_REQUESTS, CAPACITY_LOOP_ROUNDS * users))[0]
             runs.append((cell, e, wl, cap))
     if not runs:
         return cells
     caps = pl.ex.run([cap for *_, cap in runs])
     loads = []
     for (cell, e, wl, _), capr in zip(runs, caps):
-        cell.capacity_tokens_per_s = capr.tokens_per_s
-        rate = capr.requests_per_s * sc.headroom
+        cell.capacity_tokens_per_s = capr.capacity_rates[1]
+        rate = capr.capacity_rates[0] * sc.headroom
         # one seed of CONTEXT_REQUESTS: a map of where the trade-off turns, not the plan's verified answer
         loads.append(pl._tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
     res = iter(pl.ex.run([t for load in loads for t in load]))

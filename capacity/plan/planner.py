@@ -197,7 +197,7 @@ class Planner:
         sp = self.sc.search
         seeds = range(sp.seeds)
         cap = self.capacity(engine, max_num_seqs)
-        cap_rate = cap.requests_per_s
+        cap_rate = cap.capacity_rates[0]
         if not cap_rate or not math.isfinite(cap_rate):
             raise CapacityError(f"could not measure a capacity at tp={tp} (no request finished)")
         lo_rate = cap_rate * 0.02

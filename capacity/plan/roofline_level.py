@@ -24,7 +24,7 @@ from capacity.model.card import ModelCard
 from capacity.model.compute import gemm_dtypes
 from capacity.model.gpus import GPU
 
-ROOFLINE_VS_MLPERF = (0.77, 1.19)
+ROOFLINE_VS_MLPERF = (0.77, 1.14)
 ROOFLINE_VS_TRTLLM_FP8 = 0.11
 ROOFLINE_VS_TRTLLM_FP4 = (0.8, 0.9, 1.12)
 PUBLISHED_OUTPUT_PLATEAU = 13_000

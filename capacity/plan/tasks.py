@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from capacity.sim.metrics import Dist
 
-RESULT_SCHEMA = 4  # bump when TaskResult changes shape: older cache entries are then recomputed
+RESULT_SCHEMA = 5  # bump when TaskResult changes shape: older cache entries are then recomputed
 
 
 @dataclass(frozen=True)
@@ -80,6 +80,13 @@ class TaskResult:
     per_class: dict[str, tuple[Dist, Dist]] = field(default_factory=dict)  # class -> (TTFT, TPOT), multi-class only
     queue_wait: Dist = Dist()
     rising: bool = False  # TTFT still rising through the run (`capacity.pipeline.RunResult.rising`): a transient's percentiles
+    backlogged: tuple[float, float] | None = None  # closed loops: (req/s, tokens/s) with every user in the loop
+
+    @property
+    def capacity_rates(self) -> tuple[float, float]:
+        """(req/s, output tokens/s) of a capacity loop: over the stretch with every user in it
+        (`capacity.sim.metrics.backlogged`), or over the whole run where that stretch is too short."""
+        return self.backlogged if self.backlogged is not None else (self.requests_per_s, self.tokens_per_s)
 
     def metric(self, name: str) -> Dist:
         return {"ttft": self.ttft, "tpot": self.tpot, "itl": self.itl, "e2e": self.e2e}[name]
@@ -91,7 +98,8 @@ class TaskResult:
                 "source": self.source, "rejected": self.rejected, "preemptions": self.preemptions,
                 "kv_blocks": self.kv_blocks, "p99_ci": {k: list(v) for k, v in self.p99_ci.items()},
                 "per_class": {k: [a.as_dict(), b.as_dict()] for k, (a, b) in self.per_class.items()},
-                "queue_wait": self.queue_wait.as_dict(), "rising": self.rising}
+                "queue_wait": self.queue_wait.as_dict(), "rising": self.rising,
+                "backlogged": None if self.backlogged is None else list(self.backlogged)}
 
     @classmethod
     def from_json(cls, d: dict) -> TaskResult:
@@ -103,7 +111,8 @@ class TaskResult:
                    int(d["rejected"]), int(d["preemptions"]), int(d["kv_blocks"]),
                    {str(k): (float(v[0]), float(v[1])) for k, v in d["p99_ci"].items()},
                    {str(k): (Dist.from_dict(v[0]), Dist.from_dict(v[1])) for k, v in d["per_class"].items()},
-                   Dist.from_dict(d["queue_wait"]), bool(d["rising"]))
+                   Dist.from_dict(d["queue_wait"]), bool(d["rising"]),
+                   None if d["backlogged"] is None else (float(d["backlogged"][0]), float(d["backlogged"][1])))
 
 
 def run_task(task: SimTask) -> TaskResult:
@@ -124,4 +133,5 @@ def run_task(task: SimTask) -> TaskResult:
     return TaskResult(s.ttft_s, s.tpot_s, s.itl_s, s.e2e_s, s.output_tokens_per_s, s.requests_per_s,
                       res.sim.saturated, res.sim.capacity_req_per_s, res.cost_source, len(res.sim.rejected),
                       res.sim.preemptions, res.budget.planning_blocks, dict(s.p99_ci_s),
-                      {k: (c.ttft_s, c.tpot_s) for k, c in s.per_class.items()}, s.queue_wait_s, res.rising)
+                      {k: (c.ttft_s, c.tpot_s) for k, c in s.per_class.items()}, s.queue_wait_s, res.rising,
+                      None if res.backlogged is None else (res.backlogged.requests_per_s, res.backlogged.tokens_per_s))

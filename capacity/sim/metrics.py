@@ -188,7 +188,9 @@ class Trend:
     large one (the fitted rise from the first batch to the last exceeds half the mean TTFT, i.e. the line ends
     at more than 5/3 of where it starts): a small drift is not flagged, nor a long run's significant but slight
     one (the MLPerf H200 at 131 req/s over 600 s: 137 -> 177 ms, p 1e-8). On FIFO queues the p-value decides
-    the false alarms and the size threshold only the power (tests/test_steady_state.py).
+    the false alarms and the size threshold only the power (tests/test_steady_state.py). Near the capacity it is
+    the capacity check (`capacity.steady`) that decides, with no threshold: the planner passes no rate at or
+    above it, which sets every MLPerf Server max rate in bench/mlperf.py (tests/test_mlperf.py).
 
     It cannot tell an overload from a stable queue too close to its capacity to settle within the run (M/D/1 at
     rho 0.9 over 500 requests flags 8% of seeds: their TTFT really is still rising there); either way the
@@ -237,6 +239,58 @@ def tokens_in_window(rec: Records, t0: float, t1: float) -> float:
     overlap = np.clip(np.minimum(fin, t1) - np.maximum(ft, t0), 0.0, None)
     rest = np.where(span > 0, (out - 1) * overlap / np.where(span > 0, span, 1.0), 0.0)
     return float((first + rest).sum())
+
+
+BACKLOG_GRID = 2001  # points at which `backlogged` reads the stretch's cumulative output tokens
+
+
+@dataclass(frozen=True)
+class Backlogged:
+    """A closed loop's throughput while its whole population is in it: from the `skip`-th completion, once the
+    start-up burst (every user sending at t=0, the first full batch admitted and finishing together) has passed,
+    to the completion that frees the last request to be sent (the (n - users)-th of n), after which fewer and
+    fewer users remain and each step runs a smaller batch. Over that stretch every user is always waiting,
+    running or thinking, so with no think time the queue never empties: the rate a backlog is served at.
+
+    The stretch is set by completions, the rate by tokens: output tokens emitted in it (every token at its emission
+    time, whichever request it belongs to) over its length, and requests/s that over the mean output length of the
+    run's requests. Counting completions between two completions instead swings with where the ends fall on a
+    wave (with fixed lengths a backlogged engine's completions come in slow waves: the 8B on an H100 at 1,024/256
+    tokens, +-12% over ~160 s) and can exceed what the engine emits; tokens never can
+    (`bench/steady_state.py --capacity`)."""
+
+    requests_per_s: float
+    tokens_per_s: float
+    completions: int  # the stretch's length in completions
+    start_s: float
+    end_s: float
+
+
+def backlogged(rec: Records, users: int, itl_times: np.ndarray, itl_weights: np.ndarray,
+               skip: int | None = None) -> Backlogged | None:
+    """The closed loop's `Backlogged` stretch over all its requests (warm-up included: the stretch is set by
+    completions, not by which requests are measured); `itl_times`/`itl_weights` are every non-first token's
+    emission time and count (`SimResult.itl_times`); `skip` defaults to `users`. None when the stretch holds
+    fewer than `users` completions (a loop of under 3 x users requests) or a request never finished."""
+    skip = users if skip is None else skip
+    if users < 1 or not len(rec) or not np.all(np.isfinite(rec.finish)):
+        return None
+    fin = np.sort(rec.finish)
+    k1, k2 = skip, len(fin) - users  # 1-based completion ranks at the stretch's two ends
+    if k1 < 1 or k2 - k1 < users:
+        return None
+    t0, t1 = float(fin[k1 - 1]), float(fin[k2 - 1])
+    if not t1 > t0:
+        return None
+    inside = (itl_times > t0) & (itl_times <= t1)
+    firsts = rec.first_token[(rec.first_token > t0) & (rec.first_token <= t1)]
+    times = np.concatenate([itl_times[inside], firsts])
+    order = np.argsort(times, kind="stable")
+    cum = np.cumsum(np.concatenate([itl_weights[inside], np.ones(len(firsts))])[order])
+    grid = np.linspace(t0, t1, BACKLOG_GRID)
+    emitted = np.concatenate([[0.0], cum])[np.searchsorted(times[order], grid, side="right")]
+    tok_s = float(np.polyfit(grid, emitted, 1)[0])
+    return Backlogged(tok_s / float(rec.output_tokens.mean()), tok_s, k2 - k1, t0, t1)
 
 
 def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng: np.random.Generator,

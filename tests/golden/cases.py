@@ -147,4 +147,17 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # prefills: simulate_closed P99 TTFT 149 -> 115 ms (its CI [121, 180] -> [103, 128] ms), plan_small's frontier P99
 # TTFT 73.6 -> 67.8 ms, simulate_static P50 TTFT +5%. plan_a100_classes: its roofline note only (0.77-1.22x ->
 # 0.77-1.19x, "within 7%" -> "within 11%": bench/mlperf.py's and bench/published.py's results with the floor).
+# Re-recorded for issue 25 (the capacity loop read over the stretch with every user in it, `capacity.sim.metrics.
+# backlogged`): every simulate case (capacity_check, and the new key closed_loop_backlogged, null for open loops),
+# plan_small and plan_a100_classes. The capacity loop runs four requests per user, not two, and its rate is the
+# slope of the output tokens emitted from the users-th completion to the last send, over the mean output length; it
+# was the whole run's requests/s, start-up burst and drain included. Against the same stretch of a loop of thirty
+# requests per user (each worked with `capacity simulate --arrival closed` or the planner's closed-loop task):
+# simulate_continuous_step 4.494 -> 4.780 req/s (30 rounds: 4.833; the old figure was 7% low), plan_a100_classes
+# 8.829 -> 9.158 (9.146), plan_small 18.364 -> 18.584 (18.455), simulate_continuous 20.456 -> 20.713 (20.49).
+# The plans' rate searches probe fractions of the capacity, so their probe rates, P99s, max rates (plan_small
+# 17.85 -> 18.07 req/s, plan_a100_classes 8.58 -> 8.90) and the frontier's capacity tokens/s moved with it; the
+# answers (replicas, GPUs, batch caps) are unchanged. Their roofline note reads 0.77-1.14x (was 0.77-1.19x):
+# bench/mlperf.py now bounds its max rate by the capacity, as the planner does. simulate_kv_pressure's and simulate_saturated's capacity fall
+# 0.1-0.2% (KV-limited loops that the old window read a little high).
 CHANGES: dict[tuple[str, str], str] = {}
