@@ -59,10 +59,11 @@ def capacity_loop(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, 
     loop of twice the full batch's users per replica (`full_batch`) without think time, at least four requests per
     user, read over the stretch where every user is in the loop (`capacity.sim.metrics.backlogged`: from the
     users-th completion to the last send, at least two requests per user). Read over the whole run instead, the
-    start-up burst made it 0.2-3% low at two requests per user, and the drain at the end 1-2% high at thirty
-    (`bench/steady_state.py --capacity`). The queue never runs dry, so the engine admits what it would admit with a standing backlog (and preempts
-    as it would) and sees the requests in the same order as with more users, with far fewer requests simulated
-    (a batch cap of 1,024 on a cache that holds 418 prompts of 1,024 tokens). This is the rate an open loop
+    start-up burst made it 0.2-3.8% low at two requests per user, and the drain at the end 0.7-1.7% high at thirty
+    (`bench/steady_state.py --capacity-only`). The queue never runs dry, so the engine admits what it would admit
+    with a standing backlog (and preempts as it would) and sees the requests in the same order as with more
+    users, with far fewer requests simulated (a batch cap of 1,024 on a cache that holds 418 prompts of 1,024
+    tokens). This is the rate an open loop
     cannot exceed for long: above it a backlog that forms never drains. The planner's rate search and
     `capacity simulate`'s check both use it."""
     users, n = capacity_loop_size(engine, budget, wl, requests, replicas, max_num_seqs)

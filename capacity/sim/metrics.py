@@ -252,12 +252,14 @@ class Backlogged:
     fewer users remain and each step runs a smaller batch. Over that stretch every user is always waiting,
     running or thinking, so with no think time the queue never empties: the rate a backlog is served at.
 
-    The stretch is set by completions, the rate by tokens: output tokens emitted in it (every token at its emission
-    time, whichever request it belongs to) over its length, and requests/s that over the mean output length of the
-    run's requests. Counting completions between two completions instead swings with where the ends fall on a
-    wave (with fixed lengths a backlogged engine's completions come in slow waves: the 8B on an H100 at 1,024/256
-    tokens, +-12% over ~160 s) and can exceed what the engine emits; tokens never can
-    (`bench/steady_state.py --capacity`)."""
+    The stretch is set by completions, the rate by tokens: the least-squares slope of the output tokens emitted
+    so far (every token at its emission time, whichever request it belongs to), read at `BACKLOG_GRID` evenly
+    spaced times over the stretch, and requests/s that over the mean output length of the run's requests.
+    Counting completions between two completions instead swings with where the ends fall on a wave (with fixed
+    lengths a backlogged engine's completions come in slow waves: the 8B on an H100 at 1,024/256 tokens, +-12%
+    over ~160 s) and can read above what the engine can emit; the slope of a line fitted to a count that never
+    rises faster than some rate cannot (up to the staircase's own steps: tests/test_output_paced.py).
+    Against the same stretch of a loop of 30 requests per user: `bench/steady_state.py --capacity-only`."""
 
     requests_per_s: float
     tokens_per_s: float
