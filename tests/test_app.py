@@ -280,6 +280,7 @@ def test_plan_tab_shows_the_plans_notes():
     and the workbook lists them: the roofline's level on published runs among them, the defaults it filled in
     last."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    next(s for s in at.select_slider if s.label == "requests simulated").set_value(300).run()  # the notes, sooner
     next(b for b in at.button if b.label == "Run the plan").click().run()
     assert not at.exception, [e.value for e in at.exception]
     shown = [c.value.removeprefix("plan note: ") for c in at.caption if c.value.startswith("plan note: ")]

@@ -95,7 +95,7 @@ def test_the_planner_caps_a_replica_at_the_output_handling_rate():
     import json
 
     r = run_cli("plan", "--model", str(MODELS / "llama-3.1-8b.yaml"), "--gpu", "h200", "--output-cpu-us", "500",
-                "--json", timeout=300)
+                "--requests", "200", "--json", timeout=300)  # 200: the rate probes' size (the capacity loop's is its own)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
     cap = 1 / 500e-6 / d["mean_output_tokens"]

@@ -74,5 +74,7 @@ def test_trtllm_engine_gives_nim_70b_the_kv_blocks_the_real_engine_had(published
     vllm = published.predict_sweep(src, row, None, "prompt_and_output")
     trt = published.predict_sweep(src, row, *published.SWEEP_VARIANTS["TensorRT-LLM"])
     assert vllm["ttft_ms"] > 10 * row["ttft_ms"]
-    assert trt["ttft_ms"] < vllm["ttft_ms"] / 3
+    # 2.8x lower (3.9x before TensorRT-LLM's overlap scheduler took new requests a step late, which the
+    # synchronous vLLM variant here does not: tests/test_input_lag.py)
+    assert trt["ttft_ms"] < vllm["ttft_ms"] / 2
     assert trt["output_tokens_per_s"] > vllm["output_tokens_per_s"]

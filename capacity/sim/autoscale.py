@@ -160,10 +160,10 @@ class Autoscaler:
             if self.whole:
                 in_flight, _ = self._averaged(0.0)
             else:
-                _, in_flight = self._averaged(sum(r.sched.outstanding for r in pool))
+                _, in_flight = self._averaged(sum(r.outstanding for r in pool))
             want = math.ceil(in_flight / cfg.target - 1e-9)
         elif cfg.policy == "queue":
-            _, waiting = self._averaged(sum(r.sched.num_waiting for r in pool) + len(self.router.queue))
+            _, waiting = self._averaged(sum(r.num_waiting for r in pool) + len(self.router.queue))
             want = len(ready) + math.ceil(waiting / (cfg.target * max(1, len(ready))) - 1e-9)
         elif cfg.policy == "kv":
             _, used = self._averaged(sum(r.sched.kv_blocks_used for r in pool))
@@ -188,9 +188,9 @@ class Autoscaler:
 
     def _reap(self) -> None:
         """Drained replicas with nothing left in flight leave the pool."""
-        done = [r for r in self.draining if not r.sched.has_work]
+        done = [r for r in self.draining if not r.has_work]
         if done:
-            self.draining = [r for r in self.draining if r.sched.has_work]
+            self.draining = [r for r in self.draining if r.has_work]
             self.spare.extend(done)
 
     def run(self) -> Generator:
@@ -199,7 +199,7 @@ class Autoscaler:
             yield env.timeout(cfg.interval_s)
             if self.sim.stop.triggered:
                 return
-            if self.sim.next_arrival_s == math.inf and not any(r.sched.has_work for r in self.sim.replicas):
+            if self.sim.next_arrival_s == math.inf and not any(r.has_work for r in self.sim.replicas):
                 return  # every request is answered and none will come: the run may end
             self._reap()
             want = self.desired()

@@ -30,6 +30,12 @@ if TYPE_CHECKING:
     from capacity.sim.simulator import Simulation
 
 
+def lags_input(sched: Any) -> bool:
+    """Does this engine take new requests a step late (`Replica._take_lagged`)? vLLM's async scheduling and
+    TensorRT-LLM's overlap scheduler (`async_scheduling`), SGLang's overlap scheduler."""
+    return bool(getattr(getattr(sched, "cfg", None), "async_scheduling", False) or getattr(sched, "overlap", False))
+
+
 def _first_at(f0: float, g: float, x: float, hi: int) -> int:
     """The first of k decode steps lasting f0 + g j (j = 0..) whose end, f0 m + g m (m - 1) / 2 after the first
     starts, is at or after x (at most hi): the root of the quadratic, corrected for rounding."""
@@ -91,7 +97,7 @@ class Recorder:
     def sample(self, rep: Replica) -> None:
         """One time-series row (callers check `timeseries` first: this runs at every engine event)."""
         s = rep.sched
-        self.ts.append((self.env.now, s.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
+        self.ts.append((self.env.now, rep.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
 
     def records(self) -> Records:
         seqs = sorted(self.seqs, key=lambda s: (s.req.arrival_s, s.req.id))
@@ -152,16 +158,63 @@ class Replica:
         self.stretching = False  # in a decode stretch that a new request or a delivered sequence may cut
         self.cut_before = 0.0  # the start of the stretch's last step: a request that comes earlier cuts it
         self.router: Router | None = None  # the router that sends it requests (set by the router)
+        # The engine's input lag with async scheduling (`lags_input`): requests that came while a step was in
+        # flight, with their times, not yet taken by a schedule call; the time of the last call; whether it gave
+        # the GPU work
+        self.lags_input = lags_input(sched)
+        self.lagged: list[tuple[Request, float]] = []
+        self.schedule_s = NAN
+        self.busy = False
+
+    @property
+    def outstanding(self) -> int:
+        """Requests sent here and not finished (a router's count), those in the engine's input queue with them."""
+        return self.sched.outstanding + len(self.lagged)
+
+    @property
+    def num_waiting(self) -> int:
+        return self.sched.num_waiting + len(self.lagged)
+
+    @property
+    def has_work(self) -> bool:
+        return self.sched.has_work or bool(self.lagged)
 
     def admit(self, req: Request, counted: bool = False) -> None:
         """`counted`: already in the system's count (it waited in the router's queue)."""
+        if self.busy:  # async scheduling, a step in flight: the engine takes it between two schedule calls
+            if not counted:
+                self.sim.recorder.count(+1)
+            self.lagged.append((req, self.sim.env.now))
+            self._cut()
+            return
+        self._enter(req, counted)
+        self._cut()
+        self._wake()
+
+    def _take_lagged(self, before_s: float) -> None:
+        """Async scheduling's input lag, read in vLLM 0.32's engine core (`step_with_batch_queue`, a queue of
+        two batches), TensorRT-LLM's overlap executor (`_executor_loop_overlap`) and SGLang's
+        `event_loop_overlap`: each schedules step n + 1 as soon as step n - 1's output is processed, while step n
+        runs, and takes new requests only between schedule calls. So the call the simulator makes when step n
+        ends (for step n + 1) stands for one the engine made when step n began: it sees the requests that came
+        before then (`before_s`, the simulator's previous call). One that comes during step n runs in step n + 2
+        at the earliest, a step later than a synchronous engine runs it; one that comes at the very end of a step
+        (a closed-loop user answering its last token) counts as later than that step's output processing, since
+        the reply must travel first. An engine with nothing to run takes its input at once."""
+        keep = []
+        for req, t in self.lagged:
+            if t < before_s:
+                self._enter(req, True)
+            else:
+                keep.append((req, t))
+        self.lagged = keep
+
+    def _enter(self, req: Request, counted: bool) -> None:
         seq = self.sched.add(req)
         seq.replica = self.idx
         if self.role == "prefill":  # the prefill pool computes the prompt and samples the first token only
             seq.output, seq.phase = 1, 1
         self.sim.recorder.admitted(seq, counted)
-        self._cut()
-        self._wake()
 
     def _cut(self) -> None:
         """A request or a sequence came during a decode stretch that did not foresee it (a closed-loop user
@@ -211,7 +264,8 @@ class Replica:
         env, cost, cfg = sim.env, self.cost, sim.cfg
         line = getattr(cost, "decode_line", None)
         while True:
-            if not sched.has_work:
+            if not self.has_work:
+                self.busy = False
                 yield from self._sleep()
                 continue
             now = env.now
@@ -221,10 +275,19 @@ class Replica:
                 if sim.stop.triggered:
                     return
                 continue
-            k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward else 0
+            if self.lagged:  # async scheduling: what came before the last schedule call is in the queue now
+                self._take_lagged(self.schedule_s)
+            # (a stretch would not see the requests still held back: step by step until they are taken)
+            k = sched.decode_stretch(cfg.max_stretch) if cfg.fast_forward and not self.lagged else 0
             if k and (yield from self._decode_run(k, line)):
                 continue
             out = sched.schedule(now)
+            if self.lags_input and not isinstance(out, float):
+                self.schedule_s = now
+                self.busy = out.plan.num_tokens > 0
+                if self.lagged and not self.busy:  # nothing to run: an idle engine takes its input at once
+                    self._take_lagged(math.inf)
+                    continue
             if isinstance(out, float):  # static batching: the batch window is open
                 yield from self._sleep(out)
                 continue
@@ -327,6 +390,8 @@ class Replica:
             rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
         sim.steps += k
         rec.tokens_total += k * len(run)
+        # the start of the stretch's last step: where a step-by-step run made its last schedule call
+        self.schedule_s = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else float(cum[k - 2]))
         sim.finish(sched.advance_decodes(k, env.now))
         if rec.timeseries:
             rec.sample(self)

@@ -44,7 +44,7 @@ class Router:
             rep = self.replicas[self.rr % len(self.replicas)]
             self.rr += 1
             return rep
-        return min(self.replicas, key=lambda r: (r.sched.outstanding, r.idx))
+        return min(self.replicas, key=lambda r: (r.outstanding, r.idx))
 
     def dispatch_seq(self, seq: Seq) -> bool:
         """A sequence from the prefill pool (disaggregated serving) to a decode replica; False if it cannot run
@@ -81,7 +81,7 @@ class Router:
         while q:
             best = None
             for r in self.replicas:
-                n = r.sched.outstanding
+                n = r.outstanding
                 if n < (self.max_ongoing or r.sched.max_running) and (best is None or n < best[0]):
                     best = (n, r)
             if best is None:

@@ -285,7 +285,7 @@ class Simulation:
 
     def check_saturation(self, rep: Replica) -> bool:
         rec, res = self.recorder, self.result
-        q = rep.sched.num_waiting + (len(rep.router.queue) if rep.router is not None else 0)
+        q = rep.num_waiting + (len(rep.router.queue) if rep.router is not None else 0)
         if q == 0:
             if rec.backlog_since is not None:  # a backlogged period ends: keep the longest (the capacity sample)
                 t0, f0, k0, r0 = rec.backlog_since
@@ -314,7 +314,7 @@ class Simulation:
         (lambda - mu) x T requests. More than `overload_fraction` of all arrivals still waiting = overloaded,
         which catches runs too short for the queue to reach `saturation_queue` (needs enough requests spread
         over time: a burst of a few requests at t=0 is not an overload)."""
-        waiting = sum(r.sched.num_waiting for r in self.replicas) + self.router_queued()
+        waiting = sum(r.num_waiting for r in self.replicas) + self.router_queued()
         res, now = self.result, self.env.now
         if n_requests >= 50 and now > 0 and waiting > self.cfg.overload_fraction * n_requests and not res.saturated:
             res.saturated = True
@@ -339,7 +339,7 @@ class Simulation:
         # does not count; the engine was busy from t0 to the end, so the requests finished since t0 over that time
         # measure it too, less those in flight at t0 (partly served before it; all of them, so the count is low
         # rather than high, as the batch shrinking at the end makes it). The larger of the two is kept.
-        done = not any(r.sched.has_work for r in self.replicas) and not self.router_queued()
+        done = not any(r.has_work for r in self.replicas) and not self.router_queued()
         if done and t_last <= t1 and self.env.now > t0:
             drained = (rec.finished_total - f0 - r0) / (self.env.now - t0)
             if cap is None or drained > cap:
