@@ -31,8 +31,7 @@ if TYPE_CHECKING:
 
 
 def lags_input(sched: Any) -> bool:
-    """Does this engine take new requests a step late (`Replica._take_lagged`)? vLLM's async scheduling and
-    TensorRT-LLM's overlap scheduler (`async_scheduling`), SGLang's overlap scheduler."""
+    """Does the engine take requests a step late (`Replica._take_lagged`): async scheduling or an overlap one?"""
     return bool(getattr(getattr(sched, "cfg", None), "async_scheduling", False) or getattr(sched, "overlap", False))
 
 
@@ -158,9 +157,8 @@ class Replica:
         self.stretching = False  # in a decode stretch that a new request or a delivered sequence may cut
         self.cut_before = 0.0  # the start of the stretch's last step: a request that comes earlier cuts it
         self.router: Router | None = None  # the router that sends it requests (set by the router)
-        # The engine's input lag with async scheduling (`lags_input`): requests that came while a step was in
-        # flight, with their times, not yet taken by a schedule call; the time of the last call; whether it gave
-        # the GPU work
+        # async scheduling's input lag: requests (and when they came) not yet taken by a schedule call, the time
+        # of the last call, whether it gave the GPU work
         self.lags_input = lags_input(sched)
         self.lagged: list[tuple[Request, float]] = []
         self.schedule_s = NAN
