@@ -1,4 +1,5 @@
-"""Closed-loop users with fixed lengths on a real vLLM drift out of lock-step; the simulator's do not (yet).
+"""Closed-loop users with fixed lengths: on a real vLLM (CPU build) they drift out of lock-step, the simulator's do
+not (yet); on another real endpoint (evalscope's measurement, at the end) the lock-step held, as the simulator's.
 
 `tests/data/vllm_closed_loop/users16_64in_32out.json`: 16 users, no think time, 64-token prompts and exactly
 32 output tokens each, on vLLM 0.32's CPU build (tiny model, steps of ~7-10 ms), 640 requests. A wave of users
@@ -118,3 +119,54 @@ def test_a_fixed_length_closed_loop_that_drifted_apart_says_ttft_may_be_the_lowe
         notes[think] = [n for n in run(dep, spec, RunOptions(seed=0, ci=False)).notes if "closed loop" in n]
     assert len(notes[0.0]) == 1 and "may be the lower end" in notes[0.0][0]
     assert notes[0.5] == []
+
+
+EVALSCOPE = ROOT / "tests/data/closed_loop_lock/evalscope_pr1641.yaml"
+
+
+def _ramp_by_position(arrival, first_token, users: int) -> np.ndarray:
+    """Mean TTFT by within-cycle position over the run's second half, as evalscope's maintainers measured it:
+    requests in the order sent, cut into cycles of `users`."""
+    order = np.argsort(arrival, kind="stable")
+    ttft = (np.asarray(first_token) - np.asarray(arrival))[order]
+    half = ttft[len(ttft) // 2:]
+    half = half[: len(half) // users * users]
+    return half.reshape(-1, users).mean(axis=0)
+
+
+def test_a_fixed_length_closed_loop_keeps_its_ramp_as_a_real_endpoint_did():
+    """evalscope's maintainers measured a real endpoint (tests/data/closed_loop_lock/evalscope_pr1641.yaml):
+    8 users, 2,000-token prompts, 64 output tokens. With fixed outputs, in the run's second half the last request
+    sent in a cycle waits 1.86x the first (the cohort is released together every cycle: lock-step is its steady
+    state); with outputs of 48-64 tokens, or Poisson arrivals at 4/s, 1.00x. The endpoint's model, GPU and engine
+    are not given, so only that shape is checked here, on an 8B on an H100 at vLLM's defaults (8,192-token
+    step budget: a cycle's 16,000 prompt tokens take two steps, 200 and 374 ms to a first token: 1.87x; with a
+    16,384-token budget, one step: 1.00x). The fixed run is 96 requests as theirs. The other two run 960 (0.96-1.05x
+    over seeds 0-2): over 96 the simulated 48-64 run still ramps 1.31-1.62x, its users drift apart more slowly
+    than the real ones did (docs/fidelity.md)."""
+    import yaml
+
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.workload import Arrivals, Lengths, WorkloadSpec
+
+    real = {r["config"].split(" ")[0]: r for r in yaml.safe_load(EVALSCOPE.read_text())["runs"]}
+    assert [r["ramp"] for r in real.values()] == [1.86, 1.00, 1.00]
+    fixed_real = real["fixed"]["ttft_ms_by_position"]
+    assert fixed_real[-1] / fixed_real[0] > 1.8  # as printed: 75 / 41
+
+    dep = Deployment(card=load_model_card(ROOT / "models/llama-3.1-8b.yaml"), gpu=get_gpu("h100-sxm"))
+    prompt = Lengths(kind="fixed", value=2000)
+    runs = {"fixed": (Arrivals(kind="closed", users=8), Lengths(kind="fixed", value=64), 96),
+            "spread": (Arrivals(kind="closed", users=8), Lengths(kind="uniform", low=48, high=64), 960),
+            "open": (Arrivals(kind="poisson", rate_per_s=4.0), Lengths(kind="fixed", value=64), 960)}
+    ramp = {}
+    for name, (arr, out, n) in runs.items():
+        res = run(dep, WorkloadSpec(arrivals=arr, input_len=prompt, output_len=out, num_requests=n),
+                  RunOptions(seed=0, ci=False, warmup_fraction=0.0))
+        r = res.sim.records
+        by_pos = _ramp_by_position(r.arrival, r.first_token, 8)
+        ramp[name] = by_pos[-1] / by_pos[0]
+    assert ramp["fixed"] > 1.5, ramp  # the cohort's second half waits for a second prefill step, every cycle
+    assert abs(ramp["spread"] - 1) < 0.2 and abs(ramp["open"] - 1) < 0.2, ramp
