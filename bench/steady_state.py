@@ -115,8 +115,9 @@ def capacity_rows() -> list[dict]:
         wl = WorkloadSpec(input_len=_lengths("--input-len", inp), output_len=_lengths("--output-len", out))
         loop = capacity_loop(dep.engine, p.budget, wl, 0)
         users = loop.arrivals.users or 0
+        # the whole run: no warm-up left out (the default leaves out the start-up cohort, `warmup_requests`)
         res = {k: run(dep, loop.model_copy(update={"num_requests": k * users}),
-                      RunOptions(seed=0, ci=False, timeseries=False), prepared=p)
+                      RunOptions(seed=0, ci=False, timeseries=False, warmup_fraction=0.0), prepared=p)
                for k in (2, CAPACITY_LOOP_ROUNDS, 30)}
         ref = res[30].backlogged.requests_per_s  # type: ignore[union-attr]
         short = model.replace("llama-3.1-", "").replace("qwen2.5-", "qwen-").upper().replace("QWEN", "Qwen")

@@ -59,7 +59,7 @@ def capacity_loop(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, 
     loop of twice the full batch's users per replica (`full_batch`) without think time, at least four requests per
     user, read over the stretch where every user is in the loop (`capacity.sim.metrics.backlogged`: from the
     users-th completion to the last send, at least two requests per user). Read over the whole run instead, the
-    start-up burst made it 0.2-3.8% low at two requests per user, and the drain at the end 0.7-1.7% high at thirty
+    start-up burst made it 0.2-3.8% low at two requests per user; at thirty it is within 0.2%
     (`bench/steady_state.py --capacity-only`). The queue never runs dry, so the engine admits what it would admit
     with a standing backlog (and preempts as it would) and sees the requests in the same order as with more
     users, with far fewer requests simulated (a batch cap of 1,024 on a cache that holds 418 prompts of 1,024

@@ -73,7 +73,7 @@ def simulate(
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="SLO on TTFT for goodput")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="SLO on TPOT for goodput")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
-    warmup: Annotated[float, typer.Option("--warmup", help="Fraction of first requests excluded from metrics")] = 0.1,
+    warmup: Annotated[float, typer.Option("--warmup", help="Fraction of first requests excluded from metrics (a closed loop: at least its first --users)")] = 0.1,
     no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="One event per step (slow; for checks)")] = False,
     kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
     compute_dtype: CompOpt = None, kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None,

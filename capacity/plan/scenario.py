@@ -45,7 +45,7 @@ class SearchSpec(_Strict):
     # the context trade-off: requests of these many tokens (prompt + output) against each max_num_seqs, at the
     # per-replica load; [] skips it
     contexts: list[Annotated[int, Field(gt=1)]] = [1024, 4096, 16384, 65536]
-    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1  # share of each simulation's first requests left out of its metrics
+    warmup_fraction: Annotated[float, Field(ge=0, lt=1)] = 0.1  # share of each simulation's first requests left out of its metrics; a closed loop leaves out at least one request per user (capacity.pipeline.warmup_requests)
 
     @model_validator(mode="after")
     def _check(self) -> SearchSpec:
