@@ -22,7 +22,7 @@ MYPYC = os.environ.get("CAPACITY_MYPYC", "") not in ("", "0")
 # __init__: compiled, a package in a group named inside the package gets a wrong __path__)
 COMPILED = sorted(set(glob("capacity/sched/*.py")) - {"capacity/sched/__init__.py"}) + [
     "capacity/cost/step.py", "capacity/cost/roofline.py", "capacity/sim/entities.py", "capacity/sim/simulator.py",
-    "capacity/sim/routing.py", "capacity/sim/sources.py"]
+    "capacity/sim/routing.py", "capacity/sim/sources.py", "capacity/sim/lag.py"]
 
 ext_modules = []
 if MYPYC:

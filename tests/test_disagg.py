@@ -46,6 +46,32 @@ def test_one_request_through_prefill_transfer_and_decode():
     assert res.itl_weights.sum() == 3 and res.itl_values == pytest.approx([0.021] * len(res.itl_values))
 
 
+def test_async_scheduling_takes_a_handoff_and_its_kv_a_step_late():
+    """One prefill and one decode replica, both scheduling asynchronously (`capacity.sim.lag`): A (prompt 100,
+    10 tokens) at t=0, B (prompt 50, 2 tokens) at 0.2. A as in the trace above: first token 0.236, then decode
+    steps of 0.021 s. B: prefill 0.2 -> 0.26, handed to the decode replica at 0.26, during its step 0.257 ->
+    0.278.
+    - Synchronous: the call at 0.278 admits B and its KV read starts, 0.278 -> 0.333 (5 ms + 50 ms). The call at
+      0.341 sees it loaded: one step of A and B's last prompt token (0.022 s), B's first token at 0.363, its
+      second at 0.385.
+    - Async: the call at 0.278 stands for the engine's at 0.257, before B came: the call at 0.299 admits it, and the
+      read runs 0.299 -> 0.354. vLLM learns a read is done from a step's output (`finished_recving`), so the call
+      at 0.362 (the engine's at 0.341) does not see it and the one at 0.383 does: B's first token at 0.405, two
+      steps later, its second at 0.427. A finishes at 0.427 either way."""
+    out = {}
+    for a in (False, True):
+        def sc(a=a):
+            return make_scheduler("continuous", **{**SCHED, "async_scheduling": a})
+        dg = Disaggregation(1, 1, DEC, sc, kv_bytes_per_token=1000.0, bandwidth_bytes_per_s=1e6, latency_s=0.005)
+        for fast in (True, False):
+            r = simulate([Request(0, 0.0, 100, 10), Request(1, 0.2, 50, 2)], PRE, sc, np.random.default_rng(0),
+                         SimConfig(disagg=dg, fast_forward=fast)).records
+            out[a, fast] = (list(r.first_token), list(r.finish))
+    for fast in (True, False):
+        assert out[False, fast][0] == pytest.approx([0.236, 0.363]) and out[False, fast][1] == pytest.approx([0.427, 0.385])
+        assert out[True, fast][0] == pytest.approx([0.236, 0.405]) and out[True, fast][1] == pytest.approx([0.427, 0.427])
+
+
 @pytest.mark.parametrize("mode, p, first_tokens", [
     # one prefill replica and its link: both prompts in one prefill step (0 -> 0.21), transfers 0.21 -> 0.315 and
     # 0.315 -> 0.42; the first decodes 0.315 -> 0.336 (its first token) ... 0.399, the second 0.42 -> 0.441
@@ -86,7 +112,9 @@ def test_fast_path_is_exact_with_deliveries_during_decode_stretches(blocks, asyn
     for fast in (True, False):
         runs.append(simulate(spec, pre, sched, np.random.default_rng(3), SimConfig(disagg=dg, fast_forward=fast)))
     fast, slow = runs
-    assert fast.events < slow.events / 2 and fast.steps == slow.steps
+    # with async scheduling a delivery held for the schedule call after next keeps the next step a single one
+    # (0.52-0.53 of the step-by-step run's events here, 0.41-0.42 without)
+    assert fast.events < slow.events * (0.6 if async_scheduling else 0.5) and fast.steps == slow.steps
     for attr in ("arrival", "first_scheduled", "first_token", "finish"):
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
     assert fast.itl_weights.sum() == slow.itl_weights.sum()

@@ -21,6 +21,7 @@ import simpy
 
 from capacity.cost.step import decode_run_s
 from capacity.sched.base import NAN
+from capacity.sim.lag import SCHED_CALL, InputLag
 from capacity.sim.metrics import Records
 from capacity.workload import Request
 
@@ -157,21 +158,21 @@ class Replica:
         self.stretching = False  # in a decode stretch that a new request or a delivered sequence may cut
         self.cut_before = 0.0  # the start of the stretch's last step: a request that comes earlier cuts it
         self.router: Router | None = None  # the router that sends it requests (set by the router)
-        # async scheduling's input lag: requests (and when they came) not yet taken by a schedule call, the time
-        # of the last call, whether it gave the GPU work
+        # async scheduling's input lag (`capacity.sim.lag`): what came and is not yet taken by a schedule call, the
+        # time of the last call, whether it gave the GPU work
         self.lags_input = lags_input(sched)
-        self.lagged: list[tuple[Request, float]] = []
+        self.lagged = InputLag()
         self.schedule_s = NAN
         self.busy = False
 
     @property
     def outstanding(self) -> int:
         """Requests sent here and not finished (a router's count), those in the engine's input queue with them."""
-        return self.sched.outstanding + len(self.lagged)
+        return self.sched.outstanding + self.lagged.requests
 
     @property
     def num_waiting(self) -> int:
-        return self.sched.num_waiting + len(self.lagged)
+        return self.sched.num_waiting + self.lagged.requests
 
     @property
     def has_work(self) -> bool:
@@ -182,7 +183,7 @@ class Replica:
         if self.busy:  # async scheduling, a step in flight: the engine takes it between two schedule calls
             if not counted:
                 self.sim.recorder.count(+1)
-            self.lagged.append((req, self.sim.env.now))
+            self.lagged.hold("new", req, self.sim.env.now)
             self._cut()
             return
         self._enter(req, counted)
@@ -190,22 +191,22 @@ class Replica:
         self._wake()
 
     def _take_lagged(self, before_s: float) -> None:
-        """Async scheduling's input lag, read in vLLM 0.32's engine core (`step_with_batch_queue`, a queue of
-        two batches), TensorRT-LLM's overlap executor (`_executor_loop_overlap`) and SGLang's
-        `event_loop_overlap`: each schedules step n + 1 as soon as step n - 1's output is processed, while step n
-        runs, and takes new requests only between schedule calls. So the call the simulator makes when step n
-        ends (for step n + 1) stands for one the engine made when step n began: it sees the requests that came
-        before then (`before_s`, the simulator's previous call). One that comes during step n runs in step n + 2
-        at the earliest, a step later than a synchronous engine runs it; one that comes at the very end of a step
-        (a closed-loop user answering its last token) counts as later than that step's output processing, since
-        the reply must travel first. An engine with nothing to run takes its input at once."""
-        keep = []
-        for req, t in self.lagged:
-            if t < before_s:
-                self._enter(req, True)
-            else:
-                keep.append((req, t))
-        self.lagged = keep
+        """Apply the held input that came before `before_s`, the previous schedule call (`capacity.sim.lag`)."""
+        for kind, obj in self.lagged.take(before_s):
+            self._apply(kind, obj)
+
+    def _apply(self, kind: str, obj: Any) -> None:
+        if kind == "new":
+            self._enter(obj, True)
+        else:  # disaggregated serving: a handoff, a KV read done here, a KV read from here done
+            getattr(self.sched, SCHED_CALL[kind])(obj)
+
+    def _take(self, kind: str, seq: Seq) -> None:
+        """Input from the other pool: taken now, or held while a step runs (async scheduling: `capacity.sim.lag`)."""
+        if self.busy:
+            self.lagged.hold(kind, seq, self.sim.env.now)
+        else:
+            self._apply(kind, seq)
 
     def _enter(self, req: Request, counted: bool) -> None:
         seq = self.sched.add(req)
@@ -227,20 +228,20 @@ class Replica:
         """A sequence from the prefill pool, its KV transferred: decoded here (the decode pool). Deliveries come
         at times no one knew when a decode stretch began, so one that arrives during a stretch cuts it at the
         end of the step in progress, exactly where a step-by-step run would first see it."""
-        self.sched.resume(seq)  # type: ignore[attr-defined]
         seq.replica = self.idx
+        self._take("resume", seq)
         self._cut()
         self._wake()
 
     def released(self, seq: Seq) -> None:
         """A decode replica has read the KV of a prefill done here: its blocks are free (it may admit more)."""
-        self.sched.release(seq)  # type: ignore[attr-defined]
+        self._take("released", seq)
         self._wake()
 
     def loaded(self, seq: Seq) -> None:
         """A sequence admitted here has its prompt's KV now (disaggregated serving): it can run (a stretch in
         progress is cut as for a delivery)."""
-        self.sched.loaded(seq)  # type: ignore[attr-defined]
+        self._take("loaded", seq)
         self._cut()
         self._wake()
 
@@ -280,17 +281,17 @@ class Replica:
             if k and (yield from self._decode_run(k, line)):
                 continue
             out = sched.schedule(now)
-            if self.lags_input and not isinstance(out, float):
-                self.schedule_s = now
-                self.busy = out.plan.num_tokens > 0
-                if self.lagged and not self.busy:  # nothing to run: an idle engine takes its input at once
-                    self._take_lagged(math.inf)
-                    continue
             if isinstance(out, float):  # static batching: the batch window is open
                 yield from self._sleep(out)
                 continue
             for s in out.loads:  # disaggregated: admitted with their prompt's blocks, their KV read now
                 sim.transfer.start(s)  # type: ignore[union-attr]
+            if self.lags_input:
+                self.schedule_s = now
+                self.busy = out.plan.num_tokens > 0
+                if self.lagged and not self.busy:  # nothing to run: an idle engine takes its input at once
+                    self._take_lagged(math.inf)
+                    continue
             if out.plan.num_tokens == 0:  # nothing schedulable until something arrives
                 if sched.num_waiting and getattr(sched, "retired_after", False):
                     continue  # blocks just freed after the decision (async scheduling): the engine asks again
@@ -388,8 +389,10 @@ class Replica:
             rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
         sim.steps += k
         rec.tokens_total += k * len(run)
-        # the start of the stretch's last step: where a step-by-step run made its last schedule call
-        self.schedule_s = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else float(cum[k - 2]))
+        # the start of the stretch's last step: where a step-by-step run made its last schedule call (k may be 1
+        # after a cut: cum[k - 2] would wrap round to the stretch's end)
+        self.schedule_s = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else
+                                 float(cum[k - 2]) if k > 1 else 0.0)
         sim.finish(sched.advance_decodes(k, env.now))
         if rec.timeseries:
             rec.sample(self)
