@@ -190,8 +190,7 @@ class Replica:
         self._cut()
         self._wake()
 
-    def _take_lagged(self, before_s: float) -> None:
-        """Apply the held input that came before `before_s`, the previous schedule call (`capacity.sim.lag`)."""
+    def _take_lagged(self, before_s: float) -> None:  # the held input that came before the last call, taken
         for kind, obj in self.lagged.take(before_s):
             self._apply(kind, obj)
 
@@ -389,8 +388,7 @@ class Replica:
             rec.stretches.append((durs[:k], now + cum[:k], same, len(run)))
         sim.steps += k
         rec.tokens_total += k * len(run)
-        # the start of the stretch's last step: where a step-by-step run made its last schedule call (k may be 1
-        # after a cut: cum[k - 2] would wrap round to the stretch's end)
+        # the start of its last step, the step-by-step run's last schedule call (k = 1 after a cut: not cum[-1])
         self.schedule_s = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else
                                  float(cum[k - 2]) if k > 1 else 0.0)
         sim.finish(sched.advance_decodes(k, env.now))
