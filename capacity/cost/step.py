@@ -53,6 +53,19 @@ def decode_run_s(cost, contexts, k: int):
     return np.array([cost.step_s(StepPlan(decode_contexts=tuple(c + j for c in contexts))) for j in range(k)])
 
 
+def first_step_ending_at(f0: float, g: float, x: float, hi: int) -> int:
+    """The first of k decode steps lasting f0 + g j (j = 0..) whose end, f0 m + g m (m - 1) / 2 after the first
+    starts, is at or after x (at most hi): the root of the quadratic, corrected for rounding (the fast path's
+    stop in a stretch of `decode_line` steps)."""
+    m = math.ceil(x / f0) if g == 0.0 else math.ceil((math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
+    m = min(max(m, 1), hi)
+    while m > 1 and f0 * (m - 1) + g * ((m - 1) * (m - 2) // 2) >= x:
+        m -= 1
+    while m < hi and f0 * m + g * (m * (m - 1) // 2) < x:
+        m += 1
+    return m
+
+
 @dataclass
 class LinearCost:
     """step = fixed_s + per_token_s x new tokens + per_seq_s x sequences in the step + per_key_s x keys

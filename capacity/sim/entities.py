@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import simpy
 
-from capacity.cost.step import decode_run_s
+from capacity.cost.step import decode_run_s, first_step_ending_at
 from capacity.sched.base import NAN
 from capacity.sim.lag import SCHED_CALL, InputLag
 from capacity.sim.metrics import Records
@@ -34,18 +34,6 @@ if TYPE_CHECKING:
 def lags_input(sched: Any) -> bool:
     """Does the engine take requests a step late (`Replica._take_lagged`): async scheduling or an overlap one?"""
     return bool(getattr(getattr(sched, "cfg", None), "async_scheduling", False) or getattr(sched, "overlap", False))
-
-
-def _first_at(f0: float, g: float, x: float, hi: int) -> int:
-    """The first of k decode steps lasting f0 + g j (j = 0..) whose end, f0 m + g m (m - 1) / 2 after the first
-    starts, is at or after x (at most hi): the root of the quadratic, corrected for rounding."""
-    m = math.ceil(x / f0) if g == 0.0 else math.ceil((math.sqrt((f0 - g / 2) ** 2 + 2 * g * x) - (f0 - g / 2)) / g)
-    m = min(max(m, 1), hi)
-    while m > 1 and f0 * (m - 1) + g * ((m - 1) * (m - 2) // 2) >= x:
-        m -= 1
-    while m < hi and f0 * m + g * (m * (m - 1) // 2) < x:
-        m += 1
-    return m
 
 
 class Recorder:
@@ -339,7 +327,7 @@ class Replica:
             f0, g = line([s.computed for s in run])
             end_k = f0 * k + g * (k * (k - 1) // 2)  # the end of step k, from `now`
             if cuts and nxt < now + end_k:
-                k = _first_at(f0, g, nxt - now, k)
+                k = first_step_ending_at(f0, g, nxt - now, k)
                 end_k = f0 * k + g * (k * (k - 1) // 2)
         else:
             durs = decode_run_s(self.cost, [s.computed for s in run], k)
@@ -370,7 +358,7 @@ class Replica:
         if interrupted:  # (outside the except block: mypyc leaks a handled exception past a yield inside one)
             x = env.now - now
             if cum is None:
-                k = _first_at(f0, g, x, k)
+                k = first_step_ending_at(f0, g, x, k)
                 end_k = f0 * k + g * (k * (k - 1) // 2)
             else:
                 k = int(np.searchsorted(cum[:k], x, side="left")) + 1
@@ -434,17 +422,26 @@ class Replica:
         sim.check_saturation(self)
 
     def _shared_step(self) -> Generator:
-        """One step on a device shared with other models: wait for the device, plan the step with what is queued
-        then, run it, release the device (see capacity.sim.simulator.Service)."""
+        """One step on a device shared with other models (capacity.sim.simulator.Service). The engine plans it
+        when it asks for the device: its CPU schedules and launches the step, whose kernels then wait their turn,
+        so a request that comes while it waits is not in it. With async scheduling the plan takes only what came
+        before the previous call, as on a device of its own (`capacity.sim.lag`)."""
         sched, env = self.sched, self.sim.env
         assert self.device is not None
+        now = env.now
+        if self.lagged:
+            self._take_lagged(self.schedule_s)
+        out = sched.schedule(now)
+        idle = isinstance(out, float) or out.plan.num_tokens == 0
+        if self.lags_input:
+            self.schedule_s, self.busy = now, not idle
+            if self.lagged and idle:  # nothing to run: an idle engine takes its input at once
+                self._take_lagged(math.inf)
+                return
+        if idle:
+            if not (sched.num_waiting and getattr(sched, "retired_after", False)):  # else blocks freed: ask again
+                yield from self._sleep(out if isinstance(out, float) else None)
+            return
         with self.device.request() as req:
             yield req
-            now = env.now
-            out = sched.schedule(now)
-            if isinstance(out, float) or out.plan.num_tokens == 0:  # nothing to run: release, then sleep
-                sleep_until = out if isinstance(out, float) else None
-            else:
-                yield from self._run_step(out)
-                return
-        yield from self._sleep(sleep_until)
+            yield from self._run_step(out)

@@ -74,7 +74,8 @@ class Service:
     holds it (a SimPy Resource), so a model's steps wait for the other models' steps on that GPU, which is how
     co-located engines time-slice one GPU (each CUDA context runs its kernels in turn; MPS and MIG, which would
     overlap or partition them, are not modelled). A replica on a shared device runs step by step (no decode
-    stretches: another model may take the device between any two steps). Requests name their service
+    stretches: another model may take the device between any two steps) and plans each step when it asks for
+    the device (`Replica._shared_step`). Requests name their service
     (`Request.service`).
 
     `swap_s` switches a shared device to swapping (SimConfig.device_sharing "swap"): one model resident at a time,
