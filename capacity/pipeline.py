@@ -154,6 +154,7 @@ class RunResult:
     trend: Trend | None = None  # TTFT over arrival time (open-loop arrivals at a steady rate only)
     capacity: Capacity | None = None  # with RunOptions.capacity_check
     backlogged: Backlogged | None = None  # closed loops of at least 3 x users requests: the whole population's rate
+    warmup_cohort: bool = False  # the warm-up is a closed loop's start-up cohort (`warmup_requests`), not its fraction
 
     @property
     def rising(self) -> bool:
@@ -172,6 +173,7 @@ class RunResult:
             "stopped_early": bool(np.isnan(s.records.finish).any()), "capacity_req_per_s": s.capacity_req_per_s,
             "offered_rate_per_s": self.offered_rate_per_s, "rejected": len(s.rejected),
             "rejected_examples": s.rejected[:3], "warmup_requests_excluded": self.warmup_requests,
+            "warmup_is_start_up_cohort": self.warmup_cohort,
             "simulated_s": s.end_s, "steps": s.steps, "engine_events": s.events, "preemptions": s.preemptions,
             "littles_law": {"L": self.little[0], "lambda_W": self.little[1]},
             "kv_blocks_per_replica": b.planning_blocks, "kv_estimate": b.kv_estimate,
@@ -416,7 +418,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes += [why] if why else []
     notes += stability_notes(sim, trend, cap, offered)
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
-                     littles_law(sim), notes, is_offline=offline, trend=trend, capacity=cap, backlogged=backlog)
+                     littles_law(sim), notes, is_offline=offline, trend=trend, capacity=cap, backlogged=backlog,
+                     warmup_cohort=bool(n_warm) and arr.kind == "closed" and n_warm == (arr.users or 0))
 
 
 CAPACITY_LOOP_MAX_REQUESTS = 100_000  # a capacity loop over this many requests is not run (time, memory)

@@ -380,6 +380,13 @@ def test_a_closed_loops_warm_up_is_its_start_up_cohort():
                         output_len=Lengths(kind="uniform", low=100, high=300), num_requests=1000)
     res = run(dep, spec, RunOptions(seed=0, ci=False))
     assert res.warmup_requests == 200 and res.as_dict()["warmup_requests_excluded"] == 200
+    assert res.as_dict()["warmup_is_start_up_cohort"] is True
+    from rich.console import Console
+
+    from capacity.io.report import simulation_table
+    con = Console(width=200, record=True)
+    simulation_table({**res.as_dict(), "model": "8B", "gpu": "h100-sxm", "replicas": 1, "tp": 1}, con)
+    assert "first 200 requests (the users' start-up cohort, sent at t=0) excluded as warm-up" in con.export_text()
     r = res.sim.records
     ttft = r.first_token - r.arrival
     assert np.all(np.diff(r.arrival) >= 0) and np.all(r.arrival[:200] == 0)  # request order is send order

@@ -59,7 +59,10 @@ def simulation_table(out: dict, console) -> None:
     if measured:  # no engine internals to report: the server's own /metrics are in the run file
         console.print(f"[dim]{s['definitions']}[/]")
     else:
-        console.print(f"[dim]{s['definitions']}; first {out['warmup_requests_excluded']} requests excluded as warm-up; "
+        n_warm = out['warmup_requests_excluded']
+        warm = (f"first {n_warm} requests (the users' start-up cohort, sent at t=0) excluded as warm-up"
+                if out.get("warmup_is_start_up_cohort") else f"first {n_warm} requests excluded as warm-up")
+        console.print(f"[dim]{s['definitions']}; {warm}; "
                       f"{out['preemptions']} preemptions; "
                       + ("KV per pool below" if d else f"KV {out['kv_blocks_per_replica']:,} blocks x "
                          f"{out['block_size']} tokens per replica")
