@@ -1,7 +1,7 @@
 """The compiled build against pure Python: the simulator's hot modules compiled by mypyc (`scripts/compile.sh`)
 must give the same results bit for bit, and this measures how much faster they are.
 
-    bash scripts/compile.sh && python bench/compiled.py      # identity on 5 workloads x (fast path, step by step),
+    bash scripts/compile.sh && python bench/compiled.py      # identity on 6 workloads x (fast path, step by step),
                                                             # then speed: alternating child processes, best of 3
     python bench/compiled.py --speed ""                     # identity only (CI)
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.sim_speed import host_cpu  # noqa: E402
 
-WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang")
+WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang", "disagg")
 
 CHILD = r"""
 import hashlib, json, sys, time, dataclasses
@@ -39,7 +39,7 @@ from capacity.model.card import load_model_card
 from capacity.model.gpus import get_gpu
 from capacity.sched import make_scheduler
 from capacity.sim.metrics import summarize
-from capacity.sim.simulator import SimConfig, simulate
+from capacity.sim.simulator import Disaggregation, SimConfig, simulate
 from capacity.workload import Arrivals, PrefixGroups, WorkloadSpec, fixed, RequestClass
 import capacity.sched.continuous as _c
 stray = [m.__file__ for k, m in list(sys.modules.items()) if k.split(".")[0] == "capacity"
@@ -74,6 +74,14 @@ elif workload == "sglang":
     spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=4.0), input_len=fixed(1024),
                         output_len=fixed(256), num_requests=4000)
     policy, CB = "sglang", dict(max_total_tokens=400_000, overlap_schedule=True)
+elif workload == "disagg":  # 2 prefill + 2 decode replicas, async scheduling, decode KV short (preempts)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=8.0), input_len=fixed(2048),
+                        output_len=fixed(256), num_requests=4000)
+    CB = dict(CB, async_scheduling=True)
+    dec = dict(CB, num_blocks=1800)
+    cfg = dict(replicas=2, disagg=Disaggregation(2, 2, cost, lambda: make_scheduler("continuous", **dec),
+                                                 kv_bytes_per_token=131072.0, bandwidth_bytes_per_s=50e9,
+                                                 latency_s=2e-5))
 else:
     raise SystemExit(workload)
 walls = []

@@ -75,6 +75,8 @@ def test_fleet_day_compares_static_reactive_predictive_and_shared(day_report):
     w = pa["window"]
     assert len(w["ready"]) == len(w["provisioned"]) == len(w["met"]) and max(w["provisioned"]) == 3
     assert all(r <= p for r, p in zip(w["ready"], w["provisioned"]))
+    # each layout's run time is a duration (a window's start once shadowed its clock: -82,759 s on a day)
+    assert all(0 <= m["layouts"][lay]["wall_s"] < 600 for m in (a, b) for lay in ("static", "reactive", "predictive"))
     for lay in ("static", "reactive", "predictive"):
         t = out["totals"][lay]
         assert t["gpu_hours"] == pytest.approx(a["layouts"][lay]["gpu_hours"] + b["layouts"][lay]["gpu_hours"])

@@ -208,8 +208,10 @@ def colocate(
     con.print(t)
     ok = [lay for lay in LAYOUTS if out[lay]["meets_slo"]]
     verdict = min(ok, key=lambda lay: (out[lay]["gpus"], LAYOUTS.index(lay))) if ok else "none (each misses an SLO)"
-    con.print("; ".join(f"{lay}: {out[lay]['gpus']} GPUs, {'every SLO met' if out[lay]['meets_slo'] else 'an SLO missed'}"
-                        for lay in LAYOUTS) + f" -> {verdict} (the fewest GPUs; on a tie the more isolated layout).")
+    def said(lay: str) -> str:
+        n = out[lay]["gpus"]
+        return f"{lay}: {n} GPU{'s' if n != 1 else ''}, {'every SLO met' if out[lay]['meets_slo'] else 'an SLO missed'}"
+    con.print("; ".join(said(lay) for lay in LAYOUTS) + f" -> {verdict} (the fewest GPUs; on a tie the more isolated layout).")
     sw = out["swapped"]
     con.print(f"Shared: the models' steps take turns on a GPU and each engine has only its share of memory for KV. "
               f"Swapped: {sw['swaps']} swaps ({sw['swaps_per_hour']:.0f}/h), each "

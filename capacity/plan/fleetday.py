@@ -208,8 +208,8 @@ def _day_run(args: tuple) -> dict[str, Any]:
         import bisect
 
         ready, prov = [], []
-        for t0 in out["window"]["start_s"]:
-            j = max(0, bisect.bisect_right(tl.t, t0) - 1)
+        for w0 in out["window"]["start_s"]:
+            j = max(0, bisect.bisect_right(tl.t, w0) - 1)
             ready.append(int(tl.ready[j]))
             prov.append(int(tl.ready[j] + tl.starting[j] + tl.draining[j]))
         out["window"]["ready"], out["window"]["provisioned"] = ready, prov
