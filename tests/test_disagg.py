@@ -231,6 +231,27 @@ def test_two_models_swap_on_one_gpu_by_hand():
     assert [(round(t, 9), a, b) for t, a, b in res.swaps] == [(0.0, -1, 0), (0.131, 0, 1), (0.422, 1, 0), (0.7, 0, 1)]
 
 
+def test_a_resident_model_takes_its_input_a_step_late_with_async_scheduling():
+    """Swap mode, one model: it keeps the device while it has work, so its steps are back to back and async
+    scheduling's input lag applies as on a GPU of its own. Steps of 10 ms + 1 ms per token, wake-up 0.1 s.
+    A0 (10 in, 3 out) at t=0: wake 0 -> 0.1, prefill 0.1 -> 0.120. A1 (10 in, 2 out) comes at 0.110, during it.
+    Synchronous: A0's decode with A1's prompt, 11 tokens, 0.120 -> 0.141; both decode 0.141 -> 0.153.
+    Async: the call at 0.120 sees only what came before 0.1: A0 alone 0.120 -> 0.131; the call at 0.131 takes
+    A1: A0's last token with A1's prompt 0.131 -> 0.152; A1's decode 0.152 -> 0.163."""
+    from capacity.sim.simulator import Service
+
+    cost = LinearCost(fixed_s=0.010, per_token_s=0.001, source="t")
+    reqs = [Request(0, 0.0, 10, 3, service=0), Request(1, 0.110, 10, 2, service=0)]
+    want = {False: ([0.120, 0.141], [0.153, 0.153]), True: ([0.120, 0.152], [0.152, 0.163])}
+    for a, (first, finish) in want.items():
+        def sc(a=a):
+            return make_scheduler("continuous", **{**SCHED, "async_scheduling": a})
+        svc = (Service("a", cost, sc, 1, (0,), swap_s=0.1),)
+        r = simulate(list(reqs), cost, sc, np.random.default_rng(0), SimConfig(services=svc, device_sharing="swap")).records
+        np.testing.assert_allclose(r.first_token, first, atol=1e-12, err_msg=f"async={a}")
+        np.testing.assert_allclose(r.finish, finish, atol=1e-12, err_msg=f"async={a}")
+
+
 def test_colocate_cli_compares_separate_and_shared_gpus(tmp_path):
     """`capacity colocate`: the shared layout uses fewer GPUs, gives each engine its share of memory (fewer KV
     blocks) and slows every model's decode steps (they take turns on the GPU); bad fleets are one-line errors."""

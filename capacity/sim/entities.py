@@ -397,8 +397,10 @@ class Replica:
                 sim.swaps.append((env.now, prev.idx if prev is not None else -1, self.idx))
                 yield env.timeout((prev.swap[0] if prev is not None and prev.swap else 0.0) + self.swap[1])
                 dev.resident = self  # type: ignore[attr-defined]
-            while self.sched.has_work and not sim.stop.triggered:
-                out = self.sched.schedule(env.now)
+            while self.has_work and not sim.stop.triggered:  # resident: steps back to back
+                out = self._plan(env.now)
+                if out is None:
+                    continue
                 if isinstance(out, float) or out.plan.num_tokens == 0:
                     break  # nothing runnable now: give the device up until something arrives
                 yield from self._run_step(out)
@@ -421,27 +423,28 @@ class Replica:
             rec.sample(self)
         sim.check_saturation(self)
 
+    def _plan(self, now: float):
+        """A step planned at `now` by an engine that steps one at a time (a shared device), with async
+        scheduling's input lag (`capacity.sim.lag`); None: nothing to run, held input just taken (ask again)."""
+        if self.lagged:
+            self._take_lagged(self.schedule_s)
+        out = self.sched.schedule(now)
+        if self.lags_input:
+            self.schedule_s, self.busy = now, not (isinstance(out, float) or out.plan.num_tokens == 0)
+            if self.lagged and not self.busy:  # an idle engine takes its input at once
+                self._take_lagged(math.inf)
+                return None
+        return out
+
     def _shared_step(self) -> Generator:
         """One step on a device shared with other models (capacity.sim.simulator.Service). The engine plans it
         when it asks for the device: its CPU schedules and launches the step, whose kernels then wait their turn,
-        so a request that comes while it waits is not in it. With async scheduling the plan takes only what came
-        before the previous call, as on a device of its own (`capacity.sim.lag`)."""
-        sched, env = self.sched, self.sim.env
+        so a request that comes while it waits is not in it."""
         assert self.device is not None
-        now = env.now
-        if self.lagged:
-            self._take_lagged(self.schedule_s)
-        out = sched.schedule(now)
-        idle = isinstance(out, float) or out.plan.num_tokens == 0
-        if self.lags_input:
-            self.schedule_s, self.busy = now, not idle
-            if self.lagged and idle:  # nothing to run: an idle engine takes its input at once
-                self._take_lagged(math.inf)
-                return
-        if idle:
-            if not (sched.num_waiting and getattr(sched, "retired_after", False)):  # else blocks freed: ask again
-                yield from self._sleep(out if isinstance(out, float) else None)
-            return
-        with self.device.request() as req:
-            yield req
-            yield from self._run_step(out)
+        out = self._plan(self.sim.env.now)
+        if out is not None and not isinstance(out, float) and out.plan.num_tokens:
+            with self.device.request() as req:
+                yield req
+                yield from self._run_step(out)
+        elif out is not None and not (self.sched.num_waiting and getattr(self.sched, "retired_after", False)):
+            yield from self._sleep(out if isinstance(out, float) else None)  # (else blocks were freed: ask again)
