@@ -1,7 +1,7 @@
 """The compiled build against pure Python: the simulator's hot modules compiled by mypyc (`scripts/compile.sh`)
 must give the same results bit for bit, and this measures how much faster they are.
 
-    bash scripts/compile.sh && python bench/compiled.py      # identity on 6 workloads x (fast path, step by step),
+    bash scripts/compile.sh && python bench/compiled.py      # identity on 7 workloads x (fast path, step by step),
                                                             # then speed: alternating child processes, best of 3
     python bench/compiled.py --speed ""                     # identity only (CI)
 
@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.sim_speed import host_cpu  # noqa: E402
 
-WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang", "disagg")
+WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang", "disagg", "capped")
 
 CHILD = r"""
 import hashlib, json, sys, time, dataclasses
@@ -82,6 +82,10 @@ elif workload == "disagg":  # 2 prefill + 2 decode replicas, async scheduling, d
     cfg = dict(replicas=2, disagg=Disaggregation(2, 2, cost, lambda: make_scheduler("continuous", **dec),
                                                  kv_bytes_per_token=131072.0, bandwidth_bytes_per_s=50e9,
                                                  latency_s=2e-5))
+elif workload == "capped":  # Poisson arrivals behind a client's cap of 24 in flight (most wait for a slot)
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=20.0, max_concurrency=24),
+                        input_len=fixed(1024), output_len=fixed(256), num_requests=4000)
+    CB = dict(CB, async_scheduling=True)
 else:
     raise SystemExit(workload)
 walls = []
@@ -94,6 +98,8 @@ h = hashlib.sha256()
 arrays = {f.name: getattr(res.records, f.name) for f in dataclasses.fields(res.records)}
 arrays.update(itl_values=res.itl_values, itl_weights=res.itl_weights, itl_times=res.itl_times,
               timeseries=res.timeseries)
+if res.client_waits is not None:
+    arrays["client_waits"] = res.client_waits
 for k in sorted(arrays):
     a = np.ascontiguousarray(arrays[k])
     h.update(k.encode()); h.update(str(a.dtype).encode()); h.update(a.tobytes())

@@ -155,6 +155,7 @@ class RunResult:
     capacity: Capacity | None = None  # with RunOptions.capacity_check
     backlogged: Backlogged | None = None  # closed loops of at least 3 x users requests: the whole population's rate
     warmup_cohort: bool = False  # the warm-up is a closed loop's start-up cohort (`warmup_requests`), not its fraction
+    client_wait: dict | None = None  # a client's cap on requests in flight: the measured requests' waits for a slot
 
     @property
     def rising(self) -> bool:
@@ -185,6 +186,7 @@ class RunResult:
             "ttft_trend": None if self.trend is None else {**self.trend.__dict__, "rising": self.trend.rising},
             "capacity_check": None if self.capacity is None else self.capacity.as_dict(self.offered_rate_per_s),
             "closed_loop_backlogged": None if self.backlogged is None else self.backlogged.__dict__,
+            "client_wait": self.client_wait,
         }
 
     def offline(self) -> dict | None:
@@ -397,11 +399,12 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     notes += p.engine_model.launch_notes(dep.engine)
     arr = workload.arrivals
     backlog = None
+    if arr.kind == "closed" or arr.max_concurrency:  # a client's cap that binds is a closed loop of its slots
+        n_first = int(np.isfinite(rec.first_token).sum())
+        lock = lock_step_note(measured.first_token, arr.users or arr.max_concurrency or 0, n_first / max(sim.steps, 1))
+        notes += lock
     if arr.kind == "closed":
         backlog = backlogged(rec, arr.users or 0, sim.itl_times, sim.itl_weights)
-        n_first = int(np.isfinite(rec.first_token).sum())
-        lock = lock_step_note(measured.first_token, arr.users or 0, n_first / max(sim.steps, 1))
-        notes += lock
         if (not lock and (arr.users or 0) >= 4 and arr.think_s == 0 and workload.input_len.kind == "fixed"
                 and workload.output_len.kind == "fixed"
                 and all(c.input_len is None and c.output_len is None for c in workload.classes)):
@@ -409,6 +412,17 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
                          "but a real engine may keep such users in waves (NIM's Llama-3.1-8B with 5,000-token "
                          "prompts at 5-150 users: published TTFT 1.9-2.7x this simulator's), so TTFT here may be "
                          "the lower end (docs/fidelity.md, closed-loop lock-step)")
+    client = client_wait(sim.client_waits, n_warm, arr.max_concurrency)
+    if client and client["requests_waited"]:
+        w = sim.client_waits[n_warm:]  # type: ignore[index]
+        grew = ttft_trend(measured.arrival - w, measured.arrival)  # the client's backlog over arrival time
+        client["backlog_rising"] = bool(grew is not None and grew.rising)
+        notes.append(f"client cap of {arr.max_concurrency} requests in flight: {client['requests_waited']:,} of "
+                     f"{client['requests']:,} measured requests waited at the client for a slot (mean "
+                     f"{client['mean_ms']:,.0f} ms, max {client['max_ms']:,.0f} ms)"
+                     + (f", and the wait grew through the run ({grew.first_s * 1e3:,.0f} -> {grew.last_s * 1e3:,.0f} "
+                        "ms): the client sent less than the offered rate" if grew is not None and grew.rising else "")
+                     + "; TTFT and E2E start at the send, as vllm bench serve times them, so they leave that wait out")
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     steady = arr.kind in STEADY_ARRIVALS
     trend = ttft_trend(measured.arrival, measured.first_token) if steady and not sim.saturation else None
@@ -419,7 +433,19 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     notes += stability_notes(sim, trend, cap, offered)
     return RunResult(summary, sim, b, dep.engine, p.cost_source, n_warm, offered,
                      littles_law(sim), notes, is_offline=offline, trend=trend, capacity=cap, backlogged=backlog,
-                     warmup_cohort=bool(n_warm) and arr.kind == "closed" and n_warm == (arr.users or 0))
+                     warmup_cohort=bool(n_warm) and arr.kind == "closed" and n_warm == (arr.users or 0),
+                     client_wait=client)
+
+
+def client_wait(waits: np.ndarray | None, n_warm: int, cap: int | None) -> dict | None:
+    """A client's cap on requests in flight (arrivals.max_concurrency): how long the measured requests waited at
+    the client for a slot, ms (None without a cap)."""
+    if waits is None or cap is None:
+        return None
+    w = waits[n_warm:] * 1e3
+    return {"max_concurrency": cap, "requests": int(w.size), "requests_waited": int((w > 0).sum()),
+            "mean_ms": float(w.mean()) if w.size else 0.0, "p99_ms": float(np.percentile(w, 99)) if w.size else 0.0,
+            "max_ms": float(w.max()) if w.size else 0.0}
 
 
 CAPACITY_LOOP_MAX_REQUESTS = 100_000  # a capacity loop over this many requests is not run (time, memory)

@@ -347,3 +347,30 @@ def test_guided_engine_fit_runs_its_probes_fits_and_checks_a_held_out_run(fault_
     r = run_cli("fit-engine", "--url", fault_server, "--model", "ok", "--engine-config",
                 "num_blocks=256,block_size=16,max_num_batched_tokens=256,max_num_seqs=8", "--out-dir", str(out))
     assert r.returncode == 1 and "--force" in r.stderr
+
+
+def test_a_clients_cap_holds_requests_at_the_client_and_the_replay_takes_the_sends(fault_server):
+    """Six requests scheduled 10 ms apart, each streaming 20 tokens 2 ms apart: with a cap of one in flight
+    (`--max-concurrency 1`) the client sends each when the one before has finished, in the order they came;
+    uncapped they overlap. `capacity validate` replays a capped run at its sends (what the server saw), an
+    uncapped one at its schedule; a cap on closed-loop users is one line, exit 1."""
+    from capacity.truth.fit import replay
+
+    rr = [Request(i, i * 0.01, 8, 20) for i in range(6)]
+    capped = run_load(fault_server, "ok", rr, timeout_s=5, max_duration_s=20, metrics=False, max_concurrency=1)
+    assert counts(capped) == {"ok": 6} and capped["meta"]["max_concurrency"] == 1
+    r = sorted(capped["requests"], key=lambda x: x["sent_s"])
+    assert [x["id"] for x in r] == list(range(6))  # first come, first served
+    assert all(b["sent_s"] >= a["finish_s"] for a, b in zip(r, r[1:]))  # never two in flight
+    assert r[-1]["sent_s"] - r[-1]["scheduled_s"] > 0.1  # the last waited for five 20-token streams
+    assert [q.arrival_s for q in replay(capped)] == [x["sent_s"] for x in r]
+    cw = summarize_run(capped)["client_wait"]
+    assert cw["max_concurrency"] == 1 and cw["requests"] == 6
+    assert cw["max_ms"] == pytest.approx((r[-1]["sent_s"] - r[-1]["scheduled_s"]) * 1e3) and cw["max_ms"] > 100
+    free = run_load(fault_server, "ok", rr, timeout_s=5, max_duration_s=20, metrics=False)
+    f = sorted(free["requests"], key=lambda x: x["sent_s"])
+    assert free["meta"]["max_concurrency"] is None and any(b["sent_s"] < a["finish_s"] for a, b in zip(f, f[1:]))
+    assert "client_wait" not in summarize_run(free)
+    assert [q.arrival_s for q in replay(free)] == [x["scheduled_s"] for x in sorted(f, key=lambda x: x["scheduled_s"])]
+    out = run_cli("loadtest", "--url", fault_server, "-m", "ok", "--users", "2", "--max-concurrency", "2")
+    assert out.returncode == 1 and "--max-concurrency" in out.stderr and len(out.stderr.strip().splitlines()) == 1

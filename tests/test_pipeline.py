@@ -393,3 +393,41 @@ def test_a_closed_loops_warm_up_is_its_start_up_cohort():
     assert res.summary.ttft_s.p99 == pytest.approx(np.percentile(ttft[200:], 99), rel=1e-9)
     assert ttft[:200].mean() > 10 * ttft[200:].mean()  # the cohort: 2.4 s against 143 ms
     assert np.percentile(ttft[100:], 99) > 10 * res.summary.ttft_s.p99  # the old 10%: 4.5 s against 253 ms
+
+
+def test_simulate_takes_a_clients_cap_and_reports_its_wait(tmp_path):
+    """`--max-concurrency C` with a rate: the run of `vllm bench serve --request-rate R --max-concurrency C`. The
+    JSON gives the measured requests' waits at the client, the notes say what TTFT leaves out and that the client's
+    backlog grew at a rate 16 slots cannot send; a cap where it means nothing, or in a plan or a fleet (whose rate
+    searches and merged arrivals would drop it), is one line naming the field, exit 1."""
+    from pydantic import ValidationError
+
+    from capacity.plan.colocate import Fleet
+    from capacity.workload import Arrivals, fixed
+
+    out = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rate", "30", "--max-concurrency", "16",
+                  "--input-len", "1000", "--output-len", "200", "-n", "400", "--json")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    cw = d["client_wait"]
+    assert cw["max_concurrency"] == 16 and cw["requests"] == 360 and cw["requests_waited"] > 300
+    assert cw["backlog_rising"] is True and cw["mean_ms"] > 1000
+    note = next(n for n in d["notes"] if n.startswith("client cap of 16 requests in flight"))
+    assert "the client sent less than the offered rate" in note and "leave that wait out" in note
+    assert d["summary"]["requests_per_s"] < 10  # 16 slots of a ~2.1-s request: about 7.5 req/s, not 30
+    dep = Deployment(card=load_model_card(ROOT / "models/llama-3.1-8b.yaml"), gpu=get_gpu("h100-sxm"))
+    free = run(dep, WorkloadSpec(arrivals=Arrivals(rate_per_s=2.0), input_len=fixed(100), output_len=fixed(20),
+                                 num_requests=100), RunOptions(seed=0, ci=False))
+    assert free.as_dict()["client_wait"] is None and not any("client cap" in n for n in free.notes)
+    for kind in ("closed", "offline"):  # the CLI turns these into one line naming the field (below)
+        with pytest.raises(ValidationError, match="max_concurrency 2: a client's cap on an open loop"):
+            Arrivals(kind=kind, users=4, max_concurrency=2)
+    with pytest.raises(ValidationError, match="max_concurrency: a client's cap is not simulated in a fleet"):
+        Fleet.model_validate({"gpu": "h100-sxm", "models": [{"model": "llama-3.1-8b", "workload": {
+            "arrivals": {"kind": "poisson", "rate_per_s": 2, "max_concurrency": 4}}}]})
+    sc = tmp_path / "plan.yaml"
+    sc.write_text("model: llama-3.1-8b\ntarget_rate_per_s: 10\nworkload:\n  arrivals: {kind: poisson, max_concurrency: 8}\n")
+    for args in (("simulate", "-m", "llama-3.1-8b", "--arrival", "closed", "--users", "4", "--max-concurrency", "2"),
+                 ("plan", "--model", str(sc))):
+        r = run_cli(*args)
+        assert r.returncode == 1 and "max_concurrency" in r.stderr and len(r.stderr.strip().splitlines()) == 1, args

@@ -563,3 +563,72 @@ def test_guaranteed_no_evict_reserves_outputs_and_never_preempts():
             np.random.default_rng(0), SimConfig())
     assert runs[True].preemptions == 0 and runs[True].records.finish.max() == pytest.approx(0.734, abs=1e-12)
     assert runs[False].preemptions > 0
+
+
+# ---- a benchmark client's cap on requests in flight (vllm bench serve --request-rate R --max-concurrency C) ------
+@pytest.mark.parametrize("cap", [1, 3, 10**5])
+def test_a_clients_cap_splits_the_fifo_wait_between_client_and_server(cap):
+    """M/D/1 behind a client that keeps at most `cap` requests in flight (batch size 1, one token: each request is
+    one 10-ms step). A request waits first at the client for a slot, then at the server; the two waits add up to
+    the uncapped queue's, request by request (Lindley's recursion on the arrival times, by hand above). With one
+    slot nothing waits at the server and every TTFT, timed from the send as the tool times it, is the step; with
+    more slots than requests the run is the uncapped open loop's, time for time."""
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=70.0, max_concurrency=cap),
+                        input_len=fixed(1), output_len=fixed(1), num_requests=5000)
+    res = simulate(spec, LinearCost(fixed_s=0.01), one_at_a_time, np.random.default_rng(3), SimConfig(timeseries=False))
+    r, client = res.records, res.client_waits
+    arrived = r.arrival - client  # the arrival times the client drew; the records keep the send
+    server = r.first_scheduled - r.arrival
+    np.testing.assert_allclose(client + server, lindley(arrived, np.full(len(r), 0.01)), rtol=1e-9, atol=1e-9)
+    assert (client + server).mean() == pytest.approx(0.7 * 0.01 / (2 * 0.3), rel=0.15)  # M/D/1's rho D / (2 (1 - rho))
+    if cap == 1:
+        assert server.max() == 0 and client.mean() > 0.01
+        np.testing.assert_allclose(r.first_token - r.arrival, 0.01, rtol=1e-9)
+    elif cap == 3:
+        assert 0 < client.mean() < server.mean()
+    else:
+        assert client.max() == 0
+        free = simulate(spec.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=70.0)}),
+                        LinearCost(fixed_s=0.01), one_at_a_time, np.random.default_rng(3), SimConfig(timeseries=False))
+        for attr in ("arrival", "first_token", "finish"):
+            np.testing.assert_array_equal(getattr(r, attr), getattr(free.records, attr))
+        assert free.client_waits is None
+
+
+@pytest.mark.parametrize("async_scheduling, frontend", [(False, 0.0), (True, 0.0), (True, 0.002)])
+def test_fast_forward_is_exact_behind_a_clients_cap(roofline, async_scheduling, frontend):
+    """Poisson arrivals above what 8 slots can send (so most requests wait at the client, and a slot freed by an
+    answer sends at once): the fast path must stop its decode stretch where one step at a time admits the send."""
+    from capacity.workload import Lengths
+
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=40.0, max_concurrency=8),
+                        input_len=Lengths(kind="uniform", low=64, high=2048),
+                        output_len=Lengths(kind="uniform", low=16, high=400), num_requests=400)
+    fast, slow = (simulate(spec, roofline, lambda: make_scheduler("continuous", async_scheduling=async_scheduling, **CB),
+                           np.random.default_rng(5), SimConfig(fast_forward=f, frontend_s=frontend)) for f in (True, False))
+    assert fast.steps == slow.steps and fast.events < slow.events / 3
+    assert (fast.client_waits > 0).mean() > 0.9
+    np.testing.assert_allclose(fast.client_waits, slow.client_waits, rtol=1e-9, atol=1e-12)
+    for attr in ("arrival", "first_token", "finish"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+
+
+def test_a_cap_on_requests_sent_at_once_is_the_closed_loop(roofline, tmp_path):
+    """`vllm bench serve --request-rate inf --max-concurrency 16`: every request arrives at t=0 and 16 slots send
+    them, each the moment the previous one is answered. That is 16 closed-loop users without think time, time for
+    time (fixed lengths, so the two draw the same requests)."""
+    import json
+
+    trace = tmp_path / "burst.jsonl"
+    trace.write_text("".join(json.dumps({"timestamp": 0.0, "input_tokens": 500, "output_tokens": 100}) + "\n"
+                             for _ in range(200)))
+    capped = WorkloadSpec(arrivals=Arrivals(kind="trace", max_concurrency=16), trace=str(trace),
+                          input_len=fixed(500), output_len=fixed(100), num_requests=200)
+    users = WorkloadSpec(arrivals=Arrivals(kind="closed", users=16), input_len=fixed(500), output_len=fixed(100),
+                         num_requests=200)
+    a, b = (simulate(w, roofline, lambda: make_scheduler("continuous", **CB), np.random.default_rng(5), SimConfig())
+            for w in (capped, users))
+    assert a.steps == b.steps and len(a.records) == 200
+    for attr in ("arrival", "first_token", "finish"):
+        np.testing.assert_array_equal(getattr(a.records, attr), getattr(b.records, attr))
+    np.testing.assert_array_equal(a.client_waits, a.records.arrival)  # each waited from t=0 until its send

@@ -54,6 +54,7 @@ def simulate(
     cv: Annotated[float, typer.Option("--cv", help="Gamma arrivals: coefficient of variation (burstiness)")] = 1.0,
     users: Annotated[Optional[int], typer.Option("--users", help="Closed loop: concurrent users")] = None,
     think_s: Annotated[float, typer.Option("--think-s", help="Closed loop: mean think time, s")] = 0.0,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop behind a client that keeps at most this many requests in flight (vllm bench serve --request-rate R --max-concurrency C); TTFT is timed from the send")] = None,
     workload: Annotated[Optional[str], typer.Option("--workload", help="Workload YAML/JSON (overrides the flags above)")] = None,
     policy: Annotated[str, typer.Option("--policy", help="continuous, priority, sjf or static")] = "continuous",
     replicas: Annotated[int, typer.Option("--replicas", help="Replicas behind the router")] = 1,
@@ -128,6 +129,8 @@ def simulate(
             if rate is None:
                 raise CapacityError("--rate is required for open-loop arrivals (or use --arrival closed --users N)")
             arr["rate_per_s"] = rate
+        if max_concurrency is not None:
+            arr["max_concurrency"] = max_concurrency
         cls = RequestClass(slo_ttft_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
                            slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
         spec = validate(WorkloadSpec, {"arrivals": validate(Arrivals, arr, "arrival options"),

@@ -25,6 +25,7 @@ def loadtest(
     trace: Annotated[Optional[str], typer.Option("--trace", help="Replay a JSONL/CSV trace with exact timestamps")] = None,
     users: Annotated[Optional[int], typer.Option("--users", help="Closed loop: concurrent users (instead of --rate)")] = None,
     think_s: Annotated[float, typer.Option("--think-s")] = 0.0,
+    max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop: at most this many requests in flight, the rest wait at the client (vllm bench serve --max-concurrency)")] = None,
     prefill_sweep: Annotated[Optional[str], typer.Option("--prefill-sweep", help="Input lengths at the fixed output length")] = None,
     decode_sweep: Annotated[Optional[str], typer.Option("--decode-sweep", help="Output lengths at the fixed input length")] = None,
     endpoint: Annotated[str, typer.Option("--endpoint", help="completions or chat")] = "completions",
@@ -57,6 +58,11 @@ def loadtest(
         if users <= 0:
             raise CapacityError(f"--users {users}: must be > 0")
         bound("loadtest_concurrency", users, "--users")
+    if max_concurrency is not None:
+        if max_concurrency <= 0 or users is not None:
+            raise CapacityError(f"--max-concurrency {max_concurrency}: a cap >= 1 on an open loop (--rate or "
+                                "--trace); closed-loop --users are their own cap")
+        bound("loadtest_concurrency", max_concurrency, "--max-concurrency")
     if rate is not None and (not math.isfinite(rate) or rate <= 0):
         raise CapacityError(f"--rate {rate}: must be a finite number > 0")
     if seed < 0:
@@ -142,7 +148,8 @@ def loadtest(
             try:
                 run = run_load(url, model, rr, users=users, think_s=think_s, timeout_s=timeout_s,
                                max_duration_s=max_duration_s, endpoint=endpoint,
-                               progress=lambda task=task: bar.advance(task), engine=eng)
+                               progress=lambda task=task: bar.advance(task), engine=eng,
+                               max_concurrency=max_concurrency)
             finally:
                 if out and run:
                     Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
@@ -197,6 +204,10 @@ def loadtest(
                           "kv_blocks_per_replica": 0, "block_size": 0, "littles_law": {"L": float("nan"), "lambda_W": float("nan")},
                           "notes": []}, con)
         con.print(f"outcomes: {counts(r)}" + (f"  ({r['sweep']})" if "sweep" in r else ""))
+        if s.get("client_wait"):
+            c = s["client_wait"]
+            con.print(f"client cap of {c['max_concurrency']} in flight: requests waited {c['mean_ms']:,.0f} ms on "
+                      f"average for a slot (max {c['max_ms']:,.0f} ms), not in TTFT or E2E", highlight=False)
         if r.get("utilisation"):
             from capacity.truth.utilisation import describe
 

@@ -71,6 +71,9 @@ class Fleet(_Strict):
             if m.workload.arrivals.kind in ("closed", "offline"):
                 raise ValueError(f"models[{m.model}].workload: {m.workload.arrivals.kind} arrivals are not "
                                  "simulated in a fleet (use an open-loop rate)")
+            if m.workload.arrivals.max_concurrency is not None:
+                raise ValueError(f"models[{m.model}].workload.arrivals.max_concurrency: a client's cap is not "
+                                 "simulated in a fleet (its arrivals are merged into one open loop)")
         return self
 
 

@@ -82,6 +82,10 @@ class Scenario(_Strict):
         if v.arrivals.kind == "curve":
             raise ValueError("arrivals.kind curve: a plan sizes one steady rate (target_rate_per_s); simulate a "
                              "rate curve with `capacity simulate --workload`, or plan for its peak rate")
+        if v.arrivals.max_concurrency is not None:  # the rate searches send every arrival: a cap would be dropped
+            raise ValueError(f"arrivals.max_concurrency {v.arrivals.max_concurrency}: a benchmark client's cap; a plan "
+                             "sizes the rate the server takes uncapped (simulate the capped client with "
+                             "`capacity simulate --max-concurrency`)")
         return v
 
     @field_validator("profile")

@@ -34,7 +34,7 @@ from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
 from capacity.sim.entities import Recorder, Replica
 from capacity.sim.metrics import Records
 from capacity.sim.routing import Delay, KVTransfer, Router
-from capacity.sim.sources import ClosedLoopUsers, OpenLoopSource
+from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource
 from capacity.workload import Request, WorkloadSpec, generate
 
 
@@ -162,6 +162,7 @@ class SimResult:
     transfer_waits: np.ndarray | None = None  # disaggregated: per KV transfer, time queued for the link, s
     transfer_times: np.ndarray | None = None  # disaggregated: per KV transfer, time on the link, s
     swaps: list[tuple[float, int, int]] = field(default_factory=list)  # swap mode: (start, from replica, to replica)
+    client_waits: np.ndarray | None = None  # a client's cap (arrivals.max_concurrency): per request, in records' order, s
 
 
 class Simulation:
@@ -355,8 +356,12 @@ class Simulation:
     def run(self, workload: WorkloadSpec | list[Request]) -> SimResult:
         env, cfg, res = self.env, self.cfg, self.result
         closed = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "closed"
+        capped = isinstance(workload, WorkloadSpec) and workload.arrivals.max_concurrency is not None
         if closed:
             self.users = ClosedLoopUsers(self, workload)  # type: ignore[arg-type]
+            self.users.start()
+        elif capped:
+            self.users = CappedOpenLoop(self, workload, generate(workload, self.rng))  # type: ignore[arg-type]
             self.users.start()
         else:
             self.offline = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "offline"
@@ -387,6 +392,9 @@ class Simulation:
         if not res.saturated and math.isfinite(cfg.max_sim_s) and env.now >= cfg.max_sim_s:
             res.saturation = f"stopped at max_sim_s={cfg.max_sim_s} s with requests unfinished"
         res.records = rec.records()
+        if isinstance(self.users, CappedOpenLoop):  # in the records' order (Recorder.records)
+            w = self.users.waits
+            res.client_waits = np.array([w[s.req.id] for s in sorted(rec.seqs, key=lambda s: (s.req.arrival_s, s.req.id))])
         res.itl_values, res.itl_weights, res.itl_times = rec.itl()
         res.timeseries = rec.timeseries_array()
         if self.autoscaler is not None:

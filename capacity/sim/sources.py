@@ -1,5 +1,6 @@
-"""Where requests come from: `OpenLoopSource` (generated or traced arrival times) and `ClosedLoopUsers` (users
-who send, wait for the answer, think, and send again). Wired by `capacity.sim.simulator.Simulation`.
+"""Where requests come from: `OpenLoopSource` (generated or traced arrival times), `ClosedLoopUsers` (users
+who send, wait for the answer, think, and send again) and `CappedOpenLoop` (arrival times behind a client's cap on
+requests in flight). Wired by `capacity.sim.simulator.Simulation`.
 """
 from __future__ import annotations
 
@@ -80,3 +81,57 @@ class ClosedLoopUsers:
             heapq.heappop(self.due)  # this user's due time: the smallest, as the clock has reached it
             self.promised -= 1
             sim.next_arrival_s = self.due[0] if self.due else math.inf
+
+
+class CappedOpenLoop(ClosedLoopUsers):
+    """Open-loop arrival times behind a client that keeps at most `max_concurrency` requests in flight, as `vllm
+    bench serve --request-rate R --max-concurrency C` does (every request an asyncio task from its arrival, an
+    asyncio.Semaphore(C) around the send; its clock starts after the semaphore, so TTFT leaves the wait at the
+    client out). C slots: a slot freed by an answer (or a rejection) takes the oldest request not yet sent, at
+    once if it has arrived, else at its arrival; `waits[id]` is a sent request's time at the client.
+
+    The slots are the closed loop's users with "wait for the next arrival" in place of thinking, so the fast path's
+    horizon (`next_arrival_s`, the earliest pending send) is kept the same way. Slots take requests in the order
+    they are freed and send in id order (a send time is max(freed, arrival), both non-decreasing)."""
+
+    def __init__(self, sim: Simulation, spec: WorkloadSpec, requests: list[Request]) -> None:
+        super().__init__(sim, spec)
+        self.requests = requests
+        self.taken = 0  # requests given to a slot (sent, or due at their send time)
+        self.sent = 0
+        self.waits: dict[int, float] = {}
+
+    def start(self) -> None:
+        for _ in range(min(self.spec.arrivals.max_concurrency or 1, len(self.requests))):
+            t = self._take()
+            assert t is not None
+            self.sim.env.process(self.slot(t))
+
+    def _take(self) -> float | None:
+        """A slot is free now: when it sends the oldest request not yet given to a slot (None: none left)."""
+        if self.taken >= len(self.requests):
+            return None
+        t = max(self.sim.env.now, self.requests[self.taken].arrival_s)
+        self.taken += 1
+        heapq.heappush(self.due, t)
+        self.sim.next_arrival_s = self.due[0]
+        return t
+
+    def answered(self) -> float | None:
+        return self._take()
+
+    def slot(self, due: float | None) -> Generator[Any, float | None, None]:
+        sim, env = self.sim, self.sim.env
+        while due is not None:
+            if due > env.now:
+                yield env.timeout(due - env.now)
+            heapq.heappop(self.due)
+            sim.next_arrival_s = self.due[0] if self.due else math.inf
+            req = self.requests[self.sent]
+            self.waits[req.id] = env.now - req.arrival_s
+            self.sent += 1
+            req.arrival_s = env.now  # the tool's clock starts at the send
+            done = env.event()
+            sim.waiters[req.id] = done
+            sim.enter(req)
+            due = yield done

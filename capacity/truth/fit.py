@@ -45,8 +45,16 @@ def load_run(path: str | Path) -> dict:
     return run
 
 
+def replay_key(run: dict) -> str:
+    return "sent_s" if (run.get("meta") or {}).get("max_concurrency") else "scheduled_s"
+
+
 def replay(run: dict) -> list[Request]:
-    reqs = [Request(r["id"], float(r["scheduled_s"]), int(r["prompt_tokens"]), int(r["max_tokens"]))
+    """The run's successful requests at the times the server got them: the schedule of an open loop; a closed
+    loop's users record their sends as their schedule; behind a client's cap (meta max_concurrency) the sends,
+    not the arrivals that waited for a slot."""
+    key = replay_key(run)
+    reqs = [Request(r["id"], float(r[key]), int(r["prompt_tokens"]), int(r["max_tokens"]))
             for r in run["requests"] if r["status"] == "ok"]
     reqs.sort(key=lambda q: q.arrival_s)
     return reqs
@@ -76,7 +84,8 @@ def simulate_run(run: dict, cost, sched_kw: dict, seed: int = 0, frontend_s: flo
 
 def per_request(run: dict) -> tuple[np.ndarray, np.ndarray]:
     """Measured TTFT and TPOT of each successful request, in replay order (TPOT NaN for one-token outputs)."""
-    ok = sorted((r for r in run["requests"] if r["status"] == "ok"), key=lambda r: r["scheduled_s"])
+    key = replay_key(run)
+    ok = sorted((r for r in run["requests"] if r["status"] == "ok"), key=lambda r: r[key])
     ttft = np.array([r["first_token_s"] - r["sent_s"] for r in ok])
     out = np.array([r["output_tokens"] for r in ok], dtype=float)
     span = np.array([r["finish_s"] - r["first_token_s"] for r in ok])

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from capacity.errors import CapacityError
 from capacity.sim.metrics import Records, summarize
 from capacity.workload import Request
 
@@ -219,7 +220,7 @@ async def _one_request(client, url: str, model: str, o: Outcome, t0: float, time
 
 async def _run(url: str, model: str, requests: list[Request], *, users: int | None, think_s: float,
                timeout_s: float, max_duration_s: float, endpoint: str, metrics: bool, progress,
-               holder: dict) -> tuple[list[Outcome], list]:
+               holder: dict, max_concurrency: int | None = None) -> tuple[list[Outcome], list]:
     import httpx
 
     from capacity.truth.utilisation import Sampler
@@ -261,11 +262,20 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
                 except TimeoutError:
                     pass
 
+        # a client's cap on requests in flight (`vllm bench serve --max-concurrency` with a rate): a request that
+        # comes while that many are unanswered waits for a slot (asyncio's semaphore wakes its waiters in turn);
+        # its clock (sent_s) starts at the send
+        slots = asyncio.Semaphore(max_concurrency) if max_concurrency else None
+
         async def open_loop(o: Outcome):
             delay = o.scheduled_s - (time.perf_counter() - t0)
             if delay > 0:
                 await asyncio.sleep(delay)
-            await _one(client, url, model, o, t0, timeout_s, endpoint, quirks)
+            if slots is None:
+                await _one(client, url, model, o, t0, timeout_s, endpoint, quirks)
+            else:
+                async with slots:
+                    await _one(client, url, model, o, t0, timeout_s, endpoint, quirks)
             if progress:
                 progress()
 
@@ -314,9 +324,14 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
 
 def run_load(url: str, model: str, requests: list[Request], *, users: int | None = None, think_s: float = 0.0,
              timeout_s: float = 60.0, max_duration_s: float = 600.0, endpoint: str = "completions",
-             metrics: bool = True, progress=None, engine: dict | None = None) -> dict:
+             metrics: bool = True, progress=None, engine: dict | None = None,
+             max_concurrency: int | None = None) -> dict:
     """Run the load and return the run record (JSON-ready). `engine`: the server's scheduler limits, recorded for
-    fits (capacity.truth.provenance.ENGINE_KEYS); the run also records where it was measured."""
+    fits (capacity.truth.provenance.ENGINE_KEYS); the run also records where it was measured. `max_concurrency`
+    (open loop only): at most that many requests in flight, the others waiting at the client for a slot."""
+    if max_concurrency is not None and (users or max_concurrency < 1):
+        raise CapacityError(f"max_concurrency {max_concurrency}: a cap of at least 1 on an open loop "
+                            "(closed-loop users are their own cap)")
     from capacity.errors import require
 
     for mod in ("httpx", "httpx_sse", "prometheus_client"):
@@ -349,7 +364,7 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
     try:
         outs, scrapes = asyncio.run(_run(url, model, requests, users=users, think_s=think_s, timeout_s=timeout_s,
                                          max_duration_s=max_duration_s, endpoint=endpoint, metrics=metrics,
-                                         progress=progress, holder=holder))
+                                         progress=progress, holder=holder, max_concurrency=max_concurrency))
     except KeyboardInterrupt:  # Ctrl-C, SIGTERM, SIGHUP: keep what was measured, account for the rest
         interrupted = True
         outs, scrapes = holder.get("outs", []), holder.get("scrapes", [])
@@ -361,7 +376,8 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     return {"meta": {"url": url, "model": model, "endpoint": endpoint, "started_unix": started,
-                     "users": users, "timeout_s": timeout_s, "max_duration_s": max_duration_s,
+                     "users": users, "max_concurrency": max_concurrency, "timeout_s": timeout_s,
+                     "max_duration_s": max_duration_s,
                      "interrupted": interrupted, "engine": engine, "provenance": provenance},
             "requests": [asdict(o) for o in outs], "metrics": scrapes,
             "utilisation": holder["sampler"].close() if holder.get("sampler") else None}
@@ -392,4 +408,11 @@ def summarize_run(run: dict, seed: int = 0) -> dict:
     s = summarize(rec, gaps, w, np.random.default_rng(seed), ci=len(rec) >= 100)
     d = s.as_dict()
     d["outcomes"] = counts(run)
+    cap = (run.get("meta") or {}).get("max_concurrency")
+    if cap:  # behind the client's cap: how long the successful requests waited for a slot (sent - scheduled)
+        wait = np.array([r["sent_s"] - r["scheduled_s"] for r in run["requests"] if r["status"] == OK]) * 1e3
+        d["client_wait"] = {"max_concurrency": cap, "requests": int(wait.size),
+                            "mean_ms": float(wait.mean()) if wait.size else 0.0,
+                            "p99_ms": float(np.percentile(wait, 99)) if wait.size else 0.0,
+                            "max_ms": float(wait.max()) if wait.size else 0.0}
     return d
