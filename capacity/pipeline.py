@@ -29,7 +29,7 @@ from capacity.model.gpus import GPU
 from capacity.sim.autoscale import AutoscaleConfig
 from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Backlogged, Summary, Trend, backlogged, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
-from capacity.steady import Capacity, capacity_loop, capacity_loop_size, stability_notes
+from capacity.steady import Capacity, capacity_loop, capacity_loop_size, client_wait, lock_step_note, stability_notes
 from capacity.workload import Request, WorkloadSpec
 
 
@@ -325,29 +325,6 @@ def disagg_report(res: RunResult, prefill: Deployment, dis: Disagg) -> dict[str,
             "transfer_s": stats(times), "link_wait_s": stats(waits)}
 
 
-def lock_step_note(first_token: np.ndarray, users: int, per_step: float) -> list[str]:
-    """A closed loop whose users came back in waves. `first_token`: the measured requests' first-token times (a
-    step's first tokens share one time); `per_step`: first tokens per engine step over the run. For each request,
-    how many got their first token in its step, itself included (the size-biased mean of those clusters): users
-    arriving independently of each other would give 1 + per_step (a Poisson count seen from one of its members);
-    waves give far more, also when a wave's prompts take several steps of the token budget. Fixed lengths without
-    think time keep simulated users in such waves for good; real clients and engines drift apart within a few
-    waves (docs/fidelity.md, closed-loop lock-step), so TTFT is then an upper end."""
-    t = first_token[np.isfinite(first_token)]
-    if users < 4 or t.size < 2 * users:
-        return []
-    _, counts = np.unique(t, return_counts=True)
-    shared = float((counts * counts).sum() / t.size)
-    ratio = shared / (1.0 + per_step)
-    if shared < 4.0 or ratio < 3.0:
-        return []
-    return [f"closed loop in lock-step: the average measured request got its first token in one step with "
-            f"{shared:.0f} requests, itself included, {ratio:.0f}x what {users} users arriving independently would "
-            "give. Fixed lengths without think time keep simulated users in waves; real clients and engines drift "
-            "apart within a few waves, so TTFT here is an upper end (safe, not accurate). Lengths a few percent "
-            "apart (e.g. --output-len 190-210 for 200) give the other end (docs/fidelity.md, closed-loop lock-step)"]
-
-
 def warmup_requests(n: int, fraction: float, workload: WorkloadSpec) -> int:
     """How many of a run's first requests its metrics leave out: `fraction` of them, and in a closed loop at least
     the start-up cohort, the `users` requests sent at once at t=0 (when more were sent than that). The cohort
@@ -412,17 +389,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
                          "but a real engine may keep such users in waves (NIM's Llama-3.1-8B with 5,000-token "
                          "prompts at 5-150 users: published TTFT 1.9-2.7x this simulator's), so TTFT here may be "
                          "the lower end (docs/fidelity.md, closed-loop lock-step)")
-    client = client_wait(sim.client_waits, n_warm, arr.max_concurrency)
-    if client and client["requests_waited"]:
-        w = sim.client_waits[n_warm:]  # type: ignore[index]
-        grew = ttft_trend(measured.arrival - w, measured.arrival)  # the client's backlog over arrival time
-        client["backlog_rising"] = bool(grew is not None and grew.rising)
-        notes.append(f"client cap of {arr.max_concurrency} requests in flight: {client['requests_waited']:,} of "
-                     f"{client['requests']:,} measured requests waited at the client for a slot (mean "
-                     f"{client['mean_ms']:,.0f} ms, max {client['max_ms']:,.0f} ms)"
-                     + (f", and the wait grew through the run ({grew.first_s * 1e3:,.0f} -> {grew.last_s * 1e3:,.0f} "
-                        "ms): the client sent less than the offered rate" if grew is not None and grew.rising else "")
-                     + "; TTFT and E2E start at the send, as vllm bench serve times them, so they leave that wait out")
+    client, say = client_wait(sim.client_waits, measured.arrival, n_warm, arr.max_concurrency)
+    notes += say
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     steady = arr.kind in STEADY_ARRIVALS
     trend = ttft_trend(measured.arrival, measured.first_token) if steady and not sim.saturation else None
@@ -436,16 +404,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
                      warmup_cohort=bool(n_warm) and arr.kind == "closed" and n_warm == (arr.users or 0),
                      client_wait=client)
 
-
-def client_wait(waits: np.ndarray | None, n_warm: int, cap: int | None) -> dict | None:
-    """A client's cap on requests in flight (arrivals.max_concurrency): how long the measured requests waited at
-    the client for a slot, ms (None without a cap)."""
-    if waits is None or cap is None:
-        return None
-    w = waits[n_warm:] * 1e3
-    return {"max_concurrency": cap, "requests": int(w.size), "requests_waited": int((w > 0).sum()),
-            "mean_ms": float(w.mean()) if w.size else 0.0, "p99_ms": float(np.percentile(w, 99)) if w.size else 0.0,
-            "max_ms": float(w.max()) if w.size else 0.0}
 
 
 CAPACITY_LOOP_MAX_REQUESTS = 100_000  # a capacity loop over this many requests is not run (time, memory)

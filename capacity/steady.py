@@ -9,14 +9,19 @@ cannot always tell, so two checks, each with its own evidence:
 `stability_notes` turns both into what `capacity simulate`, the dashboard and the JSON say; the planner, `disagg`,
 `pools` and `colocate` fail a run whose TTFT still rises. Measured false-alarm and detection rates:
 `bench/steady_state.py`; the pinned ones: tests/test_steady_state.py.
+
+Two states a load generator can hold a run in are said here too: a closed loop's users in lock-step
+(`lock_step_note`), and a client's cap that holds arrivals back (`client_wait`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from capacity.engine import MemoryBudget
 from capacity.engine.config import EngineConfig
-from capacity.sim.metrics import TREND_BATCHES, Trend
+from capacity.sim.metrics import TREND_BATCHES, Trend, ttft_trend
 from capacity.sim.simulator import SimResult
 from capacity.workload import Arrivals, WorkloadSpec, least_tokens
 
@@ -105,3 +110,49 @@ def stability_notes(sim: SimResult, trend: Trend | None, cap: Capacity | None, o
                      "forms here drains slowly" + (" or never" if u >= 1 else "") + ", so the percentiles depend on "
                      "the run's length and jump with small changes of rate; plan with headroom below it")
     return notes
+
+
+def client_wait(waits: np.ndarray | None, sent: np.ndarray, n_warm: int, cap: int | None) -> tuple[dict | None, list[str]]:
+    """Behind a client's cap on requests in flight (arrivals.max_concurrency): how long the measured requests (sent
+    at `sent`, in the records' order) waited at the client for a slot, in ms, and whether that wait grew through the
+    run (the trend test of TTFT, on the wait over arrival time): then the client sent less than the offered rate,
+    whatever TTFT says. (None, []) without a cap."""
+    if waits is None or cap is None:
+        return None, []
+    w = waits[n_warm:]
+    ms = w * 1e3
+    d = {"max_concurrency": cap, "requests": int(w.size), "requests_waited": int((w > 0).sum()),
+         "mean_ms": float(ms.mean()) if w.size else 0.0, "p99_ms": float(np.percentile(ms, 99)) if w.size else 0.0,
+         "max_ms": float(ms.max()) if w.size else 0.0, "backlog_rising": False}
+    if not d["requests_waited"]:
+        return d, []
+    grew = ttft_trend(sent - w, sent)
+    d["backlog_rising"] = bool(grew is not None and grew.rising)
+    rise = (f", and the wait grew through the run ({grew.first_s * 1e3:,.0f} -> {grew.last_s * 1e3:,.0f} ms): the "
+            "client sent less than the offered rate" if grew is not None and grew.rising else "")
+    return d, [f"client cap of {cap} requests in flight: {d['requests_waited']:,} of {d['requests']:,} measured "
+               f"requests waited at the client for a slot (mean {d['mean_ms']:,.0f} ms, max {d['max_ms']:,.0f} ms)"
+               f"{rise}; TTFT and E2E start at the send, as vllm bench serve times them, so they leave that wait out"]
+
+
+def lock_step_note(first_token: np.ndarray, users: int, per_step: float) -> list[str]:
+    """A closed loop whose users came back in waves. `first_token`: the measured requests' first-token times (a
+    step's first tokens share one time); `per_step`: first tokens per engine step over the run. For each request,
+    how many got their first token in its step, itself included (the size-biased mean of those clusters): users
+    arriving independently of each other would give 1 + per_step (a Poisson count seen from one of its members);
+    waves give far more, also when a wave's prompts take several steps of the token budget. Fixed lengths without
+    think time keep simulated users in such waves for good; real clients and engines drift apart within a few
+    waves (docs/fidelity.md, closed-loop lock-step), so TTFT is then an upper end."""
+    t = first_token[np.isfinite(first_token)]
+    if users < 4 or t.size < 2 * users:
+        return []
+    _, counts = np.unique(t, return_counts=True)
+    shared = float((counts * counts).sum() / t.size)
+    ratio = shared / (1.0 + per_step)
+    if shared < 4.0 or ratio < 3.0:
+        return []
+    return [f"closed loop in lock-step: the average measured request got its first token in one step with "
+            f"{shared:.0f} requests, itself included, {ratio:.0f}x what {users} users arriving independently would "
+            "give. Fixed lengths without think time keep simulated users in waves; real clients and engines drift "
+            "apart within a few waves, so TTFT here is an upper end (safe, not accurate). Lengths a few percent "
+            "apart (e.g. --output-len 190-210 for 200) give the other end (docs/fidelity.md, closed-loop lock-step)"]

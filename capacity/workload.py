@@ -106,10 +106,7 @@ class Arrivals(_Strict):
     at t=0 (a batch job: `vllm bench throughput`, MLPerf Offline), measured by its makespan; curve: a Poisson
     process whose rate follows `curve` or `curve_file` (a daily load curve; one curve for the whole workload,
     classes drawn by weight as for the others, or a class on a curve of its own: RequestClass.curve).
-    `max_concurrency` (poisson, gamma, constant, trace): a benchmark client's cap on requests in flight, as
-    `vllm bench serve --request-rate R --max-concurrency C` runs: a request that arrives while C are unanswered
-    waits at the client, first come first served, and is sent (and timed from, as the tool times it) when one is
-    answered. Its wait is reported apart (`client_wait`)."""
+    `max_concurrency`: a benchmark client's cap on requests in flight (`vllm bench serve --max-concurrency C`)."""
 
     kind: Literal["poisson", "gamma", "constant", "closed", "trace", "offline", "curve"] = "poisson"  # arrival process (see above)
     rate_per_s: PosFloat | None = None  # requests/s, all replicas (a plan supplies it from its target)
@@ -119,7 +116,7 @@ class Arrivals(_Strict):
     curve: RateCurve | None = None  # curve: the rate over time, inline (or curve_file)
     curve_file: str | None = None  # curve: a CSV or YAML rate curve file (see load_curve), read when requests are drawn
     duration_s: PosFloat | None = None  # curve: stop at this time, s, even with fewer than num_requests arrived
-    max_concurrency: PosInt | None = None  # open loop behind a client that keeps at most this many in flight
+    max_concurrency: PosInt | None = None  # poisson/gamma/constant/trace: at most this many in flight, the rest wait at the client (first come, first served) and are timed from their send
 
     @model_validator(mode="after")
     def _check(self) -> Arrivals:
@@ -136,15 +133,12 @@ class Arrivals(_Strict):
             for f in ("curve", "curve_file", "duration_s"):
                 if getattr(self, f) is not None:
                     raise ValueError(f"{f}: only curve arrivals take it (kind is {self.kind})")
-        if self.users is not None:
-            _bounded("users", self.users, "users")
-        if self.max_concurrency is not None:
-            if self.kind not in ("poisson", "gamma", "constant", "trace"):
-                hint = (" (a client that sends everything at once behind a cap is a closed loop: kind closed, "
-                        f"users {self.max_concurrency})" if self.kind == "offline" else "")
-                raise ValueError(f"max_concurrency {self.max_concurrency}: a client's cap on an open loop "
-                                 f"(poisson, gamma, constant or trace arrivals), not {self.kind}{hint}")
-            _bounded("users", self.max_concurrency, "max_concurrency")
+        if self.max_concurrency is not None and self.kind not in ("poisson", "gamma", "constant", "trace"):
+            raise ValueError(f"max_concurrency {self.max_concurrency}: a client's cap on an open loop (poisson, gamma, "
+                             f"constant or trace arrivals), not {self.kind}; everything sent at once behind a cap is "
+                             f"a closed loop (kind closed, users {self.max_concurrency})")
+        for n in (n for n in ("users", "max_concurrency") if getattr(self, n) is not None):
+            _bounded("users", getattr(self, n), n)
         return self
 
     def rate_curve(self) -> RateCurve:

@@ -69,7 +69,7 @@ def test_lock_step_note_counts_the_requests_that_share_a_first_token_step():
     shares its step with 8, itself included; users arriving independently would give 1 + 0.25: 6.4x, the note.
     In pairs: 2, none. Steps of 4 where the engine takes 1.5 prompts a step anyway: 4 / 2.5 = 1.6x, none (a
     busy engine, not a wave). Fewer than 4 users, or too few measured: none."""
-    from capacity.pipeline import lock_step_note
+    from capacity.steady import lock_step_note
 
     waves = np.repeat([1.0, 2.0], 8)
     (note,) = lock_step_note(waves, users=8, per_step=0.25)
