@@ -405,7 +405,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
                      client_wait=client)
 
 
-
 CAPACITY_LOOP_MAX_REQUESTS = 100_000  # a capacity loop over this many requests is not run (time, memory)
 
 

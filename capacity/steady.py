@@ -112,6 +112,14 @@ def stability_notes(sim: SimResult, trend: Trend | None, cap: Capacity | None, o
     return notes
 
 
+def wait_stats(waits_s: np.ndarray, cap: int) -> dict:
+    """Waits at a capped client (s), as simulate and loadtest report them: the cap, the count, mean/P99/max ms."""
+    ms = np.asarray(waits_s, dtype=float) * 1e3
+    some = ms.size > 0
+    return {"max_concurrency": cap, "requests": int(ms.size), "mean_ms": float(ms.mean()) if some else 0.0,
+            "p99_ms": float(np.percentile(ms, 99)) if some else 0.0, "max_ms": float(ms.max()) if some else 0.0}
+
+
 def client_wait(waits: np.ndarray | None, sent: np.ndarray, n_warm: int, cap: int | None) -> tuple[dict | None, list[str]]:
     """Behind a client's cap on requests in flight (arrivals.max_concurrency): how long the measured requests (sent
     at `sent`, in the records' order) waited at the client for a slot, in ms, and whether that wait grew through the
@@ -120,10 +128,7 @@ def client_wait(waits: np.ndarray | None, sent: np.ndarray, n_warm: int, cap: in
     if waits is None or cap is None:
         return None, []
     w = waits[n_warm:]
-    ms = w * 1e3
-    d = {"max_concurrency": cap, "requests": int(w.size), "requests_waited": int((w > 0).sum()),
-         "mean_ms": float(ms.mean()) if w.size else 0.0, "p99_ms": float(np.percentile(ms, 99)) if w.size else 0.0,
-         "max_ms": float(ms.max()) if w.size else 0.0, "backlog_rising": False}
+    d = {**wait_stats(w, cap), "requests_waited": int((w > 0).sum()), "backlog_rising": False}
     if not d["requests_waited"]:
         return d, []
     grew = ttft_trend(sent - w, sent)

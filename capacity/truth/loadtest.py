@@ -410,9 +410,8 @@ def summarize_run(run: dict, seed: int = 0) -> dict:
     d["outcomes"] = counts(run)
     cap = (run.get("meta") or {}).get("max_concurrency")
     if cap:  # behind the client's cap: how long the successful requests waited for a slot (sent - scheduled)
-        wait = np.array([r["sent_s"] - r["scheduled_s"] for r in run["requests"] if r["status"] == OK]) * 1e3
-        d["client_wait"] = {"max_concurrency": cap, "requests": int(wait.size),
-                            "mean_ms": float(wait.mean()) if wait.size else 0.0,
-                            "p99_ms": float(np.percentile(wait, 99)) if wait.size else 0.0,
-                            "max_ms": float(wait.max()) if wait.size else 0.0}
+        from capacity.steady import wait_stats
+
+        d["client_wait"] = wait_stats(np.array([r["sent_s"] - r["scheduled_s"] for r in run["requests"]
+                                                if r["status"] == OK]), cap)
     return d
