@@ -26,6 +26,7 @@ conservative end unless `kv_estimate: middle`.
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 
 from capacity.engine.budget import KVGroups, MemoryBudget, check_fits, fit_problem, kv_bytes_per_token
@@ -33,7 +34,7 @@ from capacity.engine.config import EngineConfig, ResolvedEngine
 from capacity.engine.vllm_release import Release
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import weight_bytes_per_rank
+from capacity.model.weights import ExpertLayout, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB, MiB
 
 
@@ -91,6 +92,35 @@ ACTIVATION_SLACK_GIB = 0.06
 WEIGHTS_SPREAD = {"plain": 0.002, "other": 0.01}
 # Vision encoders' profiling (dummy items, their outputs) is read from code and checked on two logs: wider.
 VISION_ACTIVATION_SPREAD = 0.05
+
+
+def compute_capability(gpu: GPU) -> int | None:
+    """The CUDA compute capability as an integer (sm90 -> 90) from the catalogue's arch; None for AMD or unknown."""
+    m = re.search(r"\bsm_?(\d{2,3})\b", gpu.arch or "")
+    return int(m[1]) if m else None
+
+
+def mxfp4_layout(card: ModelCard, gpu: GPU, rel: Release) -> ExpertLayout | None:
+    """How vLLM's MXFP4 MoE path stores the experts on this GPU (`quantization/mxfp4.py`, read in 0.11):
+    `get_mxfp4_backend` picks FlashInfer on sm100 (intermediate and hidden padded to 256), Triton's matmul_ogs
+    on sm90 and newer consumer parts (swizzled copies of the weights replace the checkpoint's, but the
+    checkpoint's scales stay registered beside the swizzled ones: counted twice), Marlin before sm90
+    (intermediate padded to 128, hidden to 256, weights and scales re-packed in place), and on ROCm 256/256.
+    gpt-oss arrived in 0.10.1; before it, and for other formats, None."""
+    if "mxfp4" not in (card.weight_format, *card.weight_formats.values()) or rel.runner != "v1":
+        return None
+    if rel.version < (0, 10, 1):
+        return None
+    cc = compute_capability(gpu)
+    if cc is None:
+        if "cdna" in (gpu.arch or "").lower() or gpu.name.startswith("mi"):
+            return ExpertLayout("rocm", pad_intermediate=256, pad_hidden=256)
+        return None
+    if cc == 100:
+        return ExpertLayout("flashinfer-sm100", pad_intermediate=256, pad_hidden=256)
+    if cc >= 90:
+        return ExpertLayout("triton", pad_intermediate=64, checkpoint_scales_kept=True)
+    return ExpertLayout("marlin", pad_intermediate=128, pad_hidden=256)
 
 
 def blas_workspace_bytes(gpu: GPU) -> int:
@@ -283,11 +313,15 @@ class VllmMemory:
         estimates: list[str] = []
         total = gpu.usable_memory_bytes
         usable = total * cfg.gpu_memory_utilization
-        weights = sum(weight_bytes_per_rank(card, eng.tp).values())
+        layout = mxfp4_layout(card, gpu, rel)
+        weights = sum(weight_bytes_per_rank(card, eng.tp, layout).values())
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
-        if "mxfp4" in (card.weight_format, *card.weight_formats.values()):
-            w_hi = weights * 1.06  # MXFP4 kernels pad and swizzle the experts (13.47 logged vs 12.84 GiB here)
+        if layout is not None:  # the swizzled scale layouts pad a little more than counted here
+            w_hi = weights * 1.01
+            estimates.append(f"weights (mxfp4, {layout.name} layout)")
+        elif "mxfp4" in (card.weight_format, *card.weight_formats.values()):
+            w_hi = weights * 1.06  # a release before gpt-oss support: the kernel layout is not known
             estimates.append("weights (mxfp4 layout)")
 
         phases, sampler_lo = self.activation_phases(card, eng, gpu)

@@ -25,6 +25,23 @@ VOCAB_PADDING = 64  # vLLM pads the vocabulary to a multiple of 64 before splitt
 
 
 @dataclass(frozen=True)
+class ExpertLayout:
+    """How an engine's MoE kernel stores quantised experts beyond the checkpoint's shapes (vLLM's MXFP4 paths,
+    `quantization/mxfp4.py` `create_weights` and `process_weights_after_loading`): the intermediate size per rank
+    and the hidden size rounded up to multiples, and whether the checkpoint's scales stay allocated beside the
+    kernel's re-laid-out copy."""
+
+    name: str
+    pad_intermediate: int = 1
+    pad_hidden: int = 1
+    checkpoint_scales_kept: bool = False
+
+
+def _round_up(x: int, m: int) -> int:
+    return -(-x // m) * m
+
+
+@dataclass(frozen=True)
 class TensorGroup:
     name: str
     count: int  # how many copies (layers x experts)
@@ -153,15 +170,30 @@ def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None) -> float:
     return rows * 4  # one fp32 scale per output channel
 
 
-def weight_bytes_per_rank(card: ModelCard, tp: int = 1) -> dict[str, float]:
-    """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven)."""
+def _padded(t: TensorGroup, rows: int, cols: int, layout: ExpertLayout) -> tuple[int, int]:
+    """An expert tensor's (rows, cols) per rank as the kernel allocates it: gate/up [2 x I, H], down [H, I]."""
+    pi, ph = layout.pad_intermediate, layout.pad_hidden
+    if t.name == "experts_gate_up":
+        return 2 * _round_up(rows // 2, pi), _round_up(cols, ph)
+    return _round_up(rows, ph), _round_up(cols, pi)
+
+
+def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | None = None) -> dict[str, float]:
+    """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven). `layout`: the
+    engine kernel's storage of MXFP4 experts (padding, scales kept twice); None counts the checkpoint's shapes."""
     cdt = card.dtype
     out: dict[str, float] = {}
     for t in tensor_groups(card):
         rows, cols = _elements_per_rank(t, card, tp)
         fmt = t.family if t.family == "fp32" else (card.format_of(t.family) if t.family else cdt)
         if fmt not in (cdt, "fp32"):
-            b = t.count * (rows * cols * DTYPE_BYTES[fmt] + _scale_bytes(rows, cols, fmt, card.quant_group_size))
+            group = card.quant_group_size
+            if layout is not None and fmt == "mxfp4" and t.name in ("experts_gate_up", "experts_down"):
+                prow, pcol = _padded(t, rows, cols, layout)
+                kept = _scale_bytes(rows, cols, fmt, group) if layout.checkpoint_scales_kept else 0.0
+                b = t.count * (prow * pcol * DTYPE_BYTES[fmt] + _scale_bytes(prow, pcol, fmt, group) + kept)
+            else:
+                b = t.count * (rows * cols * DTYPE_BYTES[fmt] + _scale_bytes(rows, cols, fmt, group))
         else:
             b = t.count * rows * cols * DTYPE_BYTES[fmt]
         out[t.name] = b
