@@ -264,7 +264,7 @@ class SglangMemory:
         blocks, blocks_lo = sb.kv_tokens // page, sb.kv_tokens_low // page
         planning = blocks_lo if cfg.kv_estimate == "conservative" else blocks
         estimates = ["cuda_context"] + (["distributed_init"] if eng.tp > 1 else [])
-        warnings = [n for n in sb.notes if not n.startswith("no KV pool") and not n.startswith("the pool holds")]
+        warnings = [*card.notes, *(n for n in sb.notes if not n.startswith("no KV pool") and not n.startswith("the pool holds"))]
         if cfg.num_gpu_blocks_override is not None and cfg.num_gpu_blocks_override * page > sb.kv_tokens:
             warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} pages is more than the "
                             f"{sb.kv_tokens:,} tokens SGLang would profile: it keeps the smaller (--max-total-tokens)")

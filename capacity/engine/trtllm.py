@@ -224,7 +224,7 @@ class Trtllm:
         block = eng.block_size
         blocks, blocks_lo, blocks_hi = tok_mid // block, tok_lo // block, tok_hi // block
         planning = blocks_lo if cfg.kv_estimate == "conservative" else blocks
-        warnings: list[str] = []
+        warnings: list[str] = list(card.notes)
         ctx = eng.max_model_len
         plan_tokens = planning * block
         if 0 < plan_tokens < ctx:

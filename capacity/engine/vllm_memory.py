@@ -120,7 +120,19 @@ def mxfp4_layout(card: ModelCard, gpu: GPU, rel: Release) -> ExpertLayout | None
         return ExpertLayout("flashinfer-sm100", pad_intermediate=256, pad_hidden=256)
     if cc >= 90:
         return ExpertLayout("triton", pad_intermediate=64, checkpoint_scales_kept=True)
-    return ExpertLayout("marlin", pad_intermediate=128, pad_hidden=256)
+    return MARLIN_MXFP4
+
+
+MARLIN_MXFP4 = ExpertLayout("marlin", pad_intermediate=128, pad_hidden=256)
+
+
+def mxfp4_layout_alternative(layout: ExpertLayout | None, rel: Release) -> ExpertLayout | None:
+    """The other path an install may take: before 0.13 (which vendors triton_kernels) a pip install without the
+    triton_kernels package falls back from Triton to Marlin on Hopper (a 0.10.1 H100 log loads gpt-oss-120b at
+    65.97 GiB: Marlin's 65.98, not Triton's 64.20). The weights' high end takes it."""
+    if layout is not None and layout.name == "triton" and rel.version < (0, 13, 0):
+        return MARLIN_MXFP4
+    return None
 
 
 def blas_workspace_bytes(gpu: GPU) -> int:
@@ -318,8 +330,11 @@ class VllmMemory:
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
         if layout is not None:  # the swizzled scale layouts pad a little more than counted here
-            w_hi = weights * 1.01
-            estimates.append(f"weights (mxfp4, {layout.name} layout)")
+            alt = mxfp4_layout_alternative(layout, rel)
+            w_alt = sum(weight_bytes_per_rank(card, eng.tp, alt).values()) if alt is not None else weights
+            w_hi = max(weights * 1.01, w_alt * 1.002)
+            estimates.append(f"weights (mxfp4, {layout.name} layout" + (f", {alt.name} without triton_kernels)"
+                                                                         if alt is not None else ")"))
         elif "mxfp4" in (card.weight_format, *card.weight_formats.values()):
             w_hi = weights * 1.06  # a release before gpt-oss support: the kernel layout is not known
             estimates.append("weights (mxfp4 layout)")
@@ -369,7 +384,7 @@ class VllmMemory:
             return max(0, math.floor(kv / block_bytes)) if kv > 0 else 0
 
         num_blocks, blocks_lo, blocks_hi = blocks(kv_mid), blocks(kv_lo), blocks(kv_hi)
-        warnings = []
+        warnings = list(card.notes)
         if cfg.num_gpu_blocks_override is not None:  # vLLM uses the override instead of what it profiled
             if cfg.num_gpu_blocks_override > num_blocks:
                 warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} is more than the "

@@ -156,6 +156,8 @@ class ModelCard(_Frozen):
     cross_attention_layers: NonNegInt = 0  # Mllama: decoder layers that attend to the image instead of the text
     extra_vocab: NonNegInt = 0  # embedding rows past vocab_size (Mllama's image tokens)
     vision: VisionTower | None = None  # the image encoder of a vision-language model
+    # What the loader assumed for a model type it has no family for (shown with every budget)
+    notes: Annotated[list[Annotated[str, Field(max_length=400)]], Field(max_length=16)] = []
 
     @model_validator(mode="after")
     def _check(self) -> ModelCard:

@@ -36,12 +36,57 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# Fields whose presence means layers a plain decoder does not have: a model type carrying one is refused rather
+# than read as a standard decoder (the error names the field).
+_EXOTIC = {
+    "state-space or linear-attention layers": ("mamba_d_state", "ssm_state_size", "state_size", "d_state",
+                                               "hybrid_override_pattern", "layers_block_type", "linear_num_value_heads",
+                                               "linear_key_head_dim", "attn_layer_indices", "ssm_cfg", "conv_L_cache",
+                                               "linear_attn_config", "mamba_expand"),
+    "mixture-of-experts layers": ("num_experts", "num_local_experts", "n_routed_experts", "moe_num_experts",
+                                  "num_experts_per_tok", "moe_intermediate_size", "moe_k"),
+    "latent attention (MLA)": ("kv_lora_rank", "q_lora_rank"),
+    "cross-attention layers": ("cross_attention_layers",),
+    "a vision or audio tower": ("vision_config", "audio_config", "visual"),
+    "an encoder-decoder layout": ("encoder_layers", "decoder_layers", "is_encoder_decoder"),
+}
+_STANDARD = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
+
+
+def _generic_decoder(cfg: dict[str, Any], mt: Any, source: str) -> tuple[dict[str, Any], list[str]]:
+    """A model type with no family here but the standard decoder fields: read as a Llama-style decoder, with
+    notes saying so and which fields were read. Exotic layers are refused, naming the field."""
+    label = f"model_type {mt!r}" if mt else "a config without model_type"
+    for what, keys in _EXOTIC.items():
+        hit = next((k for k in keys if cfg.get(k) not in (None, False, 0, [], {})), None)
+        if hit is not None:
+            raise ConfigError(f"{source}: {label} is not a modelled family and has field {hit!r} "
+                              f"({what}): it cannot be sized as a standard decoder; supported: {', '.join(SUPPORTED)}")
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and any(t not in ("full_attention", "sliding_attention") for t in types):
+        odd = next(t for t in types if t not in ("full_attention", "sliding_attention"))
+        raise ConfigError(f"{source}: {label} is not a modelled family and its layer_types has {str(odd)[:40]!r}: "
+                          "only full and sliding attention layers can be sized as a standard decoder")
+    missing = [k for k in _STANDARD if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool)]
+    if missing:
+        raise ConfigError(f"{source}: {label} is not supported and lacks the standard decoder field "
+                          f"{missing[0]!r}; supported: {', '.join(SUPPORTED)} (or write a capacity model card YAML)")
+    read = [k for k in (*_STANDARD, "num_key_value_heads", "head_dim", "max_position_embeddings",
+                        "tie_word_embeddings", "attention_bias", "sliding_window", "layer_types") if k in cfg]
+    notes = [f"{label} has no family here: read as a Llama-style decoder (gated MLP, RMSNorm, rotary "
+             f"attention) from the fields {', '.join(read)}"]
+    return cfg, notes
+
+
 def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelCard:
-    """Map a Hugging Face config.json onto a ModelCard. Unknown architectures are an error, not a guess."""
+    """Map a Hugging Face config.json onto a ModelCard. A model type without a family here is read as a standard
+    decoder where its config has nothing else (with a note); anything exotic is an error, not a guess."""
     mt = cfg.get("model_type")
+    notes: list[str] = []
     if mt not in TEXT_TYPES and mt not in VISION_TYPES:
-        raise ConfigError(f"{source}: model_type {mt!r} is not supported; supported: {', '.join(SUPPORTED)} "
-                          "(or write a capacity model card YAML)")
+        if mt is not None and not isinstance(mt, str):
+            raise ConfigError(f"{source}: model_type {mt!r} must be a string")
+        cfg, notes = _generic_decoder(cfg, mt, source)
     text: dict[str, Any] = cfg
     if mt in VISION_TYPES and mt != "qwen2_5_vl":
         sub = cfg.get("text_config")
@@ -49,6 +94,8 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
             raise ConfigError(f"{source}: text_config is missing (model_type {mt})")
         text = sub
     tmt = {"gemma3": "gemma3_text", "mllama": "mllama_text_model"}.get(mt, text.get("model_type") or "llama")
+    if notes:
+        tmt = "generic"
     if mt in ("llava", "mistral3") and tmt not in ("llama", "mistral", "qwen2"):
         raise ConfigError(f"{source}: text_config.model_type {tmt!r} is not supported for {mt}")
     if mt == "qwen2_5_vl":
@@ -75,7 +122,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
     card: dict[str, Any] = {
         "name": name,
         "hf_id": cfg.get("_name_or_path") or None,
-        "architecture": mt,
+        "architecture": mt or "unknown",
         "num_layers": layers,
         "hidden_size": need("hidden_size", label=tag),
         "num_attention_heads": need("num_attention_heads", label=tag),
@@ -86,6 +133,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         "tie_word_embeddings": bool(get("tie_word_embeddings", cfg.get("tie_word_embeddings",
                                                                         defaults.get("tie_word_embeddings", False)))),
         "dtype": dtype,
+        "notes": notes,
     }
     if text.get("head_dim") or defaults.get("head_dim"):
         card["head_dim"] = get("head_dim", defaults.get("head_dim"))
@@ -93,7 +141,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         card["attention_bias"] = True
     if tmt in ("qwen3", "qwen3_moe", "gemma3_text"):
         card["qk_norm"] = True
-    if tmt == "llama" and text.get("attention_bias"):
+    if tmt in ("llama", "generic") and text.get("attention_bias"):
         card["attention_bias"] = True
     if tmt in ("gemma2", "gemma3_text"):
         card["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
