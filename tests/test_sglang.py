@@ -15,6 +15,7 @@ from capacity.engine.sglang import (
     default_mem_fraction_static,
     max_running_requests,
     parse_release,
+    piecewise_graph_tokens,
     pool_tokens,
     sglang_budget,
 )
@@ -85,14 +86,15 @@ def test_default_rules_of_each_release():
     assert default_mem_fraction_static(h100, 1, "0.4.9") == round((h100 - 10 * 1024) / h100, 3) == 0.874
     assert default_mem_fraction_static(24564, 1, "0.4.9") == 0.879  # a 24 GiB card: reserve 2.9 GiB
     # 0.5.5: reserve = 512 + max(chunk, 2048) x 1.5 + graph_bs x 2 + tp x pp / 8 x 1024 MiB, at least 10 GiB > 60 GiB
-    assert default_chunked_prefill_size(h100) == 8192 and default_cuda_graph_max_bs(h100, 1) == 256
+    r = "0.5.5"
+    assert default_chunked_prefill_size(h100, r) == 8192 and default_cuda_graph_max_bs(h100, 1, r) == 256
     reserve = 512 + 8192 * 1.5 + 256 * 2 + 1 / 8 * 1024  # 13,440 MiB, above the 10 GiB floor
-    assert default_mem_fraction_static(h100, 1) == round((h100 - reserve) / h100, 3) == 0.835
-    assert default_mem_fraction_static(h100, 8) == round((h100 - (512 + 12288 + 1024 + 1024)) / h100, 3) == 0.818
+    assert default_mem_fraction_static(h100, 1, r) == round((h100 - reserve) / h100, 3) == 0.835
+    assert default_mem_fraction_static(h100, 8, r) == round((h100 - (512 + 12288 + 1024 + 1024)) / h100, 3) == 0.818
     b200 = 183359
     reserve = 512 + 16384 * 1.5 + 512 * 2 + 1 / 8 * 1024
-    assert default_mem_fraction_static(b200, 1) == round((b200 - reserve) / b200, 3) == 0.857
-    assert default_cuda_graph_max_bs(24564, 4) == 80 and default_chunked_prefill_size(24564) == 2048
+    assert default_mem_fraction_static(b200, 1, r) == round((b200 - reserve) / b200, 3) == 0.857
+    assert default_cuda_graph_max_bs(24564, 4, r) == 80 and default_chunked_prefill_size(24564, r) == 2048
     # max_running_requests: the request table (2049 slots before 0.4.9, as every 0.4.1-0.4.6 log prints)
     assert max_running_requests(444_500, 131_072, release="0.4.6") == 2049
     assert max_running_requests(298_447, 40_960) == 3730  # int(298,447 / 40,960 x 512), the kuiper log
@@ -128,20 +130,67 @@ def test_tp8_prediction_on_an_h200():
     from capacity.model.gpus import get_gpu
 
     logged = log("pr11716-llama33-70b-tp8-141g")["figures"]["kv_tokens"]
-    b = sglang_budget(load_model_card(ROOT / "tests/data/hf/llama-3.3-70b.json"), get_gpu("h200"), 8)
+    b = sglang_budget(load_model_card(ROOT / "tests/data/hf/llama-3.3-70b.json"), get_gpu("h200"), 8, release="0.5.5")
     assert b.kv_bytes_per_token == 1 * 128 * 80 * 2 * 2
     assert b.kv_tokens == pytest.approx(logged, rel=0.02)
     assert b.kv_tokens_low <= logged
 
 
 def test_release_specs_and_bad_input():
-    assert parse_release("sglang") == "0.5.5"
-    assert parse_release("sglang@0.4.6.post5") == "0.4.6"
-    assert parse_release("sglang@0.4.10") == "0.4.9"
-    assert parse_release("sglang@0.5.23") == "0.5.5"
-    for bad in ("sglang@0.3.6", "sglang@x", "sglang@"):
+    assert parse_release("sglang") == "0.5.20"
+    assert parse_release("sglang@0.4.6.post5") == "0.4.6.post2"
+    assert parse_release("sglang@0.4.6.post1") == "0.4.6"
+    assert parse_release("sglang@0.4.10") == "0.4.9.post3"
+    assert parse_release("sglang@0.5.4.post3") == "0.5.3"
+    assert parse_release("sglang@0.5.23") == "0.5.20"
+    assert parse_release("sglang@0.3.6") == "0.3.0"
+    for bad in ("sglang@0.2.14", "sglang@x", "sglang@", "sglang@0.9.0"):
         with pytest.raises(ConfigError):
             parse_release(bad)
+
+
+def test_default_rules_of_the_release_lines_read_since():
+    """The release lines between the modelled ones, by hand from each wheel's server_args.py (0.5.20:
+    arg_groups/memory_hook.py)."""
+    h100, h200, b200, rtx4090 = 81559, 143771, 183359, 24564  # nvidia-smi totals, MiB
+    # 0.3.x: the TP table, 0.82 at TP 8; 0.4.5.post3-0.4.6.post1: over 80 GiB, 13 GiB reserved at any TP
+    assert default_mem_fraction_static(h100, 8, "0.3.0") == 0.82
+    assert default_mem_fraction_static(h200, 8, "0.4.5.post3") == (h200 - 13 * 1024) / h200  # 0.907, not 0.81
+    # 0.4.6.post2-0.4.6.post5: 0.88 over 80 GiB at any TP, raised by 48 GiB of headroom above 96 GiB
+    assert default_mem_fraction_static(b200, 8, "0.4.6.post2") == min(0.88 + 48 * 1024 * 0.12 / b200,
+                                                                     (b200 - 18 * 1024) / b200)
+    assert default_mem_fraction_static(b200, 1, "0.4.7") == 0.79  # 0.4.7: nvidia-smi over 180,000 MiB
+    # 0.4.7.post1 already takes 0.4.9's reserve by GPU class (9.5 + TP / 2 GiB on an 80 GiB card)
+    assert default_mem_fraction_static(h100, 1, "0.4.7.post1") == round((h100 - 10 * 1024) / h100, 3) == 0.874
+    # 0.5.10: the prefill (piecewise) CUDA graph reserves 8 MiB per capture size (58 sizes up to 8,192)
+    assert len(piecewise_graph_tokens(8192)) == 58 and len(piecewise_graph_tokens(2048)) == 42
+    reserve = 512 + 2048 * 1.5 + 24 * 2 + 1024 / 8 + 42 * 8  # RTX 4090 at TP 1: 4,096 MiB
+    assert default_mem_fraction_static(rtx4090, 1, "0.5.10") == round((rtx4090 - reserve) / rtx4090, 3) == 0.833
+    # ... an MLA model reserves 1.5 GiB instead (above the 10 GiB floor on an 80 GiB card at chunk 8,192)
+    assert default_mem_fraction_static(h100, 1, "0.5.10") == round((h100 - 13440 - 58 * 8) / h100, 3) == 0.830
+    assert default_mem_fraction_static(h100, 1, "0.5.10", mla=True) == round((h100 - 13440 - 1536) / h100, 3)
+    # 0.5.20: under 35 GiB, chunk 4,096 and a decode graph of 48 (160 at TP >= 4): F drops to 0.70 on a 4090
+    assert default_chunked_prefill_size(rtx4090, "0.5.20") == 4096 and default_cuda_graph_max_bs(rtx4090, 1) == 48
+    reserve = 512 + 4096 * 1.5 + 48 * 2 + 1024 / 8 + len(piecewise_graph_tokens(4096)) * 8
+    assert default_mem_fraction_static(rtx4090, 1) == round((rtx4090 - reserve) / rtx4090, 3) == 0.704
+
+
+def test_vision_models_lower_the_default_fraction():
+    """adjust_mem_fraction_for_vlm (0.4.9.post3+): x 0.95 x clamp(1 - 0.1 (L H^2 / (24 x 1024^2) - 1), 0.8, 1.05).
+    Llama-3.2-11B-Vision: vision_config 32 layers of 1280 -> ratio 2.083, factor 0.95 x 0.892 = 0.847;
+    Qwen2.5-VL states `depth`, not num_hidden_layers: 24 layers of 1280 -> 0.95 x 0.944 = 0.897 (the B200 log's
+    0.851 x 0.8966 = 0.763); Gemma-3 runs text-only by default: 1.0; 0.4.9-0.4.9.post2: x 0.90."""
+    from capacity.engine.sglang_memory import vlm_fraction_factor
+    from capacity.model.card import load_model_card
+
+    hf = ROOT / "tests" / "data" / "hf"
+    mllama = load_model_card(hf / "llama-3.2-11b-vision-instruct.json")
+    assert vlm_fraction_factor(mllama, "0.5.5") == pytest.approx(0.95 * (1 - 0.1 * (32 * 1280**2 / (24 * 1024**2) - 1)))
+    assert vlm_fraction_factor(mllama, "0.5.5") == pytest.approx(0.847, abs=5e-4)
+    qwen = load_model_card(ROOT / "tests" / "data" / "startup_v3" / "hf" / "qwen2.5-vl-7b.json")
+    assert vlm_fraction_factor(qwen, "0.5.5") == pytest.approx(0.8966, abs=5e-4)
+    assert vlm_fraction_factor(load_model_card(hf / "gemma-3-27b-it.json"), "0.5.5") == 1.0
+    assert vlm_fraction_factor(qwen, "0.4.9") == 0.90 and vlm_fraction_factor(qwen, "0.4.7.post1") == 1.0
 
 
 def test_memory_cli_with_engine_sglang():

@@ -40,6 +40,7 @@ from capacity.engine.sglang_memory import (  # re-exported: the accounting's nam
     default_mem_fraction_static,
     max_running_requests,
     parse_release,
+    piecewise_graph_tokens,
     pool_tokens,
     sglang_budget,
 )
@@ -248,5 +249,6 @@ class Sglang(SglangMemory):
 __all__ = [
     "CURRENT", "KV_DTYPE", "LOAD_EXTRA_HIGH_GIB", "RELEASES", "Sglang", "SglangBudget", "SglangMemory",
     "default_chunked_prefill_size", "default_cuda_graph_max_bs", "default_mem_fraction_static", "launch_command",
-    "max_running_requests", "mem_fraction_static", "parse_release", "pool_tokens", "sglang_budget",
+    "max_running_requests", "mem_fraction_static", "parse_release", "piecewise_graph_tokens", "pool_tokens",
+    "sglang_budget",
 ]

@@ -48,33 +48,56 @@ from capacity.units import DTYPE_BYTES, GiB
 # here (Llama-3.1-8B on an H100 twice, a Qwen2.5-7B-architecture model on an RTX 3090); not read from code, so
 # only the conservative end of the pool (kv_tokens_low) takes it, at a little above the largest seen.
 LOAD_EXTRA_HIGH_GIB = 0.25
-RELEASES = ("0.4.3", "0.4.6", "0.4.9", "0.5.5")  # releases whose default rules are modelled (a later one: 0.5.5's)
-CURRENT = "0.5.5"
+# The release lines whose memory defaults differ (server_args.py, from 0.5.20 arg_groups/memory_hook.py), each
+# named by its first release; a release takes the rules of the latest line at or before it. Read from the PyPI
+# wheels of 0.3.6.post3, every 0.4.x patch from 0.4.5 and 0.5.1 to 0.5.23 (docs/sglang.md has the table).
+RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
+            "0.4.9.post3", "0.5.3", "0.5.5", "0.5.10", "0.5.20")
+NEWEST_READ = "0.5.23"
+CURRENT = "0.5.20"  # `sglang` without a version: the rules of the newest release read
 MiB = 1 << 20
+_TP_TABLE = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
+
+
+def version_key(v: str) -> tuple[int, int, int, int]:
+    """'0.4.6.post2' -> (0, 4, 6, 2)."""
+    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?", v)
+    if not m:
+        raise ConfigError(f"SGLang release {v!r}: expected X.Y[.Z][.postN]")
+    return (int(m[1]), int(m[2]), int(m[3] or 0), int(m[4] or 0))
 
 
 def parse_release(spec: str) -> str:
-    """`sglang` (the current rule set) or `sglang@X.Y[.Z]`: the modelled release whose rules apply to it (the
-    latest modelled one at or below it)."""
+    """`sglang` (the newest rules read) or `sglang@X.Y[.Z][.postN]`: the release line whose rules apply (the
+    latest line at or before it)."""
     if spec == "sglang":
         return CURRENT
-    m = re.fullmatch(r"sglang@(\d+)\.(\d+)(?:\.(\d+))?(?:\.post\d+)?", spec)
+    m = re.fullmatch(r"sglang@(\d+\.\d+(?:\.\d+)?(?:\.?post\d+)?)", spec)
     if not m:
-        raise ConfigError(f"engine {spec!r}: use sglang or sglang@X.Y[.Z]")
-    v = tuple(int(x or 0) for x in m.groups())
-    if v < (0, 4, 3):
-        raise ConfigError(f"engine {spec!r}: SGLang releases before 0.4.3 are not modelled (their logs lack "
-                          "the memory figures to check a model against)")
-    return max((r for r in RELEASES if tuple(map(int, r.split("."))) <= v), key=lambda r: tuple(map(int, r.split("."))))
+        raise ConfigError(f"engine {spec!r}: use sglang or sglang@X.Y[.Z][.postN]")
+    v = version_key(m[1])
+    if v < (0, 3, 0, 0):
+        raise ConfigError(f"engine {spec!r}: SGLang releases before 0.3 are not modelled (their memory code was not "
+                          "read)")
+    if v > version_key(NEWEST_READ) and v[:2] > version_key(NEWEST_READ)[:2]:
+        raise ConfigError(f"engine {spec!r}: newer than the newest SGLang release read ({NEWEST_READ}); use sglang "
+                          "for its rules")
+    return max((r for r in RELEASES if version_key(r) <= v), key=version_key)
+
+
+def _line(release: str) -> tuple[int, int, int, int]:
+    return version_key(release)
 
 
 def default_chunked_prefill_size(gpu_mem_mib: float, release: str = CURRENT) -> int:
     """SGLang's default --chunked-prefill-size for a GPU of this much memory (server_args.py)."""
     gib = gpu_mem_mib / 1024
-    if release in ("0.4.3", "0.4.6", "0.4.9"):
+    if _line(release) < (0, 5, 3, 0):
         return 2048 if gpu_mem_mib < 25000 else 8192
-    if gib < 35:
+    if gib < 20:
         return 2048
+    if gib < 35:
+        return 4096 if _line(release) >= (0, 5, 20, 0) else 2048
     if gib < 60:
         return 4096
     if gib < 160:
@@ -83,13 +106,17 @@ def default_chunked_prefill_size(gpu_mem_mib: float, release: str = CURRENT) -> 
 
 
 def default_cuda_graph_max_bs(gpu_mem_mib: float, tp: int, release: str = CURRENT) -> int:
-    """SGLang's default --cuda-graph-max-bs (server_args.py)."""
+    """SGLang's default --cuda-graph-max-bs (server_args.py; the decode graph's max_bs from 0.5.20)."""
     gib = gpu_mem_mib / 1024
-    if release in ("0.4.3", "0.4.6", "0.4.9"):
+    if _line(release) < (0, 4, 0, 0):
+        return 4 if gpu_mem_mib < 25000 else 160
+    if _line(release) < (0, 5, 3, 0):
         return (8 if tp < 4 else 80) if gpu_mem_mib < 25000 else 160
     if gib < 20:
         return 8
     if gib < 35:
+        if _line(release) >= (0, 5, 20, 0):
+            return 48 if tp < 4 else 160
         return 24 if tp < 4 else 80
     if gib < 60:
         return 32 if tp < 4 else 160
@@ -98,26 +125,70 @@ def default_cuda_graph_max_bs(gpu_mem_mib: float, tp: int, release: str = CURREN
     return 512
 
 
+def piecewise_graph_tokens(max_tokens: int) -> list[int]:
+    """The prefill (piecewise) CUDA graph's capture sizes up to max_tokens (server_args.py
+    `_generate_piecewise_cuda_graph_tokens`, 0.5.10): 58 sizes at 8,192, 42 at 2,048."""
+    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
+             *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
+    return [x for x in sizes if x <= max_tokens]
+
+
+def vlm_fraction_factor(card: ModelCard, release: str) -> float:
+    """How SGLang lowers F for a vision-language model: x 0.90 in 0.4.9-0.4.9.post2; from 0.4.9.post3
+    `adjust_mem_fraction_for_vlm`: x 0.95 x clamp(1 - 0.1 (L H^2 / (24 x 1024^2) - 1), 0.8, 1.05), with L and H
+    the config's vision_config.num_hidden_layers (24 when absent: Qwen2.5-VL says `depth`) and hidden_size.
+    Gemma-3 and Llama-4 run text-only unless --enable-multimodal (mm_disabled_models): no change."""
+    v = card.vision
+    if v is None or _line(release) < (0, 4, 9, 0) or card.architecture in ("gemma3",):
+        return 1.0
+    if _line(release) < (0, 4, 9, 3):
+        return 0.90
+    layers = v.config_layers or 24
+    ratio = layers * v.hidden_size ** 2 / (24 * 1024 ** 2)
+    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
+
+
 def default_mem_fraction_static(gpu_mem_mib: float, tp: int = 1, release: str = CURRENT, pp: int = 1,
-                                chunked_prefill_size: int | None = None, cuda_graph_max_bs: int | None = None) -> float:
+                                chunked_prefill_size: int | None = None, cuda_graph_max_bs: int | None = None,
+                                *, mla: bool = False, piecewise: bool = True, dp: int = 1,
+                                vlm_factor: float = 1.0, amd: bool = False) -> float:
     """SGLang's default --mem-fraction-static for a GPU with this much memory (nvidia-smi's total, MiB), as each
-    release chooses it (server_args.py; no speculative decoding, no DP attention, not a vision model)."""
+    release line chooses it (server_args.py; no speculative decoding). `dp` > 1: DP attention over dp ranks;
+    `piecewise`: whether the prefill CUDA graph is on (0.5.10+; off for vision models, DP attention, PP and
+    AMD); `vlm_factor`: `vlm_fraction_factor`."""
     gib = gpu_mem_mib / 1024
-    if release == "0.4.3" or (release == "0.4.6" and gpu_mem_mib <= 81920):
-        return 0.79 if tp >= 16 else 0.81 if tp >= 8 else 0.85 if tp >= 4 else 0.87 if tp >= 2 else 0.88
-    if release == "0.4.6":  # > 80 GiB: the TP table's share, raised by a fixed 48 GiB of headroom
-        f = 0.79 if tp >= 16 else 0.81 if tp >= 8 else 0.85 if tp >= 4 else 0.87 if tp >= 2 else 0.88
-        return min(f + 48 * 1024 * (1 - f) / gpu_mem_mib, (gpu_mem_mib - 18 * 1024) / gpu_mem_mib) if gib > 96 else 0.88
-    if release == "0.4.9":
-        tpp = tp * pp
+    line, tpp = _line(release), tp * pp
+
+    def table(n: int) -> float:
+        f = next(f for k, f in _TP_TABLE if n >= k)
+        return 0.82 if line < (0, 4, 0, 0) and f == 0.81 else f
+
+    if line < (0, 4, 5, 3):
+        return table(tp)
+    if line < (0, 4, 6, 2):
+        return table(tp) if gpu_mem_mib <= 81920 else (gpu_mem_mib - 13 * 1024) / gpu_mem_mib
+    if line < (0, 4, 7, 1):
+        f = table(tpp) if gpu_mem_mib <= 81920 else 0.88
+        if line >= (0, 4, 7, 0) and gpu_mem_mib > 180_000 and not amd:
+            return 0.79
+        if gpu_mem_mib > 96 * 1024:
+            f = min(f + 48 * 1024 * (1 - f) / gpu_mem_mib, (gpu_mem_mib - 18 * 1024) / gpu_mem_mib)
+        return f
+    if line < (0, 5, 3, 0):
         reserved_gib = (2.8 + tpp / 10 if gib < 35 else 9.5 + tpp / 2 if gib < 90 else 12 + tpp / 2 if gib < 160 else 32)
-        return round((gpu_mem_mib - reserved_gib * 1024) / gpu_mem_mib, 3)
+        if dp > 1:
+            reserved_gib += 4
+        return round((gpu_mem_mib - reserved_gib * 1024) / gpu_mem_mib, 3) * vlm_factor
     chunk = chunked_prefill_size or default_chunked_prefill_size(gpu_mem_mib, release)
     graph_bs = cuda_graph_max_bs or default_cuda_graph_max_bs(gpu_mem_mib, tp, release)
-    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tp * pp / 8 * 1024
+    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tpp / 8 * 1024
+    if dp > 1:
+        reserved += graph_bs * dp * 3 + (graph_bs * dp * 1.5 if graph_bs > 300 else 0)
+    if line >= (0, 5, 10, 0) and piecewise and dp <= 1 and pp <= 1 and not amd and vlm_factor == 1.0:
+        reserved += 1.5 * 1024 if mla else len(piecewise_graph_tokens(chunk)) * 8
     if gib > 60:
         reserved = max(reserved, 10 * 1024)
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3)
+    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3) * vlm_factor
 
 
 def pool_tokens(t0_gib: float, avail_gib: float, mem_fraction: float, cell_bytes: int, page_size: int = 1,
@@ -134,7 +205,7 @@ def pool_tokens(t0_gib: float, avail_gib: float, mem_fraction: float, cell_bytes
 def max_running_requests(tokens: int, context_len: int, flag: int | None = None, release: str = CURRENT) -> int:
     """Requests SGLang runs at once: the request-to-token table's size (max(tokens / context x 512, 2048), at
     most 4096; one more slot before 0.4.9), capped by half the pool's tokens unless the flag sets it."""
-    reqs = min(max(int(tokens / context_len * 512), 2048), 4096) + (1 if release in ("0.4.3", "0.4.6") else 0)
+    reqs = min(max(int(tokens / context_len * 512), 2048), 4096) + (1 if _line(release) < (0, 4, 9, 0) else 0)
     return min(flag if flag is not None else tokens // 2, reqs)
 
 
@@ -198,9 +269,10 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     else:
         ctx_mid = ctx_high = context_bytes
 
-    if card.num_sliding_layers:
-        raise ConfigError(f"model {card.name}: SGLang's split of the pool between sliding-window and full layers "
-                          "is not modelled (use --engine vllm)")
+    notes: list[str] = []
+    if card.num_sliding_layers:  # Gemma-2/3, gpt-oss, Mistral-7B v0.1, Phi-3: one cell over every layer
+        notes.append("sliding-window layers: SGLang sizes this model's pool as if every layer kept every token "
+                     "(its hybrid SWA pool is off for Gemma-2/3 and gpt-oss; Llama/Mistral/Phi-3 ignore the window)")
     if not 0 < (mem_fraction_static if mem_fraction_static is not None else 0.5) < 1:
         raise ConfigError(f"mem_fraction_static: must be in (0, 1) (got {mem_fraction_static})")
     if page_size <= 0:
@@ -209,8 +281,13 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     gpu_mib = total / MiB
     chunk = chunked_prefill_size or default_chunked_prefill_size(gpu_mib, release)
     graph_bs = cuda_graph_max_bs or default_cuda_graph_max_bs(gpu_mib, tp, release)
+    vlm = vlm_fraction_factor(card, release)
+    amd = "cdna" in (gpu.arch or "").lower()
     f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(
-        gpu_mib, tp, release, chunked_prefill_size=chunked_prefill_size, cuda_graph_max_bs=cuda_graph_max_bs)
+        gpu_mib, tp, release, chunked_prefill_size=chunked_prefill_size, cuda_graph_max_bs=cuda_graph_max_bs,
+        mla=card.mla is not None, vlm_factor=vlm, amd=amd)
+    if mem_fraction_static is None and vlm != 1.0:
+        notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
     kv_bytes = DTYPE_BYTES["fp8" if kv_cache_dtype == "fp8" else card.dtype] if kv_cache_dtype in ("auto", "fp8") else None
     if kv_bytes is None:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: SGLang's are auto and fp8 here")
@@ -225,7 +302,8 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                       max_total_tokens)
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
                      t0 * (1 - f), cell, tokens, tokens * cell, ctx, page_size, chunk, graph_bs,
-                     max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high)
+                     max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
+                     notes=notes)
     if tokens <= 0:
         b.notes.append("no KV pool: the weights take more than F x T0 (SGLang stops: 'Not enough memory. Please "
                        "try to increase --mem-fraction-static')")

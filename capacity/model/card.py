@@ -85,6 +85,7 @@ class VisionTower(_Frozen):
     kept_layer_outputs: NonNegInt = 0  # intermediate layer outputs the encoder keeps for its output (Mllama: 5)
     projector_params: Annotated[int, Field(ge=0, le=10**11)] = 0  # the multimodal projector (counted by the loader)
     tokens_per_image: PosInt  # what one image becomes in the language model (at the largest size)
+    config_layers: NonNegInt = 0  # vision_config.num_hidden_layers as the config states it (0: absent)
 
     @property
     def patches_per_tile(self) -> int:

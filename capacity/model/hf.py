@@ -253,10 +253,13 @@ def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
 
     if mt == "qwen2_5_vl":
         return _qwen25vl(v, need)
+    stated = v.get("num_hidden_layers")
+    config_layers = stated if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0 else 0
     h = need("hidden_size")
     heads = need("num_attention_heads") if mt != "mllama" else need("attention_heads")
     out: dict[str, Any] = {"hidden_size": h, "intermediate_size": need("intermediate_size"), "num_heads": heads,
-                           "patch_size": need("patch_size"), "image_size": need("image_size")}
+                           "patch_size": need("patch_size"), "image_size": need("image_size"),
+                           "config_layers": config_layers}
     layers = need("num_hidden_layers")
     if mt == "llava":
         feature = cfg.get("vision_feature_layer", -2)
