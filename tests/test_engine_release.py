@@ -135,13 +135,28 @@ def test_compressed_tensors_and_modelopt():
 @pytest.mark.parametrize("patch, msg", [
     ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method 'bitsandbytes' is not supported"),
     ({"quantization_config": {"quant_method": "gptq", "bits": 3}}, "bits 3"),
-    ({"model_type": "falcon"}, "model_type 'falcon' is not supported"),
+    ({"model_type": "falcon_h9", "mamba_d_state": 128}, "has field 'mamba_d_state' \\(state-space"),
+    ({"model_type": "foo_moe", "num_experts": 64}, "has field 'num_experts' \\(mixture-of-experts"),
+    ({"model_type": "foo", "intermediate_size": None}, "lacks the standard decoder field 'intermediate_size'"),
 ])
 def test_unsupported_configs_name_the_field(patch, msg):
     cfg = {**json.loads((HF / "llama-3.1-8b.json").read_text()), **patch}
     with pytest.raises(ConfigError, match=msg) as exc:
         from_hf_config(cfg, "x")
     assert "\n" not in str(exc.value)
+
+
+def test_an_unknown_model_type_with_the_standard_fields_is_read_as_a_decoder_with_a_note():
+    """Issue 46: a model type without a family here but with the standard decoder fields works, and says what it
+    assumed and which fields it read; its shapes are the Llama-style decoder's (the same weights and KV as the
+    Llama config it copies)."""
+    base = json.loads((HF / "llama-3.1-8b.json").read_text())
+    c = from_hf_config({**base, "model_type": "seed_oss_like"}, "x")
+    ref = from_hf_config(base, "ref")
+    assert c.notes and "'seed_oss_like' has no family here" in c.notes[0] and "num_key_value_heads" in c.notes[0]
+    assert sum(weight_bytes_per_rank(c, 1).values()) == sum(weight_bytes_per_rank(ref, 1).values())
+    assert c.kv_elements_per_token_per_layer(1) == ref.kv_elements_per_token_per_layer(1) == 2 * 8 * 128
+    assert from_hf_config({**base, "model_type": "x", "attention_bias": True}, "x").attention_bias
 
 
 def test_a_vision_tower_that_cannot_be_sized_is_refused():

@@ -64,7 +64,7 @@ class Vllm(VllmMemory):
         seqs_d, mnbt_d, large = rel.default_limits(
             chunked=chunked, max_model_len=max_model_len, usage=cfg.usage_context,
             gpu_gib=gpu.usable_memory_bytes / GiB, device_name=gpu.device_name or gpu.name,
-            large=cfg.large_gpu_defaults)
+            large=cfg.large_gpu_defaults, multimodal=card.vision is not None)
         max_num_seqs = cfg.max_num_seqs
         if max_num_seqs is None:
             max_num_seqs = seqs_d

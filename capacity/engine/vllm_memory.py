@@ -248,28 +248,61 @@ class VllmMemory:
         phases["sampler"] = rows * card.vocab_size * mid_b + base
         return phases, rows * card.vocab_size * lo_b + base
 
+    def encoder_items(self, card: ModelCard, eng: ResolvedEngine) -> int:
+        """Dummy images the profiling run sends through the encoder, in one batch (read per release).
+
+        V0's decoder-only runner (`ModelRunner.profile_run`): n = max(1, min(max_num_seqs, mnbt // T)) sequences,
+        each with one image (V0's limit per prompt), so n images; 0.7.x drops the image from a dummy prompt longer
+        than its share of the budget (0 images when T > mnbt). V0's encoder-decoder runner (Mllama): every one of
+        max_num_seqs sequences carries an image, no cap. V1: as many items as the encoder budget B = max(mnbt, T)
+        holds, ceil(B / T) to 0.9, floor from 0.10 (at least 1), and from 0.10.1 at most max_model_len // T per
+        request."""
+        v = card.vision
+        assert v is not None
+        rel, n, t = self.release, eng.max_num_batched_tokens, v.tokens_per_image
+        if rel.runner == "v0":
+            if v.kind == "mllama":
+                return max(1, eng.max_num_seqs)
+            if (0, 7, 0) <= rel.version < (0, 8, 0) and t > n:
+                return 0
+            return max(1, min(eng.max_num_seqs, n // t))
+        budget = max(n, t)
+        if rel.version < (0, 10, 0):
+            return -(-budget // t)
+        items = max(1, budget // t)
+        if rel.version >= (0, 10, 1):
+            items = max(1, min(items, eng.max_num_seqs * max(1, min(999, eng.max_model_len // t))))
+        return items
+
     def _encoder_bytes(self, card: ModelCard, eng: ResolvedEngine) -> tuple[float, float]:
         """(the vision encoder's profiling peak, its outputs that stay alive through the text pass and sampler).
 
-        V1 profiles as many of the largest items as the encoder budget (max of max_num_batched_tokens and one
-        item) holds, in one batch; V0 gives each of max_num_seqs sequences one image. Per encoder token: the
-        residual, the normed input, the MLP hidden and its activation, and any layer outputs the encoder keeps
-        (Mllama keeps five for its output); the projected output per language-model token.
+        The items of `encoder_items` run as one batch. Per encoder token, what one layer keeps alive: ViTs the
+        residual, the normed input, the MLP hidden and its activation (2h + 2i); Pixtral also the gated MLP's
+        second half, the conv output the pool still references and the layer input (5h + 3i), and from 0.12 to
+        0.28 (no xformers in the wheel) transformers' dense block-diagonal mask over every patch of the batch,
+        [N, N] in bf16; Mllama keeps five layer outputs as well (2h + 2i + 5h: 0.29 GiB per image, which the
+        0.7.0 log of 128 images, 36.63 GiB, bears out; the code suggests a dense [L, L] aspect-ratio mask and a
+        stacked copy of the kept outputs on top, 0.46 GiB, which no log shows). The projected outputs (per
+        language-model token) stay referenced:
+        V1 keeps them until after the sampler; 0.12 pads a shorter output to T rows.
         """
         v = card.vision
         assert v is not None
         b = DTYPE_BYTES[card.dtype]
         rel = self.release
-        if rel.runner == "v0":
-            items = max(1, eng.max_num_seqs)
-        else:
-            budget = max(eng.max_num_batched_tokens, v.tokens_per_image)
-            items = max(1, budget // v.tokens_per_image)
-        per_tok = b * (2 * v.hidden_size + 2 * v.intermediate_size + v.kept_layer_outputs * v.hidden_size)
+        items = self.encoder_items(card, eng)
+        if items == 0:
+            return 0.0, 0.0
         out = items * v.tokens_per_image * card.hidden_size * b
-        if rel.encoder_output_padded:  # 0.11 also expands each output to the whole encoder budget
-            out += items * max(eng.max_num_batched_tokens, v.tokens_per_image) * card.hidden_size * b
         pixels = items * 3 * v.image_size ** 2 * v.max_num_tiles * b  # the dummy images stay referenced
+        if v.kind == "pixtral":
+            patches = items * v.patches_per_tile
+            peak = patches * b * (5 * v.hidden_size + 3 * v.intermediate_size)
+            if rel.runner == "v1" and (0, 12, 0) <= rel.version < (0, 29, 0):
+                peak += patches ** 2 * 2  # the dense [1, 1, N, N] bf16 mask
+            return peak + out + pixels, out + pixels
+        per_tok = b * (2 * v.hidden_size + 2 * v.intermediate_size + v.kept_layer_outputs * v.hidden_size)
         return items * v.encoder_tokens_per_image * per_tok + out + pixels, out + pixels
 
     # ---- the budget ------------------------------------------------------------------------------------

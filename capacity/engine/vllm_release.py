@@ -195,13 +195,16 @@ class Release:
         return self.runner == "v1"
 
     def default_limits(self, *, chunked: bool, max_model_len: int, usage: str, gpu_gib: float,
-                       device_name: str, large: bool | None) -> tuple[int, int, bool]:
+                       device_name: str, large: bool | None, multimodal: bool = False) -> tuple[int, int, bool]:
         """(max_num_seqs, max_num_batched_tokens, whether the large-GPU rule applied), as arg_utils picks them.
         `large` forces the rule (None: the release's own test on the GPU's memory and device name)."""
         name = device_name.lower()
         v = self.version
         if self.runner == "v0":
-            mnbt = (512 if v <= (0, 6, 4) else 2048) if chunked else max(max_model_len, 2048)
+            # without chunking a multimodal model's budget is at least _MULTIMODAL_MODEL_MAX_NUM_BATCHED_TOKENS
+            # (config.py: 4096 in 0.6.0-0.6.2, 5120 from 0.6.3; none in 0.5)
+            floor = (5120 if v >= (0, 6, 3) else 4096 if v >= (0, 6, 0) else 2048) if multimodal else 2048
+            mnbt = (512 if v <= (0, 6, 4) else 2048) if chunked else max(max_model_len, floor)
             return 256, mnbt, False
         if large is None:
             if v < (0, 8, 0):
