@@ -294,7 +294,8 @@ class VllmMemory:
         items = self.encoder_items(card, eng)
         if items == 0:
             return 0.0, 0.0
-        out = items * v.tokens_per_image * card.hidden_size * b
+        rows = max(eng.max_num_batched_tokens, v.tokens_per_image) if rel.encoder_output_padded else v.tokens_per_image
+        out = items * rows * card.hidden_size * b  # 0.11 pads each output to the budget (the original is freed)
         pixels = items * 3 * v.image_size ** 2 * v.max_num_tiles * b  # the dummy images stay referenced
         if v.kind == "pixtral":
             patches = items * v.patches_per_tile
