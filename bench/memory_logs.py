@@ -48,6 +48,8 @@ def predict(case: dict[str, Any], kv_estimate: str = "middle"):
     from capacity.model.gpus import get_gpu, with_memory
 
     card = load_model_card(DATA / "hf" / case["model"])
+    if case.get("overrides"):  # a checkpoint whose quantisation the config copy here lacks
+        card = card.with_overrides(**case["overrides"])
     gpu = with_memory(get_gpu(case["gpu"]), case.get("gpu_memory_gib"))
     log = case["log"]
     flags = dict(case.get("flags") or {})

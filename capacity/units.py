@@ -16,6 +16,7 @@ DTYPE_BYTES: dict[str, float] = {
     "int4": 0.5,
     "mxfp4": 0.5,
     "nvfp4": 0.5,
+    "nf4": 0.5,  # bitsandbytes 4-bit (NF4/FP4): packed pairs; the absmax per block of 64 is counted as a scale
 }
 
 

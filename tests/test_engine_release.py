@@ -133,7 +133,8 @@ def test_compressed_tensors_and_modelopt():
 
 
 @pytest.mark.parametrize("patch, msg", [
-    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "quant_method 'bitsandbytes' is not supported"),
+    ({"quantization_config": {"quant_method": "bitsandbytes"}}, "needs load_in_4bit or load_in_8bit true"),
+    ({"quantization_config": {"quant_method": "gguf"}}, "quant_method 'gguf' is not supported"),
     ({"quantization_config": {"quant_method": "gptq", "bits": 3}}, "bits 3"),
     ({"model_type": "falcon_h9", "mamba_d_state": 128}, "has field 'mamba_d_state' \\(state-space"),
     ({"model_type": "foo_moe", "num_experts": 64}, "has field 'num_experts' \\(mixture-of-experts"),

@@ -405,7 +405,10 @@ class VllmMemory:
         total = gpu.usable_memory_bytes
         usable = total * cfg.gpu_memory_utilization
         layout = mxfp4_layout(card, gpu, rel)
-        weights = sum(weight_bytes_per_rank(card, eng.tp, layout).values())
+        # bitsandbytes: a double-quantised absmax is dequantised to fp32 at load from 0.10 (`_dequantize_dq`;
+        # absent in 0.9.2, present in 0.10.2), kept nested before
+        nested = rel.version < (0, 10, 0)
+        weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested).values())
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
         if layout is not None:  # the swizzled scale layouts pad a little more than counted here

@@ -19,7 +19,7 @@ PosInt = Annotated[int, Field(gt=0, le=10**7)]  # 1e7 is far past any real shape
 NonNegInt = Annotated[int, Field(ge=0, le=10**7)]
 Name = Annotated[str, Field(min_length=1, max_length=200)]  # names and ids: echoed in every output
 ComputeDtype = Literal["bf16", "fp16"]
-WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4"]
+WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4", "nf4"]
 GemmDtype = Literal["auto", "bf16", "fp16", "fp8", "int8", "fp4"]
 # Module families whose storage format can differ from the card's weight_dtype (quantised experts with bf16
 # attention, an fp8 model that keeps its router in bf16 ...).
@@ -157,6 +157,7 @@ class ModelCard(_Frozen):
     cross_attention_layers: NonNegInt = 0  # Mllama: decoder layers that attend to the image instead of the text
     extra_vocab: NonNegInt = 0  # embedding rows past vocab_size (Mllama's image tokens)
     vision: VisionTower | None = None  # the image encoder of a vision-language model
+    bnb_double_quant: bool = False  # bitsandbytes 4-bit with a double-quantised (uint8) absmax
     # What the loader assumed for a model type it has no family for (shown with every budget)
     notes: Annotated[list[Annotated[str, Field(max_length=400)]], Field(max_length=16)] = []
 

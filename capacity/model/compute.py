@@ -27,7 +27,7 @@ from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 
 # weight storage format -> the dtype engines multiply in when the GPU has that rate ("act": the activation dtype)
-NATIVE = {"bf16": "act", "fp16": "act", "fp8": "fp8", "int8": "int8", "int4": "act", "nvfp4": "fp4", "mxfp4": "act"}
+NATIVE = {"bf16": "act", "fp16": "act", "fp8": "fp8", "int8": "int8", "int4": "act", "nvfp4": "fp4", "mxfp4": "act", "nf4": "act"}
 GEMM_FAMILIES = ("attention", "dense_mlp", "experts", "shared_experts")
 
 

@@ -322,7 +322,8 @@ def _quant(quant: Any, card: dict, dtype: str, source: str) -> None:
     if not isinstance(quant, dict):
         raise ConfigError(f"{source}: quantization_config must be a mapping, got {type(quant).__name__}")
     method = str(quant.get("quant_method", "")).lower()
-    skip = quant.get("modules_to_not_convert") or quant.get("ignore") or quant.get("ignored_layers") or []
+    skip = (quant.get("modules_to_not_convert") or quant.get("ignore") or quant.get("ignored_layers")
+            or quant.get("llm_int8_skip_modules") or [])
     if not isinstance(skip, list):
         raise ConfigError(f"{source}: quantization_config.ignore must be a list")
     if method == "fp8":
@@ -349,6 +350,9 @@ def _quant(quant: Any, card: dict, dtype: str, source: str) -> None:
         _compressed_tensors(quant, card, source)
     elif method == "mxfp4":
         card["weight_dtype"] = "mxfp4"
+    elif method == "bitsandbytes":
+        _bitsandbytes(quant, card, dtype, source)
+        skip = [n for n in skip if not re.search(r"layers\.\d+\.", str(n))]  # single layers: not a family
     elif method == "modelopt":
         algo = str(quant.get("quant_algo") or (quant.get("quantization") or {}).get("quant_algo") or "").upper()
         if algo not in ("FP8", "NVFP4"):
@@ -356,13 +360,33 @@ def _quant(quant: Any, card: dict, dtype: str, source: str) -> None:
         card["weight_dtype"] = algo.lower()
     else:
         raise ConfigError(f"{source}: quantization_config.quant_method {method!r} is not supported "
-                          "(fp8, compressed-tensors, awq, gptq, mxfp4, modelopt)")
+                          "(fp8, compressed-tensors, awq, gptq, mxfp4, modelopt, bitsandbytes)")
     fams = _unquantised_families(skip)
     if fams:
         card["weight_formats"] = {f: dtype for f in fams if f not in ("lm_head", "vision")}
     if method == "mxfp4" and "attention" in fams:  # gpt-oss: only the experts are MXFP4
         card["weight_dtype"] = None
         card["weight_formats"] = {"experts": "mxfp4"}
+
+
+def _bitsandbytes(quant: dict, card: dict, dtype: str, source: str) -> None:
+    """bitsandbytes checkpoints (vLLM's BitsAndBytesLinearMethod, read in 0.11): 4-bit weights stored as packed
+    uint8 pairs with an absmax per block of 64 that vLLM keeps in fp32 (a double-quantised absmax is dequantised
+    at load, `_dequantize_dq`); 8-bit (LLM.int8) as int8 with an fp32 scale per row. The GEMMs run in the
+    activation dtype. Modules in llm_int8_skip_modules stay in the compute dtype (module families only: a skip
+    list naming single layers, as Unsloth's dynamic checkpoints have, is not resolved per layer)."""
+    four, eight = quant.get("load_in_4bit"), quant.get("load_in_8bit")
+    if four is True:
+        qtype = str(quant.get("bnb_4bit_quant_type", "nf4")).lower()
+        if qtype not in ("nf4", "fp4"):
+            raise ConfigError(f"{source}: quantization_config.bnb_4bit_quant_type {qtype!r} is not supported (nf4, fp4)")
+        card["weight_dtype"] = "nf4"
+        card["bnb_double_quant"] = quant.get("bnb_4bit_use_double_quant") is True
+    elif eight is True:
+        card["weight_dtype"] = "int8"
+    else:
+        raise ConfigError(f"{source}: quantization_config (bitsandbytes) needs load_in_4bit or load_in_8bit true")
+    card["gemm_dtype"] = dtype
 
 
 def _compressed_tensors(quant: dict, card: dict, source: str) -> None:

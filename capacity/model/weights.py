@@ -155,11 +155,16 @@ def _elements_per_rank(t: TensorGroup, card: ModelCard, tp: int) -> tuple[int, i
     return t.rows, t.cols
 
 
-def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None) -> float:
+def _scale_bytes(rows: int, cols: int, fmt: str, group: int | None, nested: bool = False) -> float:
     if fmt in ("bf16", "fp16", "fp32"):
         return 0.0
+    if fmt == "nf4" and nested:  # a uint8 absmax per block of 64, an fp32 one per 256 of those
+        blocks = math.ceil(rows * cols / 64)
+        return blocks + math.ceil(blocks / 256) * 4
     if fmt == "mxfp4":  # OCP microscaling: one e8m0 exponent per 32 inputs
         return rows * math.ceil(cols / 32)
+    if fmt == "nf4":  # bitsandbytes: an fp32 absmax per block of 64 (vLLM dequantises a nested absmax at load)
+        return math.ceil(rows * cols / 64) * 4
     if fmt == "nvfp4":  # one fp8 scale per 16 inputs, plus fp32 global scales (negligible)
         return rows * math.ceil(cols / 16) + 8
     if fmt == "int4":
@@ -178,9 +183,13 @@ def _padded(t: TensorGroup, rows: int, cols: int, layout: ExpertLayout) -> tuple
     return _round_up(rows, ph), _round_up(cols, pi)
 
 
-def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | None = None) -> dict[str, float]:
+def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | None = None,
+                          bnb_nested_absmax: bool = False) -> dict[str, float]:
     """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven). `layout`: the
-    engine kernel's storage of MXFP4 experts (padding, scales kept twice); None counts the checkpoint's shapes."""
+    engine kernel's storage of MXFP4 experts (padding, scales kept twice); None counts the checkpoint's shapes.
+    `bnb_nested_absmax`: a double-quantised bitsandbytes absmax stays nested (uint8) rather than dequantised
+    to fp32 at load."""
+    nested = bnb_nested_absmax and card.bnb_double_quant
     cdt = card.dtype
     out: dict[str, float] = {}
     for t in tensor_groups(card):
@@ -193,7 +202,7 @@ def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | N
                 kept = _scale_bytes(rows, cols, fmt, group) if layout.checkpoint_scales_kept else 0.0
                 b = t.count * (prow * pcol * DTYPE_BYTES[fmt] + _scale_bytes(prow, pcol, fmt, group) + kept)
             else:
-                b = t.count * (rows * cols * DTYPE_BYTES[fmt] + _scale_bytes(rows, cols, fmt, group))
+                b = t.count * (rows * cols * DTYPE_BYTES[fmt] + _scale_bytes(rows, cols, fmt, group, nested))
         else:
             b = t.count * rows * cols * DTYPE_BYTES[fmt]
         out[t.name] = b
