@@ -19,7 +19,7 @@ def kv_bytes_per_token(card: ModelCard, kv_dtype: str, tp: int = 1) -> float:
     """KV-cache bytes one token takes on one TP rank, all layers: 2 x layers x kv_heads x head_dim x
     dtype bytes for GQA/MHA (kv_heads per rank, at least 1); layers x (latent + rope) x bytes for MLA.
     (Sliding-window layers hold only their window: see KVGroups.)"""
-    return card.num_layers * card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
+    return card.num_kv_layers * card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
 
 
 @dataclass(frozen=True)
@@ -37,15 +37,17 @@ class KVGroups:
     # tokens scheduled but not yet settled, which a sliding group reserves on top of its window at admission
     # (vLLM's max_in_flight_tokens: max_num_batched_tokens x concurrent batches)
     inflight: int = 0
+    state: int = 0  # groups of a hybrid's state layers: one block per sequence each, whatever its length
 
     @property
     def groups(self) -> int:
-        return self.full + self.sliding
+        return self.full + self.sliding + self.state
 
     def blocks_for(self, tokens: int, block_size: int) -> int:
-        """Pool blocks a sequence of `tokens` holds while it decodes (every full-group block, the window's)."""
+        """Pool blocks a sequence of `tokens` holds while it decodes (every full-group block, the window's, a
+        state group's one)."""
         b = -(-tokens // block_size)
-        return self.full * b + self.sliding * min(b, self.window_blocks)
+        return self.full * b + self.sliding * min(b, self.window_blocks) + self.state
 
     def _cap(self, block_size: int, max_model_len: int | None = None) -> int:
         """vLLM's max_admission_blocks_per_request of a sliding group: cdiv(min(W - 1 + in flight, max_model_len),
@@ -60,16 +62,16 @@ class KVGroups:
         chunk until the next step frees it."""
         b = -(-tokens // block_size)
         if not self.sliding:
-            return self.full * b
-        return self.full * b + self.sliding * min(b, self._cap(block_size))
+            return self.full * b + self.state
+        return self.full * b + self.sliding * min(b, self._cap(block_size)) + self.state
 
     def startup_blocks(self, max_model_len: int, block_size: int) -> int:
         """Blocks per request behind vLLM's start-up "Maximum concurrency for L tokens per request"
         (get_max_concurrency_for_kv_cache_config: every group's max_memory_usage_bytes / page size)."""
         b = -(-max_model_len // block_size)
         if not self.sliding:
-            return self.full * b
-        return self.full * b + self.sliding * self._cap(block_size, max_model_len)
+            return self.full * b + self.state
+        return self.full * b + self.sliding * self._cap(block_size, max_model_len) + self.state
 
     def as_tuple(self) -> tuple[int, ...] | None:
         if not self.sliding:
@@ -163,8 +165,12 @@ class SchedLimits:
 
     @classmethod
     def of(cls, b: MemoryBudget) -> SchedLimits:
-        return cls(b.max_num_seqs, b.max_num_batched_tokens, b.block_size, b.planning_blocks, b.max_model_len,
-                   b.kv_groups.as_tuple(), b.chunked_prefill)
+        g = b.kv_groups
+        blocks = b.planning_blocks
+        if g.state:  # a hybrid: the scheduler sees attention blocks; every sequence slot's state pages set aside
+            blocks = max(0, blocks - b.max_num_seqs * g.state) // max(1, g.full)
+        return cls(b.max_num_seqs, b.max_num_batched_tokens, b.block_size, blocks, b.max_model_len,
+                   g.as_tuple(), b.chunked_prefill)
 
 
 def check_fits(b: MemoryBudget, card: ModelCard, gpu: GPU) -> None:

@@ -192,10 +192,15 @@ def default_mem_fraction_static(gpu_mem_mib: float, tp: int = 1, release: str = 
 
 
 def pool_tokens(t0_gib: float, avail_gib: float, mem_fraction: float, cell_bytes: int, page_size: int = 1,
-                max_total_tokens: int | None = None) -> int:
+                max_total_tokens: int | None = None, state: float = 0.0) -> int:
     """SGLang's KV pool size in tokens from its two free-memory readings (GiB, as it logs them), F and the bytes
-    of one token on one rank: int((A - T0 (1 - F)) x 2^30 // cell), clamped, rounded down to a page."""
+    of one token on one rank: int((A - T0 (1 - F)) x 2^30 // cell), clamped, rounded down to a page. `state`:
+    a hybrid model's state pool, a share of the rest (0 < state < 1) or bytes set aside first (>= 1)."""
     rest = avail_gib - t0_gib * (1 - mem_fraction)
+    if 0 < state < 1:
+        rest *= 1 - state
+    elif state >= 1:
+        rest -= state / GiB
     tokens = int(rest * GiB // cell_bytes)
     if max_total_tokens is not None:
         tokens = min(tokens, max_total_tokens)
@@ -291,15 +296,19 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     kv_bytes = DTYPE_BYTES["fp8" if kv_cache_dtype == "fp8" else card.dtype] if kv_cache_dtype in ("auto", "fp8") else None
     if kv_bytes is None:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: SGLang's are auto and fp8 here")
-    cell = card.kv_elements_per_token_per_layer(tp) * card.num_layers * int(kv_bytes)
+    cell = card.kv_elements_per_token_per_layer(tp) * card.num_kv_layers * int(kv_bytes)
     t0 = total - ctx_mid
     weights = sum(weight_bytes_per_rank(card, tp).values())
+    state_share = 0.0
+    if card.state is not None:
+        state_share, state_note = _state_reserve(card, tp, release, max_running)
+        notes.append(state_note)
     avail = t0 - weights
     ctx = context_len or card.max_position_embeddings
-    tokens = pool_tokens(t0 / GiB, avail / GiB, f, cell, page_size, max_total_tokens)
+    tokens = pool_tokens(t0 / GiB, avail / GiB, f, cell, page_size, max_total_tokens, state_share)
     t0_low = total - ctx_high
     low = pool_tokens(t0_low / GiB, (t0_low - weights - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
-                      max_total_tokens)
+                      max_total_tokens, state_share)
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
                      t0 * (1 - f), cell, tokens, tokens * cell, ctx, page_size, chunk, graph_bs,
                      max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
@@ -312,6 +321,29 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     b.notes.append("activations, CUDA graphs, the request table and attention workspaces must fit in the reserve "
                    f"T0 x (1 - F) = {b.reserve_bytes / GiB:.2f} GiB (SGLang does not measure them at start-up)")
     return b
+
+
+def _state_reserve(card: ModelCard, tp: int, release: str, max_running: int | None) -> tuple[float, str]:
+    """A hybrid model's state pool (SGLang 0.5.2+, model_runner.py `handle_max_mamba_cache`, read in 0.5.5): with
+    the radix cache on (the default), the state takes r / (1 + r) of what is left for the pools (r =
+    mamba_full_memory_ratio, 0.9); Nemotron-H runs with the radix cache off, and its state pool is
+    max_running_requests (512 unless set) requests' states, set aside first. A request's state: every state
+    layer's convolution state (bf16) and SSM state (--mamba-ssm-dtype, float32 by default)."""
+    st = card.state
+    assert st is not None
+    if _line(release) < (0, 5, 3, 0):
+        raise ConfigError(f"engine sglang@{release}: hybrid models ({st.kind} layers) are modelled from the SGLang "
+                          "0.5.3 rules (their state pools arrived in 0.5.2)")
+    if st.kind not in ("mamba2", "gated_deltanet"):
+        raise ConfigError(f"model {card.name}: SGLang has no {st.kind} state pool in the releases read")
+    conv, ssm = st.state_elements(tp)
+    per_request = st.num_layers * (conv * 2 + ssm * 4)
+    if card.architecture == "nemotron_h":
+        n = max_running or 512
+        return float(n * per_request), (f"hybrid: {n} requests' states ({per_request / MiB:.1f} MiB each) set aside "
+                                         "before the KV pool (radix cache off for Nemotron-H)")
+    return 0.9 / 1.9, (f"hybrid: the state pool takes 0.9/1.9 of the pools' memory ({per_request / MiB:.1f} MiB per "
+                       "request), the KV pool the rest (mamba_full_memory_ratio 0.9)")
 
 
 # ---- the memory accounting of the engine model -------------------------------------------------------------

@@ -27,6 +27,7 @@ from capacity.engine.vllm_memory import (  # re-exported: the accounting's names
     VllmMemory,
     blas_workspace_bytes,
     cudagraph_capture_sizes,
+    hybrid_block_size,
     kv_groups,
 )
 from capacity.engine.vllm_release import Release, release
@@ -90,6 +91,11 @@ class Vllm(VllmMemory):
             block_size = 64 if card.mla is not None and rel.runner == "v1" else 16
             used.append("block_size")
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        if card.state is not None:
+            if rel.runner != "v1" or rel.version < (0, 10, 2):
+                raise ConfigError(f"engine {rel.label}: hybrid models ({card.state.kind} layers) are modelled from vLLM "
+                                  "0.10.2 (the V1 hybrid allocator); V0's MambaCacheManager is not")
+            block_size = hybrid_block_size(card, rel, tp, kv_dtype, block_size)
         graphs_in = cfg.cuda_graphs_in_budget
         if graphs_in is None:
             graphs_in = rel.cuda_graphs_in_budget_default

@@ -34,7 +34,7 @@ from capacity.engine.config import EngineConfig, ResolvedEngine
 from capacity.engine.vllm_release import Release
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import ExpertLayout, weight_bytes_per_rank
+from capacity.model.weights import ExpertLayout, tensor_groups, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB, MiB
 
 
@@ -167,17 +167,71 @@ def kv_groups(card: ModelCard, rel: Release, block_size: int) -> KVGroups:
     """The KV layout vLLM uses for the card. V1 >= 0.9.1 gives sliding-window layers their own groups (group
     size: the smaller layer count, or the larger one when they differ by under 25%); older engines and V0
     treat every layer as full attention. A model whose every layer slides is one sliding group."""
+    if card.state is not None:
+        return _state_groups(card, rel)
     n_slide = card.num_sliding_layers
     if not n_slide or card.sliding_window is None or not rel.hybrid_kv:
         return KVGroups()
     window_blocks = -(-(card.sliding_window - 1) // block_size) + 1
-    n_full = card.num_layers - n_slide
+    n_full = card.num_kv_layers - n_slide
     if n_full == 0:
         return KVGroups(full=0, sliding=1, group_size=n_slide, window_blocks=window_blocks, window=card.sliding_window)
     lo, hi = min(n_full, n_slide), max(n_full, n_slide)
     size = hi if hi < lo * 1.25 else lo
     return KVGroups(full=-(-n_full // size), sliding=-(-n_slide // size), group_size=size, window_blocks=window_blocks,
                     window=card.sliding_window)
+
+
+def state_dtype_bytes(card: ModelCard, rel: Release) -> tuple[float, float]:
+    """(convolution, SSM) state bytes per element as vLLM's MambaStateDtypeCalculator picks them with
+    mamba_cache_dtype and mamba_ssm_cache_dtype left at auto: the model dtype, except Nemotron-H from 0.13 (the
+    config's mamba_ssm_cache_dtype; float16 where it has none, float32 from 0.27) and gated DeltaNet from 0.17
+    (the config's dtype where it names one)."""
+    st = card.state
+    assert st is not None
+    conv = DTYPE_BYTES[card.dtype]
+    ssm = conv
+    if card.architecture == "nemotron_h" and rel.version >= (0, 13, 0):
+        ssm = DTYPE_BYTES[st.ssm_dtype] if st.ssm_dtype else (4.0 if rel.version >= (0, 27, 0) else 2.0)
+    elif st.kind == "gated_deltanet" and rel.version >= (0, 17, 0) and st.ssm_dtype:
+        ssm = DTYPE_BYTES[st.ssm_dtype]
+    return conv, ssm
+
+
+def mamba_page_bytes(card: ModelCard, rel: Release, tp: int) -> int:
+    """One state layer's state for one sequence on one rank (vLLM's MambaSpec.page_size_bytes)."""
+    conv, ssm = card.state.state_elements(tp) if card.state is not None else (0, 0)
+    cb, sb = state_dtype_bytes(card, rel)
+    return int(conv * cb + ssm * sb)
+
+
+def hybrid_block_size(card: ModelCard, rel: Release, tp: int, kv_dtype: str, block_size: int) -> int:
+    """The attention block size vLLM sets for a hybrid model so that one attention page (block_size tokens of one
+    layer) holds a whole state (HybridAttentionMambaModelConfig.verify_and_update_config, read in 0.10.2-0.34):
+    16 x cdiv(state page, 16 x one token's KV), never below the configured size; the state page is padded to
+    it. A model without attention layers keeps the block size (one group of state layers)."""
+    if card.num_kv_layers == 0:
+        return block_size
+    token = card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
+    align = 16
+    need = align * -(-mamba_page_bytes(card, rel, tp) // int(align * token))
+    return max(block_size, need)
+
+
+def _state_groups(card: ModelCard, rel: Release) -> KVGroups:
+    """A hybrid's groups (kv_cache_utils' uniform-page grouping): layers of each kind in groups of group_size (the
+    smaller count, or the larger when they differ by under 25%, 50% from 0.34), every group drawing same-size
+    pages from one pool; an attention group holds a page per block_size tokens, a state group one page per
+    sequence (prefix caching off, vLLM's default for hybrids before 0.34)."""
+    st = card.state
+    assert st is not None
+    n_attn, n_state = card.num_kv_layers, st.num_layers
+    if n_attn == 0:
+        return KVGroups(full=0, state=1, group_size=n_state)
+    lo, hi = min(n_attn, n_state), max(n_attn, n_state)
+    slack = 1.5 if rel.version >= (0, 34, 0) else 1.25
+    size = hi if hi < lo * slack else lo
+    return KVGroups(full=-(-n_attn // size), state=-(-n_state // size), group_size=size)
 
 
 class VllmMemory:
@@ -230,13 +284,20 @@ class VllmMemory:
             chunk = n if cap is None else min(n, cap)
             mi = math.ceil(moe.moe_intermediate_size / tp)
             si = math.ceil(moe.shared_intermediate / tp)
-            k, wn = moe.experts_per_token, 2 * mi  # wn: rows of the fused gate/up weight per rank
+            # wn: rows of the fused gate/up weight per rank (up alone for a non-gated MLP); kk: the width the
+            # experts read (a latent MoE's latent size, else hidden)
+            k, wn = moe.experts_per_token, (2 if card.gated_mlp else 1) * mi
+            kk = moe.latent_size or h
             if rel.moe_workspace_persistent:  # TritonExperts' workspaces: (M, k, max(N/2, K)) and (M, k, max(N, K))
-                workspace = chunk * k * b * (max(wn // 2, h) + max(wn, h))
+                workspace = chunk * k * b * (max(wn // 2, kk) + max(wn, kk))
             else:  # fused_experts_impl: one flat cache for gate/up and down outputs, one for the activation
-                workspace = chunk * k * b * (max(wn, h) + wn // 2)
+                workspace = chunk * k * b * (max(wn, kk) + wn // 2)
             per_tok = 2 * h + moe.num_experts + (h if si else 0) + ar_out  # hidden, router logits, shared out
             phases["forward_moe"] = n * b * per_tok + workspace + n * k * 8 + (n * b * 3 * si if si else 0)
+        if card.state is not None:  # the mixer's input projection, its output and the residual stream
+            st = card.state
+            proj = next(t for t in tensor_groups(card) if t.name == "state_in_proj").rows
+            phases["forward_state"] = n * b * (3 * h + math.ceil(proj / tp) + 2 * math.ceil(max(st.inner, st.heads * st.head_dim) / tp) + ar_out)
         enc_out = 0.0
         if card.vision is not None:
             phases["encoder"], enc_out = self._encoder_bytes(card, eng)
@@ -461,6 +522,8 @@ class VllmMemory:
         kvpt = kv_bytes_per_token(card, eng.kv_dtype, eng.tp)
         per_layer = card.kv_elements_per_token_per_layer(eng.tp) * DTYPE_BYTES[eng.kv_dtype]
         block_bytes = eng.block_size * (per_layer * groups.group_size if groups.group_size else kvpt)
+        if card.state is not None and groups.full == 0:  # state layers only: a page is one sequence's state
+            block_bytes = mamba_page_bytes(card, rel, eng.tp) * groups.group_size
 
         def blocks(kv: float) -> int:
             return max(0, math.floor(kv / block_bytes)) if kv > 0 else 0
@@ -473,6 +536,9 @@ class VllmMemory:
                                 f"{num_blocks:,} blocks the memory budget holds: the engine may run out of memory")
             num_blocks = blocks_lo = blocks_hi = cfg.num_gpu_blocks_override
         kv_tokens = num_blocks // max(1, groups.groups) * eng.block_size
+        if card.state is not None and rel.version >= (0, 27, 0):  # printed as concurrency x max_model_len
+            kv_tokens = int(num_blocks / max(1, groups.startup_blocks(eng.max_model_len, eng.block_size))
+                            * eng.max_model_len)
         contiguous = max(0, math.floor(kv_mid / (eng.max_model_len * kvpt))) if kv_mid > 0 else 0
         outside = cfg.memory_params.cuda_context_bytes + (graphs.mid - g_in.mid)
         planning = blocks_lo if cfg.kv_estimate == "conservative" else num_blocks

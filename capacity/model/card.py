@@ -40,6 +40,7 @@ class MoE(_Frozen):
     num_shared_experts: NonNegInt = 0  # DeepSeek-style always-on experts
     shared_expert_intermediate_size: PosInt | None = None  # default: moe_intermediate_size x num_shared
     first_dense_layers: NonNegInt = 0  # DeepSeek first_k_dense_replace: these use the dense MLP
+    latent_size: PosInt | None = None  # Nemotron-3's latent MoE: routed experts work in this width, projected in/out
 
     @model_validator(mode="after")
     def _check(self) -> MoE:
@@ -66,12 +67,44 @@ class MLA(_Frozen):
     v_head_dim: PosInt
 
 
+class StateLayers(_Frozen):
+    """Decoder layers that keep a fixed-size recurrent state per sequence instead of a KV cache: Mamba (Jamba),
+    Mamba2 (Nemotron-H, Granite-4.0-H, Falcon-H1), gated DeltaNet (Qwen3-Next), short convolutions (LFM2). The
+    state per TP rank is sized as vLLM's MambaStateShapeCalculator sizes it (`state_elements`): a convolution
+    state of conv_kernel - 1 columns and, but for short convolutions, an SSM/recurrent state."""
+
+    kind: Literal["mamba", "mamba2", "gated_deltanet", "short_conv"]
+    num_layers: PosInt  # decoder layers of this kind
+    conv_kernel: PosInt  # the convolution's width (short_conv: L_cache)
+    inner: PosInt  # mamba/mamba2: the inner width (heads x head_dim); short_conv: conv_dim; gated_deltanet: 1
+    groups: NonNegInt = 0  # mamba2: n_groups; gated_deltanet: key heads
+    state_size: PosInt = 1  # mamba/mamba2: the SSM state N; gated_deltanet: the key head dim
+    heads: PosInt = 1  # mamba2 heads; gated_deltanet value heads
+    head_dim: PosInt = 1  # mamba2 head dim; gated_deltanet value head dim
+    dt_rank: NonNegInt = 0  # mamba (Mamba1): the rank of the time-step projection
+    ssm_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # the checkpoint config's state dtype, where it names one
+    parallel: bool = False  # Falcon-H1: every layer holds attention and a state layer side by side
+
+    def state_elements(self, tp: int = 1) -> tuple[int, int]:
+        """(convolution state, SSM/recurrent state) elements of one layer for one sequence on one TP rank."""
+        k = self.conv_kernel - 1
+        if self.kind == "mamba2":
+            ng = self.groups + (0 if self.groups % tp == 0 else tp - self.groups)  # groups replicated to TP
+            return k * (self.inner + 2 * ng * self.state_size) // tp, self.heads // tp * self.head_dim * self.state_size
+        if self.kind == "mamba":
+            return k * self.inner // tp, self.inner // tp * self.state_size
+        if self.kind == "gated_deltanet":
+            conv = k * (2 * self.groups * self.state_size + self.heads * self.head_dim) // tp
+            return conv, self.heads // tp * self.state_size * self.head_dim
+        return k * self.inner // tp, 0
+
+
 class VisionTower(_Frozen):
     """The image encoder of a vision-language model, sized from its config: CLIP and SigLIP ViTs (LLaVA,
     Gemma-3), Pixtral (Mistral-3) and Mllama's tiled encoder (Llama-3.2-Vision), plus the projector into
     the language model."""
 
-    kind: Literal["clip", "siglip", "pixtral", "mllama", "qwen2_5_vl"]
+    kind: Literal["clip", "siglip", "pixtral", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
     num_layers: PosInt  # encoder layers vLLM builds (LLaVA drops those past vision_feature_layer)
     hidden_size: PosInt
     intermediate_size: PosInt
@@ -86,6 +119,8 @@ class VisionTower(_Frozen):
     projector_params: Annotated[int, Field(ge=0, le=10**11)] = 0  # the multimodal projector (counted by the loader)
     tokens_per_image: PosInt  # what one image becomes in the language model (at the largest size)
     config_layers: NonNegInt = 0  # vision_config.num_hidden_layers as the config states it (0: absent)
+    position_embeddings: NonNegInt = 0  # Qwen3-VL / Qwen3.5: learned position embeddings of the patches
+    extra_mergers: NonNegInt = 0  # Qwen3-VL: deepstack mergers beside the final one
 
     @property
     def patches_per_tile(self) -> int:
@@ -100,6 +135,11 @@ class VisionTower(_Frozen):
     def params(self) -> int:
         h, i, p = self.hidden_size, self.intermediate_size, self.patch_size
         n = self.patches_per_tile
+        if self.kind in ("qwen2_vl", "qwen3_vl"):  # LayerNorms, qkv with bias, GELU MLP with biases, 3D patches
+            layer = 4 * h + 3 * h * h + 3 * h + h * h + h + 2 * h * i + i + h
+            embed = 3 * 2 * p * p * h + (h if self.kind == "qwen3_vl" else 0) + self.position_embeddings * h
+            merger = 2 * h + (4 * h) ** 2 + 4 * h  # LayerNorm over one patch, then a 4h x 4h linear (+ the projector)
+            return self.num_layers * layer + embed + (1 + self.extra_mergers) * merger + self.projector_params
         if self.kind == "qwen2_5_vl":  # RMSNorms, qkv with bias, gated MLP with biases, 3D patch embedding
             layer = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
             return self.num_layers * layer + 3 * 2 * p * p * h + self.projector_params
@@ -147,6 +187,7 @@ class ModelCard(_Frozen):
     sliding_window: PosInt | None = None  # tokens a sliding-window layer attends to
     num_sliding_layers: NonNegInt = 0  # layers that attend through the sliding window (the rest see everything)
     attention_sinks: bool = False  # a learned sink logit per head (gpt-oss)
+    attention_output_gate: bool = False  # q_proj also produces a sigmoid gate per head (Qwen3-Next, Qwen3.5)
     attention_out_bias: bool = False  # o_proj has a bias (gpt-oss)
     expert_bias: bool = False  # experts and router have biases (gpt-oss)
     norms_per_layer: Annotated[int, Field(ge=1, le=8)] = 2  # RMSNorms per decoder layer (Gemma-2/3: 4)
@@ -157,6 +198,13 @@ class ModelCard(_Frozen):
     cross_attention_layers: NonNegInt = 0  # Mllama: decoder layers that attend to the image instead of the text
     extra_vocab: NonNegInt = 0  # embedding rows past vocab_size (Mllama's image tokens)
     vision: VisionTower | None = None  # the image encoder of a vision-language model
+    state: StateLayers | None = None  # hybrid models: their state-space / linear-attention layers
+    # Layer counts where a hybrid's pattern decides them (Nemotron-H spells attention, Mamba, MLP and MoE as layers
+    # of their own); None: every decoder layer has attention (less any state layers) and an MLP or MoE.
+    attention_layers: NonNegInt | None = None
+    dense_mlp_layers: NonNegInt | None = None
+    moe_layers: NonNegInt | None = None
+    gated_mlp: bool = True  # gate and up projections (SwiGLU); false: one up projection (Nemotron's relu^2)
     bnb_double_quant: bool = False  # bitsandbytes 4-bit with a double-quantised (uint8) absmax
     # What the loader assumed for a model type it has no family for (shown with every budget)
     notes: Annotated[list[Annotated[str, Field(max_length=400)]], Field(max_length=16)] = []
@@ -187,6 +235,10 @@ class ModelCard(_Frozen):
             raise ValueError(f"num_sliding_layers ({self.num_sliding_layers}) exceeds num_layers ({self.num_layers})")
         if self.num_sliding_layers and self.sliding_window is None:
             raise ValueError("num_sliding_layers needs sliding_window (the window in tokens)")
+        if self.state is not None and self.state.num_layers > self.num_layers:
+            raise ValueError(f"state.num_layers ({self.state.num_layers}) exceeds num_layers ({self.num_layers})")
+        if self.state is not None and self.num_kv_layers == 0 and self.sliding_window is not None:
+            raise ValueError("a model without attention layers has no sliding window")
         if self.cross_attention_layers > self.num_layers:
             raise ValueError(f"cross_attention_layers ({self.cross_attention_layers}) exceeds num_layers ({self.num_layers})")
         return self
@@ -215,11 +267,24 @@ class ModelCard(_Frozen):
 
     @property
     def num_moe_layers(self) -> int:
-        return 0 if self.moe is None else self.num_layers - self.moe.first_dense_layers
+        if self.moe is None:
+            return 0
+        return self.moe_layers if self.moe_layers is not None else self.num_layers - self.moe.first_dense_layers
 
     @property
     def num_dense_layers(self) -> int:
+        if self.dense_mlp_layers is not None:
+            return self.dense_mlp_layers
         return self.num_layers - self.num_moe_layers
+
+    @property
+    def num_kv_layers(self) -> int:
+        """Layers that keep a KV cache (every decoder layer, less a hybrid's state layers)."""
+        if self.attention_layers is not None:
+            return self.attention_layers
+        if self.state is not None and not self.state.parallel:
+            return self.num_layers - self.state.num_layers
+        return self.num_layers
 
     def kv_elements_per_token_per_layer(self, tp: int = 1) -> int:
         """Elements one token stores per layer on one TP rank (K and V together).

@@ -22,8 +22,9 @@ from capacity.model.card import ModelCard
 
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", "float": "bf16"}
 TEXT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "phi3",
-              "gemma2", "gemma3_text", "gpt_oss", "mllama_text_model"}
-VISION_TYPES = {"llava", "mistral3", "gemma3", "mllama", "qwen2_5_vl"}
+              "gemma2", "gemma3_text", "gpt_oss", "mllama_text_model", "nemotron_h", "qwen3_next", "qwen3_5_text",
+              "seed_oss"}
+VISION_TYPES = {"llava", "mistral3", "gemma3", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5"}
 SUPPORTED = sorted(TEXT_TYPES | VISION_TYPES)
 # transformers' config-class defaults for fields real configs leave out
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -88,7 +89,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
             raise ConfigError(f"{source}: model_type {mt!r} must be a string")
         cfg, notes = _generic_decoder(cfg, mt, source)
     text: dict[str, Any] = cfg
-    if mt in VISION_TYPES and mt != "qwen2_5_vl":
+    if mt in VISION_TYPES and mt not in ("qwen2_5_vl", "qwen2_vl"):
         sub = cfg.get("text_config")
         if not isinstance(sub, dict):
             raise ConfigError(f"{source}: text_config is missing (model_type {mt})")
@@ -98,7 +99,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         tmt = "generic"
     if mt in ("llava", "mistral3") and tmt not in ("llama", "mistral", "qwen2"):
         raise ConfigError(f"{source}: text_config.model_type {tmt!r} is not supported for {mt}")
-    if mt == "qwen2_5_vl":
+    if mt in ("qwen2_5_vl", "qwen2_vl"):
         tmt = "qwen2"
     defaults = _DEFAULTS.get(tmt, {})
 
@@ -141,7 +142,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         card["attention_bias"] = True
     if tmt in ("qwen3", "qwen3_moe", "gemma3_text"):
         card["qk_norm"] = True
-    if tmt in ("llama", "generic") and text.get("attention_bias"):
+    if tmt in ("llama", "generic", "seed_oss") and text.get("attention_bias"):
         card["attention_bias"] = True
     if tmt in ("gemma2", "gemma3_text"):
         card["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
@@ -158,6 +159,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         # Gemma-3's sliding layers keep their own unscaled rope (rope_local_base_freq)
         card["rope_caches"] = [card["max_position_embeddings"], scaled] if tmt == "gemma3_text" else [scaled]
     _moe(text, tmt, card, need, source)
+    _hybrid(text, tmt, card, need, source)
     if tmt == "gpt_oss":
         card.update(attention_bias=True, attention_out_bias=True, attention_sinks=True, expert_bias=True)
     if tmt == "mllama_text_model":
@@ -210,6 +212,52 @@ def _sliding(text: dict, tmt: str, layers: int, card: dict, defaults: dict, sour
         card["num_sliding_layers"] = n
 
 
+def _hybrid(text: dict, tmt: str, card: dict, need, source: str) -> None:
+    """Hybrid models' state layers and layer layout (vLLM's get_mamba_state_shape_from_config per family)."""
+    if tmt == "nemotron_h":  # one character per layer: M Mamba2, * attention, - MLP, E MoE
+        pattern = need("hybrid_override_pattern")
+        if not isinstance(pattern, str) or len(pattern) != card["num_layers"] or set(pattern) - set("M*-E"):
+            raise ConfigError(f"{source}: hybrid_override_pattern must have one of M * - E per layer "
+                              f"({card['num_layers']} layers)")
+        heads, hd = need("mamba_num_heads"), need("mamba_head_dim")
+        ssm = str(text.get("mamba_ssm_cache_dtype") or "").replace("torch.", "")
+        card["state"] = {"kind": "mamba2", "num_layers": pattern.count("M"), "conv_kernel": need("conv_kernel"),
+                         "inner": heads * hd, "groups": text.get("n_groups") or need("mamba_n_groups"),
+                         "state_size": need("ssm_state_size"), "heads": heads, "head_dim": hd,
+                         "ssm_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(ssm)}
+        card.update(attention_layers=pattern.count("*"), dense_mlp_layers=pattern.count("-"),
+                    moe_layers=pattern.count("E"), gated_mlp=False, norms_per_layer=1)
+        if text.get("attention_head_dim") and not text.get("head_dim"):
+            card["head_dim"] = text["attention_head_dim"]
+        if pattern.count("E"):
+            card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
+                           "moe_intermediate_size": need("moe_intermediate_size"),
+                           "num_shared_experts": text.get("n_shared_experts") or 0,
+                           "shared_expert_intermediate_size": text.get("moe_shared_expert_intermediate_size"),
+                           "latent_size": text.get("moe_latent_size")}
+    elif tmt in ("qwen3_next", "qwen3_5_text"):  # gated DeltaNet layers and every n-th full attention layer
+        layers = card["num_layers"]
+        types = text.get("layer_types")
+        if isinstance(types, list) and len(types) == layers:
+            n_full = sum(1 for t in types if t == "full_attention")
+        else:  # vLLM's Qwen3-Next config: (i + 1) % 4 == 0 is a full attention layer
+            n_full = layers // int(text.get("full_attention_interval") or 4)
+        ssm = str(text.get("mamba_ssm_dtype") or "").replace("torch.", "")
+        card["state"] = {"kind": "gated_deltanet", "num_layers": layers - n_full,
+                         "conv_kernel": need("linear_conv_kernel_dim"), "inner": 1,
+                         "groups": need("linear_num_key_heads"), "state_size": need("linear_key_head_dim"),
+                         "heads": need("linear_num_value_heads"), "head_dim": need("linear_value_head_dim"),
+                         "ssm_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(ssm)}
+        card.update(qk_norm=True, attention_output_gate=text.get("attn_output_gate", True) is not False)
+        card.pop("sliding_window", None)
+        card.pop("num_sliding_layers", None)
+        if tmt == "qwen3_next" or text.get("num_experts"):
+            card["moe"] = {"num_experts": need("num_experts"), "experts_per_token": need("num_experts_per_tok"),
+                           "moe_intermediate_size": need("moe_intermediate_size"),
+                           "num_shared_experts": 1 if text.get("shared_expert_intermediate_size") else 0,
+                           "shared_expert_intermediate_size": text.get("shared_expert_intermediate_size")}
+
+
 def _moe(text: dict, tmt: str, card: dict, need, source: str) -> None:
     if tmt in ("mixtral",):
         card["moe"] = {"num_experts": need("num_local_experts"), "experts_per_token": need("num_experts_per_tok"),
@@ -240,7 +288,8 @@ def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
         raise ConfigError(f"{source}: vision_config is missing (model_type {mt})")
     vmt = v.get("model_type")
     expected = {"llava": ("clip_vision_model", "siglip_vision_model"), "gemma3": ("siglip_vision_model",),
-                "mistral3": ("pixtral",), "mllama": ("mllama_vision_model",), "qwen2_5_vl": ("qwen2_5_vl", None)}[mt]
+                "mistral3": ("pixtral",), "mllama": ("mllama_vision_model",), "qwen2_5_vl": ("qwen2_5_vl", None),
+                "qwen2_vl": ("qwen2_vl", None), "qwen3_5": ("qwen3_5", "qwen3_vl", None)}[mt]
     if vmt not in expected:
         raise ConfigError(f"{source}: vision_config.model_type {vmt!r} cannot be sized for {mt} "
                           f"(known: {', '.join(str(e) for e in expected if e)})")
@@ -253,6 +302,8 @@ def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
 
     if mt == "qwen2_5_vl":
         return _qwen25vl(v, need)
+    if mt in ("qwen2_vl", "qwen3_5"):
+        return _qwen_vit(v, mt, need)
     stated = v.get("num_hidden_layers")
     config_layers = stated if isinstance(stated, int) and not isinstance(stated, bool) and stated > 0 else 0
     h = need("hidden_size")
@@ -300,6 +351,27 @@ def _qwen25vl(v: dict, need) -> dict:
             "intermediate_size": need("intermediate_size"), "num_heads": need("num_heads"),
             "patch_size": need("patch_size", 14), "image_size": 14 * 256, "projector_params": h + m * m + m + m * out_h + out_h,
             "tokens_per_image": 16384}  # the processor's default max_pixels (12,845,056) in merged tokens
+
+
+def _qwen_vit(v: dict, mt: str, need) -> dict:
+    """Qwen2-VL's and Qwen3-VL/Qwen3.5's ViT (LayerNorms, a GELU MLP) and patch merger (4 patches -> one token).
+    An image at the processor's largest size (max_pixels 12,845,056 at 14-pixel patches, 16,777,216 at 16) is
+    16,384 merged tokens."""
+    merge = need("spatial_merge_size", 2)
+    if mt == "qwen2_vl":
+        h = need("embed_dim")
+        i = h * need("mlp_ratio", 4)
+        out, p, pos, extra = need("hidden_size"), need("patch_size", 14), 0, 0
+    else:
+        h, i, out, p = need("hidden_size"), need("intermediate_size"), need("out_hidden_size"), need("patch_size", 16)
+        pos = v.get("num_position_embeddings") or 0
+        deep = v.get("deepstack_visual_indexes") or []
+        extra = len(deep) if isinstance(deep, list) else 0
+    m = h * merge * merge
+    return {"kind": "qwen2_vl" if mt == "qwen2_vl" else "qwen3_vl", "num_layers": need("depth"), "hidden_size": h,
+            "intermediate_size": i, "num_heads": need("num_heads"), "patch_size": p, "image_size": p * 256,
+            "projector_params": (1 + extra) * (m * out + out), "tokens_per_image": 16384, "position_embeddings": pos,
+            "extra_mergers": extra}
 
 
 # ---- quantisation ---------------------------------------------------------------------------------

@@ -64,10 +64,13 @@ def tensor_groups(card: ModelCard) -> list[TensorGroup]:
                              "lm_head" if "lm_head" in card.weight_formats else None))
     g.append(TensorGroup("final_norm", 1, 1, h, "replicated", None))
     g.append(TensorGroup("layer_norms", L, card.norms_per_layer, h, "replicated", None))
+    if card.state is not None:
+        g += _state_groups(card)
+    L = card.num_kv_layers  # the attention tensors: every layer but a hybrid's state layers
 
     if card.mla is None:
         g += [
-            TensorGroup("q_proj", L, nq * hd, h, "column", "attention"),
+            TensorGroup("q_proj", L, nq * hd * (2 if card.attention_output_gate else 1), h, "column", "attention"),
             TensorGroup("kv_proj", L, 2 * nkv * hd, h, "kv", "attention"),
             TensorGroup("o_proj", L, h, nq * hd, "row", "attention"),
         ]
@@ -105,19 +108,24 @@ def tensor_groups(card: ModelCard) -> list[TensorGroup]:
         ]
 
     dense_layers = card.num_dense_layers
+    up = 2 if card.gated_mlp else 1  # gate and up, or up alone
     if dense_layers:
         g += [
-            TensorGroup("mlp_gate_up", dense_layers, 2 * card.intermediate_size, h, "column", "dense_mlp"),
+            TensorGroup("mlp_gate_up", dense_layers, up * card.intermediate_size, h, "column", "dense_mlp"),
             TensorGroup("mlp_down", dense_layers, h, card.intermediate_size, "row", "dense_mlp"),
         ]
     if card.moe is not None:
         moe, ml = card.moe, card.num_moe_layers
         e, mi = moe.num_experts, moe.moe_intermediate_size
+        width = moe.latent_size or h  # the width the routed experts read and write
         g += [
             TensorGroup("router", ml, e, h, "replicated", None),
-            TensorGroup("experts_gate_up", ml * e, 2 * mi, h, "column", "experts"),
-            TensorGroup("experts_down", ml * e, h, mi, "row", "experts"),
+            TensorGroup("experts_gate_up", ml * e, up * mi, width, "column", "experts"),
+            TensorGroup("experts_down", ml * e, width, mi, "row", "experts"),
         ]
+        if moe.latent_size:  # into and out of the latent width, once per MoE layer
+            g += [TensorGroup("latent_in", ml, moe.latent_size, h, "replicated", "attention"),
+                  TensorGroup("latent_out", ml, h, moe.latent_size, "replicated", "attention")]
         if card.expert_bias:  # gpt-oss: router bias, and gate/up and down biases per expert (kept in fp32 by vLLM)
             g += [
                 TensorGroup("router_bias", ml, 1, e, "replicated", None),
@@ -127,12 +135,47 @@ def tensor_groups(card: ModelCard) -> list[TensorGroup]:
         if moe.shared_intermediate:
             si = moe.shared_intermediate
             g += [
-                TensorGroup("shared_gate_up", ml, 2 * si, h, "column", "shared_experts"),
+                TensorGroup("shared_gate_up", ml, up * si, h, "column", "shared_experts"),
                 TensorGroup("shared_down", ml, h, si, "row", "shared_experts"),
             ]
     if card.vision is not None:  # the encoder and projector, in the compute dtype, split across ranks
         g.append(TensorGroup("vision_tower", 1, card.vision.params(), 1, "column", None))
     return g
+
+
+def _state_groups(card: ModelCard) -> list[TensorGroup]:
+    """The tensors of a hybrid's state layers (vLLM's MambaMixer2, MambaMixer, GatedDeltaNet, ShortConv): input and
+    output projections split by TP like attention's, the depthwise convolution and per-head parameters split by
+    channel or head."""
+    st = card.state
+    assert st is not None
+    h, n, k = card.hidden_size, st.num_layers, st.conv_kernel
+    if st.kind == "mamba2":
+        conv = st.inner + 2 * st.groups * st.state_size
+        return [TensorGroup("state_in_proj", n, 2 * st.inner + 2 * st.groups * st.state_size + st.heads, h, "column",
+                            "attention"),
+                TensorGroup("state_conv", n, conv, k + 1, "column", None),  # weight and bias
+                TensorGroup("state_heads", n, 3 * st.heads, 1, "column", None),  # dt_bias, A_log, D
+                TensorGroup("state_norm", n, st.inner, 1, "column", None),
+                TensorGroup("state_out_proj", n, h, st.inner, "row", "attention")]
+    if st.kind == "mamba":
+        i, r = st.inner, st.dt_rank or -(-h // 16)
+        return [TensorGroup("state_in_proj", n, 2 * i, h, "column", "attention"),
+                TensorGroup("state_conv", n, i, k + 1, "column", None),
+                TensorGroup("state_x_proj", n, r + 2 * st.state_size, i, "row", "attention"),
+                TensorGroup("state_dt_proj", n, i, r + 1, "column", "attention"),
+                TensorGroup("state_a_d", n, i, st.state_size + 1, "column", None),
+                TensorGroup("state_out_proj", n, h, i, "row", "attention")]
+    if st.kind == "gated_deltanet":
+        qk, v = st.groups * st.state_size, st.heads * st.head_dim
+        return [TensorGroup("state_in_proj", n, 2 * qk + 2 * v + 2 * st.heads, h, "column", "attention"),
+                TensorGroup("state_conv", n, 2 * qk + v, k, "column", None),
+                TensorGroup("state_heads", n, 2 * st.heads, 1, "column", None),  # dt_bias, A_log
+                TensorGroup("state_norm", n, 1, st.head_dim, "replicated", None),
+                TensorGroup("state_out_proj", n, h, v, "row", "attention")]
+    return [TensorGroup("state_in_proj", n, 3 * st.inner, h, "column", "attention"),
+            TensorGroup("state_conv", n, st.inner, k, "column", None),
+            TensorGroup("state_out_proj", n, h, st.inner, "row", "attention")]
 
 
 def count_params(card: ModelCard) -> int:
