@@ -86,10 +86,12 @@ class Vllm(VllmMemory):
                 f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({max_num_seqs}), as vLLM requires"
             )
 
-        block_size = cfg.block_size
-        if block_size is None:
+        block_size: int
+        if cfg.block_size is None:
             block_size = 64 if card.mla is not None and rel.runner == "v1" else 16
             used.append("block_size")
+        else:
+            block_size = cfg.block_size
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
         if card.state is not None:
             if rel.runner != "v1" or rel.version < (0, 10, 2):

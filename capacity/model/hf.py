@@ -68,6 +68,10 @@ def _generic_decoder(cfg: dict[str, Any], mt: Any, source: str) -> tuple[dict[st
         odd = next(t for t in types if t not in ("full_attention", "sliding_attention"))
         raise ConfigError(f"{source}: {label} is not a modelled family and its layer_types has {str(odd)[:40]!r}: "
                           "only full and sliding attention layers can be sized as a standard decoder")
+    act = cfg.get("hidden_act") or cfg.get("activation_function")
+    if isinstance(act, str) and act.lower().startswith(("gelu", "relu")) and act.lower() != "relu2":
+        raise ConfigError(f"{source}: {label} is not a modelled family and has hidden_act {act[:30]!r} (a GELU/ReLU "
+                          "MLP, usually not gated as Llama's): it cannot be sized as a standard decoder")
     missing = [k for k in _STANDARD if not isinstance(cfg.get(k), int) or isinstance(cfg.get(k), bool)]
     if missing:
         raise ConfigError(f"{source}: {label} is not supported and lacks the standard decoder field "
@@ -88,6 +92,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
         if mt is not None and not isinstance(mt, str):
             raise ConfigError(f"{source}: model_type {mt!r} must be a string")
         cfg, notes = _generic_decoder(cfg, mt, source)
+    mt = mt or ""
     text: dict[str, Any] = cfg
     if mt in VISION_TYPES and mt not in ("qwen2_5_vl", "qwen2_vl"):
         sub = cfg.get("text_config")
