@@ -145,7 +145,7 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         return {
             "cases": len(rs), "scored": len(tried), "errors": sum(1 for r in tried if "error" in r),
             "kv_cases": len(kv), "within_5pct_or_0.5gib": sum(1 for r in kv if r["within5"]),
-            "within_2pct": sum(1 for r in kv if r["within2"]),
+            "within_2pct": sum(1 for r in kv if r.get("within2")),
             "fit_verdict_right": sum(1 for r in tried if r.get("fits_ok")),
             "does_not_fit_predicted": f"{sum(1 for r in dnf if r.get('fits_ok'))}/{len(dnf)}",
             "plan_over_by_more_than_5pct": [r["id"] for r in kv if r.get("plan_over_pct", 0) > 5],

@@ -182,6 +182,17 @@ def kv_groups(card: ModelCard, rel: Release, block_size: int) -> KVGroups:
                     window=card.sliding_window)
 
 
+def kv_layout_card(card: ModelCard, rel: Release) -> ModelCard:
+    """The card as the release lays out its KV cache. DeepSeek's latent attention is cached as MLA from 0.7.1;
+    before, as plain multi-head attention over every head: head size 256 (the 192 of q/k and the 128 of v both
+    padded, deepseek_v2.py "TODO, support head_size 192") in 0.5.1-0.6.6, 192 in 0.7.0."""
+    if card.mla is None or rel.version >= (0, 7, 1):
+        return card
+    m = card.mla
+    size = m.qk_nope_head_dim + m.qk_rope_head_dim if rel.version >= (0, 7, 0) else 256
+    return card.model_copy(update={"mla": None, "num_kv_heads": card.num_attention_heads, "head_dim": size})
+
+
 def state_dtype_bytes(card: ModelCard, rel: Release) -> tuple[float, float]:
     """(convolution, SSM) state bytes per element as vLLM's MambaStateDtypeCalculator picks them with
     mamba_cache_dtype and mamba_ssm_cache_dtype left at auto: the model dtype, except Nemotron-H from 0.13 (the
@@ -290,6 +301,8 @@ class VllmMemory:
             kk = moe.latent_size or h
             if rel.moe_workspace_persistent:  # TritonExperts' workspaces: (M, k, max(N/2, K)) and (M, k, max(N, K))
                 workspace = chunk * k * b * (max(wn // 2, kk) + max(wn, kk))
+            elif rel.version < (0, 5, 5):  # three caches: gate/up output, activation, down output
+                workspace = chunk * k * b * (wn + wn // 2 + kk)
             else:  # fused_experts_impl: one flat cache for gate/up and down outputs, one for the activation
                 workspace = chunk * k * b * (max(wn, kk) + wn // 2)
             per_tok = 2 * h + moe.num_experts + (h if si else 0) + ar_out  # hidden, router logits, shared out
@@ -372,6 +385,13 @@ class VllmMemory:
             if rel.runner == "v1" and (0, 12, 0) <= rel.version < (0, 29, 0):
                 peak += patches ** 2 * 2  # the dense [1, 1, N, N] bf16 mask
             return peak + out + pixels, out + pixels
+        if v.kind == "mllama" and rel.runner == "v0" and rel.version < (0, 7, 0):
+            # 0.6.x (a 1024 x 1024 dummy image): the aspect-ratio mask [L, L] (L = tiles x 1608, padded) and 23
+            # live [L, h] tensors (the five kept outputs, their stacked copy, input, residual, norm, the MLP), plus
+            # fp32 pixels twice: 0.46 GiB an image, as the 0.6.3 log of 128 images on a GH200 shows (2,252 blocks)
+            length = v.max_num_tiles * (-(-(v.patches_per_tile + 1) // 8) * 8)
+            per_image = length ** 2 * b + 23 * length * v.hidden_size * b + 2 * v.max_num_tiles * 3 * v.image_size ** 2 * 4
+            return items * per_image + out, out
         per_tok = b * (2 * v.hidden_size + 2 * v.intermediate_size + v.kept_layer_outputs * v.hidden_size)
         return items * v.encoder_tokens_per_image * per_tok + out + pixels, out + pixels
 
@@ -519,8 +539,9 @@ class VllmMemory:
         kv_mid = usable - weights - act.mid - nt.mid - buffers - g_in.mid
         kv_lo = usable - w_hi - act.hi - nt.hi - buffers - g_in.hi
         kv_hi = usable - weights - act.lo - nt.lo - buffers - g_in.lo
-        kvpt = kv_bytes_per_token(card, eng.kv_dtype, eng.tp)
-        per_layer = card.kv_elements_per_token_per_layer(eng.tp) * DTYPE_BYTES[eng.kv_dtype]
+        kv_card = kv_layout_card(card, rel)
+        kvpt = kv_bytes_per_token(kv_card, eng.kv_dtype, eng.tp)
+        per_layer = kv_card.kv_elements_per_token_per_layer(eng.tp) * DTYPE_BYTES[eng.kv_dtype]
         block_bytes = eng.block_size * (per_layer * groups.group_size if groups.group_size else kvpt)
         if card.state is not None and groups.full == 0:  # state layers only: a page is one sequence's state
             block_bytes = mamba_page_bytes(card, rel, eng.tp) * groups.group_size

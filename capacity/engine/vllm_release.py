@@ -162,11 +162,12 @@ class Release:
         return self.runner == "v0" or self.version >= (0, 9, 2)
 
     def fused_moe_chunk(self, configured: int) -> int | None:
-        """Tokens the fused-MoE kernel processes at once (VLLM_FUSED_MOE_CHUNK_SIZE): 32768 to 0.11, 16384
-        0.12-0.17, no chunking from 0.18 (None). A configured value other than the default wins."""
+        """Tokens the fused-MoE kernel processes at once (VLLM_FUSED_MOE_CHUNK_SIZE): none before 0.5.5 (None),
+        32768 to 0.11, 16384 0.12-0.17, no chunking from 0.18 (None). A configured value other than the default
+        wins."""
         if configured != 32768:
             return configured
-        if self.version >= (0, 18, 0):
+        if self.version >= (0, 18, 0) or self.version < (0, 5, 5):  # fused_moe.py chunks from 0.5.5
             return None
         return 16384 if self.version >= (0, 12, 0) else 32768
 
