@@ -28,6 +28,9 @@ KNOWN = {
     "gh11587-llama32-11b-vision-bnb4-rtx4090": "Unsloth's bnb-4bit checkpoint loads 6.72 GiB where a bf16 vision "
         "tower gives 7.8: it quantises part of the tower, and its skip list is not in the config copies here (the "
         "activation, 2.03 GiB against the log's 1.92, is right)",
+    "aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi": "non-torch memory 2.10 GiB at TP 8 on an A100 "
+        "NVSwitch board against 0.59 estimated (two NCCL communicators of 8 ranks: their channel count is not "
+        "modelled); KV +6.1% in the middle, the conservative end below the log",
     "pr4454-phi2-super-marlin-a6000": "phi (a GELU MLP) is not a modelled family: refused, naming hidden_act",
     "llmd-llama4-scout-16e-h100-tp4-v0190": "Llama-4 (MoE, chunked attention, a vision tower) is not a modelled "
         "family: refused, naming the field",
@@ -131,7 +134,7 @@ def test_summary_of_the_development_group():
     rows = [mu.score(c) for c in DEV.values()]
     s = mu.summary(rows)["all"]
     assert s["plan_over_by_more_than_5pct"] == []  # never promise KV the engine will not have
-    assert s["pass"] >= 9 and s["does_not_fit_predicted"] == "3/4"
+    assert s["pass"] >= 16 and s["does_not_fit_predicted"] == "4/5"
 
 
 def test_no_number_of_the_held_out_group_is_pinned_before_it_is_scored():

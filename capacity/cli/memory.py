@@ -53,6 +53,9 @@ def memory(
     at_context: Annotated[int, typer.Option("--at-context", help="Context (tokens) for --target-concurrency")] = 4096,
     mem_fraction_static: Annotated[Optional[float], typer.Option(
         "--mem-fraction-static", help="--engine sglang: SGLang's F (default: the release's own rule)")] = None,
+    max_loras: Annotated[int, typer.Option(
+        "--max-loras", help="LoRA adapter slots (vLLM --enable-lora --max-loras); 0: LoRA off")] = 0,
+    max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", help="vLLM --max-lora-rank (with --max-loras)")] = 16,
     json_out: JsonOpt = False,
 ) -> None:
     """VRAM budget per rank (weights, activations, non-torch, CUDA graphs, KV), blocks, concurrency, and
@@ -71,6 +74,12 @@ def memory(
                              max_model_len, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager,
                              no_chunked_prefill, contiguous, cuda_graphs_in_budget, activation_gib, non_torch_gib,
                              cuda_graph_gib, engine, optimistic, gpu_memory_gib, usage_context, large_gpu_defaults)
+    if max_loras or max_lora_rank != 16:
+        from capacity.engine.config import EngineConfig
+        from capacity.files import validate
+
+        cfg = validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "max_loras": max_loras,
+                                      "max_lora_rank": max_lora_rank}, "options")
     b = mem.budget(card, g, cfg, check_fit=False)
     if not b.fits:  # the numbers are the answer too: print them, then fail
         if json_out:

@@ -103,6 +103,10 @@ class EngineConfig(BaseModel):
     kv_estimate: Literal["conservative", "middle"] = "conservative"
     paged_kv: bool = True  # False: contiguous per-sequence reservation of max_model_len slots
     num_gpu_blocks_override: PosInt | None = None  # vLLM's --num-gpu-blocks-override: KV blocks as given
+    # LoRA adapters served beside the model (vLLM's --enable-lora --max-loras N --max-lora-rank R): their stacked
+    # A/B buffers are allocated while the model loads. 0: LoRA off.
+    max_loras: Annotated[int, Field(ge=0, le=256)] = 0
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
     # Measured overrides for the estimated terms (bytes); None = use the estimate.
     activation_bytes: NonNegFloat | None = None
     non_torch_bytes: NonNegFloat | None = None  # measured non-torch memory, bytes

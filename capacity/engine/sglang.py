@@ -108,6 +108,8 @@ class Sglang(SglangMemory):
                       if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
         if not cfg.paged_kv:
             vllm_only.append("paged_kv")
+        if cfg.max_loras:
+            vllm_only.append("max_loras (SGLang's LoRA pools are not modelled)")
         if vllm_only:
             raise ConfigError(f"{', '.join(vllm_only)}: vLLM settings with no SGLang meaning (engine {self.label})")
         if cfg.kv_cache_dtype == "int8":

@@ -141,6 +141,11 @@ class Trtllm:
         if card.num_sliding_layers:
             raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for sliding-window layers are not modelled "
                               "(use --engine vllm)")
+        if card.state is not None:
+            raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for {card.state.kind} state layers are not "
+                              "modelled (use --engine vllm or sglang)")
+        if cfg.max_loras:
+            raise ConfigError(f"max_loras {cfg.max_loras}: TensorRT-LLM's LoRA cache is not modelled (use --engine vllm)")
         used: list[str] = []
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill

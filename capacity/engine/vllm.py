@@ -173,6 +173,8 @@ class Vllm(VllmMemory):
             parts.append("--async-scheduling" if self.async_scheduling(cfg) else "--no-async-scheduling")
         if cfg.enforce_eager:
             parts.append("--enforce-eager")
+        if cfg.max_loras:
+            parts.append(f"--enable-lora --max-loras {cfg.max_loras} --max-lora-rank {cfg.max_lora_rank}")
         if cfg.policy == "priority":
             parts.append("--scheduling-policy priority")
         if cfg.num_gpu_blocks_override is not None:

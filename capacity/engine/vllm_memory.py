@@ -34,7 +34,7 @@ from capacity.engine.config import EngineConfig, ResolvedEngine
 from capacity.engine.vllm_release import Release
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import ExpertLayout, tensor_groups, weight_bytes_per_rank
+from capacity.model.weights import ExpertLayout, lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB, MiB
 
 
@@ -490,6 +490,8 @@ class VllmMemory:
         # absent in 0.9.2, present in 0.10.2), kept nested before
         nested = rel.version < (0, 10, 0)
         weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested).values())
+        # LoRA adapters' buffers are made while the model loads: inside "model weights"
+        weights += lora_bytes_per_rank(card, eng.tp, cfg.max_loras, cfg.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
         if layout is not None:  # the swizzled scale layouts pad a little more than counted here

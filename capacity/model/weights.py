@@ -255,3 +255,26 @@ def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | N
     positions = sum(card.rope_caches) if card.rope_caches else card.max_position_embeddings
     out["rope_cache"] = positions * rotary_dim * DTYPE_BYTES[cdt]
     return out
+
+
+def lora_bytes_per_rank(card: ModelCard, tp: int, max_loras: int, rank: int) -> float:
+    """vLLM's LoRA buffers on one rank (`lora/layers`, read in 0.11): every wrapped linear keeps, per adapter slot,
+    an A of rank x input per slice and a B of output x rank per slice (column-parallel layers: input whole, output
+    per rank; row-parallel: input per rank, output whole): q/k/v and gate/up are 3 and 2 slices; the embedding
+    and the LM head keep A/B over the vocabulary plus 256 extra-vocabulary rows. Experts are not wrapped. In the
+    compute dtype (lora_dtype auto)."""
+    if max_loras <= 0:
+        return 0.0
+    h, hd, layers = card.hidden_size, card.head_dim_, card.num_kv_layers
+    q = card.num_attention_heads * hd * (2 if card.attention_output_gate else 1)
+    kv = max(1, card.num_kv_heads // tp) * hd
+    attn = 3 * rank * h + rank * (-(-q // tp) + 2 * kv) + rank * -(-card.num_attention_heads * hd // tp) + h * rank
+    mlp = 0
+    if card.num_dense_layers:
+        i = -(-card.intermediate_size // tp)
+        mlp = card.num_dense_layers * ((2 if card.gated_mlp else 1) * rank * h + rank * (2 if card.gated_mlp else 1) * i
+                                       + rank * i + h * rank)
+    vocab = -(-card.vocab_size // VOCAB_PADDING) * VOCAB_PADDING
+    embed = rank * (vocab + 256) + 256 * h + h * rank
+    head = rank * h + -(-vocab // tp) * rank + 256 * h
+    return float(max_loras * (layers * attn + mlp + embed + head) * DTYPE_BYTES[card.dtype])
