@@ -117,6 +117,11 @@ def prepare(dep: Deployment) -> Prepared:
     from capacity.cost.factory import make_step_cost
 
     em = get_engine(dep.engine.engine)
+    e = dep.engine
+    if e.pipeline_parallel_size > 1 or e.data_parallel_size > 1 or e.enable_expert_parallel:
+        raise ConfigError("pipeline_parallel_size / data_parallel_size / enable_expert_parallel: their memory is "
+                          "modelled (capacity memory), their step costs are not: simulate and plan take tensor "
+                          "parallelism only")
     b = em.budget(dep.card, dep.gpu, dep.engine)
     overlaps = em.overhead_overlaps(dep.engine)
     # An engine whose CPU work per step runs beside the GPU: the step cost is the GPU's alone, and the overlap

@@ -56,6 +56,10 @@ def memory(
     max_loras: Annotated[int, typer.Option(
         "--max-loras", help="LoRA adapter slots (vLLM --enable-lora --max-loras); 0: LoRA off")] = 0,
     max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", help="vLLM --max-lora-rank (with --max-loras)")] = 16,
+    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel stages (vLLM --pipeline-parallel-size)")] = 1,
+    dp: Annotated[int, typer.Option("--dp", help="Data-parallel ranks (vLLM --data-parallel-size)")] = 1,
+    expert_parallel: Annotated[bool, typer.Option(
+        "--enable-expert-parallel", help="Experts split whole over TP x DP ranks (vLLM)")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """VRAM budget per rank (weights, activations, non-torch, CUDA graphs, KV), blocks, concurrency, and
@@ -64,6 +68,8 @@ def memory(
     from capacity.engine import memory as mem
 
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
+        if max_loras or pp != 1 or dp != 1 or expert_parallel:
+            raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang")
         _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
                        max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out)
         return
@@ -74,12 +80,13 @@ def memory(
                              max_model_len, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager,
                              no_chunked_prefill, contiguous, cuda_graphs_in_budget, activation_gib, non_torch_gib,
                              cuda_graph_gib, engine, optimistic, gpu_memory_gib, usage_context, large_gpu_defaults)
-    if max_loras or max_lora_rank != 16:
+    if max_loras or max_lora_rank != 16 or pp != 1 or dp != 1 or expert_parallel:
         from capacity.engine.config import EngineConfig
         from capacity.files import validate
 
         cfg = validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "max_loras": max_loras,
-                                      "max_lora_rank": max_lora_rank}, "options")
+                                      "max_lora_rank": max_lora_rank, "pipeline_parallel_size": pp,
+                                      "data_parallel_size": dp, "enable_expert_parallel": expert_parallel}, "options")
     b = mem.budget(card, g, cfg, check_fit=False)
     if not b.fits:  # the numbers are the answer too: print them, then fail
         if json_out:

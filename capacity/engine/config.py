@@ -56,6 +56,14 @@ class EngineConfig(BaseModel):
     # last patch of a release), `vllm@0.9.2:v0` (the V0 engine of a release that has both).
     engine: str = "vllm"
     tensor_parallel_size: PosInt = 1  # GPUs per replica (heads must divide it, as vLLM requires)
+    # vLLM's --pipeline-parallel-size: the layers split into this many stages (VLLM_PP_LAYER_PARTITION as
+    # pp_layer_partition), each on tensor_parallel_size GPUs; the engine keeps the blocks of its tightest stage.
+    pipeline_parallel_size: Annotated[int, Field(gt=0, le=64)] = 1
+    pp_layer_partition: Annotated[list[Annotated[int, Field(gt=0, le=10**4)]], Field(max_length=64)] | None = None
+    # vLLM's --data-parallel-size (engines of their own, attention replicated) and --enable-expert-parallel
+    # (experts split whole over tensor x data parallel ranks instead of sharded by TP)
+    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = 1
+    enable_expert_parallel: bool = False
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9  # share of the GPU's memory vLLM may use for weights, activations and KV
     max_model_len: PosInt | None = None  # longest request (prompt + output) accepted; None: the model's max_position_embeddings
     max_num_seqs: PosInt | None = None  # batch cap; None: the release's default (see large_gpu_defaults)

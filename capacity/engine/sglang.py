@@ -110,6 +110,11 @@ class Sglang(SglangMemory):
             vllm_only.append("paged_kv")
         if cfg.max_loras:
             vllm_only.append("max_loras (SGLang's LoRA pools are not modelled)")
+        for k in ("pipeline_parallel_size", "data_parallel_size"):
+            if getattr(cfg, k) != 1:
+                vllm_only.append(f"{k} (not modelled for SGLang)")
+        if cfg.enable_expert_parallel:
+            vllm_only.append("enable_expert_parallel (not modelled for SGLang)")
         if vllm_only:
             raise ConfigError(f"{', '.join(vllm_only)}: vLLM settings with no SGLang meaning (engine {self.label})")
         if cfg.kv_cache_dtype == "int8":

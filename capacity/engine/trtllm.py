@@ -146,6 +146,9 @@ class Trtllm:
                               "modelled (use --engine vllm or sglang)")
         if cfg.max_loras:
             raise ConfigError(f"max_loras {cfg.max_loras}: TensorRT-LLM's LoRA cache is not modelled (use --engine vllm)")
+        if cfg.pipeline_parallel_size != 1 or cfg.data_parallel_size != 1 or cfg.enable_expert_parallel:
+            raise ConfigError("pipeline_parallel_size / data_parallel_size / enable_expert_parallel: not modelled for "
+                              "TensorRT-LLM (use --engine vllm)")
         used: list[str] = []
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill

@@ -93,6 +93,19 @@ class Vllm(VllmMemory):
         else:
             block_size = cfg.block_size
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
+        if cfg.pipeline_parallel_size > 1 and rel.version < (0, 5, 1):
+            raise ConfigError(f"pipeline_parallel_size {cfg.pipeline_parallel_size}: {rel.label} has no pipeline "
+                              "parallelism (from vLLM 0.5.1)")
+        if (cfg.data_parallel_size > 1 or cfg.enable_expert_parallel) and (rel.runner != "v1" or rel.version < (0, 8, 0)):
+            raise ConfigError(f"{'data_parallel_size' if cfg.data_parallel_size > 1 else 'enable_expert_parallel'}: "
+                              f"{rel.label} has no --data-parallel-size / --enable-expert-parallel (V1 from vLLM 0.8)")
+        if cfg.enable_expert_parallel:
+            ep = tp * cfg.data_parallel_size
+            if card.moe is None:
+                raise ConfigError(f"enable_expert_parallel: {card.name} has no experts")
+            if ep > card.moe.num_experts:
+                raise ConfigError(f"enable_expert_parallel: {ep} ranks (tp x data parallel) for the "
+                                  f"{card.moe.num_experts} experts of {card.name}: at least one expert per rank")
         if card.state is not None:
             if rel.runner != "v1" or rel.version < (0, 10, 2):
                 raise ConfigError(f"engine {rel.label}: hybrid models ({card.state.kind} layers) are modelled from vLLM "
@@ -175,6 +188,12 @@ class Vllm(VllmMemory):
             parts.append("--enforce-eager")
         if cfg.max_loras:
             parts.append(f"--enable-lora --max-loras {cfg.max_loras} --max-lora-rank {cfg.max_lora_rank}")
+        if cfg.pipeline_parallel_size > 1:
+            parts.append(f"--pipeline-parallel-size {cfg.pipeline_parallel_size}")
+        if cfg.data_parallel_size > 1:
+            parts.append(f"--data-parallel-size {cfg.data_parallel_size}")
+        if cfg.enable_expert_parallel:
+            parts.append("--enable-expert-parallel")
         if cfg.policy == "priority":
             parts.append("--scheduling-policy priority")
         if cfg.num_gpu_blocks_override is not None:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from capacity.engine.budget import KVGroups, MemoryBudget, check_fits, fit_problem, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, ResolvedEngine
 from capacity.engine.vllm_release import Release
+from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.model.weights import ExpertLayout, lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
@@ -245,6 +246,43 @@ def _state_groups(card: ModelCard, rel: Release) -> KVGroups:
     return KVGroups(full=-(-n_attn // size), state=-(-n_state // size), group_size=size)
 
 
+def _stage_sizes(card: ModelCard, pp: int, partition: list[int] | None) -> list[int]:
+    """Layers per pipeline stage as vLLM's get_pp_indices splits them (VLLM_PP_LAYER_PARTITION where given): an
+    even split, the remainder one layer each to the stages before the last, from the second-to-last back."""
+    n = card.num_layers
+    if partition is not None:
+        if len(partition) != pp or sum(partition) != n:
+            raise ConfigError(f"pp_layer_partition {partition}: needs {pp} stages summing to {n} layers")
+        return list(partition)
+    if pp > n:
+        raise ConfigError(f"pipeline_parallel_size {pp}: more stages than the {n} layers of {card.name}")
+    parts = [n // pp] * pp
+    for i in range(2, n % pp + 2):
+        parts[-i] += 1
+    return parts
+
+
+def pp_stages(card: ModelCard, pp: int, partition: list[int] | None = None) -> list[ModelCard]:
+    """The card of each pipeline stage: its layers (a DeepSeek-style model's first dense layers where they fall),
+    the embedding and a vision tower on the first, the final norm and the LM head on the last."""
+    if card.state is not None or card.num_sliding_layers or card.cross_attention_layers:
+        raise ConfigError(f"pipeline_parallel_size {pp}: stages of {card.name} (hybrid, sliding-window or "
+                          "cross-attention layers) are not modelled")
+    out, start = [], 0
+    first_dense = card.moe.first_dense_layers if card.moe is not None else 0
+    for i, n in enumerate(_stage_sizes(card, pp, partition)):
+        upd: dict = {"num_layers": n, "has_embedding": i == 0, "has_lm_head": i == pp - 1,
+                     "attention_layers": n}
+        if card.moe is not None:
+            dense = max(0, min(start + n, first_dense) - start)
+            upd.update(dense_mlp_layers=dense, moe_layers=n - dense)
+        if i:
+            upd["vision"] = None
+        out.append(card.model_copy(update=upd))
+        start += n
+    return out
+
+
 class VllmMemory:
     """The start-up memory accounting of one vLLM release (see module docstring). `Vllm` supplies the release,
     its name, its defaults (`resolve`) and its async-scheduling default, which the accounting reads."""
@@ -293,7 +331,8 @@ class VllmMemory:
             moe = card.moe
             cap = rel.fused_moe_chunk(p.fused_moe_chunk_tokens)
             chunk = n if cap is None else min(n, cap)
-            mi = math.ceil(moe.moe_intermediate_size / tp)
+            # expert parallelism keeps whole experts on a rank; otherwise TP splits each expert
+            mi = moe.moe_intermediate_size if eng.cfg.enable_expert_parallel else math.ceil(moe.moe_intermediate_size / tp)
             si = math.ceil(moe.shared_intermediate / tp)
             # wn: rows of the fused gate/up weight per rank (up alone for a non-gated MLP); kk: the width the
             # experts read (a latent MoE's latent size, else hidden)
@@ -327,6 +366,8 @@ class VllmMemory:
         copies = 2 if rel.runner == "v1" and rel.version >= (0, 9, 0) else 1
         base = (hidden + copies * rows * h * b + persistent + (enc_out if rel.runner == "v1" else 0.0)
                 + blas_workspace_bytes(gpu))
+        if not card.has_lm_head:  # a pipeline stage before the last samples nothing
+            return phases, max(phases.values())
         phases["sampler"] = rows * card.vocab_size * mid_b + base
         return phases, rows * card.vocab_size * lo_b + base
 
@@ -408,16 +449,19 @@ class VllmMemory:
         base = Est(*(x * GiB for x in NON_TORCH_TP1[key]))
         if p.non_torch_bytes is not None:
             base = Est.exact(p.non_torch_bytes)
-        if eng.tp == 1:
+        tp = eng.tp
+        if tp == 1 and (eng.cfg.pipeline_parallel_size > 1 or eng.cfg.data_parallel_size > 1):
+            tp = 2  # one more communicator (the stages' send/recv, the data-parallel group): counted as at TP 2
+        if tp == 1:
             return base
         link = "nvls" if gpu.nvls else ("nvlink" if gpu.interconnect.startswith("nvlink") else "pcie")
         if p.non_torch_multi_gpu_bytes is not None:
             multi = Est.exact(p.non_torch_multi_gpu_bytes)
         else:
-            multi = self.multi_gpu_non_torch(eng.tp, link, p.cuda_context_bytes)
+            multi = self.multi_gpu_non_torch(tp, link, p.cuda_context_bytes)
         if self._multi_from_logs():
             peer = NON_TORCH_PER_PEER_GIB * GiB if p.non_torch_per_peer_bytes is None else p.non_torch_per_peer_bytes
-            multi = multi + Est.exact((eng.tp - 2) * peer)
+            multi = multi + Est.exact((tp - 2) * peer)
         return base + multi
 
     def _multi_from_logs(self) -> bool:
@@ -479,7 +523,26 @@ class VllmMemory:
         return Est(*(act + segments * x * MiB for x in mib))
 
     def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
-        """The VRAM budget. With check_fit, a model or max_model_len that does not fit raises DoesNotFit."""
+        """The VRAM budget. With check_fit, a model or max_model_len that does not fit raises DoesNotFit. With
+        pipeline parallelism, every stage's budget (`pp_stages`), and the stage with the fewest blocks is the
+        engine's (V1's KV cache config takes the minimum over workers)."""
+        pp = cfg.pipeline_parallel_size
+        if pp == 1:
+            return self._budget(card, gpu, cfg, check_fit=check_fit)
+        stages = [self._budget(c, gpu, cfg, check_fit=False) for c in pp_stages(card, pp, cfg.pp_layer_partition)]
+        worst = min(range(pp), key=lambda i: stages[i].num_blocks)
+        b = replace(stages[worst], model=card.name, warnings=list(stages[worst].warnings))
+        sizes = ", ".join(map(str, _stage_sizes(card, pp, cfg.pp_layer_partition)))
+        b.warnings.append(f"pipeline parallel {pp}: stages of {sizes} layers hold {', '.join(f'{s.num_blocks:,}' for s in stages)} blocks; the engine keeps stage "
+                          f"{worst}'s (each stage on {b.tp} GPU{'s' if b.tp > 1 else ''})")
+        if check_fit and not b.fits:
+            from capacity.errors import DoesNotFit
+
+            raise DoesNotFit(b.reason)
+        return b
+
+    def _budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
+        """The VRAM budget of one rank holding `card` (the whole model, or one pipeline stage)."""
         eng = self.resolve(cfg, card, gpu)
         rel = self.release
         estimates: list[str] = []
@@ -489,7 +552,8 @@ class VllmMemory:
         # bitsandbytes: a double-quantised absmax is dequantised to fp32 at load from 0.10 (`_dequantize_dq`;
         # absent in 0.9.2, present in 0.10.2), kept nested before
         nested = rel.version < (0, 10, 0)
-        weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested).values())
+        ep = eng.tp * cfg.data_parallel_size if cfg.enable_expert_parallel else 1
+        weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep).values())
         # LoRA adapters' buffers are made while the model loads: inside "model weights"
         weights += lora_bytes_per_rank(card, eng.tp, cfg.max_loras, cfg.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats

@@ -205,7 +205,11 @@ class ModelCard(_Frozen):
     dense_mlp_layers: NonNegInt | None = None
     moe_layers: NonNegInt | None = None
     gated_mlp: bool = True  # gate and up projections (SwiGLU); false: one up projection (Nemotron's relu^2)
-    bnb_double_quant: bool = False  # bitsandbytes 4-bit with a double-quantised (uint8) absmax
+    bnb_double_quant: bool = False
+    # A pipeline stage's share of the model (capacity.engine's stage cards): the first stage holds the embedding
+    # (and a vision tower), the last the final norm and the LM head.
+    has_embedding: bool = True
+    has_lm_head: bool = True  # bitsandbytes 4-bit with a double-quantised (uint8) absmax
     # What the loader assumed for a model type it has no family for (shown with every budget)
     notes: Annotated[list[Annotated[str, Field(max_length=400)]], Field(max_length=16)] = []
 

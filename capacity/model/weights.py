@@ -58,11 +58,14 @@ class TensorGroup:
 def tensor_groups(card: ModelCard) -> list[TensorGroup]:
     h, L, hd = card.hidden_size, card.num_layers, card.head_dim_
     nq, nkv = card.num_attention_heads, card.num_kv_heads
-    g: list[TensorGroup] = [TensorGroup("embed_tokens", 1, card.vocab_size + card.extra_vocab, h, "vocab", None)]
-    if not card.tie_word_embeddings:
+    g: list[TensorGroup] = []
+    if card.has_embedding:
+        g.append(TensorGroup("embed_tokens", 1, card.vocab_size + card.extra_vocab, h, "vocab", None))
+    if card.has_lm_head and (not card.tie_word_embeddings or not card.has_embedding):  # a last stage keeps its own
         g.append(TensorGroup("lm_head", 1, card.vocab_size, h, "vocab",
                              "lm_head" if "lm_head" in card.weight_formats else None))
-    g.append(TensorGroup("final_norm", 1, 1, h, "replicated", None))
+    if card.has_lm_head:
+        g.append(TensorGroup("final_norm", 1, 1, h, "replicated", None))
     g.append(TensorGroup("layer_norms", L, card.norms_per_layer, h, "replicated", None))
     if card.state is not None:
         g += _state_groups(card)
@@ -227,16 +230,20 @@ def _padded(t: TensorGroup, rows: int, cols: int, layout: ExpertLayout) -> tuple
 
 
 def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | None = None,
-                          bnb_nested_absmax: bool = False) -> dict[str, float]:
+                          bnb_nested_absmax: bool = False, ep: int = 1) -> dict[str, float]:
     """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven). `layout`: the
     engine kernel's storage of MXFP4 experts (padding, scales kept twice); None counts the checkpoint's shapes.
     `bnb_nested_absmax`: a double-quantised bitsandbytes absmax stays nested (uint8) rather than dequantised
-    to fp32 at load."""
+    to fp32 at load. `ep` > 1: expert parallelism, each rank holding ceil(experts / ep) whole experts."""
     nested = bnb_nested_absmax and card.bnb_double_quant
     cdt = card.dtype
     out: dict[str, float] = {}
+    experts = card.moe.num_experts if card.moe is not None else 1
     for t in tensor_groups(card):
         rows, cols = _elements_per_rank(t, card, tp)
+        if ep > 1 and t.family == "experts" and t.name.startswith("experts_"):  # whole experts, split over ranks
+            rows, cols = t.rows, t.cols
+            t = TensorGroup(t.name, t.count // experts * -(-experts // ep), t.rows, t.cols, "replicated", t.family)
         fmt = t.family if t.family == "fp32" else (card.format_of(t.family) if t.family else cdt)
         if fmt not in (cdt, "fp32"):
             group = card.quant_group_size
