@@ -1,6 +1,8 @@
 """Build the packaged GPU catalogue (capacity/data/gpus.yaml) from the datasheet file.
 
-Source: ../shared/data/gpu_specs.yaml (vendor units: GB, GB/s, TFLOP/s, with sources).
+Source: ../shared/data/gpu_specs.yaml (vendor units: GB, GB/s, TFLOP/s, with sources), plus two repo-local files
+in the same schema: scripts/gpu_specs_extra.yaml and scripts/gpu_specs_more.yaml (on a name clash the shared file
+wins over gpu_specs_more.yaml).
 Output: SI units only (bytes, bytes/s, FLOP/s), one `source` per GPU, and an explicit
 `usable_memory_bytes` = the total that torch.cuda.mem_get_info() reports and vLLM multiplies by
 gpu_memory_utilization. Where a real log gave that total we use it (`usable_memory_basis: observed`);
@@ -37,6 +39,30 @@ NAMES = {
     "t4": ("T4", ["tesla-t4"]),
     "a10": ("A10", []),
     "rtx-3090": ("RTX-3090", ["3090", "rtx3090"]),
+    # scripts/gpu_specs_more.yaml
+    "rtx-a6000": ("RTX-A6000", ["a6000", "rtxa6000"]),
+    "a40": ("A40", []),
+    "l40": ("L40", []),
+    "rtx-6000-ada": ("RTX-6000-Ada", ["rtx6000-ada", "6000-ada", "rtx-6000-ada-generation"]),
+    "rtx-4080": ("RTX-4080", ["4080", "rtx4080"]),
+    "rtx-4060-ti-16gb": ("RTX-4060-Ti-16GB", ["4060-ti-16gb", "rtx-4060-ti", "4060ti"]),
+    "rtx-3080": ("RTX-3080-10GB", ["3080", "rtx3080", "rtx-3080-10gb"]),
+    "rtx-5090": ("RTX-5090", ["5090", "rtx5090"]),
+    "rtx-5080": ("RTX-5080", ["5080", "rtx5080"]),
+    "rtx-pro-6000": ("RTX-PRO-6000-Blackwell", ["rtx-pro-6000-blackwell", "pro-6000", "rtx-pro-6000-server",
+                                                 "rtx-pro-6000-workstation"]),
+    "v100-32gb": ("V100-SXM2-32GB", ["v100", "v100-sxm2-32gb", "v100-32g"]),
+    "v100-16gb": ("V100-SXM2-16GB", ["v100-sxm2-16gb", "v100-16g"]),
+    "a800-80gb": ("A800-80GB-SXM", ["a800", "a800-sxm4-80gb", "a800-80g"]),
+    "h800": ("H800-SXM-80GB", ["h800-sxm", "h800-80gb"]),
+    "h20": ("H20-96GB", ["h20-96gb", "hgx-h20"]),
+    "gh200": ("GH200-96GB", ["gh200-96gb", "gh200-480gb"]),
+    "h100-nvl": ("H100-NVL-94GB", ["h100-nvl-94gb", "h100nvl"]),
+    "gb10": ("GB10", ["dgx-spark"]),
+    "mi250x": ("MI250X-GCD", ["mi250x-gcd"]),
+    "mi325x": ("MI325X", []),
+    "a100-pcie-80gb": ("A100-PCIe-80GB", ["a100-80gb-pcie", "a100-pcie"]),
+    "l20": ("L20", []),
 }
 
 # What torch.cuda.get_device_name() returns (vLLM's default rules match words in it), the number of SMs (CUs
@@ -57,8 +83,31 @@ DEVICE = {
     "t4": ("Tesla T4", 40, False),
     "a10": ("NVIDIA A10", 72, False),
     "rtx-3090": ("NVIDIA GeForce RTX 3090", 82, False),
+    "rtx-a6000": ("NVIDIA RTX A6000", 84, False),
+    "a40": ("NVIDIA A40", 84, False),
+    "l40": ("NVIDIA L40", 142, False),
+    "rtx-6000-ada": ("NVIDIA RTX 6000 Ada Generation", 142, False),
+    "rtx-4080": ("NVIDIA GeForce RTX 4080", 76, False),
+    "rtx-4060-ti-16gb": ("NVIDIA GeForce RTX 4060 Ti", 34, False),
+    "rtx-3080": ("NVIDIA GeForce RTX 3080", 68, False),
+    "rtx-5090": ("NVIDIA GeForce RTX 5090", 170, False),
+    "rtx-5080": ("NVIDIA GeForce RTX 5080", 84, False),
+    "rtx-pro-6000": ("NVIDIA RTX PRO 6000 Blackwell Server Edition", 188, False),  # or "... Workstation Edition"
+    "v100-32gb": ("Tesla V100-SXM2-32GB", 80, False),
+    "v100-16gb": ("Tesla V100-SXM2-16GB", 80, False),
+    "a800-80gb": ("NVIDIA A800-SXM4-80GB", 108, False),
+    "h800": ("NVIDIA H800", 132, True),  # HGX H800: third-generation NVSwitch as HGX H100
+    "h20": ("NVIDIA H20", 78, True),  # HGX H20, 900 GB/s NVLink through NVSwitch
+    "gh200": ("NVIDIA GH200 480GB", 132, False),
+    "h100-nvl": ("NVIDIA H100 NVL", 132, False),
+    "gb10": ("NVIDIA GB10", 48, False),
+    "mi250x": ("AMD Instinct MI250X", 110, False),  # per GCD; some ROCm builds say "AMD Instinct MI250X/MI250"
+    "mi325x": ("AMD Instinct MI325X", 304, False),
+    "a100-pcie-80gb": ("NVIDIA A100 80GB PCIe", 108, False),
+    "l20": ("NVIDIA L20", 92, False),
 }
 EXTRA = ROOT / "scripts" / "gpu_specs_extra.yaml"
+MORE = ROOT / "scripts" / "gpu_specs_more.yaml"
 
 # GiB that mem_get_info reports, for GPUs the datasheet file has no observed total for.
 # Rule used: HBM parts report ~99% of the nominal size read as GiB (A100-80GB: 79.15 of 80, H200:
@@ -73,6 +122,11 @@ USABLE_ESTIMATES = {
 
 
 def usable_gib(key: str, spec: dict) -> tuple[float, str, str]:
+    # gpu_specs_more.yaml states where each total comes from
+    if "reported_total_note" in spec:
+        return float(spec["reported_total_gib"]), "observed", spec["reported_total_note"]
+    if "usable_estimate_gib" in spec:
+        return float(spec["usable_estimate_gib"]), "estimate", spec["usable_estimate_note"]
     if "reported_total_gib" in spec:
         return float(spec["reported_total_gib"]), "observed", "reported_total_gib in gpu_specs.yaml"
     for field in ("reported_total_gib_seen", "reported_total_gib_seen_for_A10"):
@@ -95,6 +149,8 @@ def tera(value) -> float | None:
 def build(src: Path) -> dict:
     data = yaml.safe_load(src.read_text())
     data["gpus"].update(yaml.safe_load(EXTRA.read_text())["gpus"])
+    for key, spec in yaml.safe_load(MORE.read_text())["gpus"].items():
+        data["gpus"].setdefault(key, spec)  # the shared file wins on a name clash
     out = {}
     for name, (key, aliases) in NAMES.items():
         spec = data["gpus"][key]
@@ -131,7 +187,8 @@ def build(src: Path) -> dict:
 def main() -> None:
     src = Path(sys.argv[1]) if len(sys.argv) > 1 else ROOT.parent / "shared" / "data" / "gpu_specs.yaml"
     dst = ROOT / "capacity" / "data" / "gpus.yaml"
-    header = "# Generated by scripts/build_gpu_catalogue.py from shared/data/gpu_specs.yaml. Edit the source, not this.\n"
+    header = ("# Generated by scripts/build_gpu_catalogue.py from shared/data/gpu_specs.yaml, scripts/gpu_specs_extra.yaml "
+              "and scripts/gpu_specs_more.yaml. Edit the sources, not this.\n")
     dst.write_text(header + yaml.safe_dump(build(src), sort_keys=False, width=120))
     print(f"wrote {dst}")
 

@@ -45,3 +45,44 @@ def test_user_gpu_yaml(tmp_path):
     p.write_text("memory_bytes: -1\nusable_memory_bytes: 1\nmem_bw_bytes_per_s: 1\ninterconnect_bytes_per_s: 1\n")
     with pytest.raises(ConfigError, match="memory_bytes: Input should be greater than 0"):
         get_gpu(str(p))
+
+
+# GPUs from scripts/gpu_specs_more.yaml -> the CUDA capability code parses from `arch` (None on AMD).
+MORE = {"rtx-a6000": 86, "a40": 86, "l40": 89, "rtx-6000-ada": 89, "rtx-4080": 89, "rtx-4060-ti-16gb": 89,
+        "rtx-3080": 86, "rtx-5090": 120, "rtx-5080": 120, "rtx-pro-6000": 120, "v100-32gb": 70, "v100-16gb": 70,
+        "a800-80gb": 80, "h800": 90, "h20": 90, "gh200": 90, "h100-nvl": 90, "gb10": 121, "mi250x": None,
+        "mi325x": None, "a100-pcie-80gb": 80, "l20": 89}
+
+
+@pytest.mark.parametrize("name", MORE)
+def test_more_gpus_arch_and_memory(name):
+    from capacity.engine.vllm_memory import compute_capability
+
+    g = get_gpu(name)
+    assert compute_capability(g) == MORE[name]
+    if MORE[name] is None:
+        assert "cdna" in g.arch.lower() and g.device_name.startswith("AMD Instinct")
+    nominal_gib = g.memory_bytes / 1e9
+    assert 0.90 * nominal_gib * GiB < g.usable_memory_bytes < nominal_gib * GiB
+    assert g.source.startswith("http") and g.device_name and g.sm_count
+    assert g.usable_memory_note
+
+
+@pytest.mark.parametrize("name", list(catalogue()))
+def test_dense_bf16_not_above_fp8(name):
+    g = get_gpu(name)
+    if g.bf16_flops and g.fp8_flops:
+        assert g.bf16_flops <= g.fp8_flops
+    if g.fp8_flops and g.fp4_flops:
+        assert g.fp8_flops <= g.fp4_flops
+
+
+def test_more_gpus_dense_figures():
+    # Dense, FP32-accumulate on GeForce: the 5090's 209.5 (419 with FP16 accumulate, 838 sparse).
+    assert get_gpu("rtx-5090").bf16_flops == pytest.approx(209.5e12)
+    assert get_gpu("h20").bf16_flops == pytest.approx(148e12)
+    v100 = get_gpu("v100")
+    assert v100.name == "v100-32gb" and v100.bf16_flops is None and v100.fp16_flops == pytest.approx(125e12)
+    with pytest.raises(ConfigError, match="no dense bf16 tensor rate"):
+        v100.peak_flops("bf16")
+    assert get_gpu("dgx-spark").name == "gb10" and get_gpu("a100-pcie").interconnect == "pcie"

@@ -73,9 +73,19 @@ def measured_gemm_efficiency(gpu: GPU, dtype: str, block_scaled: bool = False) -
     """The GEMM efficiency (achieved / datasheet FLOP/s) measured for this GPU and compute dtype in the kernels
     of a serving engine (capacity/data/gemm_efficiency.yaml: NVIDIA aiconfigurator's TensorRT-LLM tables, written
     by bench/gemm_efficiency.py), or None where nothing was measured. A GPU not listed takes its architecture's
-    (Hopper: the H100 SXM's, Blackwell: the B200's); FP8 with block scales has its own figure."""
+    (Hopper: the H100 SXM's, Blackwell: the B200's) only where its compute capability is the measured part's: a
+    consumer or workstation Blackwell (sm120) does not inherit the B200's (sm100) figures. FP8 with block scales
+    has its own figure."""
+    import re
+
+    from capacity.model.gpus import get_gpu
+
     data = _gemm_efficiency_data()
     key = gpu.name if gpu.name in data["gpus"] else data["architectures"].get((gpu.arch or "").split(" ")[0])
+    if key and key != gpu.name:
+        sm = [re.search(r"\bsm_?(\d{2,3})\b", g.arch or "") for g in (gpu, get_gpu(key))]
+        if not (sm[0] and sm[1] and sm[0][1] == sm[1][1]):
+            key = None
     by = data["gpus"].get(key or "", {})
     if dtype == "fp8" and block_scaled and "fp8_block" in by:
         return float(by["fp8_block"])
