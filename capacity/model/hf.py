@@ -23,7 +23,7 @@ from capacity.model.card import ModelCard
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", "float": "bf16"}
 TEXT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "phi3",
               "gemma2", "gemma3_text", "gpt_oss", "mllama_text_model", "nemotron_h", "qwen3_next", "qwen3_5_text",
-              "seed_oss"}
+              "seed_oss", "glm4_moe"}
 VISION_TYPES = {"llava", "mistral3", "gemma3", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5"}
 SUPPORTED = sorted(TEXT_TYPES | VISION_TYPES)
 # transformers' config-class defaults for fields real configs leave out
@@ -276,6 +276,12 @@ def _moe(text: dict, tmt: str, card: dict, need, source: str) -> None:
             raise ConfigError(f"{source}: qwen3_moe with mlp_only_layers/decoder_sparse_step != 1 is not supported")
         card["moe"] = {"num_experts": need("num_experts"), "experts_per_token": need("num_experts_per_tok"),
                        "moe_intermediate_size": need("moe_intermediate_size")}
+    elif tmt == "glm4_moe":  # GLM-4.5/4.6/4.7: DeepSeek-style routed and shared experts, GQA attention (no MLA)
+        card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
+                       "moe_intermediate_size": need("moe_intermediate_size"),
+                       "num_shared_experts": text.get("n_shared_experts") or 0,
+                       "first_dense_layers": text.get("first_k_dense_replace", 0)}
+        card.update(attention_bias=bool(text.get("attention_bias")), qk_norm=bool(text.get("use_qk_norm")))
     elif tmt in ("deepseek_v3", "deepseek_v2"):
         card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
                        "moe_intermediate_size": need("moe_intermediate_size"),
