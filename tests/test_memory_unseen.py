@@ -137,8 +137,32 @@ def test_summary_of_the_development_group():
     assert s["pass"] >= 16 and s["does_not_fit_predicted"] == "4/5"
 
 
-def test_no_number_of_the_held_out_group_is_pinned_before_it_is_scored():
-    """The held-out group's inputs exist (written from metadata); its scores are in
-    bench/results/memory_unseen-heldout.json once, at the end."""
-    assert GROUPS["heldout"] and all(c["inputs"] for c in GROUPS["heldout"].values())
+# The held-out group, scored once at the end of the session that collected it (2026-12-06) and pinned as it came
+# out: 8 of 24 cases could be given to capacity, 7 passed, 6 of 6 KV figures within max(5%, 0.5 GiB).
+HELD = GROUPS["heldout"]
+HELD_KNOWN = {
+    "wildguard-pr2-wildguard-rtx3090-dnf": "vLLM 0.4.2 (free memory consumed since init) on an RTX 3090: KV 4.19 "
+        "GiB predicted against 3.72 logged, so one 32k request fits in the prediction and not in the engine; the "
+        "development group's three 0.4.1 logs were over by 0.8-0.9 GiB too (a term the free-delta profiler counts "
+        "at TP 1 that is not modelled)",
+}
+HELD_SCORED = [k for k, c in HELD.items() if c["inputs"] and not c["inputs"].get("skip")]
+
+
+@pytest.mark.parametrize("case_id", [
+    pytest.param(k, marks=pytest.mark.xfail(reason=HELD_KNOWN[k], strict=True)) if k in HELD_KNOWN else k
+    for k in HELD_SCORED])
+def test_held_out_case(case_id):
+    r = mu.score(HELD[case_id])
+    assert "error" not in r, r.get("error")
+    assert r["fits_ok"], f"fits: logged {r['fits_log']}, predicted {r['fits_pred']}"
+    if "within5" in r:
+        assert r["within5"], f"KV {r['kv_pred_gib']:.2f} vs {r['kv_log_gib']:.2f} GiB ({r['kv_err_pct']:+.1f}%)"
+        assert r["plan_over_pct"] <= 5
+
+
+def test_every_held_out_case_has_inputs_or_a_reason():
+    """The held-out inputs were written from each case's metadata (model, GPU, release, flags) before its figures
+    were looked at; the 2080 Ti server's 21.66 GiB comes from the development group's logs of the same server."""
+    assert HELD and all(c["inputs"] for c in HELD.values())
     assert yaml.safe_load((mu.V3 / "inputs.yaml").read_text())["cases"]
