@@ -7,7 +7,7 @@ import pytest
 
 from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
-from capacity.engine.vllm_memory import hybrid_block_size, mamba_page_bytes
+from capacity.engine.vllm_layout import hybrid_block_size, mamba_page_bytes
 from capacity.engine.vllm_release import release
 from capacity.errors import ConfigError
 from capacity.model.card import load_model_card

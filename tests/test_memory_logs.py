@@ -126,7 +126,7 @@ def test_mxfp4_experts_as_each_kernel_path_stores_them():
     the weights but the checkpoint's scales stay registered: + 777,600 per expert, +0.556 GiB in all, which
     is what the H100 log's 13.47 GiB (against 12.84 counted from the checkpoint) shows. Marlin (before sm90):
     intermediate padded to 2944, hidden to 3072. FlashInfer on sm100: both padded to 3072."""
-    from capacity.engine.vllm_memory import mxfp4_layout
+    from capacity.engine.vllm_layout import mxfp4_layout
     from capacity.engine.vllm_release import release
     from capacity.model.card import load_model_card
     from capacity.model.gpus import get_gpu

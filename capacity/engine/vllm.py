@@ -14,22 +14,19 @@ from collections.abc import Callable
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.vllm_layout import hybrid_block_size, kv_groups
 from capacity.engine.vllm_memory import (  # re-exported: the accounting's names stay importable from here
     ACTIVATION_SLACK_GIB,
     GRAPH_SEGMENT_MIB,
     GRAPH_SEGMENT_MLA_MIB,
-    NON_TORCH_MULTI,
-    NON_TORCH_PER_PEER_GIB,
-    NON_TORCH_TP1,
     VISION_ACTIVATION_SPREAD,
     WEIGHTS_SPREAD,
     Est,
     VllmMemory,
     blas_workspace_bytes,
     cudagraph_capture_sizes,
-    hybrid_block_size,
-    kv_groups,
 )
+from capacity.engine.vllm_nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB, NON_TORCH_TP1
 from capacity.engine.vllm_release import Release, release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard

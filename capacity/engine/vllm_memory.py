@@ -26,68 +26,27 @@ conservative end unless `kv_estimate: middle`.
 from __future__ import annotations
 
 import math
-import re
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from capacity.engine.budget import KVGroups, MemoryBudget, check_fits, fit_problem, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, ResolvedEngine
+from capacity.engine.vllm_layout import (
+    _stage_sizes,
+    kv_groups,
+    kv_layout_card,
+    mamba_page_bytes,
+    mxfp4_layout,
+    mxfp4_layout_alternative,
+    pp_stages,
+)
+from capacity.engine.vllm_nontorch import Est, non_torch
 from capacity.engine.vllm_release import Release
-from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import ExpertLayout, lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
+from capacity.model.weights import lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB, MiB
 
-
-@dataclass(frozen=True)
-class Est:
-    """An estimated term: the middle and its [lo, hi] range, bytes."""
-
-    mid: float
-    lo: float
-    hi: float
-
-    @classmethod
-    def exact(cls, v: float) -> Est:
-        return cls(v, v, v)
-
-    def __add__(self, o: Est) -> Est:
-        return Est(self.mid + o.mid, self.lo + o.lo, self.hi + o.hi)
-
-
 # ---- empirical terms, from the real start-up logs (tests/data/vllm_startup/logs.yaml) ----------------------
-# Non-torch memory at tp=1 as each profiler counts it, GiB: (middle, low, high) over the logs of that family.
-NON_TORCH_TP1 = {
-    # device-wide used - torch allocated (the CUDA context is in it): 0.35 on an RTX 3090 (0.6.4)
-    "absolute": (0.35, 0.25, 0.60),
-    # free at init - free after profiling, context excluded; no log seen: the snapshot family's spread, widened
-    "free-delta": (0.15, 0.05, 0.40),
-    # V0 0.7-0.10 snapshot: 0.03-0.09 over T4, RTX 4060/4090, A100 (six logs)
-    "v0-snapshot": (0.06, 0.03, 0.10),
-    # V0 0.6.5-0.6.6 (utils.py memory_profiling): non-torch growth since the baseline (lazily loaded kernel
-    # modules, cuBLAS handles) plus what torch keeps reserved but unallocated after empty_cache and torch buffers
-    # alive before the profile that are not weights: read from the released code, nothing near 1.8 GiB at TP 1
-    # (the 1.79 of vllm#10511 came from an intermediate commit whose log format no release has)
-    "v0-0.6.5": (0.15, 0.05, 0.45),
-    # V1 0.9.1-0.16: 0.02 (L4), 0.13-0.14 (H100, four logs)
-    "v1-snapshot": (0.14, 0.02, 0.20),
-    # V1 0.17-0.26: 0.25-0.27 on H100 (vLLM 0.19, nine logs)
-    "v1-0.17": (0.25, 0.20, 0.30),
-    # V1 0.27+: free memory consumed (non-torch and allocator slack); not yet seen in a log
-    "consumed": (0.30, 0.20, 0.50),
-}
-# Extra non-torch memory at tp > 1, GiB, as the logs show it where the profiler counts the communicators (V1
-# 0.9.1-0.10, whose snapshot precedes the distributed init, and 0.17+, which adds FlashInfer's all-reduce fusion
-# workspace on Hopper/Blackwell): 1.79-1.96 at tp 2-4 on NVSwitch H100 boards (the 0.10 Qwen3-235B tp4 log,
-# eight 0.19 logs); other links hold NCCL's ring buffers and the custom all-reduce's IPC buffers. The middle is
-# the median of the logs after taking off the per-peer growth.
-NON_TORCH_MULTI = {"nvls": (1.82, 1.78, 1.90), "nvlink": (0.50, 0.20, 1.00), "pcie": (0.17, 0.05, 0.40)}
-NON_TORCH_PER_PEER_GIB = 0.04  # growth per extra rank (tp 2 -> 4: +0.06 to +0.11 in the 0.19 logs)
-# One NCCL communicator's buffers per rank, GiB, where the code says which communicators a profiler counts:
-# channels x (4 MiB SIMPLE + 4.7 MiB LL128 + 0.5 MiB LL) x (ring, tree): 2-4 channels over PCIe, 8-32 over
-# NVLink. An estimate from NCCL's defaults, not measured: the range is wide.
-NCCL_COMM_GIB = {"nvls": (0.30, 0.10, 0.60), "nvlink": (0.25, 0.08, 0.60), "pcie": (0.06, 0.02, 0.15)}
-CUSTOM_AR_GIB = 0.026  # the custom all-reduce's 8 MiB meta + 8 MiB buffer + 8 MiB rank data (every release)
 # CUDA-graph memory per captured piece, MiB: 0.36-0.58 over nine vLLM 0.19 H100 logs of dense and MoE models;
 # 1.1 for DeepSeek-V2-Lite (MLA's full graphs).
 GRAPH_SEGMENT_MIB = (0.45, 0.35, 0.60)
@@ -101,47 +60,6 @@ ACTIVATION_SLACK_GIB = 0.06
 WEIGHTS_SPREAD = {"plain": 0.002, "other": 0.01}
 # Vision encoders' profiling (dummy items, their outputs) is read from code and checked on two logs: wider.
 VISION_ACTIVATION_SPREAD = 0.05
-
-
-def compute_capability(gpu: GPU) -> int | None:
-    """The CUDA compute capability as an integer (sm90 -> 90) from the catalogue's arch; None for AMD or unknown."""
-    m = re.search(r"\bsm_?(\d{2,3})\b", gpu.arch or "")
-    return int(m[1]) if m else None
-
-
-def mxfp4_layout(card: ModelCard, gpu: GPU, rel: Release) -> ExpertLayout | None:
-    """How vLLM's MXFP4 MoE path stores the experts on this GPU (`quantization/mxfp4.py`, read in 0.11):
-    `get_mxfp4_backend` picks FlashInfer on sm100 (intermediate and hidden padded to 256), Triton's matmul_ogs
-    on sm90 and newer consumer parts (swizzled copies of the weights replace the checkpoint's, but the
-    checkpoint's scales stay registered beside the swizzled ones: counted twice), Marlin before sm90
-    (intermediate padded to 128, hidden to 256, weights and scales re-packed in place), and on ROCm 256/256.
-    gpt-oss arrived in 0.10.1; before it, and for other formats, None."""
-    if "mxfp4" not in (card.weight_format, *card.weight_formats.values()) or rel.runner != "v1":
-        return None
-    if rel.version < (0, 10, 1):
-        return None
-    cc = compute_capability(gpu)
-    if cc is None:
-        if "cdna" in (gpu.arch or "").lower() or gpu.name.startswith("mi"):
-            return ExpertLayout("rocm", pad_intermediate=256, pad_hidden=256)
-        return None
-    if cc == 100:
-        return ExpertLayout("flashinfer-sm100", pad_intermediate=256, pad_hidden=256)
-    if cc >= 90:
-        return ExpertLayout("triton", pad_intermediate=64, checkpoint_scales_kept=True)
-    return MARLIN_MXFP4
-
-
-MARLIN_MXFP4 = ExpertLayout("marlin", pad_intermediate=128, pad_hidden=256)
-
-
-def mxfp4_layout_alternative(layout: ExpertLayout | None, rel: Release) -> ExpertLayout | None:
-    """The other path an install may take: before 0.13 (which vendors triton_kernels) a pip install without the
-    triton_kernels package falls back from Triton to Marlin on Hopper (a 0.10.1 H100 log loads gpt-oss-120b at
-    65.97 GiB: Marlin's 65.98, not Triton's 64.20). The weights' high end takes it."""
-    if layout is not None and layout.name == "triton" and rel.version < (0, 13, 0):
-        return MARLIN_MXFP4
-    return None
 
 
 def blas_workspace_bytes(gpu: GPU) -> int:
@@ -162,125 +80,6 @@ def cudagraph_capture_sizes(max_num_seqs: int, rel: Release | None = None) -> li
     top = min(2 * max_num_seqs, 512)
     sizes = [1, 2, 4, *range(8, 256, 8), *range(256, top + 1, 16)]
     return [s for s in sizes if s <= top]
-
-
-def kv_groups(card: ModelCard, rel: Release, block_size: int) -> KVGroups:
-    """The KV layout vLLM uses for the card. V1 >= 0.9.1 gives sliding-window layers their own groups (group
-    size: the smaller layer count, or the larger one when they differ by under 25%); older engines and V0
-    treat every layer as full attention. A model whose every layer slides is one sliding group."""
-    if card.state is not None:
-        return _state_groups(card, rel)
-    n_slide = card.num_sliding_layers
-    if not n_slide or card.sliding_window is None or not rel.hybrid_kv:
-        return KVGroups()
-    window_blocks = -(-(card.sliding_window - 1) // block_size) + 1
-    n_full = card.num_kv_layers - n_slide
-    if n_full == 0:
-        return KVGroups(full=0, sliding=1, group_size=n_slide, window_blocks=window_blocks, window=card.sliding_window)
-    lo, hi = min(n_full, n_slide), max(n_full, n_slide)
-    size = hi if hi < lo * 1.25 else lo
-    return KVGroups(full=-(-n_full // size), sliding=-(-n_slide // size), group_size=size, window_blocks=window_blocks,
-                    window=card.sliding_window)
-
-
-def kv_layout_card(card: ModelCard, rel: Release) -> ModelCard:
-    """The card as the release lays out its KV cache. DeepSeek's latent attention is cached as MLA from 0.7.1;
-    before, as plain multi-head attention over every head: head size 256 (the 192 of q/k and the 128 of v both
-    padded, deepseek_v2.py "TODO, support head_size 192") in 0.5.1-0.6.6, 192 in 0.7.0."""
-    if card.mla is None or rel.version >= (0, 7, 1):
-        return card
-    m = card.mla
-    size = m.qk_nope_head_dim + m.qk_rope_head_dim if rel.version >= (0, 7, 0) else 256
-    return card.model_copy(update={"mla": None, "num_kv_heads": card.num_attention_heads, "head_dim": size})
-
-
-def state_dtype_bytes(card: ModelCard, rel: Release) -> tuple[float, float]:
-    """(convolution, SSM) state bytes per element as vLLM's MambaStateDtypeCalculator picks them with
-    mamba_cache_dtype and mamba_ssm_cache_dtype left at auto: the model dtype, except Nemotron-H from 0.13 (the
-    config's mamba_ssm_cache_dtype; float16 where it has none, float32 from 0.27) and gated DeltaNet from 0.17
-    (the config's dtype where it names one)."""
-    st = card.state
-    assert st is not None
-    conv = DTYPE_BYTES[card.dtype]
-    ssm = conv
-    if card.architecture == "nemotron_h" and rel.version >= (0, 13, 0):
-        ssm = DTYPE_BYTES[st.ssm_dtype] if st.ssm_dtype else (4.0 if rel.version >= (0, 27, 0) else 2.0)
-    elif st.kind == "gated_deltanet" and rel.version >= (0, 17, 0) and st.ssm_dtype:
-        ssm = DTYPE_BYTES[st.ssm_dtype]
-    return conv, ssm
-
-
-def mamba_page_bytes(card: ModelCard, rel: Release, tp: int) -> int:
-    """One state layer's state for one sequence on one rank (vLLM's MambaSpec.page_size_bytes)."""
-    conv, ssm = card.state.state_elements(tp) if card.state is not None else (0, 0)
-    cb, sb = state_dtype_bytes(card, rel)
-    return int(conv * cb + ssm * sb)
-
-
-def hybrid_block_size(card: ModelCard, rel: Release, tp: int, kv_dtype: str, block_size: int) -> int:
-    """The attention block size vLLM sets for a hybrid model so that one attention page (block_size tokens of one
-    layer) holds a whole state (HybridAttentionMambaModelConfig.verify_and_update_config, read in 0.10.2-0.34):
-    16 x cdiv(state page, 16 x one token's KV), never below the configured size; the state page is padded to
-    it. A model without attention layers keeps the block size (one group of state layers)."""
-    if card.num_kv_layers == 0:
-        return block_size
-    token = card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
-    align = 16
-    need = align * -(-mamba_page_bytes(card, rel, tp) // int(align * token))
-    return max(block_size, need)
-
-
-def _state_groups(card: ModelCard, rel: Release) -> KVGroups:
-    """A hybrid's groups (kv_cache_utils' uniform-page grouping): layers of each kind in groups of group_size (the
-    smaller count, or the larger when they differ by under 25%, 50% from 0.34), every group drawing same-size
-    pages from one pool; an attention group holds a page per block_size tokens, a state group one page per
-    sequence (prefix caching off, vLLM's default for hybrids before 0.34)."""
-    st = card.state
-    assert st is not None
-    n_attn, n_state = card.num_kv_layers, st.num_layers
-    if n_attn == 0:
-        return KVGroups(full=0, state=1, group_size=n_state)
-    lo, hi = min(n_attn, n_state), max(n_attn, n_state)
-    slack = 1.5 if rel.version >= (0, 34, 0) else 1.25
-    size = hi if hi < lo * slack else lo
-    return KVGroups(full=-(-n_attn // size), state=-(-n_state // size), group_size=size)
-
-
-def _stage_sizes(card: ModelCard, pp: int, partition: list[int] | None) -> list[int]:
-    """Layers per pipeline stage as vLLM's get_pp_indices splits them (VLLM_PP_LAYER_PARTITION where given): an
-    even split, the remainder one layer each to the stages before the last, from the second-to-last back."""
-    n = card.num_layers
-    if partition is not None:
-        if len(partition) != pp or sum(partition) != n:
-            raise ConfigError(f"pp_layer_partition {partition}: needs {pp} stages summing to {n} layers")
-        return list(partition)
-    if pp > n:
-        raise ConfigError(f"pipeline_parallel_size {pp}: more stages than the {n} layers of {card.name}")
-    parts = [n // pp] * pp
-    for i in range(2, n % pp + 2):
-        parts[-i] += 1
-    return parts
-
-
-def pp_stages(card: ModelCard, pp: int, partition: list[int] | None = None) -> list[ModelCard]:
-    """The card of each pipeline stage: its layers (a DeepSeek-style model's first dense layers where they fall),
-    the embedding and a vision tower on the first, the final norm and the LM head on the last."""
-    if card.state is not None or card.num_sliding_layers or card.cross_attention_layers:
-        raise ConfigError(f"pipeline_parallel_size {pp}: stages of {card.name} (hybrid, sliding-window or "
-                          "cross-attention layers) are not modelled")
-    out, start = [], 0
-    first_dense = card.moe.first_dense_layers if card.moe is not None else 0
-    for i, n in enumerate(_stage_sizes(card, pp, partition)):
-        upd: dict = {"num_layers": n, "has_embedding": i == 0, "has_lm_head": i == pp - 1,
-                     "attention_layers": n}
-        if card.moe is not None:
-            dense = max(0, min(start + n, first_dense) - start)
-            upd.update(dense_mlp_layers=dense, moe_layers=n - dense)
-        if i:
-            upd["vision"] = None
-        out.append(card.model_copy(update=upd))
-        start += n
-    return out
 
 
 class VllmMemory:
@@ -438,65 +237,7 @@ class VllmMemory:
 
     # ---- the budget ------------------------------------------------------------------------------------
     def non_torch(self, eng: ResolvedEngine, gpu: GPU) -> Est:
-        rel, p = self.release, eng.cfg.memory_params
-        acc = rel.accounting
-        if acc == "snapshot" and rel.runner == "v0":
-            key = "v0-0.6.5" if rel.version < (0, 7, 0) else "v0-snapshot"
-        elif acc == "snapshot":
-            key = "v1-snapshot" if rel.version < (0, 17, 0) else "v1-0.17"
-        else:
-            key = acc
-        base = Est(*(x * GiB for x in NON_TORCH_TP1[key]))
-        if p.non_torch_bytes is not None:
-            base = Est.exact(p.non_torch_bytes)
-        tp = eng.tp
-        if tp == 1 and (eng.cfg.pipeline_parallel_size > 1 or eng.cfg.data_parallel_size > 1):
-            tp = 2  # one more communicator (the stages' send/recv, the data-parallel group): counted as at TP 2
-        if tp == 1:
-            return base
-        link = "nvls" if gpu.nvls else ("nvlink" if gpu.interconnect.startswith("nvlink") else "pcie")
-        if p.non_torch_multi_gpu_bytes is not None:
-            multi = Est.exact(p.non_torch_multi_gpu_bytes)
-        else:
-            multi = self.multi_gpu_non_torch(tp, link, p.cuda_context_bytes)
-        if self._multi_from_logs():
-            peer = NON_TORCH_PER_PEER_GIB * GiB if p.non_torch_per_peer_bytes is None else p.non_torch_per_peer_bytes
-            multi = multi + Est.exact((tp - 2) * peer)
-        return base + multi
-
-    def _multi_from_logs(self) -> bool:
-        rel = self.release
-        return rel.runner == "v1" and ((0, 9, 1) <= rel.version < (0, 11, 0) or rel.version >= (0, 17, 0))
-
-    def multi_gpu_non_torch(self, tp: int, link: str, context_bytes: float) -> Est:
-        """What the profiler counts of the communicators at tp > 1 (read per release in worker.py/gpu_worker.py
-        init_device, parallel_state.py, pynccl.py, custom_all_reduce.py):
-
-        - V1 0.9.1-0.10 and 0.17+: the logs' figure (the snapshot precedes the distributed init; 0.17 adds
-          FlashInfer's all-reduce fusion workspace).
-        - V1 0.11-0.16: the distributed init precedes the snapshot, so only the torch device group's NCCL
-          communicator, created lazily by the profile's logits all_gather, is counted: one communicator (the
-          high end keeps the logs' figure: what NCCL connects lazily on a first large collective is unmeasured).
-        - V0 0.6.4-0.10: pynccl, used eagerly from 0.6.5, and the lazy torch communicator of the input
-          broadcast, plus the custom all-reduce's buffers.
-        - V0 0.4.0-0.6.3 (free memory consumed since init): the world group's, pynccl's and the TP group's
-          communicators (two from 0.5.5: no world warm-up), and the CUDA contexts other ranks open on this GPU:
-          tp - 1 in 0.4.0 (`_can_actually_p2p` copies to every peer), one in 0.4.1-0.4.2 (rank 0 builds the P2P
-          cache in-process on a first run), none from 0.4.3 (a subprocess)."""
-        rel = self.release
-        comm = NCCL_COMM_GIB[link]
-        if self._multi_from_logs():
-            return Est(*(x * GiB for x in NON_TORCH_MULTI[link]))
-        if rel.runner == "v1":  # 0.11-0.16
-            mid, lo, _ = comm
-            return Est(mid * GiB, lo * GiB, NON_TORCH_MULTI[link][2] * GiB)
-        if rel.accounting == "free-delta":
-            comms = 3 if rel.version <= (0, 5, 0) else 2
-            contexts = tp - 1 if rel.version < (0, 4, 1) else (1 if rel.version < (0, 4, 3) else 0)
-            ctx = contexts * context_bytes
-            return Est(comms * comm[0] * GiB + ctx + CUSTOM_AR_GIB * GiB, comms * comm[1] * GiB + 0.6 * ctx,
-                       comms * comm[2] * GiB + 1.6 * ctx + CUSTOM_AR_GIB * GiB)
-        return Est(*((2 * x + CUSTOM_AR_GIB) * GiB for x in comm))
+        return non_torch(self.release, eng, gpu)
 
     def runner_buffers(self, card: ModelCard, eng: ResolvedEngine, groups: KVGroups) -> float:
         """Persistent model-runner buffers made before profiling, counted only by the absolute (V1 0.7-0.9.0)
