@@ -114,7 +114,7 @@ def score(case: dict[str, Any]) -> dict[str, Any]:
         return row
     log = logged_kv(case)
     bpt = b.kv_bytes_per_token if not b.kv_groups or not b.kv_groups.group_size else b.block_bytes / b.block_size
-    row.update(engine=b.release, fits_log=log["fits"], fits_pred=b.fits, kv_pred_gib=b.kv_budget_bytes / GiB,
+    row.update(engine=b.release, family=family(b.release), fits_log=log["fits"], fits_pred=b.fits, kv_pred_gib=b.kv_budget_bytes / GiB,
                tokens_pred=b.kv_tokens, blocks_pred=b.num_blocks)
     if log["gib"] is not None:
         row["kv_log_gib"] = float(log["gib"])
@@ -153,7 +153,23 @@ def summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
         }
 
     kinds = sorted({r["kind"] for r in rows})
-    return {"all": part(rows), **{k: part([r for r in rows if r["kind"] == k]) for k in kinds}}
+    fams = sorted({r["family"] for r in rows if r.get("family")})
+    return {"all": part(rows), "by_engine": {k: part([r for r in rows if r["kind"] == k]) for k in kinds},
+            "by_family": {f: part([r for r in rows if r.get("family") == f]) for f in fams}}
+
+
+def family(engine: str) -> str:
+    """The release family a prediction came from (how its profiler counts): vLLM V0 to 0.6.3 (free memory
+    consumed since init), V0 0.6.4-0.10, V1 0.7-0.16, V1 0.17+; SGLang; TensorRT-LLM."""
+    if not engine.startswith("vllm"):
+        return engine.split("@")[0]
+    from capacity.engine.vllm_release import parse_engine, release
+
+    _, v, runner = parse_engine(engine)
+    rel = release(v, runner)
+    if rel.runner == "v0":
+        return "vllm V0 <= 0.6.3" if rel.version <= (0, 6, 3) else "vllm V0 0.6.4-0.10"
+    return "vllm V1 0.7-0.16" if rel.version < (0, 17, 0) else "vllm V1 0.17+"
 
 
 def _passes(r: dict[str, Any]) -> bool:
@@ -197,8 +213,12 @@ def main(argv: list[str]) -> int:
         return 0
     print(table(rows))
     print()
-    for k, v in result["summary"].items():
-        print(f"{k}: {v}")
+    s = result["summary"]
+    print(f"{'':24} {'cases':>5} {'scored':>6} {'pass':>4} {'KV 5%':>6} {'KV 2%':>6} {'fit':>5} {'DNF':>5}")
+    for name, p in [("all", s["all"]), *s["by_engine"].items(), *s["by_family"].items()]:
+        print(f"{name[:24]:24} {p['cases']:>5} {p['scored']:>6} {p['pass']:>4} "
+              f"{p['within_5pct_or_0.5gib']:>3}/{p['kv_cases']:<2} {p['within_2pct']:>3}/{p['kv_cases']:<2} "
+              f"{p['fit_verdict_right']:>2}/{p['scored']:<2} {p['does_not_fit_predicted']:>5}")
     print(f"wrote {out.relative_to(ROOT)}")
     return 0
 
