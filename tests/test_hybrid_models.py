@@ -77,3 +77,27 @@ def test_hybrids_before_the_v1_allocator_are_one_line():
     cfg = EngineConfig(engine="trtllm", max_model_len=8192)
     with pytest.raises(ConfigError, match="state layers are not modelled"):
         get_engine(cfg.engine).budget(nano, get_gpu("h100-sxm"), cfg)
+
+
+def test_granite_hybrid_layout_from_its_config_fields():
+    """Granite-4.0-H (granitemoehybrid): layer_types of mamba / attention, the Mamba2 inner width mamba_expand x
+    hidden, every layer a MoE of num_local_experts with a shared expert of shared_intermediate_size. A small
+    config with the fields of transformers' GraniteMoeHybrid (no real checkpoint's copy was found): 6 Mamba2
+    layers of conv (4 - 1) x (1,024 + 2 x 1 x 128) = 3,840 and SSM 8 x 128 x 128 = 131,072 elements, 2 attention
+    layers."""
+    from capacity.model.hf import from_hf_config
+
+    cfg = {"model_type": "granitemoehybrid", "hidden_size": 512, "num_hidden_layers": 8, "num_attention_heads": 8,
+           "num_key_value_heads": 8, "intermediate_size": 1024, "vocab_size": 49152, "tie_word_embeddings": True,
+           "layer_types": ["mamba"] * 3 + ["attention"] + ["mamba"] * 3 + ["attention"], "mamba_d_conv": 4,
+           "mamba_d_head": 128, "mamba_d_state": 128, "mamba_expand": 2, "mamba_n_groups": 1, "mamba_n_heads": 8,
+           "num_local_experts": 8, "num_experts_per_tok": 2, "shared_intermediate_size": 512,
+           "torch_dtype": "bfloat16", "max_position_embeddings": 4096}
+    c = from_hf_config(cfg, "granite-tiny")
+    assert (c.state.kind, c.state.num_layers, c.num_kv_layers) == ("mamba2", 6, 2)
+    assert c.state.state_elements(1) == (3_840, 131_072)
+    assert (c.moe.num_experts, c.moe.moe_intermediate_size, c.moe.shared_intermediate) == (8, 1024, 512)
+    with pytest.raises(ConfigError, match="layer_types must name mamba or attention"):
+        from_hf_config({**cfg, "layer_types": ["mamba"] * 7 + ["x"]}, "bad")
+    dense = from_hf_config({**cfg, "num_local_experts": 0}, "granite-dense")
+    assert dense.moe is None and dense.intermediate_size == 512

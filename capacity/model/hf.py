@@ -24,7 +24,7 @@ from capacity.model.hf_vision import vision_tower
 _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "bf16", "float": "bf16"}
 TEXT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "phi3",
               "gemma2", "gemma3_text", "gpt_oss", "mllama_text_model", "nemotron_h", "qwen3_next", "qwen3_5_text",
-              "seed_oss", "glm4_moe"}
+              "seed_oss", "glm4_moe", "granitemoehybrid"}
 VISION_TYPES = {"llava", "mistral3", "gemma3", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5"}
 SUPPORTED = sorted(TEXT_TYPES | VISION_TYPES)
 # transformers' config-class defaults for fields real configs leave out
@@ -241,6 +241,25 @@ def _hybrid(text: dict, tmt: str, card: dict, need, source: str) -> None:
                            "num_shared_experts": text.get("n_shared_experts") or 0,
                            "shared_expert_intermediate_size": text.get("moe_shared_expert_intermediate_size"),
                            "latent_size": text.get("moe_latent_size")}
+    elif tmt == "granitemoehybrid":  # Granite-4.0-H: layer_types mamba / attention, every layer a MoE or an MLP
+        types = need("layer_types")
+        if not isinstance(types, list) or len(types) != card["num_layers"] or set(types) - {"mamba", "attention"}:
+            raise ConfigError(f"{source}: layer_types must name mamba or attention for each of the "
+                              f"{card['num_layers']} layers")
+        ssm = str(text.get("mamba_ssm_cache_dtype") or "").replace("torch.", "")
+        card["state"] = {"kind": "mamba2", "num_layers": types.count("mamba"), "conv_kernel": need("mamba_d_conv"),
+                         "inner": need("mamba_expand") * card["hidden_size"], "groups": need("mamba_n_groups"),
+                         "state_size": need("mamba_d_state"), "heads": need("mamba_n_heads"),
+                         "head_dim": need("mamba_d_head"),
+                         "ssm_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(ssm)}
+        card["attention_layers"] = types.count("attention")
+        shared = text.get("shared_intermediate_size")
+        if text.get("num_local_experts"):
+            card["moe"] = {"num_experts": need("num_local_experts"), "experts_per_token": need("num_experts_per_tok"),
+                           "moe_intermediate_size": need("intermediate_size"),
+                           "num_shared_experts": 1 if shared else 0, "shared_expert_intermediate_size": shared}
+        elif shared:  # the dense variants: one MLP of shared_intermediate_size a layer
+            card["intermediate_size"] = shared
     elif tmt in ("qwen3_next", "qwen3_5_text"):  # gated DeltaNet layers and every n-th full attention layer
         layers = card["num_layers"]
         types = text.get("layer_types")
