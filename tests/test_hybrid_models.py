@@ -101,3 +101,18 @@ def test_granite_hybrid_layout_from_its_config_fields():
         from_hf_config({**cfg, "layer_types": ["mamba"] * 7 + ["x"]}, "bad")
     dense = from_hf_config({**cfg, "num_local_experts": 0}, "granite-dense")
     assert dense.moe is None and dense.intermediate_size == 512
+
+
+def test_the_simulator_sets_a_state_page_aside_per_sequence_slot():
+    """The scheduler sees attention blocks only: every slot it may run keeps a state page per state group, so the
+    slots are capped where their states and one block each fit, and the blocks left are the attention groups'."""
+    from capacity.engine.budget import SchedLimits
+
+    nano = load_model_card(V3 / "nemotron-3-nano-30b-a3b-bf16.json")
+    cfg = EngineConfig(engine="vllm@0.19.0", max_model_len=8192)
+    b = get_engine(cfg.engine).budget(nano, get_gpu("h100-sxm"), cfg)
+    lim = SchedLimits.of(b)
+    g = b.kv_groups
+    assert lim.max_num_seqs == min(b.max_num_seqs, b.planning_blocks // (g.state + g.full))
+    assert lim.num_blocks == (b.planning_blocks - lim.max_num_seqs * g.state) // g.full
+    assert lim.block_size == b.block_size > 16

@@ -166,10 +166,12 @@ class SchedLimits:
     @classmethod
     def of(cls, b: MemoryBudget) -> SchedLimits:
         g = b.kv_groups
-        blocks = b.planning_blocks
-        if g.state:  # a hybrid: the scheduler sees attention blocks; every sequence slot's state pages set aside
-            blocks = max(0, blocks - b.max_num_seqs * g.state) // max(1, g.full)
-        return cls(b.max_num_seqs, b.max_num_batched_tokens, b.block_size, blocks, b.max_model_len,
+        blocks, seqs = b.planning_blocks, b.max_num_seqs
+        if g.state:  # a hybrid: the scheduler sees attention blocks, with a state page set aside per sequence slot
+            full = max(1, g.full)
+            seqs = max(1, min(seqs, b.planning_blocks // (g.state + full)))  # slots whose state and a block fit
+            blocks = max(0, b.planning_blocks - seqs * g.state) // full
+        return cls(seqs, b.max_num_batched_tokens, b.block_size, blocks, b.max_model_len,
                    g.as_tuple(), b.chunked_prefill)
 
 
