@@ -191,13 +191,14 @@ def test_a_second_engine_is_one_object_in_the_registry():
 
 
 def test_sglang_command_translates_memory_by_meaning(a100_plan):
-    """--mem-fraction-static is weights + KV pool over total (SGLang's meaning), not vLLM's utilisation."""
+    """--mem-fraction-static is weights + KV pool over total (SGLang's meaning), not vLLM's utilisation: at
+    least the share the weights and the planned pool take, plus the context and SGLang's load margin."""
     import re
 
     b = a100_plan.budget
     frac = float(re.search(r"--mem-fraction-static (\S+)", a100_plan.sglang_command).group(1))
     need = (b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / b.total_bytes
-    assert need <= frac <= need + 0.02  # weights + the planned pool (+ the CUDA context), rounded up to 0.01
+    assert need <= frac <= need + 0.04  # weights + the planned pool (+ the CUDA context, the load's extra)
     assert f"--max-total-tokens {b.planning_tokens}" in a100_plan.sglang_command  # the pool the plan simulated
 
 

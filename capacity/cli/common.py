@@ -84,9 +84,9 @@ def output_kind(output: str | None, json_out: bool) -> str:
 def load_card(model: str, weight_dtype: str | None = None, group: int | None = None, compute_dtype: str | None = None):
     """A model card from a path, a bundled name or a config.json, with optional weight-format and GEMM-dtype
     overrides."""
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card
 
-    card = load_model_card(resolve_model_path(model))
+    card = load_named_card(model)
     if weight_dtype is not None:
         if group is None and weight_dtype == "int4":
             group = 128

@@ -177,7 +177,7 @@ def profiles(
 
     from capacity.cost.calibrated import CalibratedCost
     from capacity.cost.profile import bundled_profiles, to_plan
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card
     from capacity.model.gpus import get_gpu
 
     rows: list[dict[str, Any]] = []
@@ -186,7 +186,7 @@ def profiles(
         err = None
         hold = [st for st in prof.steps if st.role == "holdout"]
         try:
-            card = load_model_card(resolve_model_path(prof.model.name))
+            card = load_named_card(prof.model.name)
             cost = CalibratedCost(prof, card, tp=prof.tp, profile_path=str(path))
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")

@@ -36,7 +36,7 @@ from capacity.files import dumps
 def load_scenario(path: str, flags: dict):
     """A scenario file (has `model:`) or a model card (then flags fill the scenario)."""
     from capacity.files import read_mapping, validate
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card, resolve_model_path
     from capacity.plan.scenario import Scenario
 
     p = resolve_model_path(path)
@@ -50,12 +50,12 @@ def load_scenario(path: str, flags: dict):
             card = validate(ModelCard, model, f"{p}: model")
         else:
             mp = (p.parent / model) if not Path(model).is_absolute() and (p.parent / model).is_file() else model
-            card = load_model_card(resolve_model_path(str(mp)))
+            card = load_named_card(str(mp))
         over = {k: v for k, v in flags.items() if v is not None}
         if over:  # only what the file set, so that the engine's "not given" (e.g. a searched TP) survives
             sc = validate(Scenario, _merge(sc.model_dump(exclude_unset=True), over), str(p) + " + flags")
         return sc, card
-    card = load_model_card(p)
+    card = load_named_card(path)
     data = _merge({"model": str(p)}, {k: v for k, v in flags.items() if v is not None})
     return validate(Scenario, data, "options"), card
 

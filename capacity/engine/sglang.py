@@ -52,19 +52,43 @@ from capacity.sched.sglang import MAX_PREFILL_TOKENS
 KV_DTYPE = {"auto": "auto", "fp8": "fp8_e4m3", "int8": "auto"}
 
 
-def mem_fraction_static(b: MemoryBudget, cuda_context_bytes: float) -> float:
-    """F for the plan's pool: weights + the planned KV pool as a share of T0, the free memory SGLang measures
-    after its CUDA context (total - context), rounded up to 0.01 (a pool that rounds down would hold fewer
-    tokens than planned; --max-total-tokens clamps the rest)."""
-    t0 = b.total_bytes - cuda_context_bytes
-    return math.ceil((b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / t0 * 100 - 1e-9) / 100
+def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig) -> tuple[float, int]:
+    """F for the plan's pool, and the pool SGLang holds at it (the conservative end of SGLang's own model,
+    `sglang_budget`'s kv_tokens_low, clamped to the plan's): the smallest F in steps of 0.01 whose pool holds
+    the tokens the plan simulated, starting from weights + pool over T0 (the free memory after the CUDA context),
+    and at most what leaves the reserve T0 x (1 - F) room for the activation peak and the CUDA graphs the
+    vLLM budget counted. Where no F does both, the pool is what the largest such F holds, fewer tokens than
+    simulated (the caller says so)."""
+    from capacity.model.gpus import get_gpu
+
+    gpu = get_gpu(b.gpu).model_copy(update={"usable_memory_bytes": b.total_bytes})
+    t0 = b.total_bytes - cfg.memory_params.cuda_context_bytes
+    f = math.ceil((b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / t0 * 100 - 1e-9) / 100
+    top = math.floor((1 - (b.activation_bytes + b.cuda_graph_bytes) / t0) * 100 + 1e-9) / 100
+    chunk = b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1
+    held = 0
+    for step in range(int(round(max(f, 0.01) * 100)), int(round(min(top, 0.99) * 100)) + 1):
+        f = step / 100
+        held = sglang_budget(card, gpu, b.tp, mem_fraction_static=f, context_len=b.max_model_len,
+                             kv_cache_dtype=cfg.kv_cache_dtype if cfg.kv_cache_dtype == "fp8" else "auto",
+                             chunked_prefill_size=chunk, max_running=b.max_num_seqs,
+                             max_total_tokens=b.planning_tokens).kv_tokens_low
+        if held >= b.planning_tokens:
+            break
+    return f, held
 
 
 def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
-    frac = mem_fraction_static(b, cfg.memory_params.cuda_context_bytes)
-    parts = [f"python -m sglang.launch_server --model-path {card.hf_id or card.name}", f"--tp {b.tp}",
+    """The plan's vLLM configuration as an SGLang command, memory translated by meaning: F such that SGLang's
+    own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static)."""
+    from capacity.engine.launch import model_reference, with_comment
+
+    frac, held = mem_fraction_static(b, card, cfg)
+    ref = model_reference(card, "sglang")
+    pool = min(held, b.planning_tokens)
+    parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags, f"--tp {b.tp}",
              f"--max-running-requests {b.max_num_seqs}", f"--context-length {b.max_model_len}",
-             f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {b.planning_tokens}",
+             f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {pool}",
              f"--chunked-prefill-size {b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1}",
              f"--kv-cache-dtype {KV_DTYPE[cfg.kv_cache_dtype]}"]
     if not cfg.enable_prefix_caching:
@@ -73,7 +97,11 @@ def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         parts.append("--disable-cuda-graph")
     if cfg.policy == "priority":
         parts.append("--enable-priority-scheduling")
-    return " ".join(parts)
+    cmd = " ".join(parts)
+    if pool < b.planning_tokens:
+        cmd = (f"# SGLang's pool here holds {pool:,} tokens, fewer than the {b.planning_tokens:,} simulated for "
+               "vLLM: plan with --engine sglang for its own figures\n" + cmd)
+    return with_comment(ref, cmd)
 
 
 # ---- the engine model --------------------------------------------------------------------------------------
@@ -215,8 +243,11 @@ class Sglang(SglangMemory):
         sent with ignore_eos take a stricter path)."""
         t0 = b.total_bytes - b.non_torch_bytes
         f = round(1 - b.activation_bytes / t0, 4)  # the reserve is T0 x (1 - F)
+        from capacity.engine.launch import model_reference, with_comment
+
         chunk = b.max_num_batched_tokens if b.chunked_prefill else -1
-        parts = [f"python -m sglang.launch_server --model-path {card.hf_id or card.name}", f"--tp {b.tp}",
+        ref = model_reference(card, "sglang")
+        parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags, f"--tp {b.tp}",
                  f"--context-length {b.max_model_len}", f"--max-running-requests {b.max_num_seqs}",
                  f"--mem-fraction-static {f}", f"--max-total-tokens {b.planning_blocks * b.block_size}",
                  f"--chunked-prefill-size {chunk}"]
@@ -229,7 +260,7 @@ class Sglang(SglangMemory):
             parts.append("--disable-overlap-schedule")
         if cfg.enforce_eager:
             parts.append("--disable-cuda-graph")
-        cmd = " ".join(parts)
+        cmd = with_comment(ref, " ".join(parts))
         if cfg.usage_context == "llm":
             return "# offline: sglang.Engine(model_path=..., same keyword arguments); as a server:\n" + cmd
         return cmd

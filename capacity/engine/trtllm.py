@@ -327,12 +327,15 @@ class Trtllm:
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:
             extra.append("cuda_graph_config: null")
-        cmd = " ".join([f"trtllm-serve {card.hf_id or card.name}", "--backend pytorch", f"--tp_size {b.tp}",
+        from capacity.engine.launch import model_reference, with_comment
+
+        ref = model_reference(card, "trtllm")
+        cmd = " ".join([f"trtllm-serve {ref.model}", "--backend pytorch", f"--tp_size {b.tp}",
                         f"--max_batch_size {b.max_num_seqs}", f"--max_num_tokens {b.max_num_batched_tokens}",
                         f"--max_seq_len {b.max_model_len}",
                         f"--kv_cache_free_gpu_memory_fraction {FREE_GPU_MEMORY_FRACTION}",
                         "--extra_llm_api_options extra.yaml"])
-        return "echo '{" + ", ".join(extra) + "}' > extra.yaml && " + cmd
+        return with_comment(ref, "echo '{" + ", ".join(extra) + "}' > extra.yaml && " + cmd)
 
     def launch_notes(self, cfg: EngineConfig) -> list[str]:
         return [f"memory and defaults modelled on TensorRT-LLM {self.release} (PyTorch backend), read from its code; "

@@ -166,8 +166,11 @@ class Vllm(VllmMemory):
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`vllm serve` with every knob that decides the simulated configuration spelled out."""
+        from capacity.engine.launch import model_reference, with_comment
+
         rel = self.release
-        parts = [f"vllm serve {card.hf_id or card.name}", f"--tensor-parallel-size {b.tp}",
+        ref = model_reference(card, "vllm")
+        parts = [f"vllm serve {ref.model}", *ref.flags, f"--tensor-parallel-size {b.tp}",
                  f"--max-num-seqs {b.max_num_seqs}", f"--max-model-len {b.max_model_len}",
                  f"--gpu-memory-utilization {cfg.gpu_memory_utilization}",
                  f"--max-num-batched-tokens {b.max_num_batched_tokens}", f"--kv-cache-dtype {cfg.kv_cache_dtype}"]
@@ -200,7 +203,7 @@ class Vllm(VllmMemory):
             env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(cfg.cuda_graphs_in_budget)}")
         if rel.runner == "v0" and rel.version >= (0, 8, 0):
             env.append("VLLM_USE_V1=0")
-        cmd = " ".join(env + parts)
+        cmd = with_comment(ref, " ".join(env + parts))
         if cfg.usage_context == "llm":
             return "# offline: LLM(model=..., same keyword arguments); as a server:\n" + cmd
         return cmd

@@ -159,6 +159,20 @@ class VisionTower(_Frozen):
         return self.num_layers * layer + embed + self.projector_params
 
 
+EngineName = Literal["vllm", "sglang", "trtllm"]
+
+
+class Checkpoint(_Frozen):
+    """A published checkpoint of the same model stored in another format (a quantised repository): what a launch
+    command names when the plan runs that format, and what `-m ID` loads (the card with that format)."""
+
+    id: Name  # Hugging Face id
+    weight_dtype: WeightDtype
+    quant_group_size: PosInt | None = None  # int4: the checkpoint's group
+    method: Annotated[str, Field(max_length=40)] = ""  # informational: modelopt, compressed-tensors, awq, gptq
+    engines: Annotated[list[EngineName], Field(min_length=1)] = ["vllm", "sglang", "trtllm"]  # which load it
+
+
 class ModelCard(_Frozen):
     name: Name  # the card's name (bundled cards: the file name)
     hf_id: Name | None = None  # where the shapes come from
@@ -179,6 +193,10 @@ class ModelCard(_Frozen):
     weight_dtype: WeightDtype | None = None  # storage of linear-layer weights; None = dtype
     quant_group_size: PosInt | None = None  # int4: scales per group of inputs; fp8/int8: square blocks
     weight_formats: dict[Family, WeightDtype] = {}  # per-family storage where it differs from weight_dtype
+    # The format hf_id's checkpoint stores, where an override (--weight-dtype) changed the card's: None = the
+    # card's own weight format. A launch command then names a checkpoint of the card's format (below).
+    hf_format: WeightDtype | None = None
+    checkpoints: Annotated[list[Checkpoint], Field(max_length=16)] = []  # published checkpoints in other formats
     # The dtype quantised GEMMs multiply in (capacity.model.compute): auto = what engines run for the weight format on
     # the GPU (fp8 weights: FP8 x FP8 where the GPU has FP8 tensor cores); bf16/fp16 = weight-only (W8A16, W4A16).
     gemm_dtype: GemmDtype = "auto"
@@ -304,8 +322,31 @@ class ModelCard(_Frozen):
 
     def with_overrides(self, **fields: Any) -> ModelCard:
         data = self.model_dump()
-        data.update({k: v for k, v in fields.items() if v is not None})
+        given = {k: v for k, v in fields.items() if v is not None}
+        if "weight_dtype" in given and self.hf_format is None and given["weight_dtype"] != self.weight_format:
+            data["hf_format"] = self.weight_format  # hf_id still names the checkpoint of the card's own format
+        data.update(given)
         return validate(ModelCard, data, f"model card {self.name}")
+
+    def checkpoint_for(self, engine: str) -> str | None:
+        """The Hugging Face id whose stored weights are this card's format, for an engine that loads it: hf_id
+        where no override changed the format, else a published checkpoint in the format (and group); None where
+        none is known."""
+        if self.hf_format in (None, self.weight_format):
+            return self.hf_id
+        for ck in self.checkpoints:
+            same_group = self.weight_format != "int4" or ck.quant_group_size in (None, self.quant_group_size)
+            if ck.weight_dtype == self.weight_format and engine in ck.engines and same_group:
+                return ck.id
+        return None
+
+    def as_checkpoint(self, hf_id: str) -> ModelCard:
+        """This card as one of its published checkpoints stores it (`-m RedHatAI/...-FP8`)."""
+        ck = next(c for c in self.checkpoints if c.id.lower() == hf_id.lower())
+        data = self.model_dump()
+        data.update(hf_id=ck.id, weight_dtype=ck.weight_dtype, hf_format=None,
+                    quant_group_size=ck.quant_group_size or self.quant_group_size)
+        return validate(ModelCard, data, f"model card {self.name} as {ck.id}")
 
 
 # ---- loading ------------------------------------------------------------------------------------
@@ -319,6 +360,16 @@ def load_model_card(path: str | Path) -> ModelCard:
 
         return from_hf_config(data, name=name, source=str(path))
     return validate(ModelCard, data, str(path))
+
+
+def load_named_card(name_or_path: str) -> ModelCard:
+    """The card a name, path or Hugging Face id names (resolve_model_path): a published checkpoint's id gives the
+    card in that checkpoint's format."""
+    card = load_model_card(resolve_model_path(name_or_path))
+    wanted = name_or_path.strip().lower()
+    if any(c.id.lower() == wanted for c in card.checkpoints):
+        return card.as_checkpoint(wanted)
+    return card
 
 
 def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") -> ModelCard:
@@ -365,7 +416,8 @@ def bundled_by_hf_id() -> dict[str, Path]:
             data = yaml.safe_load(f.read_text()) or {}
         except yaml.YAMLError:
             continue
-        for hid in [data.get("hf_id"), *(data.get("hf_aliases") or [])]:
+        cks = [c.get("id") for c in data.get("checkpoints") or [] if isinstance(c, dict)]
+        for hid in [data.get("hf_id"), *(data.get("hf_aliases") or []), *cks]:
             if isinstance(hid, str):
                 out.setdefault(hid.lower(), f)
     return out

@@ -80,7 +80,7 @@ class Fleet(_Strict):
 def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     """One layout of the fleet, simulated: per model its GPUs' share, KV blocks, P99 TTFT/TPOT and whether its
     SLO holds; the layout's GPU count."""
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card
     from capacity.model.gpus import get_gpu
     from capacity.pipeline import Deployment, prepare
     from capacity.sim.metrics import SLO, STEADY_ARRIVALS, summarize, ttft_trend
@@ -93,7 +93,7 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     services, reqs, cards, budgets, services_util = [], [], [], [], []
     gpus = 0
     for i, m in enumerate(fleet.models):
-        card = load_model_card(resolve_model_path(m.model))
+        card = load_named_card(m.model)
         eng = m.engine
         limit, what = context_of(eng, card)
         m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")

@@ -109,13 +109,13 @@ def _steady(m: DayModel, rate: float, n: int) -> WorkloadSpec:
 def per_replica(fleet: DayFleet, i: int, seed: int = 0) -> dict[str, Any]:
     """Model i's operating point: the rate one replica sustains under its SLO (x headroom), where it came from,
     and the reactive target (requests in flight per replica at that rate)."""
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card
     from capacity.model.gpus import get_gpu
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.sim.simulator import littles_law
 
     m = fleet.models[i]
-    card = load_model_card(resolve_model_path(m.model))
+    card = load_named_card(m.model)
     gpu = get_gpu(fleet.gpu)
     if m.per_replica_rate is not None:
         rate, source = m.per_replica_rate, "given"
@@ -167,14 +167,14 @@ def layout_metrics(res, gpu_seconds: float, window_s: float, slo_ttft_s: float |
 def _day_run(args: tuple) -> dict[str, Any]:
     """One model, one layout, over its whole curve (a process-pool worker)."""
     fleet, i, layout, point, seed = args
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card
     from capacity.model.gpus import get_gpu
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.sim.autoscale import AutoscaleConfig
 
     t0 = time.perf_counter()
     m: DayModel = fleet.models[i]
-    card = load_model_card(resolve_model_path(m.model))
+    card = load_named_card(m.model)
     gpu = get_gpu(fleet.gpu)
     curve = m.workload.total_curve()
     rate = point["per_replica_rate"]
@@ -239,11 +239,11 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
               shared: bool = True) -> dict[str, Any]:
     """The whole comparison (see the module docstring) as a JSON-ready report."""
     from capacity.files import strict_json
-    from capacity.model.card import load_model_card, resolve_model_path
+    from capacity.model.card import load_named_card
 
     t0 = time.perf_counter()
     for i, m in enumerate(fleet.models):  # every model's requests fit its context, before any simulation
-        card = load_model_card(resolve_model_path(m.model))
+        card = load_named_card(m.model)
         limit, what = context_of(m.engine, card)
         m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")
     points = []
