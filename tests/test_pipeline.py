@@ -94,6 +94,30 @@ def test_plan_output_says_which_configuration_its_memory_line_is():
     assert r.returncode == 0, r.stderr
     assert "memory of the recommended configuration (tp=1, max_num_seqs" in r.stdout
     assert "capacity memory -m llama-3.1-8b -g h100-sxm" in r.stdout
+    head = r.stdout.splitlines()[:15]  # piped: the answer first (GPUs, cost, the verified P99s, the command)
+    assert any(line.startswith("Answer: 1 x h100-sxm (1 replica x tp=1); $") and "per 1M output" in line
+               for line in head)
+    assert any("P99 TTFT" in line and "meets the SLO" in line for line in head)
+    assert any(line.lstrip().startswith("vllm serve meta-llama/Llama-3.1-8B-Instruct") for line in head)
+
+
+@pytest.mark.parametrize("width", [80, 120, 160])
+def test_plan_report_cuts_nothing_at_common_widths(a100_plan, width):
+    """At 80, 120 and 160 columns no table cell is cut ("…") and the answer stays in the first 15 lines."""
+    import io
+
+    from rich.console import Console
+
+    from capacity.io.report import plan_report
+
+    class Ex:
+        hits = misses = 0
+
+    buf = io.StringIO()
+    plan_report(a100_plan, Console(file=buf, width=width, color_system=None), 1.0, Ex())
+    text = buf.getvalue()
+    assert "…" not in text
+    assert any(line.startswith("Answer: ") for line in text.splitlines()[:15])
 
 
 # ---- engine settings reach the simulation ------------------------------------------------------------------

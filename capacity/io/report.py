@@ -84,35 +84,59 @@ def _ms(x, nd=0) -> str:
     return "-" if x is None or not math.isfinite(x) else f"{x * 1e3:,.{nd}f}"
 
 
+def plan_answer(p, console) -> None:
+    """The answer in the first lines: GPUs, replicas x TP, cost, the verified P99s, the configuration and the
+    launch commands (issue 48: a reader stops after a dozen lines)."""
+    pct, v, b = p.slo.percentile, p.verification, p.budget
+    reps = f"{p.replicas} replica{'s' if p.replicas != 1 else ''} x tp={p.tp}"
+    price = (p.scenario or {}).get("price_per_gpu_hour")
+    cost = (f"; ${p.gpus * price:,.2f}/h, ${p.cost_per_million_tokens:,.3f} per 1M output tokens"
+            if p.cost_per_million_tokens and price else "; cost: give --price-per-gpu-hour")
+    console.print(f"[bold]Answer: {p.gpus} x {p.gpu}[/] ({reps}){cost}")
+    seeds = f"{len(v.seeds)} fresh seed{'s' if len(v.seeds) != 1 else ''}"
+    console.print(f"verified at {v.rate_per_s:g} req/s on {seeds}: P{pct} TTFT {_ms(v.p_ttft_s)} ms, "
+                  f"P{pct} TPOT {_ms(v.p_tpot_s, 1)} ms -> "
+                  + ("[green]meets the SLO[/]" if v.passed else "[red]misses the SLO[/]"))
+    if p.recommended:
+        rc = p.recommended
+        console.print(f"configuration: max_num_seqs {rc.max_num_seqs}, max_model_len {rc.max_model_len:,}, "
+                      f"max_num_batched_tokens {b.max_num_batched_tokens:,}, {b.release}")
+    else:
+        console.print(f"configuration: the engine's defaults at tp={p.tp}, {b.release}")
+    console.print("launch (vLLM, then SGLang):")
+    console.print(f"  {p.vllm_command}", soft_wrap=True, markup=False, highlight=False)
+    console.print(f"  {p.sglang_command}", soft_wrap=True, markup=False, highlight=False)
+
+
 def plan_report(p, console, wall_s: float, ex) -> None:
     from rich.table import Table
 
     b = p.budget
     pct = p.slo.percentile
-    console.print(f"[bold]Capacity plan: {p.model} on {p.gpu}[/], target {p.target_rate:g} req/s, SLO P{pct} TTFT <= "
-                  f"{p.slo.ttft_s * 1e3:.0f} ms and P{pct} TPOT <= {p.slo.tpot_s * 1e3:.0f} ms; step costs: {p.source}")
+    console.print(f"[bold]Capacity plan: {p.model} on {p.gpu}[/], {p.target_rate:g} req/s, P{pct} TTFT <= "
+                  f"{p.slo.ttft_s * 1e3:,.0f} ms, P{pct} TPOT <= {p.slo.tpot_s * 1e3:,.0f} ms")
+    plan_answer(p, console)
+    console.print(f"\n[bold]Details[/] (step costs: {p.source})")
     limit = ("max_num_seqs" if b.planning_tokens >= b.max_num_seqs * b.max_model_len
              else "KV cache at max_model_len")
     g = 2**30
     extra = (f" - graphs {b.cuda_graph_bytes / g:.2f}" if b.cuda_graphs_in_budget else "") + (
         f" - buffers {b.runner_buffers_bytes / g:.2f}" if b.runner_buffers_bytes else "")
-    console.print(f"memory of the recommended configuration (tp={p.tp}, max_num_seqs {b.max_num_seqs}, max_model_len "
-                  f"{b.max_model_len:,}, max_num_batched_tokens {b.max_num_batched_tokens}, {b.release}), per rank: "
-                  f"usable {b.usable_bytes / g:.2f} GiB - weights {b.weights_bytes / g:.2f} - activations "
-                  f"{b.activation_bytes / g:.2f} - non-torch {b.non_torch_bytes / g:.2f}{extra} = KV "
+    console.print(f"memory of the recommended configuration (tp={p.tp}, max_num_seqs {b.max_num_seqs}), per rank: "
+                  f"usable {b.usable_bytes / g:.2f} GiB - weights {b.weights_bytes / g:.2f} - "
+                  f"activations {b.activation_bytes / g:.2f} - non-torch {b.non_torch_bytes / g:.2f}{extra} = KV "
                   f"{b.kv_budget_bytes / g:.2f} GiB -> {b.kv_tokens:,} tokens (planned on {b.planning_tokens:,}, "
                   f"the {b.kv_estimate} end); concurrency is limited by {limit}")
     if p.budget_config:
-        console.print(f"[dim]  (the activation peak depends on max_num_seqs and the token budget: `{p.budget_config}` "
-                      "prints this same budget)[/]", soft_wrap=True)
+        console.print(f"[dim]  (`{p.budget_config}` prints this budget)[/]", soft_wrap=True)
 
     import math
 
-    t = Table(title=f"Max sustainable rate per replica under the SLOs (bisection; bracket = last pass .. first fail), "
-                    f"per TP at the engine's defaults and (*) for the recommended configuration; replicas run at "
+    t = Table(title=f"Max rate per replica under the SLOs (req/s; bracket = last pass .. first fail; peak = "
+                    f"saturated), per TP at the engine's defaults and (*) as recommended; replicas run at "
                     f"{p.headroom:.0%} of it", title_justify="left")
     sources = {r.source for r in [*p.searches, p.rec_search] if r is not None}
-    cols = ["configuration", "max req/s", "bracket", "peak req/s", "replicas", "GPUs"]
+    cols = ["configuration", "max", "bracket", "peak", "replicas", "GPUs"]
     if len(sources) > 1:
         cols.append("step costs")
     for c in cols:
@@ -125,7 +149,7 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     for label, r in rows:
         src = [_src(r.source)] if len(sources) > 1 else []
         if r.max_rate <= 0:
-            t.add_row(label, "[red]none[/]", f"fails at {r.probes[0][0]:.3g}", f"{r.capacity_rate:.2f}", "-", "-", *src)
+            t.add_row(label, "[red]none[/]", "see below", f"{r.capacity_rate:.2f}", "-", "-", *src)
             continue
         reps = math.ceil(p.target_rate / (r.max_rate * p.headroom) - 1e-9)
         if r is p.rec_search:
@@ -135,11 +159,14 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     console.print(t)
     for u in p.tp_unfit:
         console.print(f"  tp={u.tp} does not fit: {u.why}")
+    for r in p.searches:
+        if r.max_rate <= 0 and r.why:
+            console.print(f"  tp={r.tp} serves no rate {r.why}")
 
     seqs = sorted({c.max_num_seqs for c in p.frontier})
     lens = sorted({c.max_model_len for c in p.frontier})
     by = {(c.max_num_seqs, c.max_model_len): c for c in p.frontier}
-    wide = console.width >= 120  # bands only where they fit: at 80 columns nothing is cut, nothing wraps
+    wide = console.width >= 150  # bands only where they fit: at 80 columns nothing is cut, nothing wraps
     ft = Table(title=f"Frontier at {p.per_replica_rate:.2f} req/s per replica (tp={p.tp}): latency does not depend "
                      f"on max_model_len (paged KV); 'fits' is the max_model_len range the memory holds (!: below the "
                      f"workload's longest request)", title_justify="left")
@@ -178,20 +205,8 @@ def plan_report(p, console, wall_s: float, ex) -> None:
     console.print(ft)
     context_table(p, console)
 
-    v = p.verification
-    if p.recommended:
-        rc = p.recommended
-        console.print(f"[bold]Recommended[/]: tp={p.tp}, max_num_seqs={rc.max_num_seqs}, max_model_len={rc.max_model_len:,}, "
-                      f"max_num_batched_tokens={p.budget.max_num_batched_tokens:,}; "
-                      f"{p.replicas} replica{'s' if p.replicas > 1 else ''} = [bold]{p.gpus} x {p.gpu}[/]"
-                      + (f", ${p.cost_per_million_tokens:.3f} per 1M output tokens" if p.cost_per_million_tokens else ""))
-    else:
-        console.print(f"[bold]Recommended[/]: engine defaults at tp={p.tp}; {p.replicas} replicas = {p.gpus} x {p.gpu}")
-    console.print(f"verification: {p.replicas} replicas at {v.rate_per_s:g} req/s, fresh seeds {v.seeds}: P{pct} TTFT "
-                  f"{_ms(v.p_ttft_s)} ms, P{pct} TPOT {_ms(v.p_tpot_s, 1)} ms -> "
-                  + ("[green]meets the SLO[/]" if v.passed else "[red]misses the SLO[/]"))
-    console.print(f"  {p.vllm_command}", soft_wrap=True, markup=False, highlight=False)
-    console.print(f"  {p.sglang_command}", soft_wrap=True, markup=False, highlight=False)
+    if p.tradeoffs:
+        console.print("trade-offs at the per-replica load:")
     for line in p.tradeoffs:
         console.print(f"- {line}")
     for n in p.notes:

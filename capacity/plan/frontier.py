@@ -190,17 +190,37 @@ def tradeoffs(pl: Planner, frontier: list[Cell], rec: Cell | None) -> list[str]:
     row = [c for c in frontier if c.max_model_len == m and c.feasible and c.p_ttft is not None]
     out = []
     p = pl.sc.slo.percentile
-    for a, b in zip(row, row[1:]):
-        if not (a.capacity_tokens_per_s and b.capacity_tokens_per_s):
-            continue
-        gain = b.capacity_tokens_per_s / a.capacity_tokens_per_s - 1
-        out.append(f"max batch {a.max_num_seqs} -> {b.max_num_seqs}: {gain:+.0%} peak tokens/s "
-                   f"({a.capacity_tokens_per_s:,.0f} -> {b.capacity_tokens_per_s:,.0f}), P{p} TTFT "
-                   f"{_ms(a.p_ttft)} -> {_ms(b.p_ttft)}, P{p} TPOT {_ms(a.p_tpot, 1)} -> {_ms(b.p_tpot, 1)} "
-                   f"at the per-replica load")
+    steps = [(a, b) for a, b in zip(row, row[1:]) if a.capacity_tokens_per_s and b.capacity_tokens_per_s]
+    i = 0
+    while i < len(steps):  # a run of steps whose P99s stay within 5% is one line: it says one thing
+        j = i
+        while _flat(*steps[j]) and j + 1 < len(steps) and _flat(*steps[j + 1]):
+            j += 1
+        a, b = steps[i][0], steps[j][1]
+        if j > i:
+            seg = [a] + [s[1] for s in steps[i:j + 1]]
+            top = max(seg, key=lambda c: c.capacity_tokens_per_s or 0.0)
+            out.append(f"max batch {a.max_num_seqs} -> {b.max_num_seqs}: peak tokens/s {a.capacity_tokens_per_s:,.0f} "
+                       f"-> {b.capacity_tokens_per_s:,.0f} (highest {top.capacity_tokens_per_s:,.0f} at "
+                       f"{top.max_num_seqs}); P{p} TTFT {_ms(a.p_ttft)} and TPOT {_ms(a.p_tpot, 1)} at each step "
+                       "(within 5%)")
+        else:
+            gain = (b.capacity_tokens_per_s or 0.0) / (a.capacity_tokens_per_s or 1.0) - 1
+            out.append(f"max batch {a.max_num_seqs} -> {b.max_num_seqs}: {gain:+.0%} peak tokens/s "
+                       f"({a.capacity_tokens_per_s:,.0f} -> {b.capacity_tokens_per_s:,.0f}), P{p} TTFT "
+                       f"{_ms(a.p_ttft)} -> {_ms(b.p_ttft)}, P{p} TPOT {_ms(a.p_tpot, 1)} -> {_ms(b.p_tpot, 1)}")
+        i = j + 1
     if rec is not None:
         out += _context_tradeoff(pl, frontier, rec)
     return out
+
+def _flat(a: Cell, b: Cell) -> bool:
+    """Both P99s finite and within 5% from one max batch to the next."""
+    xs = (a.p_ttft, b.p_ttft, a.p_tpot, b.p_tpot)
+    if any(x is None or not math.isfinite(x) or x <= 0 for x in xs) or a.saturated or b.saturated:
+        return False
+    return abs(b.p_ttft / a.p_ttft - 1) < 0.05 and abs(b.p_tpot / a.p_tpot - 1) < 0.05  # type: ignore[operator]
+
 
 def _context_tradeoff(pl: Planner, frontier: list[Cell], rec: Cell) -> list[str]:
     """What a longer max_model_len costs: with paged KV, nothing in latency at this load (the cells of a row
@@ -240,7 +260,7 @@ def sensitivity(pl: Planner, engine: EngineConfig, rate: float) -> list[str]:
     per_k = 1024 / d
     return [f"each 1k fewer prompt tokens ({li.value} -> {li.value - d} measured) saves "
             f"{(mean_a - mean_b) * per_k * 1e3:.0f} ms mean TTFT and {(pa - pb) * per_k * 1e3:.0f} ms "
-            f"P{pl.sc.slo.percentile} TTFT at the per-replica load"]
+            f"P{pl.sc.slo.percentile} TTFT"]
 
 
 def _metric_stats(dists: list, cis: list) -> MetricStats:
@@ -257,7 +277,7 @@ def _metric_stats(dists: list, cis: list) -> MetricStats:
 def _ms(x: float | None, nd: int = 0) -> str:
     if x is None:
         return "-"
-    return "saturated" if not math.isfinite(x) else f"{x * 1e3:.{nd}f} ms"
+    return "saturated" if not math.isfinite(x) else f"{x * 1e3:,.{nd}f} ms"
 
 
 def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, search, replicas: int):

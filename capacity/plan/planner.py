@@ -205,8 +205,11 @@ class Planner:
         b = self.budget(engine)
         rs = RateSearch(tp, 0.0, lo_rate, cap_rate, [(lo_rate, ok, pt, pp)], (pt, pp), cap.source,
                         b.max_num_seqs, b.max_num_batched_tokens)
-        if not ok:
-            return rs  # even a trickle misses the SLO: infeasible
+        if not ok:  # even a trickle misses the SLO: infeasible, and why
+            from capacity.plan.why import infeasible_reason
+
+            rs.why = infeasible_reason(self, engine, rs)
+            return rs
         lo, hi = lo_rate, cap_rate * 1.05
         # the top of the bracket first: where the SLOs still hold near the capacity, one probe settles it (the
         # default plan: 1 probe, not 6); otherwise it cost one probe and the bisection goes on below it (either way the answer is the highest rate that passed, at most
@@ -273,12 +276,8 @@ class Planner:
             raise DoesNotFit(f"no feasible configuration of {card.name} on {gpu.name}: " + "; ".join(fit_errors))
         usable = [r for r in searches if r.max_rate > 0]
         if not usable:
-            r0 = searches[0]
-            unl = r0.unloaded or (math.inf, math.inf)
-            raise CapacityError(
-                f"no feasible configuration: even at {r0.probes[0][0]:.3g} req/s per replica, P{sc.slo.percentile} "
-                f"TTFT is {unl[0] * 1e3:.0f} ms and TPOT {unl[1] * 1e3:.1f} ms at tp={r0.tp} "
-                f"(SLO {sc.slo.ttft_s * 1e3:.0f} ms / {sc.slo.tpot_s * 1e3:.1f} ms)")
+            raise CapacityError("no feasible configuration of " + card.name + " on " + gpu.name + ": "
+                                + "; ".join(f"tp={r.tp}: {r.why}" for r in searches))
 
         def gpus_for(r: RateSearch) -> int:
             return r.tp * replicas_for(sc, r.max_rate)

@@ -20,6 +20,7 @@ class RateSearch:
     source: str = ""  # the step-cost source of every probe of this row
     max_num_seqs: int = 0  # the configuration searched
     max_num_batched_tokens: int = 0
+    why: str = ""  # where no rate passed: the objective a trickle misses and the ways out (capacity.plan.why)
 
 
 @dataclass

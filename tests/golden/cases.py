@@ -182,6 +182,8 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # warm-up (`capacity.pipeline.warmup_requests`; simulate_closed's 10% already held its 48 users' cohort), made a
 # loop of two requests per user read 27% high (tests/test_steady_state.py). The lower figure is the safe side.
 CHANGES: dict[tuple[str, str], str] = {
+    ("plan_small", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
+    ("plan_a100_classes", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
     ("plan_small", "sglang_command"): "issue 48: the SGLang translation's --mem-fraction-static is now the smallest F whose pool, by SGLang's own model at the conservative end (a 1.0 GiB context, the load's extra), holds the simulated pool (0.88 held fewer tokens than --max-total-tokens pins: capacity.engine.sglang.mem_fraction_static)",
     ("plan_a100_classes", "sglang_command"): "issue 48: the SGLang translation's --mem-fraction-static is now the smallest F whose pool, by SGLang's own model at the conservative end (a 1.0 GiB context, the load's extra), holds the simulated pool (0.88 held fewer tokens than --max-total-tokens pins: capacity.engine.sglang.mem_fraction_static)",
 }
