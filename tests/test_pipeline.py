@@ -456,3 +456,24 @@ def test_simulate_takes_a_clients_cap_and_reports_its_wait(tmp_path):
                  ("plan", "--model", str(sc))):
         r = run_cli(*args)
         assert r.returncode == 1 and "max_concurrency" in r.stderr and len(r.stderr.strip().splitlines()) == 1, args
+
+
+def test_a_configuration_that_serves_no_rate_says_why_and_what_would_serve_one():
+    """Qwen2.5-7B bf16 on one L4 at a 50 ms TPOT (issue 48: it said "none, fails at 0.0366"). By hand: 28 layers of
+    q 3584^2 + k,v 2 x 3584 x 512 + o 3584^2 + MLP 3 x 3584 x 18944 = 233.0M weights, x 28 = 6.525G, plus the
+    152,064 x 3,584 LM head = 7.07G x 2 bytes = 13.17 GiB read per decode step; at the L4's 300 GB/s, 47.1 ms of
+    every step. The way out named first (FP8 weights) then does serve a rate."""
+    from capacity.errors import CapacityError
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, make_plan
+
+    card = load_model_card(ROOT / "capacity/data/models/qwen2.5-7b.yaml")
+    sc = {"model": "qwen2.5-7b", "gpu": "l4", "target_rate_per_s": 0.5, "search": {**TINY_SEARCH, "seeds": 1},
+          "workload": {"input_len": {"kind": "fixed", "value": 512}, "output_len": {"kind": "fixed", "value": 64}}}
+    with pytest.raises(CapacityError) as exc:
+        make_plan(Scenario.model_validate(sc), card, SerialExecutor(cache=False))
+    msg = str(exc.value)
+    assert "TPOT" in msg and "13.2 GiB per rank at 300 GB/s" in msg and "takes 47.1 ms" in msg
+    assert "FP8 weights (--weight-dtype fp8)" in msg and "a TPOT objective >=" in msg
+    p = make_plan(Scenario.model_validate(sc), card.with_overrides(weight_dtype="fp8"), SerialExecutor(cache=False))
+    assert p.gpus >= 1 and p.verification.passed
