@@ -112,3 +112,23 @@ def test_the_issues_plan_prints_commands_that_fit(tmp_path):
         assert spec.tp == plan["tp"] and "FP8" in spec.model
         fit = launch_fit(spec, g)
         assert fit.fits and fit.holds_pinned_pool
+
+
+def test_a_user_gpu_yaml_gets_its_sglang_translation(tmp_path):
+    """A GPU from the user's YAML has no catalogue name: the SGLang translation sizes F on that GPU (it looked
+    the name up in the catalogue and failed: the CI run of 2026-12-06)."""
+    from capacity.model.gpus import GPU
+
+    f = tmp_path / "gpu.yaml"
+    f.write_text("name: mygpu\nmemory_bytes: 80000000000\nusable_memory_bytes: 79000000000\n"
+                 "mem_bw_bytes_per_s: 3.35e12\nbf16_flops: 9.89e14\ninterconnect_bytes_per_s: 4.5e11\n")
+    g = get_gpu(str(f))
+    assert isinstance(g, GPU) and g.name == "mygpu"
+    card = load_named_card("llama-3.1-8b")
+    cfg = EngineConfig(max_model_len=8192)
+    b = get_engine("vllm").budget(card, g, cfg)
+    cmd = sglang_translation(card, cfg, b, g)
+    spec = parse_launch_command(cmd)
+    assert spec.pinned_kv_tokens == b.planning_tokens
+    with pytest.raises(ConfigError, match="not in the catalogue"):  # without the GPU, the name alone is unknown
+        sglang_translation(card, cfg, b)

@@ -52,16 +52,18 @@ from capacity.sched.sglang import MAX_PREFILL_TOKENS
 KV_DTYPE = {"auto": "auto", "fp8": "fp8_e4m3", "int8": "auto"}
 
 
-def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig) -> tuple[float, int]:
+def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig,
+                        gpu: GPU | None = None) -> tuple[float, int]:
     """F for the plan's pool, and the pool SGLang holds at it (the conservative end of SGLang's own model,
     `sglang_budget`'s kv_tokens_low, clamped to the plan's): the smallest F in steps of 0.01 whose pool holds
     the tokens the plan simulated, starting from weights + pool over T0 (the free memory after the CUDA context),
     and at most what leaves the reserve T0 x (1 - F) room for the activation peak and the CUDA graphs the
     vLLM budget counted. Where no F does both, the pool is what the largest such F holds, fewer tokens than
-    simulated (the caller says so)."""
+    simulated (the caller says so). `gpu` is the planned GPU (a user's GPU YAML has no catalogue name to look
+    up); without it, the catalogue's part of the budget's name."""
     from capacity.model.gpus import get_gpu
 
-    gpu = get_gpu(b.gpu).model_copy(update={"usable_memory_bytes": b.total_bytes})
+    gpu = (gpu or get_gpu(b.gpu)).model_copy(update={"usable_memory_bytes": b.total_bytes})
     t0 = b.total_bytes - cfg.memory_params.cuda_context_bytes
     f = math.ceil((b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / t0 * 100 - 1e-9) / 100
     top = math.floor((1 - (b.activation_bytes + b.cuda_graph_bytes) / t0) * 100 + 1e-9) / 100
@@ -78,12 +80,12 @@ def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig) -> 
     return f, held
 
 
-def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
+def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget, gpu: GPU | None = None) -> str:
     """The plan's vLLM configuration as an SGLang command, memory translated by meaning: F such that SGLang's
     own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static)."""
     from capacity.engine.launch import model_reference, with_comment
 
-    frac, held = mem_fraction_static(b, card, cfg)
+    frac, held = mem_fraction_static(b, card, cfg, gpu)
     ref = model_reference(card, "sglang")
     pool = min(held, b.planning_tokens)
     parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags, f"--tp {b.tp}",

@@ -336,7 +336,7 @@ class Planner:
         from capacity.engine.sglang import launch_command as sglang_command
 
         em = get_engine(rec_engine.engine)
-        vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb)
+        vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
