@@ -58,7 +58,7 @@ def test_fleet_runs_on_bundled_card():
     (["--model", "models/llama-3.1-8b.yaml", "--gpu-memory-utilization", "1.5"], "gpu_memory_utilization"),
     (["--model", "models/llama-3.1-8b.yaml", "--max-num-seqs", "0"], "max_num_seqs"),
     (["--model", "models/llama-3.1-8b.yaml", "--max-model-len", "-5"], "max_model_len"),
-    (["--model", "models/llama-3.1-8b.yaml", "--gpu", "a10g"], "largest max_model_len that fits"),
+    (["--model", "models/llama-3.1-8b.yaml", "--gpu", "a10g"], "largest max_model_len sure to fit"),
     (["--model", "models/llama-3.1-8b.yaml", "--activation-gib", "nan"], "--activation-gib"),
     (["--model", "nope.yaml"], "no such file or bundled card"),
     (["--model", "models/llama-3.1-8b.yaml", "--tp", "two"], "Invalid value for '--tp'"),

@@ -211,7 +211,27 @@ def test_max_model_len_does_not_fit(card):
     with pytest.raises(DoesNotFit) as exc:
         mem.budget(card("llama-3.1-8b"), get_gpu("a10g"), EngineConfig(max_num_seqs=256))
     msg = str(exc.value)
-    assert "max_model_len 131072" in msg and "8192 KV blocks (16.00 GiB)" in msg and "largest max_model_len" in msg
+    assert "max_model_len 131,072" in msg and "8,192 KV blocks (16.00 GiB)" in msg and "largest max_model_len" in msg
+
+
+def test_a_length_that_does_not_fit_gets_one_answer_for_the_longest_that_does(card):
+    """Issue 48: the error named 25,856 (the middle estimate of the blocks) while --target-concurrency 1 solved
+    21,280 (the conservative end, the budget re-derived per length). One answer, the safe one, in both; the
+    report goes to stdout with the verdict once, on stderr, and the solver runs though the length does not fit.
+    1,326 blocks x 16 = 21,216 tokens on this budget; at max_model_len ~21k its activation-side terms free 4 more
+    blocks (1,330 x 16 = 21,280)."""
+    from tests.conftest import run_cli
+
+    r = run_cli("memory", "-m", "llama-3.1-8b", "-g", "a10g", "--max-model-len", "131072", "--target-concurrency", "1")
+    assert r.returncode == 1
+    assert r.stderr.strip().count("\n") == 0 and r.stderr.count("does not fit") == 1, r.stderr
+    assert "largest max_model_len sure to fit is 21,280" in r.stderr
+    assert "GPU blocks" in r.stdout and "max_model_len for 1 x max_model_len tokens: 21,280" in r.stdout
+    assert "does not fit:" not in r.stdout  # (the batch x context legend says "red = does not fit")
+    c, g = card("llama-3.1-8b"), get_gpu("a10g")
+    assert mem.max_model_len_for(c, g, EngineConfig(max_model_len=131072), 1) == 1330 * 16
+    b = mem.budget(c, g, EngineConfig(max_model_len=21280))  # it does start there, and with every block of it
+    assert b.planning_blocks == 1330 and b.kv_groups.startup_blocks(21280, 16) == 1330
 
 
 def test_tp_must_divide_heads(card):

@@ -88,19 +88,17 @@ def memory(
                                       "max_lora_rank": max_lora_rank, "pipeline_parallel_size": pp,
                                       "data_parallel_size": dp, "enable_expert_parallel": expert_parallel}, "options")
     b = mem.budget(card, g, cfg, check_fit=False)
-    if not b.fits:  # the numbers are the answer too: print them, then fail
-        if json_out:
-            typer.echo(dumps({"fits": False, "reason": b.reason, "budget": b.as_dict(), "units": "bytes, tokens"}))
-        else:
-            from rich.console import Console
+    if not b.fits and b.paged_kv and b.num_blocks > 0 and b.weights_bytes < b.usable_bytes:
+        from capacity.engine.budget import fit_problem
 
-            from capacity.io.memory_report import memory_tables
-
-            memory_tables(b, [], Console(stderr=True))
-        raise CapacityError(f"does not fit: {b.reason}")
+        try:  # one answer for the longest length: the inverse solver's, the budget re-derived at each length
+            largest = mem.max_model_len_for(card, g, cfg, 1)
+        except CapacityError:
+            largest = 0
+        b.reason = fit_problem(b, card, g, largest=largest) or b.reason
     table = mem.batch_context_table(b, mem.default_batches(b.max_num_seqs), mem.default_contexts(b.max_model_len))
     inverse: dict[str, Any] | None = None
-    if target_concurrency is not None:
+    if target_concurrency is not None:  # solved whether or not this configuration fits: it says what would
         if target_concurrency <= 0 or at_context <= 0:
             raise CapacityError(f"--target-concurrency and --at-context must be > 0 (got {target_concurrency}, {at_context})")
         inverse = {"concurrency": target_concurrency, "context": at_context}
@@ -113,22 +111,29 @@ def memory(
                 inverse[key] = None
                 inverse[key + "_why"] = str(exc)
     if json_out:
-        out = {"fits": True, "budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"}
+        out: dict[str, Any] = {"fits": b.fits}
+        if not b.fits:
+            out["reason"] = b.reason
+        out.update({"budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"})
         if inverse:
             out["inverse"] = inverse
         typer.echo(dumps(out))
-        return
-    from rich.console import Console
+    else:
+        from rich.console import Console
 
-    from capacity.io.memory_report import memory_tables
+        from capacity.io.memory_report import memory_tables
 
-    console = Console()
-    memory_tables(b, table, console)
-    if inverse:
-        for key in ("min_gpu_memory_utilization", "min_tp", "max_model_len"):
-            val = inverse[key]
-            console.print(f"{key} for {target_concurrency} x {at_context if key != 'max_model_len' else 'max_model_len'} tokens: "
-                          + (str(val) if val is not None else f"[red]none[/] ({inverse[key + '_why']})"))
+        console = Console()  # the numbers are the answer, fitting or not: stdout; the verdict is the error below
+        memory_tables(b, table, console, verdict=False)
+        if inverse:
+            for key in ("min_gpu_memory_utilization", "min_tp", "max_model_len"):
+                val = inverse[key]
+                what = at_context if key != "max_model_len" else "max_model_len"
+                console.print(f"{key} for {target_concurrency} x {what} tokens: "
+                              + (f"{val:,}" if isinstance(val, int) else str(val) if val is not None
+                                 else f"[red]none[/] ({inverse[key + '_why']})"))
+    if not b.fits:
+        raise CapacityError(f"does not fit: {b.reason}")
 
 
 def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,

@@ -182,8 +182,12 @@ def check_fits(b: MemoryBudget, card: ModelCard, gpu: GPU) -> None:
         raise DoesNotFit(why)
 
 
-def fit_problem(b: MemoryBudget, card: ModelCard, gpu: GPU) -> str | None:
-    """Why the engine would refuse to start with this budget (None if it starts)."""
+def fit_problem(b: MemoryBudget, card: ModelCard, gpu: GPU, largest: int | None = None) -> str | None:
+    """Why the engine would refuse to start with this budget (None if it starts). Whether it starts is judged at
+    the middle estimate of the KV blocks (the engine's own start-up check); the largest max_model_len it names is
+    the one sure to fit, at the conservative end (the blocks the planner uses). `largest` is that length solved
+    with the budget re-derived at each length (`capacity.engine.memory.max_model_len_for`, what `memory
+    --target-concurrency 1` answers); without it, this budget's blocks at the conservative end estimate it."""
     if b.weights_bytes >= b.usable_bytes:
         need_tp = next((t for t in TP_CHOICES if t > b.tp and _weights_fit(card, b, t)), None)
         hint = f"; try --tp {need_tp}" if need_tp else "; no tensor-parallel size up to 16 fits it"
@@ -197,19 +201,22 @@ def fit_problem(b: MemoryBudget, card: ModelCard, gpu: GPU) -> str | None:
                 "gpu_memory_utilization, lower max_num_batched_tokens/max_num_seqs, or raise tp")
     need_blocks = b.kv_groups.startup_blocks(b.max_model_len, b.block_size)  # vLLM's start-up check
     if (b.paged_kv and need_blocks > b.num_blocks) or (not b.paged_kv and b.contiguous_max_seqs < 1):
-        largest = _largest_len(b) if b.paged_kv else 0
-        return (f"one request of max_model_len {b.max_model_len} tokens needs {need_blocks} KV blocks "
+        if largest is None:
+            largest = _largest_len(b) if b.paged_kv else 0
+        return (f"one request of max_model_len {b.max_model_len:,} tokens needs {need_blocks:,} KV blocks "
                 f"({need_blocks * b.block_bytes / GiB:.2f} GiB), "
-                f"but only {b.num_blocks} fit in {b.kv_budget_bytes / GiB:.2f} GiB at tp={b.tp}; the largest "
-                f"max_model_len that fits is {largest}")
+                f"but only {b.num_blocks:,} fit in {b.kv_budget_bytes / GiB:.2f} GiB at tp={b.tp}; the largest "
+                f"max_model_len sure to fit is {largest:,} (the KV range's conservative end, "
+                f"{b.planning_blocks:,} blocks)")
     return None
 
 
 def _largest_len(b: MemoryBudget) -> int:
+    """The longest request whose start-up blocks fit in the blocks the planner uses (the conservative end)."""
     lo, hi = 0, b.max_model_len
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        lo, hi = (mid, hi) if b.kv_groups.startup_blocks(mid, b.block_size) <= b.num_blocks else (lo, mid - 1)
+        lo, hi = (mid, hi) if b.kv_groups.startup_blocks(mid, b.block_size) <= b.planning_blocks else (lo, mid - 1)
     return lo
 
 

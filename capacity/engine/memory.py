@@ -78,8 +78,11 @@ def min_gpu_memory_utilization(card: ModelCard, gpu: GPU, cfg: EngineConfig, con
     fixed = b.usable_bytes - planned_kv
     util = math.ceil((fixed + kv_need) / b.total_bytes * 100 + 1e-9) / 100
     if util > 1.0:
+        longest = (f" and one request of max_model_len {b.max_model_len:,}"
+                   if blocks > (concurrency - 1) * b.blocks_for(context) + g.admission_blocks(context, b.block_size)
+                   else "")
         raise DoesNotFit(
-            f"{concurrency} sequences of {context} tokens need {(fixed + kv_need) / GiB:.1f} GiB per rank "
+            f"{concurrency} sequences of {context:,} tokens{longest} need {(fixed + kv_need) / GiB:.1f} GiB per rank "
             f"(weights {b.weights_bytes / GiB:.1f} + KV {kv_need / GiB:.1f} + other {(fixed - b.weights_bytes) / GiB:.1f}),"
             f" more than the {b.total_bytes / GiB:.1f} GiB of {gpu.name} at tp={b.tp}; raise tp"
         )

@@ -17,8 +17,9 @@ def _rng(b: MemoryBudget, term: str) -> str:
     return "" if abs(hi - lo) < 0.005 * GiB else f"{lo / GiB:.2f}-{hi / GiB:.2f}"
 
 
-def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
-    """The budget per rank (each estimated term with its range), the KV cache, and the batch x context table."""
+def memory_tables(b: MemoryBudget, table: list[dict], console: Any, verdict: bool = True) -> None:
+    """The budget per rank (each estimated term with its range), the KV cache, and the batch x context table;
+    with `verdict`, a line saying why it does not fit (off where the caller's error says it)."""
     from rich.table import Table
 
     est = set(b.estimates)
@@ -90,7 +91,7 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any) -> None:
                 row.append(f"[green]{txt}[/]" if r["fits"] else f"[red]{txt}x[/]")
             bt.add_row(str(batch), *row)
         console.print(bt)
-    if not b.fits:
+    if verdict and not b.fits:
         console.print(f"[bold red]does not fit:[/] {b.reason}")
     for w in b.warnings:
         console.print(f"[yellow]warning:[/] {w}")
