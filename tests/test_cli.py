@@ -120,3 +120,29 @@ def test_the_sweep_table_fits_80_columns_without_cutting_a_heading():
     assert max(map(len, lines)) <= 80 and "…" not in r.stdout
     assert "max_num_seqs = engine.max_num_seqs; input_len = workload.input_len" in r.stdout
     assert "sat. = saturated" in r.stdout  # 64 sequences of 2,048-token prompts do not keep up with 30 req/s
+
+
+def test_catalogue_listings_read_as_a_newcomer_needs_them():
+    """Issue 48: `gpus` showed T4's BF16 rate as 0 and `models` listed the test shapes as if servable. A part
+    without BF16 units shows '-' and its FP16 rate, at which vLLM serves a bf16 model there (T4: 65 TFLOP/s,
+    NVIDIA's T4 datasheet); the card names fit 80 columns; the synthetic cards are named once, below."""
+    from capacity.model.gpus import get_gpu
+
+    assert get_gpu("t4").peak_flops("bf16") == 65e12 and get_gpu("a100-80gb").peak_flops("bf16") == 312e12
+    g = run_cli("gpus")
+    t4 = next(line for line in g.stdout.splitlines() if "│ t4 " in line)
+    assert [c.strip() for c in t4.split("│")][5] == "-", t4
+    assert "t4 (FP16 65)" in g.stdout
+    m = run_cli("models")
+    assert m.returncode == 0
+    rows = [line.split("│")[1].strip() for line in m.stdout.splitlines() if line.startswith("│")]
+    assert "llama-3.2-11b-vision" in rows and "tiny" not in rows and "tiny-moe" not in rows
+    assert "no checkpoint to serve: tiny-moe, tiny" in " ".join(m.stdout.split())
+    import os
+    import subprocess
+    import sys
+
+    narrow = subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", "models"], capture_output=True, text=True, timeout=60,
+                            env=dict(os.environ, COLUMNS="80", CAPACITY_CACHE_DIR="off"))
+    assert "llama-3.2-11b-vision " in narrow.stdout  # whole, not cut with "…"
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80

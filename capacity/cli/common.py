@@ -18,7 +18,7 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True,
+app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Predict GPU memory, concurrency and GPU count for LLM serving (vLLM-faithful).")
 
 

@@ -271,9 +271,14 @@ def gpus(json_out: JsonOpt = False) -> None:
         t.add_column(col, no_wrap=True, justify="left" if col in ("name", "basis") else "right")
     for g in cat.values():
         t.add_row(g.name, f"{g.usable_memory_bytes / 2**30:.2f}", g.usable_memory_basis, f"{g.mem_bw_bytes_per_s / 1e12:.2f}",
-                  f"{(g.bf16_flops or 0) / 1e12:.0f}", f"{(g.fp8_flops or 0) / 1e12:.0f}" if g.fp8_flops else "-",
-                  f"{g.interconnect_bytes_per_s / 1e9:.0f}")
-    Console().print(t)
+                  f"{g.bf16_flops / 1e12:,.0f}" if g.bf16_flops else "-",
+                  f"{g.fp8_flops / 1e12:,.0f}" if g.fp8_flops else "-", f"{g.interconnect_bytes_per_s / 1e9:,.0f}")
+    con = Console()
+    con.print(t)
+    no_bf16 = [f"{g.name} (FP16 {g.fp16_flops / 1e12:,.0f})" for g in cat.values() if not g.bf16_flops and g.fp16_flops]
+    if no_bf16:
+        con.print("-: no such tensor-core format. Without BF16 units, a bf16 model is served in fp16 at the FP16 "
+                  f"rate: {', '.join(no_bf16)}", highlight=False)
 
 
 @app.command()
@@ -299,15 +304,22 @@ def models(json_out: JsonOpt = False) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    t = Table(title="Bundled model cards")
+    t = Table(title="Bundled model cards", title_justify="left")
     for col in ("card", "params (B)", "KV B/token", "weights", "kind"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col != "kind", justify="right" if col in ("params (B)", "KV B/token") else "left")
+    synthetic = [r["card"] for r in rows if not r["hf_id"]]  # no checkpoint anywhere: shapes for the tests
     for r in rows:
+        if not r["hf_id"]:
+            continue
         kind = "MLA+MoE" if r["mla"] and r["moe"] else "MoE" if r["moe"] else "dense"
         kind += " +SWA" if r["sliding"] else ""
         kind += " +vision" if r["vision"] else ""
-        t.add_row(r["card"], f"{r['params'] / 1e9:.2f}", f"{r['kv_bytes_per_token']:,.0f}", r["weights"], kind)
-    Console().print(t)
+        t.add_row(r["card"], f"{r['params'] / 1e9:,.2f}", f"{r['kv_bytes_per_token']:,.0f}", r["weights"], kind)
+    con = Console()
+    con.print(t)
+    if synthetic:
+        con.print(f"Also bundled, with no checkpoint to serve: {', '.join(synthetic)} (small shapes for tests and CPU "
+                  "rehearsals; --json lists every card)", highlight=False)
 
 
 @app.command()

@@ -183,8 +183,8 @@ def plan(
         if kind == "csv":  # one table in a CSV: the frontier (--xlsx writes every table as CSV)
             typer.echo(to_csv(*tabs["Frontier"]), nl=False)
         else:
-            typer.echo(f"## Capacity plan: {p.model} on {p.gpu}\n\n{p.gpus} x {p.gpu} ({p.replicas} replicas of "
-                       f"TP {p.tp}) for {p.target_rate:g} req/s; `{p.vllm_command}`\n")
+            typer.echo(f"## Capacity plan: {p.model} on {p.gpu}\n\n{p.gpus} x {p.gpu} ({p.replicas} replica"
+                       f"{'s' if p.replicas != 1 else ''} of TP {p.tp}) for {p.target_rate:g} req/s; `{p.vllm_command}`\n")
             for name, (head, rows) in tabs.items():
                 typer.echo(to_markdown(head, rows, name))
         return

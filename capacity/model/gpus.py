@@ -48,8 +48,11 @@ class GPU(BaseModel):
     confidence: str = ""  # how sure the datasheet figures are
 
     def peak_flops(self, dtype: str) -> float:
-        value = {"bf16": self.bf16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops, "fp4": self.fp4_flops,
-                 "int8": self.int8_ops}.get(dtype)
+        """The dense tensor rate for `dtype`. A part without BF16 units (Turing, Volta) serves a bf16 model in
+        fp16: vLLM's `_resolve_auto_dtype` takes the platform's first supported dtype when the config's is not
+        supported (sm < 80: float16, with a warning), so bf16 runs at the FP16 rate on the same 2 bytes."""
+        value = {"bf16": self.bf16_flops or self.fp16_flops, "fp16": self.fp16_flops, "fp8": self.fp8_flops,
+                 "fp4": self.fp4_flops, "int8": self.int8_ops}.get(dtype)
         if value is None:
             raise ConfigError(f"gpu {self.name}: no dense {dtype} tensor rate in the catalogue (the part lacks it)")
         return value
