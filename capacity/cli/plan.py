@@ -260,10 +260,12 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
         raise CapacityError("no GPU type can serve this: " + "; ".join(f"{o.gpu}: {o.why}" for o in options))
     if xlsx:
         from capacity.io.export import write_review
+        from capacity.plan.compare import comparison_table
 
-        paths = write_review(xlsx, best.plan, force=force)
+        paths = write_review(xlsx, best.plan, force=force, comparison=comparison_table(options))
         if not json_out:
-            typer.echo(f"wrote {', '.join(map(str, paths))} (the plan of {best.gpu}, the first in the comparison)")
+            typer.echo(f"wrote {', '.join(map(str, paths))} (the comparison, then the plan of {best.label}, the "
+                       "first in it)")
     if json_out:
         typer.echo(dumps({"comparison": [o.row() for o in options],
                           "plans": {o.label: o.plan.as_dict() for o in options if o.plan is not None},

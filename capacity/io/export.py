@@ -25,6 +25,7 @@ from capacity.io.tables import tables
 SHEETS = ("Summary", "Assumptions", "Memory", "Frontier", "Context", "Percentiles", "Sweep")  # of a plan + sweep
 AUTOSCALE_SHEET = "Autoscale"  # after them, when the export is given an autoscale report
 FLEET_DAY_SHEET = "Fleet day"  # and a fleet-day report
+COMPARISON_SHEET = "Comparison"  # first, when the plan is one option of a GPU or engine comparison
 
 
 def check_destination(path: str | Path, force: bool) -> None:
@@ -69,10 +70,12 @@ def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | No
 
 
 def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = None,
-                 force: bool = False, autoscale: dict | None = None, fleet_day: dict | None = None) -> list[Path]:
+                 force: bool = False, autoscale: dict | None = None, fleet_day: dict | None = None,
+                 comparison: tuple[list[str], list[list]] | None = None) -> list[Path]:
     """Write the workbook and, next to it, `<stem>.json` and `<stem>.<table>.csv`. `plan` is a `Plan` or its
-    JSON form; `autoscale` a `capacity autoscale --json` report (capacity.io.fleet), checked here. Returns the
-    paths written."""
+    JSON form; `autoscale` a `capacity autoscale --json` report (capacity.io.fleet), checked here; `comparison`
+    the table of a GPU or engine comparison (capacity.plan.compare.comparison_table), its first sheet, with
+    `plan` the first option's. Returns the paths written."""
     if plan is not None and not isinstance(plan, dict):
         from capacity.files import strict_json
 
@@ -90,6 +93,8 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
     path = Path(path)
     check_destination(path, force)
     tabs = tables(plan, sweep_rows)
+    if comparison is not None:
+        tabs = {COMPARISON_SHEET: comparison, **tabs}
     if autoscale is not None:
         from capacity.io.fleet import window_table
 
@@ -111,7 +116,9 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         from capacity.io.workbook import write_workbook
 
         write_workbook(tmp / targets[0].name, plan, tabs, autoscale, fleet_day)
-        saved = {"plan": plan, "sweep": sweep_rows} | ({"autoscale": autoscale} if autoscale is not None else {}) | (
+        saved = {"plan": plan, "sweep": sweep_rows} | (
+            {"comparison": [dict(zip(comparison[0], r)) for r in comparison[1]]} if comparison is not None else {}) | (
+            {"autoscale": autoscale} if autoscale is not None else {}) | (
             {"fleet_day": fleet_day} if fleet_day is not None else {})
         (tmp / targets[1].name).write_text(dumps(saved, indent=1) + "\n")
         for (head, rows), target in zip(tabs.values(), targets[2:]):

@@ -1,6 +1,8 @@
 """Rendering of results for people (rich tables) and machines (JSON-ready dicts). No computation here."""
 from __future__ import annotations
 
+import re
+
 
 def simulation_table(out: dict, console) -> None:
     """Percentiles (ms) of a simulated scenario, throughput, and where the step costs came from."""
@@ -311,8 +313,13 @@ def context_table(p, console) -> None:
     console.print(t)
 
 
+def _rate(x) -> str:
+    return "-" if x is None else f"{x:,.2f}" if x < 100 else f"{x:,.0f}"
+
+
 def gpu_comparison(options, console, wall_s: float, ex) -> None:
     """`capacity plan --gpu a,b,c`: one row per GPU type, cheapest first (fewest GPUs when unpriced)."""
+    from rich import box
     from rich.table import Table
 
     first = next(o.plan for o in options if o.plan is not None)
@@ -321,19 +328,48 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
                     f"TPOT <= {slo.tpot_s * 1e3:.0f} ms: {'engines' if any(o.engine for o in options) else 'GPU types'} "
                     f"compared (replicas at {first.headroom:.0%} of their "
                     f"max rate)", title_justify="left")
-    for c in ("GPU", "TP", "replicas", "GPUs", "max_num_seqs", f"P{pct} TTFT ms", f"P{pct} TPOT ms", "USD/h",
-              "USD/1M tok"):
-        t.add_column(c, justify="left" if c == "GPU" else "right", no_wrap=c == "GPU")
-    for o in options:
-        r = o.row()
+    t.box = box.SIMPLE_HEAD  # nine columns in 80: no vertical rules
+    t.caption = "rate/rep: max req/s per replica under the SLO; latencies in ms; $/1M: USD per 1M output tokens"
+    t.caption_justify = "left"
+    for c in ("GPU", "layout", "GPUs", "rate/rep", f"P{pct} TTFT", f"P{pct} TPOT", "$/h", "$/1M"):
+        t.add_column(c, justify="left" if c in ("GPU", "layout") else "right", no_wrap=True)
+    rows = [(o, o.row()) for o in options]
+    for o, r in rows:
+        label = o.label + (" [yellow]†[/]" if r.get("caveat") else "")
         if not r["fits"]:
-            t.add_row(o.label, "[dim]" + r["why"][:70] + "[/]", "", "", "", "", "", "", "")
+            t.add_row(label, "[dim]no plan (below)[/]", "", "", "", "", "", "")
             continue
-        t.add_row(o.label, str(r["tp"]), str(r["replicas"]), str(r["gpus"]), str(r["max_num_seqs"]), _ms(r["p_ttft_s"]),
-                  _ms(r["p_tpot_s"], 1), f"{r['usd_per_hour']:,.2f}" if r["usd_per_hour"] else "-",
-                  f"{r['cost_per_million_tokens']:.3f}" if r["cost_per_million_tokens"] else "-")
+        t.add_row(label, f"{r['replicas']} x tp={r['tp']}", str(r["gpus"]), _rate(r["max_rate_per_replica"]),
+                  _ms(r["p_ttft_s"]), _ms(r["p_tpot_s"], 1), f"{r['usd_per_hour']:,.2f}" if r["usd_per_hour"] else "-",
+                  f"{r['cost_per_million_tokens']:,.3f}" if r["cost_per_million_tokens"] else "-")
     console.print(t)
-    for o in options:
+    said = [o.label for o, r in rows if r.get("caveat")]
+    if said:  # one caveat text for every option it applies to
+        from capacity.plan.compare import UNMEASURED
+
+        console.print(f"[yellow]†[/] nothing measured on {', '.join(said)}: {UNMEASURED}", highlight=False)
+    skipped = re.compile(r"^tp=(\d+) not searched: (.*)$")
+    console.print("max req/s per replica under the SLO at each TP size, searched at the base configuration (the "
+                  "table: the recommended one's):")
+    notes: dict[str, list[str]] = {}
+    for o, r in rows:
+        if not r["fits"]:
+            console.print(f"  {o.label}: no plan: {r['why']}", markup=False, highlight=False)
+            continue
+        skips = [m for m in map(skipped.match, r["notes"]) if m]
+        notes[o.label] = [n for n in r["notes"] if not skipped.match(n)]
+        per_tp = ", ".join([f"tp={tp} {_rate(v)}" for tp, v in r["rate_per_tp"].items()]
+                           + [f"tp={tp} does not fit" for tp in r["tp_unfit"]])
+        if skips:
+            per_tp += f"; tp={', '.join(m[1] for m in skips)} not searched ({skips[0][2]})"
+        console.print(f"  {o.label}: {per_tp}", markup=False, highlight=False)
+    common = set.intersection(*map(set, notes.values())) if notes else set()
+    for label, ns in [("every option", [n for n in next(iter(notes.values()), []) if n in common])] + [
+            (k, [n for n in v if n not in common]) for k, v in notes.items()]:
+        for n in ns:
+            console.print(f"note ({label}): {n}", markup=False, highlight=False)
+    console.print("launch:")
+    for o, _r in rows:
         if o.plan is not None:
             console.print(f"  {o.label}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
     console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")

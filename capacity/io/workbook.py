@@ -29,6 +29,11 @@ def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autosc
 
     wb = Workbook()
     wb.remove(wb.active)
+    if "Comparison" in tabs:
+        _table_sheet(wb, "Comparison", tabs["Comparison"],
+                     note="The same question on each option, cheapest first (fewest GPUs when unpriced); the sheets "
+                          "after this one are the first option's plan. A caveat marks a rate resting on datasheet "
+                          "peaks with efficiencies nothing measured on that part.")
     if plan:
         _summary(wb, plan)
         _table_sheet(wb, "Assumptions", tabs["Assumptions"], widths={1: 44, 2: 70, 3: 26})
@@ -55,7 +60,7 @@ def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autosc
         ws.page_setup.orientation = "landscape"
         ws.sheet_properties.pageSetUpPr.fitToPage = True
         ws.page_setup.fitToWidth = 1
-        ws.page_setup.fitToHeight = 0 if ws.title in ("Sweep", "Autoscale", "Fleet day") else 1
+        ws.page_setup.fitToHeight = 0 if ws.title in ("Sweep", "Autoscale", "Fleet day", "Comparison") else 1
     wb.save(dest)
 
 

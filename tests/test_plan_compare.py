@@ -1,0 +1,69 @@
+"""`capacity plan -g A,B` (issue 48 item 5): the comparison shows what differs and why (the rate per replica, at
+each TP size searched, the notes that are not common to every option, a caveat where a rate rests on datasheet
+peaks nothing measured on that part) and exports the comparison, not only the winner."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+ARGS = ["plan", "-m", "tiny", "-g", "h100-sxm,mi300x", "--tp", "1", "--requests", "100", "--seeds", "1", "--executor", "serial",
+        "--price-per-gpu-hour", "h100-sxm=2.5,mi300x=2.0"]
+
+
+def _cli(*args, columns=200):
+    env = dict(os.environ, COLUMNS=str(columns), CAPACITY_CACHE_DIR="off")
+    return subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *args], capture_output=True,
+                          text=True, timeout=300, cwd=ROOT, env=env)
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("cmp")
+    r = _cli(*ARGS, "--json", "--xlsx", str(d / "cmp.xlsx"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    return json.loads(r.stdout), d
+
+
+def test_each_option_carries_its_rates_per_tp_notes_and_caveat(compared):
+    out, _ = compared
+    rows = {r["gpu"]: r for r in out["comparison"]}
+    assert set(rows) == {"h100-sxm", "mi300x"}
+    for r in rows.values():
+        assert r["fits"] and r["rate_per_tp"]["1"] > 0 and r["max_rate_per_replica"] > 0
+        assert any("vllm@" in n for n in r["notes"])
+    # the H100's GEMM efficiency is measured (NVIDIA's TensorRT-LLM tables); nothing was measured on an MI300X
+    assert rows["h100-sxm"]["caveat"] == ""
+    assert rows["mi300x"]["caveat"].startswith("nothing measured on mi300x")
+
+
+def test_the_comparison_is_the_workbooks_first_sheet(compared):
+    openpyxl = pytest.importorskip("openpyxl")
+    out, d = compared
+    wb = openpyxl.load_workbook(d / "cmp.xlsx")
+    assert wb.sheetnames[0] == "Comparison" and "Summary" in wb.sheetnames
+    ws = wb["Comparison"]
+    cells = [[c.value for c in row] for row in ws.iter_rows()]
+    head = next(r for r in cells if r and r[0] == "GPU")
+    body = [dict(zip(head, r)) for r in cells[cells.index(head) + 1:] if r and r[0]]
+    assert [b["GPU"] for b in body] == [r["gpu"] for r in out["comparison"]]  # cheapest first, as printed
+    for b, r in zip(body, out["comparison"]):
+        assert b["req/s per replica at tp=1"] == r["rate_per_tp"]["1"] and b["USD per 1M output tokens"] == pytest.approx(
+            r["cost_per_million_tokens"])
+    assert (d / "cmp.comparison.csv").exists()
+    saved = json.loads((d / "cmp.json").read_text())
+    assert [c["GPU"] for c in saved["comparison"]] == [b["GPU"] for b in body]
+
+
+def test_the_printed_comparison_fits_80_columns_and_says_why():
+    r = _cli(*ARGS, columns=80)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    table = lines[:lines.index(next(x for x in lines if x.startswith("rate/rep")))]
+    assert all("…" not in x and len(x) <= 80 for x in table), "\n".join(table)
+    assert "mi300x †" in r.stdout and "† nothing measured on mi300x:" in r.stdout
+    assert "h100-sxm: tp=1 " in r.stdout and "mi300x: tp=1 " in r.stdout
+    assert r.stdout.count("note (every option): memory and defaults modelled on vllm@") == 1
