@@ -96,8 +96,11 @@ def compare_gpus(scenarios: list[tuple[Scenario, object]], executor) -> list[Gpu
     tokens (by GPU count when unpriced); a GPU that cannot serve it says why instead of vanishing."""
     out = []
     several = len({sc.engine.engine for sc, _ in scenarios}) > 1
-    for sc, card in scenarios:
+    phases = getattr(executor, "phases", None)
+    for i, (sc, card) in enumerate(scenarios):
         eng = sc.engine.engine if several else None
+        if phases is not None:
+            phases.option(i, len(scenarios), sc.gpu_name + (f" ({eng})" if eng else ""))
         try:
             out.append(GpuOption(sc.gpu_name, make_plan(sc, card, executor), "", sc.price_per_gpu_hour, eng))
         except CapacityError as exc:  # does not fit, or no configuration meets the SLO: an answer for this GPU

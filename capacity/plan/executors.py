@@ -33,6 +33,9 @@ class Executor:
         self.cache = cache_dir() if cache is True else (cache or None)
         self.hits = self.misses = 0
         self.on_task = None  # called with the number of tasks done so far (a dashboard's progress bar)
+        from capacity.plan.progress import Phases
+
+        self.phases = Phases(enabled=progress)  # the planner names its phases; piped, a line as each ends
 
     def _get(self, key: str) -> TaskResult | None:
         if self.cache is None:
@@ -76,6 +79,7 @@ class Executor:
         self.hits += len(first) - len(todo)
         done = self.hits + self.misses
         self.misses += len(todo)
+        self.phases.count(len(todo))
         if self.on_task:
             self.on_task(done)
         if todo:
@@ -91,10 +95,10 @@ class Executor:
         raise NotImplementedError
 
     def close(self) -> None:
-        pass
+        self.phases.end()
 
 
-def _bar(total: int, enabled: bool):
+def _bar(total: int, enabled: bool, label: str = "simulating"):
     from contextlib import nullcontext
 
     if not enabled or total < 2:
@@ -106,13 +110,13 @@ def _bar(total: int, enabled: bool):
         return nullcontext(None)
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    return Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
+    return Progress(TextColumn(label, markup=False), BarColumn(), MofNCompleteColumn(), TextColumn("ETA"),
                     TimeRemainingColumn(), transient=True, console=console)
 
 
 class SerialExecutor(Executor):
     def _map(self, tasks, idx):
-        with _bar(len(tasks), self.progress) as bar:
+        with _bar(len(tasks), self.progress, self.phases.label) as bar:
             t = bar.add_task("", total=len(tasks)) if bar else None
             for i, task in zip(idx, tasks):
                 yield i, run_task(task)
@@ -155,7 +159,7 @@ class PoolExecutor(Executor):
             self._pool = ProcessPoolExecutor(self.workers, initializer=_worker_init)
         futs: dict = {}
         try:
-            with _bar(len(tasks), self.progress) as bar:
+            with _bar(len(tasks), self.progress, self.phases.label) as bar:
                 t = bar.add_task("", total=len(tasks)) if bar else None
                 futs = {self._pool.submit(run_task, task): i for i, task in zip(idx, tasks)}
                 for f in as_completed(futs):
@@ -169,6 +173,7 @@ class PoolExecutor(Executor):
             raise
 
     def close(self, wait: bool = True) -> None:
+        self.phases.end()
         if self._pool is not None:
             self._pool.shutdown(wait=wait, cancel_futures=True)
             self._pool = None
@@ -191,7 +196,7 @@ class RayExecutor(Executor):
     def _map(self, tasks, idx):
         refs = {self._remote.remote(task): i for i, task in zip(idx, tasks)}
         pending = list(refs)
-        with _bar(len(tasks), self.progress) as bar:
+        with _bar(len(tasks), self.progress, self.phases.label) as bar:
             t = bar.add_task("", total=len(tasks)) if bar else None
             while pending:
                 done, pending = self._ray.wait(pending, num_returns=1)

@@ -246,6 +246,13 @@ class Planner:
                               f"there (other TP sizes would need the roofline; run without --profile for them)")
         return [ptp]
 
+    def _phase(self, name: str, done: int, tps: int) -> None:
+        """Tell the executor's progress which phase runs (of about tps + 5: a rate search per TP size, the
+        frontier, the context trade-off, the recommended configuration, the verification, the trade-offs)."""
+        phases = getattr(self.ex, "phases", None)
+        if phases is not None:
+            phases.begin(name, done, tps + 5)
+
     def make(self) -> Plan:
         sc, card, gpu = self.sc, self.card, self.gpu
         sc.workload.check_context(*context_of(sc.engine, card))
@@ -269,6 +276,7 @@ class Planner:
                 continue
             self.check_source(tp)  # a profile that cannot serve this TP is an error, not a silent roofline
             self.search_engines[tp] = e
+            self._phase(f"rate search at tp={tp}", tps.index(tp), len(tps))
             searches.append(self.rate_search(e, tp, b.max_num_seqs))
         if not searches:
             if len(config_errors) == 1 and all(u.why in config_errors for u in unfit):
@@ -291,12 +299,15 @@ class Planner:
         replicas = replicas_for(sc, best.max_rate)
         per_replica = sc.target_rate_per_s / replicas
         base_cfg = self.search_engines[tp]
+        self._phase("frontier (max_num_seqs x max_model_len)", len(tps), len(tps))
         frontier = self.frontier(tp, per_replica)
+        self._phase("context trade-off", len(tps) + 1, len(tps))
         contexts = self.context_frontier(tp)
         rec = self.recommend(frontier)
         rec_engine = self.cell_engine(tp, rec.max_num_seqs, rec.max_model_len) if rec else base_cfg
         rec_search = None
         if rec is not None:
+            self._phase("the recommended configuration's rate", len(tps) + 2, len(tps))
             rec_search = self.rate_search(rec_engine, tp, rec.max_num_seqs)
             if rec_search.max_rate > 0:  # the GPU count is the recommended configuration's, at the headroom
                 rec_replicas = replicas_for(sc, rec_search.max_rate)
@@ -318,6 +329,8 @@ class Planner:
                 replicas = rec_replicas
                 rec_engine, rec_search, replicas = tune_budget(self, rec_engine, tp, rec.max_num_seqs,
                                                                rec_search, replicas)
+        self._phase(f"verification at {sc.target_rate_per_s:g} req/s on {replicas} replica(s)", len(tps) + 3,
+                    len(tps))
         verification = self.verify(rec_engine, replicas)
         if not verification.passed:
             for _ in range(3):
@@ -338,6 +351,7 @@ class Planner:
         em = get_engine(rec_engine.engine)
         vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
+        self._phase("trade-offs", len(tps) + 4, len(tps))
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
         eng = em.resolve(base_cfg, card, gpu)
