@@ -126,7 +126,7 @@ def book(report, tmp_path_factory):
     from capacity.io.export import write_review
 
     path = tmp_path_factory.mktemp("as") / "auto.xlsx"
-    written = write_review(path, autoscale=report)
+    written = write_review(path, autoscale=report, tables_too=True)
     assert [p.name for p in written] == ["auto.xlsx", "auto.json", "auto.autoscale.csv"]
     return path
 

@@ -57,7 +57,8 @@ def starts(ws, prefix: str):
 @pytest.fixture(scope="module")
 def book(plan, tmp_path_factory):
     path = tmp_path_factory.mktemp("x") / "review.xlsx"
-    write_review(path, plan, sweep_rows=[{"workload.input_len": {"kind": "fixed", "value": 512}, "ttft_p99_s": 0.1}])
+    write_review(path, plan, sweep_rows=[{"workload.input_len": {"kind": "fixed", "value": 512}, "ttft_p99_s": 0.1}],
+                 tables_too=True)
     return path
 
 
@@ -192,7 +193,7 @@ def test_user_strings_are_never_formulas(plan, tmp_path):
     evil["model"] = '=HYPERLINK("http://x.invalid","click")'
     evil["scenario"]["workload"]["classes"][0]["name"] = "+cmd|' /C calc'!A0"
     path = tmp_path / "evil.xlsx"
-    write_review(path, evil)
+    write_review(path, evil, tables_too=True)
     wb = openpyxl.load_workbook(path)
     for ws in wb.worksheets:
         for row in ws.iter_rows():
@@ -233,7 +234,7 @@ def test_never_overwrites_and_writes_the_set_or_nothing(plan, tmp_path, monkeypa
 
     monkeypatch.setattr(ex, "csv_safe", boom)
     with pytest.raises(OSError):
-        write_review(tmp_path / "new.xlsx", plan)
+        write_review(tmp_path / "new.xlsx", plan, tables_too=True)
     assert {p.name for p in tmp_path.iterdir()} == {p.name for p in tmp_path.glob("r.*")}
     assert not list(tmp_path.glob("new*")) and not list(tmp_path.glob(".new*"))
 
@@ -250,3 +251,46 @@ def test_export_cli_from_a_saved_plan(plan, tmp_path):
     bad.write_text('{"rows": 3}')
     r = run_cli("export", "--plan", str(bad), "--xlsx", str(tmp_path / "z.xlsx"))
     assert r.returncode == 1 and "not a plan" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_one_file_unless_tables_are_asked_and_readable_numbers(plan, tmp_path):
+    """Issue 48 item 9: the workbook alone by default (it wrote seven CSV/JSON files beside itself); Assumptions
+    without float noise or raw byte counts (79.160000000149, 536870912); a column as wide as its values, long
+    headers wrapping (the Frontier sheet rendered at about 4 pt, fit to one page across 270 characters)."""
+    import copy
+
+    p = copy.deepcopy(plan)
+    p["budget"]["total_bytes"] = 79.160000000149 * GiB
+    p["scenario"]["engine"].setdefault("memory_params", {})["cuda_context_bytes"] = 536870912
+    written = write_review(tmp_path / "one.xlsx", p)
+    assert written == [tmp_path / "one.xlsx"] and [f.name for f in tmp_path.iterdir()] == ["one.xlsx"]
+    wb = openpyxl.load_workbook(tmp_path / "one.xlsx")
+    a = wb["Assumptions"]
+    assert value(a, "usable memory the engine sees (GiB)") == 79.16
+    assert value(a, "engine.memory_params.cuda_context_gib") == 0.5
+    floats = [c.value for row in a.iter_rows(min_col=2, max_col=2) for c in row if isinstance(c.value, float)]
+    assert all(len(repr(f).replace(".", "").lstrip("0")) <= 7 for f in floats), floats
+    f = wb["Frontier"]
+    widths = [f.column_dimensions[openpyxl.utils.get_column_letter(j)].width for j in range(1, f.max_column + 1)]
+    # A4 landscape holds about 135 characters of 11 pt: 200 fit across at 7 pt or more (it was ~270, ~4 pt)
+    assert sum(widths) <= 200 and max(widths) <= 40, list(zip(tables(p)["Frontier"][0], widths))
+
+
+def test_a_saturated_configuration_is_left_out_of_the_percentile_charts(plan, tmp_path):
+    import copy
+
+    p = copy.deepcopy(plan)
+    cell = next(c for c in p["frontier"] if c["feasible"] and c["stats"])
+    cell["saturated"] = True
+    for m in ("ttft", "tpot"):
+        cell["stats"][m]["p99"] = 600.0  # what a queue growing without bound reports
+    write_review(tmp_path / "sat.xlsx", p)
+    ws = openpyxl.load_workbook(tmp_path / "sat.xlsx")["Percentiles"]
+    head = next(r for r in ws.iter_rows() if r[0].value == "max_num_seqs" and r[1].value and "TTFT" in str(r[1].value)
+                and "SLO" not in str(r[1].value))
+    rows = {ws.cell(i, 1).value: [ws.cell(i, j).value for j in range(2, 7)]
+            for i in range(head[0].row + 1, ws.max_row + 1) if ws.cell(i, 1).value}
+    sat = rows[str(cell["max_num_seqs"])]
+    assert sat[0] is None and sat[2] is None and sat[4] == "saturated: left out of the charts"
+    others = [v for k, v in rows.items() if k != str(cell["max_num_seqs"])]
+    assert others and all(v[0] is not None and v[4] is None for v in others)

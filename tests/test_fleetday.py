@@ -97,7 +97,7 @@ def test_a_saved_report_prints_and_exports_a_sheet(day_report, tmp_path):
     r = run_cli("fleet-day", "--report", str(saved))
     assert r.returncode == 0, r.stderr
     assert "4 req/s per replica (given)" in r.stdout and "shared, " in r.stdout
-    r = run_cli("export", "--fleet-day", str(saved), "--xlsx", str(tmp_path / "review.xlsx"))
+    r = run_cli("export", "--fleet-day", str(saved), "--xlsx", str(tmp_path / "review.xlsx"), "--tables")
     assert r.returncode == 0, r.stderr
     ws = load_workbook(tmp_path / "review.xlsx")["Fleet day"]
     cells = {ws.cell(i, 1).value: [ws.cell(i, j).value for j in range(2, 6)] for i in range(1, ws.max_row + 1)}

@@ -23,7 +23,7 @@ def _cli(*args, columns=200):
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     d = tmp_path_factory.mktemp("cmp")
-    r = _cli(*ARGS, "--json", "--xlsx", str(d / "cmp.xlsx"))
+    r = _cli(*ARGS, "--json", "--xlsx", str(d / "cmp.xlsx"), "--tables")
     assert r.returncode == 0, r.stderr[-2000:]
     return json.loads(r.stdout), d
 

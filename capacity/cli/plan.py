@@ -60,6 +60,10 @@ def load_scenario(path: str, flags: dict):
     return validate(Scenario, data, "options"), card
 
 
+TablesOpt = Annotated[bool, typer.Option(
+    "--tables", help="With --xlsx: also write its JSON and each table as CSV beside the workbook")]
+
+
 def _merge(a: dict, b: dict) -> dict:
     out = dict(a)
     for k, v in b.items():
@@ -97,7 +101,8 @@ def plan(
     executor: Annotated[str, typer.Option("--executor", help="pool, serial or ray")] = "pool",
     ray_address: Annotated[Optional[str], typer.Option("--ray-address", help="Ray cluster (implies --executor ray)")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache", help="Do not read or write the result cache")] = False,
-    xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook (+ CSV, JSON)")] = None,
+    xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook")] = None,
+    tables_too: TablesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
     engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
@@ -150,7 +155,7 @@ def plan(
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
     if len(gpus) > 1 or engines:
         return _plan_gpus(model, flags, gpus, prices, (weight_dtype, quant_group_size, compute_dtype), executor, ray_address, no_cache,
-                          xlsx, force, json_out, engines)
+                          xlsx, force, json_out, engines, tables_too)
     flags["gpu"] = gpus[0]
     flags["price_per_gpu_hour"] = prices.get(gpus[0] or "")
     sc, card = load_scenario(model, flags)
@@ -168,7 +173,7 @@ def plan(
     if xlsx:
         from capacity.io.export import write_review
 
-        paths = write_review(xlsx, p, force=force)
+        paths = write_review(xlsx, p, force=force, tables_too=tables_too)
         if not json_out:
             typer.echo(f"wrote {', '.join(map(str, paths))}")
     if json_out:
@@ -230,7 +235,7 @@ def _weights(card, weight_dtype, group, compute_dtype=None):
 
 
 def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_cache, xlsx, force, json_out,
-               engines=None):
+               engines=None, tables_too=False):
     """`--gpu a,b,c` and/or `--engine vllm,sglang`: one plan per GPU type and engine, compared by cost per 1M
     output tokens (GPUs when unpriced), each labelled `gpu (engine)` when engines are compared."""
     import time
@@ -262,7 +267,7 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
         from capacity.io.export import write_review
         from capacity.plan.compare import comparison_table
 
-        paths = write_review(xlsx, best.plan, force=force, comparison=comparison_table(options))
+        paths = write_review(xlsx, best.plan, force=force, comparison=comparison_table(options), tables_too=tables_too)
         if not json_out:
             typer.echo(f"wrote {', '.join(map(str, paths))} (the comparison, then the plan of {best.label}, the "
                        "first in it)")
@@ -380,7 +385,7 @@ def sweep(
 
 @app.command()
 def export(
-    xlsx: Annotated[str, typer.Option("--xlsx", help="Workbook to write (.xlsx); CSV and JSON land next to it")],
+    xlsx: Annotated[str, typer.Option("--xlsx", help="Workbook to write (.xlsx)")],
     plan_file: Annotated[Optional[str], typer.Option("--plan", help="A plan JSON (`capacity plan --json`)")] = None,
     sweep_file: Annotated[Optional[str], typer.Option("--sweep", help="Sweep rows JSON (`capacity sweep --out x.json`)")] = None,
     autoscale_file: Annotated[Optional[str], typer.Option(
@@ -388,6 +393,7 @@ def export(
     fleet_day_file: Annotated[Optional[str], typer.Option(
         "--fleet-day", help="A fleet-day report JSON (`capacity fleet-day --json`): adds the Fleet day sheet")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing files")] = False,
+    tables_too: TablesOpt = False,
 ) -> None:
     """Write the capacity-review workbook from a saved plan, sweep, autoscale and/or fleet-day report."""
     from capacity.io.export import load_saved, write_review
@@ -404,5 +410,5 @@ def export(
         from capacity.io.fleetday import load_day_report
 
         day = load_day_report(fleet_day_file)
-    paths = write_review(xlsx, plan_d, rows, force=force, autoscale=report, fleet_day=day)
+    paths = write_review(xlsx, plan_d, rows, force=force, autoscale=report, fleet_day=day, tables_too=tables_too)
     typer.echo(f"wrote {', '.join(map(str, paths))}")

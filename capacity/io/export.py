@@ -1,5 +1,5 @@
-"""Capacity-review exports: an XLSX workbook a reviewer can read without this tool (`workbook.py`), plus CSV and
-JSON of the same tables (`tables.py`). Everything is written from the plan's JSON form, so `capacity export`
+"""Capacity-review exports: an XLSX workbook a reviewer can read without this tool (`workbook.py`), and on request
+(`--tables`) CSV and JSON of the same tables (`tables.py`). Everything is written from the plan's JSON form, so `capacity export`
 can rebuild a workbook from a saved plan or sweep.
 
 Sheets: Summary (the answer, with live input cells that the dependent figures follow), Assumptions (every
@@ -71,8 +71,9 @@ def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | No
 
 def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = None,
                  force: bool = False, autoscale: dict | None = None, fleet_day: dict | None = None,
-                 comparison: tuple[list[str], list[list]] | None = None) -> list[Path]:
-    """Write the workbook and, next to it, `<stem>.json` and `<stem>.<table>.csv`. `plan` is a `Plan` or its
+                 comparison: tuple[list[str], list[list]] | None = None, tables_too: bool = False) -> list[Path]:
+    """Write the workbook and, with `tables_too`, next to it `<stem>.json` and `<stem>.<table>.csv` (one file,
+    not eight, unless asked: issue 48). `plan` is a `Plan` or its
     JSON form; `autoscale` a `capacity autoscale --json` report (capacity.io.fleet), checked here; `comparison`
     the table of a GPU or engine comparison (capacity.plan.compare.comparison_table), its first sheet, with
     `plan` the first option's. Returns the paths written."""
@@ -103,8 +104,8 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         from capacity.io.fleetday import day_table
 
         tabs[FLEET_DAY_SHEET] = day_table(fleet_day)
-    targets = [path, path.with_suffix(".json")] + [
-        path.with_name(f"{path.stem}.{name.lower().replace(' ', '_')}.csv") for name in tabs]
+    targets = [path] + ([path.with_suffix(".json")] + [
+        path.with_name(f"{path.stem}.{name.lower().replace(' ', '_')}.csv") for name in tabs] if tables_too else [])
     if not force:
         for t in targets:
             if t.exists():
@@ -120,7 +121,8 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
             {"comparison": [dict(zip(comparison[0], r)) for r in comparison[1]]} if comparison is not None else {}) | (
             {"autoscale": autoscale} if autoscale is not None else {}) | (
             {"fleet_day": fleet_day} if fleet_day is not None else {})
-        (tmp / targets[1].name).write_text(dumps(saved, indent=1) + "\n")
+        if tables_too:
+            (tmp / targets[1].name).write_text(dumps(saved, indent=1) + "\n")
         for (head, rows), target in zip(tabs.values(), targets[2:]):
             with (tmp / target.name).open("w", newline="") as f:
                 cw = csv.writer(f)

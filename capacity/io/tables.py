@@ -155,6 +155,11 @@ def memory_table(plan: dict) -> Table:
              for r in plan.get("memory_table", [])])
 
 
+def short(v):
+    """A float as a person writes it (6 significant digits: 79.16, not 79.160000000149); others as they are."""
+    return float(f"{v:.6g}") if isinstance(v, float) else v
+
+
 def assumptions(plan: dict) -> Table:
     """Everything the answer assumed, every engine default spelled out (the resolved value, not `None`), the
     request classes as rows, and where the step costs came from."""
@@ -164,7 +169,7 @@ def assumptions(plan: dict) -> Table:
                 "max_model_len": b["max_model_len"], "max_num_batched_tokens": b["max_num_batched_tokens"],
                 "block_size": b["block_size"], "kv_cache_dtype": f"{eng.get('kv_cache_dtype', 'auto')} ({b['kv_dtype']})"}
     rows: list[list] = [["model", plan["model"], "card"], ["GPU", plan["gpu"], "catalogue"],
-                        ["usable memory the engine sees (GiB)", b["total_bytes"] / GiB, "catalogue"]]
+                        ["usable memory the engine sees (GiB)", round(b["total_bytes"] / GiB, 2), "catalogue"]]
     for k, v in eng.items():
         if k in ("memory_params",):
             continue
@@ -173,14 +178,17 @@ def assumptions(plan: dict) -> Table:
                 "engine default" if v is None else "scenario")
             rows.append([f"engine.{k}", resolved[k], basis])
         elif v is not None:
-            rows.append([f"engine.{k}", v if not isinstance(v, bool) else yn(v), "scenario or default"])
-    for k, v in (eng.get("memory_params") or {}).items():
-        rows.append([f"engine.memory_params.{k}", v, "estimate parameter"])
+            rows.append([f"engine.{k}", short(v) if not isinstance(v, bool) else yn(v), "scenario or default"])
+    for k, v in (eng.get("memory_params") or {}).items():  # bytes as GiB: 0.5, not 536870912
+        if k.endswith("_bytes") and isinstance(v, (int, float)) and not isinstance(v, bool):
+            rows.append([f"engine.memory_params.{k[:-6]}_gib", round(v / GiB, 3), "estimate parameter"])
+        else:
+            rows.append([f"engine.memory_params.{k}", short(v), "estimate parameter"])
     wl = sc["workload"]
     arr = wl["arrivals"]
     rows += [["arrivals", arr["kind"] + (f" (cv {arr['cv']})" if arr["kind"] == "gamma" else ""), "scenario"],
              ["target rate, whole service (req/s)", plan["target_rate"], "scenario"],
-             ["rate simulated per replica (req/s)", plan["per_replica_rate"], "target / replicas, frontier"],
+             ["rate simulated per replica (req/s)", short(plan["per_replica_rate"]), "target / replicas, frontier"],
              ["headroom (share of the max rate a replica runs at)", plan.get("headroom", 1.0), "scenario"],
              ["prompt tokens", length_text(wl["input_len"]), "workload"],
              ["output tokens", length_text(wl["output_len"]), "workload"],

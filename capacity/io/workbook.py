@@ -120,11 +120,21 @@ def _table(ws, table: Table, start_row: int = 1) -> int:
     for i, r in enumerate(rows, start_row + 1):
         for j, v in enumerate(r, 1):
             put(ws, i, j, v, formats[j - 1])
-    for j, h in enumerate(head, 1):
+    for j, h in enumerate(head, 1):  # columns as wide as their values; a long header wraps, long text too
         dim = ws.column_dimensions[ws.cell(start_row, j).column_letter]
-        longest = max([len(str(h))] + [len(f"{r[j - 1]:,.1f}" if isinstance(r[j - 1], float) else str(r[j - 1]))
-                                         for r in rows[:200] if r[j - 1] is not None])
-        dim.width = max(dim.width or 0, min(60, max(10, longest + 2)))
+        longest = max([min(len(str(h)), 9), max(map(len, str(h).split() or [""])) + 1] + [len(f"{r[j - 1]:,.1f}" if isinstance(r[j - 1], float)
+                                                    else str(r[j - 1])) for r in rows[:200] if r[j - 1] is not None])
+        dim.width = max(dim.width or 0, min(36, max(10, longest + 2)))
+        ws.cell(start_row, j).alignment = st["wrap"]
+        if longest > 36:
+            for i in range(start_row + 1, start_row + 1 + len(rows)):
+                ws.cell(i, j).alignment = st["wrap"]
+    import math
+
+    lines = max(math.ceil(len(str(h)) / max(1.0, ws.column_dimensions[ws.cell(start_row, j).column_letter].width - 1))
+                for j, h in enumerate(head, 1))  # a wrapped header gets its lines (a renderer keeps 15 pt otherwise)
+    if lines > 1:
+        ws.row_dimensions[start_row].height = 15 * lines
     ws.print_title_rows = f"{start_row}:{start_row}"
     return start_row + len(rows)
 
@@ -334,10 +344,18 @@ def _percentiles(wb, plan: dict, table: Table) -> None:
     ch = end + 3
     for j, h in enumerate(("max_num_seqs", f"P{pct} TTFT", "TTFT SLO", f"P{pct} TPOT", "TPOT SLO"), 1):
         put(ws, ch, j, h).font = st["bold"]
+    first: dict[int, dict] = {}  # the cell `percentiles` shows per max_num_seqs: the first feasible one
+    for c in plan["frontier"]:
+        if c["feasible"] and c.get("stats"):
+            first.setdefault(c["max_num_seqs"], c)
+    saturated = {s for s, c in first.items() if c.get("saturated") or c.get("p_ttft") is None}
+    put(ws, ch, 6, "note").font = st["bold"]
     for i, sq in enumerate(seqs, ch + 1):
         val = lambda m, sq=sq: next((r[col] for r in rows if r[0] == sq and r[1] == m), None)
         put(ws, i, 1, str(sq))  # categories as text: evenly spaced, as the grid is
-        ttft, tpot = val("TTFT"), val("TPOT")
+        ttft, tpot = (None, None) if sq in saturated else (val("TTFT"), val("TPOT"))
+        if sq in saturated:  # its queue grows without bound: a latency from it would flatten the SLO line
+            put(ws, i, 6, "saturated: left out of the charts")
         put(ws, i, 2, None if ttft is None else round(ttft, 1))
         put(ws, i, 3, round(slo["ttft_s"] * 1e3, 1))
         put(ws, i, 4, None if tpot is None else round(tpot, 2))
