@@ -87,7 +87,7 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any, verdict: boo
             row = []
             for c in contexts:
                 r = cells[c]
-                txt = f"{r['kv_bytes'] / GiB:.1f}"
+                txt = f"{r['kv_bytes'] / GiB:,.1f}"
                 row.append(f"[green]{txt}[/]" if r["fits"] else f"[red]{txt}x[/]")
             bt.add_row(str(batch), *row)
         console.print(bt)

@@ -30,8 +30,8 @@ def simulation_table(out: dict, console) -> None:
             t.add_row(label, *["-"] * 6)
             continue
         ci = s.get("p99_ci_s", {}).get(key.replace("_s", ""))
-        ci_txt = f"{ci[0] * 1e3:.1f}-{ci[1] * 1e3:.1f}" if ci and ci[0] == ci[0] else ""
-        t.add_row(label, *(f"{m[k] * 1e3:.1f}" for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
+        ci_txt = f"{ci[0] * 1e3:,.1f}-{ci[1] * 1e3:,.1f}" if ci and ci[0] == ci[0] else ""
+        t.add_row(label, *(f"{m[k] * 1e3:,.1f}" for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
     console.print(t)
     if s.get("per_class"):
         ct = Table(title="Per request class (ms)", title_justify="left")
@@ -43,7 +43,7 @@ def simulation_table(out: dict, console) -> None:
                                                      for k in ("ttft_s", "tpot_s") for st in ("p50", "p99")),
                        "-" if att is None else f"{att:.1%}")
         console.print(ct)
-    console.print(f"throughput: {s['output_tokens_per_s']:.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
+    console.print(f"throughput: {s['output_tokens_per_s']:,.1f} output tokens/s, {s['requests_per_s']:.3f} requests/s "
                   f"over {s['window_s']:.1f} s {'measured' if measured else 'simulated'}"
                   + ("" if measured else f"; step costs: {out['step_cost_source']}"))
     cc = out.get("capacity_check")
