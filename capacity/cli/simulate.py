@@ -56,6 +56,15 @@ def simulate(
     think_s: Annotated[float, typer.Option("--think-s", help="Closed loop: mean think time, s")] = 0.0,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop behind a client that keeps at most this many requests in flight (vllm bench serve --request-rate R --max-concurrency C); TTFT is timed from the send")] = None,
     workload: Annotated[Optional[str], typer.Option("--workload", help="Workload YAML/JSON (overrides the flags above)")] = None,
+    trace: Annotated[Optional[str], typer.Option(
+        "--trace", help="Replay a trace as published: Mooncake JSONL, Azure or BurstGPT CSV, or capacity's own "
+                        "(its first --requests rows; overrides the arrival and length flags)")] = None,
+    trace_format: Annotated[Optional[str], typer.Option(
+        "--trace-format", help="--trace: mooncake, azure, burstgpt or capacity (default: read from the file)")] = None,
+    time_scale: Annotated[float, typer.Option(
+        "--time-scale", help="--trace: multiply arrival times (0.5: twice the rate)")] = 1.0,
+    window: Annotated[Optional[str], typer.Option(
+        "--window", help="--trace: START:END seconds from its first request")] = None,
     policy: Annotated[str, typer.Option("--policy", help="continuous, priority, sjf or static")] = "continuous",
     replicas: Annotated[int, typer.Option("--replicas", help="Replicas behind the router")] = 1,
     router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, or queue (one FIFO at the "
@@ -117,7 +126,26 @@ def simulate(
         policy=policy, static_max_batch=max_batch,
         static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
         output_cpu_us_per_token=output_cpu_us, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
-    if workload:
+    import contextlib
+    import tempfile
+
+    stack = contextlib.ExitStack()
+    if trace and workload:
+        raise CapacityError("--trace and --workload: give one (a workload file names its trace in `trace`)")
+    if trace:  # converted (window, time scale, checks) into a temporary trace of capacity's form, then replayed
+        from capacity.traces import convert, parse_window
+
+        if requests <= 0:
+            raise CapacityError(f"--requests: must be > 0 (got {requests})")
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="capacity-trace-"))) / "trace.jsonl"
+        convert(trace, tmp, trace_format, time_scale=time_scale, window=parse_window(window), max_rows=requests)
+        spec = validate(WorkloadSpec, {"arrivals": {"kind": "trace"}, "trace": str(tmp), "num_requests": requests,
+                                       "classes": [RequestClass(slo_ttft_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
+                                                                slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)]},
+                        "--trace")
+    elif trace_format or time_scale != 1.0 or window:
+        raise CapacityError("--trace-format, --time-scale and --window apply to --trace")
+    elif workload:
         spec = validate(WorkloadSpec, read_mapping(workload), workload)
     else:
         if requests <= 0:
@@ -166,8 +194,9 @@ def simulate(
                      link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)
     elif decode_set:
         raise CapacityError("--decode-set: needs --disagg (a decode pool of its own)")
-    res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
-                                    capacity_check=True), disagg=dis)
+    with stack:  # a converted --trace lives until the run has read it
+        res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
+                                        capacity_check=True), disagg=dis)
     if save_run:
         Path(save_run).write_text(dumps(run_file(res), indent=None) + "\n")
     out = res.as_dict()

@@ -4,6 +4,13 @@ from __future__ import annotations
 import re
 
 
+def _lat(x: float) -> str:
+    """A latency of the percentile table in at most 7 characters: ms with one decimal below 1 s, whole ms with
+    separators below 100 s, whole seconds beyond (an overloaded run's queue wait)."""
+    ms = x * 1e3
+    return f"{ms:.1f}" if ms < 1000 else f"{ms:,.0f}" if ms < 100_000 else f"{x:,.0f} s"
+
+
 def simulation_table(out: dict, console) -> None:
     """Percentiles (ms) of a simulated scenario, throughput, and where the step costs came from."""
     from rich.table import Table
@@ -11,8 +18,10 @@ def simulation_table(out: dict, console) -> None:
     s = out["summary"]
     if out["saturated"]:
         early = " that was stopped early" if out.get("stopped_early", True) else ""
-        console.print(f"[bold red]{out['saturation']}[/] (offered {out['offered_rate_per_s']} req/s): the "
-                      f"percentiles below describe an overloaded system{early}")
+        offered = out.get("offered_rate_per_s")
+        what = f"offered {offered:,.2f} req/s" if isinstance(offered, (int, float)) else "the arrivals as given"
+        console.print(f"[bold red]{out['saturation']}[/] ({what}): the percentiles below describe an overloaded "
+                      f"system{early}")
     measured = out["policy"] == "measured"  # a load test's summary: no simulated engine behind it
     d = out.get("disaggregated")
     where = (f"{d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} decode "
@@ -30,8 +39,8 @@ def simulation_table(out: dict, console) -> None:
             t.add_row(label, *["-"] * 6)
             continue
         ci = s.get("p99_ci_s", {}).get(key.replace("_s", ""))
-        ci_txt = f"{ci[0] * 1e3:,.1f}-{ci[1] * 1e3:,.1f}" if ci and ci[0] == ci[0] else ""
-        t.add_row(label, *(f"{m[k] * 1e3:,.1f}" for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
+        ci_txt = f"{_lat(ci[0])}-{_lat(ci[1])}" if ci and ci[0] == ci[0] else ""
+        t.add_row(label, *(_lat(m[k]) for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
     console.print(t)
     if s.get("per_class"):
         ct = Table(title="Per request class (ms)", title_justify="left")
@@ -39,7 +48,7 @@ def simulation_table(out: dict, console) -> None:
             ct.add_column(c, justify="left" if c == "class" else "right")
         for name, c in s["per_class"].items():
             att = c.get("slo_attainment")
-            ct.add_row(name, str(c["n_requests"]), *(f"{c[k][st] * 1e3:.1f}" if c[k].get("n") else "-"
+            ct.add_row(name, f"{c['n_requests']:,}", *(_lat(c[k][st]) if c[k].get("n") else "-"
                                                      for k in ("ttft_s", "tpot_s") for st in ("p50", "p99")),
                        "-" if att is None else f"{att:.1%}")
         console.print(ct)
