@@ -2,6 +2,8 @@
 The step-by-step rules themselves are checked against vLLM's recorded allocator in test_vllm_scheduler_trace.py."""
 from __future__ import annotations
 
+import tracemalloc
+
 import numpy as np
 import pytest
 
@@ -34,7 +36,7 @@ def test_freed_blocks_stay_cached_and_are_evicted_oldest_first_tail_first():
     kv.free(a)
     kv.free(b)
     assert kv.num_free_blocks == 6 and kv.num_evictable_blocks == 4
-    keys = [kv.key[x] for x in kv.queue]
+    keys = [kv.key_of(x) for x in kv.free_queue()]
     assert keys == [None] * 6 + [(-1, 0, 1), (-1, 0, 0), (-1, 1, 1), (-1, 1, 0)]
     c = seq(2, 36)
     assert kv.allocate_slots(c, 36)  # 9 blocks: 6 plain, then a1, a0, b1 evicted
@@ -74,13 +76,13 @@ def test_an_admission_that_fails_touches_nothing():
     a = seq(0, 8, group=1, prefix=8)
     run_prefill(kv, a)
     kv.free(a)
-    before = list(kv.queue)
+    before = kv.free_queue()
     b = seq(1, 40, group=1, prefix=8)
     kv.get_computed_blocks(b)
     assert b.computed == 8
     assert not kv.can_fit(b, 32) and not kv.allocate_slots(b, 32)  # needs 8 more blocks, 4 plain + 2 hits free
     kv.drop_computed_blocks(b)
-    assert b.computed == 0 and list(kv.queue) == before and kv.num_evictable_blocks == 2
+    assert b.computed == 0 and kv.free_queue() == before and kv.num_evictable_blocks == 2
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -120,7 +122,7 @@ def test_k_decode_slots_at_once_leave_the_state_of_k_single_steps(seed):
 
     def snapshot(kv, run):
         return ([[kv.key[b] for b in kv.tables[s]] for s in run], [kv.ncached[s] for s in run],
-                [kv.key[b] for b in kv.queue], kv.hashed_free, sorted(kv.cache))
+                [kv.key_of(b) for b in kv.free_queue()], kv.hashed_free, sorted(kv.cache))
 
     assert snapshot(fast, run_f) == snapshot(slow, run_s)
     for kv, run in ((fast, run_f), (slow, run_s)):
@@ -170,3 +172,25 @@ def test_k_decode_slots_with_async_scheduling_leave_the_state_of_k_single_steps(
             s.computed += k
             s.generated += k
         assert (state(fast, run_f) == state(slow, run_s)) is same
+def test_the_pool_costs_what_is_in_use_not_its_size():
+    """A pool of 100 million blocks is set up in well under a MB (the free queue's never-used blocks are a
+    counter, not 100 million entries), and taking 1,000 blocks costs in proportion to them."""
+    from capacity.sched.base import Seq
+    from capacity.workload import Request
+
+    tracemalloc.start()
+    try:
+        kv = PrefixCachingKVCacheManager(100_000_000, 16)
+        assert kv.num_free_blocks == 100_000_000 and kv.stretch_capacity() == 100_000_000
+        s = Seq(Request(0, 0.0, 16_000, 10))
+        assert kv.allocate_slots(s, 16_000)
+        s.computed = 16_000
+        assert kv.num_free_blocks == 100_000_000 - 1000 and kv.num_used_blocks == 1000
+        kv.free(s)
+        assert kv.num_free_blocks == 100_000_000 - 1000 and kv.num_evictable_blocks == 1000
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2_000_000, peak
+
+

@@ -18,6 +18,13 @@ later in the same step already hits it. Freed blocks stay cached until the free 
 Checked step by step against vLLM's own scheduler and allocator (tests/test_vllm_scheduler_trace.py,
 prefix_groups). Blocks are anonymous but for their key, so the fast path's k decode slots at once (blocks taken
 in another order than k single steps take them) evict the same keys.
+
+The free queue costs what is in use, not the pool's size (a small model on a large GPU has millions of blocks):
+it is always [uncached blocks freed, head first] + [blocks never used yet, in block order] + [blocks freed
+cached, least recently used first], because uncached blocks only ever go back to its head and cached ones to
+its tail. So the head part is a stack (`head`, its top at the end), the never-used blocks a counter
+(`fresh`: blocks fresh .. num_blocks - 1) and the tail an ordered dict (`tail`); the per-block `key` and `ref`
+lists grow as blocks are first used. Blocks are taken from the head, then the never-used ones, then the tail.
 """
 from __future__ import annotations
 
@@ -40,13 +47,16 @@ class PrefixCachingKVCacheManager(KVCacheManager):
 
     tracks_inflight = True
 
-    __slots__ = ("queue", "key", "ref", "cache", "tables", "ncached", "pending", "hashed_free")
+    __slots__ = ("head", "fresh", "tail", "key", "ref", "cache", "tables", "ncached", "pending", "hashed_free")
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size, True)
-        self.queue: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # free blocks, head first
-        self.key: list[tuple[int, int, int] | None] = [None] * num_blocks
-        self.ref = [0] * num_blocks
+        # the free queue, head first: head[::-1], then blocks fresh .. num_blocks - 1, then tail (module docstring)
+        self.head: list[int] = []  # uncached blocks freed (the last one is the queue's head)
+        self.fresh = 0  # blocks from here on were never used
+        self.tail: OrderedDict[int, None] = OrderedDict()  # blocks freed cached, least recently used first
+        self.key: list[tuple[int, int, int] | None] = []  # per block used so far (block b < fresh)
+        self.ref: list[int] = []
         self.cache: dict[tuple[int, int, int], dict[int, None]] = {}  # key -> blocks holding it (first: hits)
         self.tables: dict[Seq, list[int]] = {}
         self.ncached: dict[Seq, int] = {}  # leading blocks of the table already cached
@@ -56,7 +66,17 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     # ---- what the scheduler and the simulator may read --------------------------------------------------
     @property
     def num_free_blocks(self) -> int:
-        return len(self.queue) - self.hashed_free
+        return self._queue_len() - self.hashed_free
+
+    def _queue_len(self) -> int:
+        return len(self.head) + self.pool.num_blocks - self.fresh + len(self.tail)
+
+    def free_queue(self) -> list[int]:
+        """The free queue's blocks, head first (for tests; it lists the never-used blocks too)."""
+        return self.head[::-1] + list(range(self.fresh, self.pool.num_blocks)) + list(self.tail)
+
+    def key_of(self, b: int) -> tuple[int, int, int] | None:
+        return self.key[b] if b < self.fresh else None
 
     @property
     def num_evictable_blocks(self) -> int:
@@ -83,20 +103,33 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         hits = self.pending.pop(seq, None)
         if not hits:
             return
-        ref, queue = self.ref, self.queue
+        ref, tail = self.ref, self.tail
         for b in hits:
-            if ref[b] == 0:
-                del queue[b]
+            if ref[b] == 0:  # a free block with a key: in the tail
+                del tail[b]
                 self.hashed_free -= 1
             ref[b] += 1
         self.tables[seq] = hits
         self.ncached[seq] = len(hits)
 
     def _take(self, seq: Seq, n: int) -> None:
-        queue, key, ref, cache = self.queue, self.key, self.ref, self.cache
+        head, key, ref, cache = self.head, self.key, self.ref, self.cache
         table = self.tables.setdefault(seq, [])
+        while n and head:
+            b = head.pop()
+            ref[b] = 1
+            table.append(b)
+            n -= 1
+        m = min(n, self.pool.num_blocks - self.fresh)
+        if m:  # never-used blocks, in block order
+            table.extend(range(self.fresh, self.fresh + m))
+            key.extend([None] * m)
+            ref.extend([1] * m)
+            self.fresh += m
+            n -= m
+        tail = self.tail
         for _ in range(n):
-            b = queue.popitem(last=False)[0]
+            b = tail.popitem(last=False)[0]
             k = key[b]
             if k is not None:  # evict: the block leaves the cache
                 holders = cache[k]
@@ -126,7 +159,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         blocks of the first `cache_upto`."""
         have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))
         need = -(-tokens // self.block_size) - have
-        if max(need, 0) + self._pending_evictable(seq) > len(self.queue):
+        if max(need, 0) + self._pending_evictable(seq) > self._queue_len():
             return False
         self._touch(seq)
         if need > 0:
@@ -159,7 +192,7 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def can_fit(self, seq: Seq, num_new: int) -> bool:
         have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))
         need = -(-(seq.computed + num_new) // self.block_size) - have
-        return max(need, 0) + self._pending_evictable(seq) <= len(self.queue)
+        return max(need, 0) + self._pending_evictable(seq) <= self._queue_len()
 
     def reserve(self, seq: Seq, tokens: int) -> bool:
         return self._grow(seq, tokens, seq.computed)
@@ -180,14 +213,14 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         seq.blocks = seq.shared_blocks = seq.kv_capacity = 0
         if not table:
             return
-        queue, key, ref = self.queue, self.key, self.ref
+        head, tail, key, ref = self.head, self.tail, self.key, self.ref
         for b in reversed(table):
             ref[b] -= 1
             if ref[b] == 0:
-                queue[b] = None
                 if key[b] is None:
-                    queue.move_to_end(b, last=False)
+                    head.append(b)
                 else:
+                    tail[b] = None
                     self.hashed_free += 1
 
     # ---- prefix cache ---------------------------------------------------------------------------------------
@@ -221,4 +254,4 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         return need
 
     def stretch_capacity(self) -> int:
-        return len(self.queue)
+        return self._queue_len()
