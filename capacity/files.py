@@ -24,8 +24,19 @@ MAX_NODES = 200_000  # scalars + collections in a user file
 MAX_SHOWN = 80  # characters of a value echoed in an error message
 
 
+def short_path(path: Any, limit: int = 200) -> str:
+    """A path as typed, cut to `limit` characters, for error messages."""
+    text = str(path)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def short(value: Any, limit: int = MAX_SHOWN) -> str:
-    """repr() of a value cut to `limit` characters, for error messages (a user file can hold megabytes)."""
+    """repr() of a value cut to `limit` characters, for error messages (a user file can hold megabytes); a number
+    of more than MAX_DIGITS digits to 4 significant digits (cut, its magnitude would be wrong)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_DIGITS:
+        from decimal import Decimal
+
+        return format(Decimal(value), ".4g")
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
@@ -204,7 +215,7 @@ def atomic_path(path: str | Path, what: str = "output"):
         fd, name = tempfile.mkstemp(prefix=f".{p.name[:200]}.", suffix=".tmp", dir=folder)
         os.close(fd)
     except OSError as exc:
-        raise ConfigError(f"{what} {short(str(p), 200)}: cannot write it ({exc.strerror or exc})") from None
+        raise ConfigError(f"{what} {short_path(p)}: cannot write it ({exc.strerror or exc})") from None
     tmp = Path(name)
     try:
         yield tmp
@@ -214,7 +225,7 @@ def atomic_path(path: str | Path, what: str = "output"):
         os.replace(tmp, p)
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        raise ConfigError(f"{what} {short(str(p), 200)}: cannot write it ({exc.strerror or exc})") from None
+        raise ConfigError(f"{what} {short_path(p)}: cannot write it ({exc.strerror or exc})") from None
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -223,10 +234,7 @@ def atomic_path(path: str | Path, what: str = "output"):
 def write_atomic(path: str | Path, data: str | bytes, what: str = "output") -> Path:
     """Write text (UTF-8) or bytes to `path` all or nothing (see atomic_path)."""
     with atomic_path(path, what) as tmp:
-        if isinstance(data, str):
-            tmp.write_text(data, encoding="utf-8")
-        else:
-            tmp.write_bytes(data)
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
     return Path(path)
 
 

@@ -239,13 +239,13 @@ def widen_for_drift(unc: dict, drift: float) -> dict:
 def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str],
              provenance: dict | None = None, run_engines: list[dict] | None = None) -> None:
     """`provenance`: where the fitted runs were measured (host, server), checked when the fit is applied."""
-    Path(path).write_text(json.dumps({"kind": "engine_fit", "schema_version": 1,
-                                      "cost": {**{k: getattr(fit, k) for k in COST_TERMS},
-                                               "attention": fit.attention},
-                                      "frontend_s": info.get("frontend_s", 0.0),
-                                      "scheduler": sched_kw, "fit": info, "runs": sources,
-                                      "run_engines": run_engines or [sched_kw], "provenance": provenance},
-                                     indent=1) + "\n")
+    from capacity.files import write_atomic
+
+    doc = {"kind": "engine_fit", "schema_version": 1,
+           "cost": {**{k: getattr(fit, k) for k in COST_TERMS}, "attention": fit.attention},
+           "frontend_s": info.get("frontend_s", 0.0), "scheduler": sched_kw, "fit": info, "runs": sources,
+           "run_engines": run_engines or [sched_kw], "provenance": provenance}
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", "--out")
 
 
 def fit_provenance(path: str | Path) -> dict | None:
