@@ -32,19 +32,17 @@ def _mount_cmd(args: list[str]) -> list[str] | None:
     return None
 
 
-@pytest.fixture
-def nearly_full(tmp_path):
-    """(folder, preexec_fn): a folder on a disk with FREE_BYTES left. A real 16 KiB tmpfs filled to one page
-    where mounting is allowed; else a plain folder and a child process limited to FREE_BYTES per file."""
+def _small_disk(tmp_path: Path, free: int):
+    """(folder, preexec_fn): a folder on a disk with `free` bytes left. A real 16 KiB tmpfs filled up to that
+    where mounting is allowed; else a plain folder and a child process limited to `free` bytes per file."""
     d = tmp_path / "full"
     d.mkdir()
     cmd = _mount_cmd(["mount", "-t", "tmpfs", "-o", "size=16k,mode=1777", "tmpfs", str(d)])
     if cmd is not None and subprocess.run(cmd, capture_output=True).returncode == 0:
         try:
-            filler = d / ".filler"
-            with filler.open("wb") as f:
+            with (d / ".filler").open("wb") as f:
                 try:
-                    f.write(b"\0" * (16384 - FREE_BYTES))
+                    f.write(b"\0" * (16384 - free))
                 except OSError:
                     pass
             yield d, None
@@ -53,8 +51,20 @@ def nearly_full(tmp_path):
         return
 
     def limit():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (FREE_BYTES, FREE_BYTES))
+        resource.setrlimit(resource.RLIMIT_FSIZE, (free, free))
     yield d, limit
+
+
+@pytest.fixture
+def nearly_full(tmp_path):
+    """A disk with one page (4 KiB) left: a longer output is cut by a short write, then fails."""
+    yield from _small_disk(tmp_path, FREE_BYTES)
+
+
+@pytest.fixture
+def full(tmp_path):
+    """A disk with nothing left."""
+    yield from _small_disk(tmp_path, 0)
 
 
 def cli(*args: str, stdout=subprocess.PIPE, preexec_fn=None, timeout: float = 120, **kw) -> subprocess.CompletedProcess:
@@ -233,3 +243,155 @@ def test_a_closed_pipe_is_quiet(args):
     finally:
         os.close(w_fd)
     assert r.stderr == "" and r.returncode == 1, (r.returncode, r.stderr[-1000:])
+
+
+# ---- item 5: nothing half-written on a full disk -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def run_file(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("run") / "run.json"
+    r = cli("simulate", "-m", "llama-3.1-8b", "--rate", "5", "--requests", "100", "--save-run", str(run))
+    assert r.returncode == 0, r.stderr
+    return run
+
+
+def _file_outputs(run_file: Path, full: Path) -> dict[str, tuple[tuple[str, ...], Path]]:
+    run = str(run_file)
+    return {
+        "simulate --save-run": (("simulate", "-m", "llama-3.1-8b", "--rate", "5", "--requests", "100",
+                                 "--save-run", str(full / "r.json")), full / "r.json"),
+        "sweep --out": (("sweep", "-m", "llama-3.1-8b", "--vary", "engine.max_num_seqs=8,16,32", "--requests",
+                         "100", "--seeds", "1", "--executor", "serial", "--out", str(full / "s.json")),
+                        full / "s.json"),
+        "compare --plot html": (("compare", run, run, "--plot", str(full / "p.html")), full / "p.html"),
+        "compare --plot png": (("compare", run, run, "--plot", str(full / "p.png")), full / "p.png"),
+        "loadtest --out": (("loadtest", "--url", "http://127.0.0.1:9", "-m", "x", "--rate", "50", "-n", "40",
+                            "--timeout-s", "2", "--out", str(full / "l.json")), full / "l.json"),
+        "plan --xlsx": (("plan", "-m", str(ROOT / "tests/golden/plan_small.yaml"), "--executor", "serial",
+                         "--xlsx", str(full / "p.xlsx")), full / "p.xlsx"),
+    }
+
+
+@pytest.mark.parametrize("what", ["simulate --save-run", "sweep --out", "compare --plot html",
+                                  pytest.param("compare --plot png", marks=pytest.mark.skipif(
+                                      __import__("importlib").util.find_spec("matplotlib") is None,
+                                      reason="matplotlib draws the PNG")),
+                                  "loadtest --out",
+                                  pytest.param("plan --xlsx", marks=pytest.mark.slow)])  # a plan: 10 s
+def test_file_outputs_on_a_full_disk_leave_nothing_half_written(run_file, full, what):
+    folder, preexec = full
+    args, target = _file_outputs(run_file, folder)[what]
+    r = cli(*args, preexec_fn=preexec)
+    err = one_line_error(r, str(target), "cannot write it")
+    assert "No space left on device" in err or "File too large" in err, err
+    assert ".tmp" not in err, err  # the user's path, never a temporary one
+    left = sorted(p.name for p in folder.iterdir() if p.name != ".filler")
+    assert left == [], f"half-written files left behind: {left}"
+
+
+def test_atomic_write_removes_its_temporary_file_on_any_failure(tmp_path):
+    from capacity.errors import ConfigError
+    from capacity.files import atomic_path, write_atomic
+
+    dest = tmp_path / "out.json"
+    dest.write_text("old")
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(dest) as tmp:
+            tmp.write_text("half")
+            raise KeyboardInterrupt
+    assert dest.read_text() == "old" and sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+    with pytest.raises(ConfigError, match=r"^--out .*/nowhere/x\.json: cannot write it"):
+        write_atomic(tmp_path / "nowhere" / "x.json", "{}", "--out")
+    write_atomic(dest, "new")
+    assert dest.read_text() == "new" and oct(dest.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]
+
+
+def _umask() -> int:
+    m = os.umask(0o022)
+    os.umask(m)
+    return m
+
+
+# ---- item 10: the destination checked first, short numbers ---------------------------------------------------------
+@pytest.fixture
+def read_only(tmp_path):
+    """A folder no write reaches: a read-only tmpfs when mounting is allowed (root ignores file modes), else a
+    folder without write permission."""
+    d = tmp_path / "ro"
+    d.mkdir()
+    cmd = _mount_cmd(["mount", "-t", "tmpfs", "-o", "size=16k,ro", "tmpfs", str(d)])
+    if cmd is not None and subprocess.run(cmd, capture_output=True).returncode == 0:
+        try:
+            yield d
+        finally:
+            subprocess.run(_mount_cmd(["umount", "-l", str(d)]), capture_output=True)
+        return
+    if os.geteuid() == 0:
+        pytest.skip("root writes through file modes and no read-only tmpfs could be mounted")
+    d.chmod(0o555)
+    try:
+        yield d
+    finally:
+        d.chmod(0o755)
+
+
+def test_xlsx_into_a_read_only_folder_fails_before_any_work(read_only):
+    t0 = time.perf_counter()
+    r = cli("plan", "-m", str(ROOT / "tests/golden/plan_small.yaml"), "--executor", "serial", "--xlsx",
+            str(read_only / "r.xlsx"))
+    took = time.perf_counter() - t0
+    err = one_line_error(r, f"--xlsx {read_only / 'r.xlsx'}", f"cannot write to {read_only}")
+    assert ".tmp" not in err
+    assert took < 8, f"{took:.1f} s: the plan ran before the destination was checked"  # the plan alone is ~10 s
+
+
+HUNDRED_DIGITS = "1" + "0" * 100
+
+
+@pytest.mark.parametrize("args", [
+    ("simulate", "-m", "llama-3.1-8b", "--rate", "1", "--requests", HUNDRED_DIGITS),
+    ("memory", "-m", "llama-3.1-8b", "--max-model-len", HUNDRED_DIGITS),
+    ("loadtest", "--url", "http://127.0.0.1:9", "-m", "x", "--rate", "1", "--requests", HUNDRED_DIGITS),
+])
+def test_a_hundred_digit_number_stays_short_in_the_error(args):
+    err = one_line_error(cli(*args), "1.000e+100")
+    assert HUNDRED_DIGITS[:20] not in err.replace(",", "") and len(err) < 200, err
+
+
+def test_short_numbers():
+    from capacity.files import short, short_numbers
+
+    assert short_numbers(f"--requests {10**100:,} exceeds the limit of 2,000,000") == \
+        "--requests 1.000e+100 exceeds the limit of 2,000,000"
+    assert short_numbers("/a/12345678901234567890.json x1234567890123456789 2,000,000.") == \
+        "/a/12345678901234567890.json x1234567890123456789 2,000,000."
+    assert short(10**100) == "1.000e+100" and short(12) == "12"  # not the first 80 digits: a wrong magnitude
+
+
+# ---- item 3: every load-test size bounded before any work ----------------------------------------------------------
+@pytest.mark.parametrize("extra, named", [
+    (("--input-len", "999999999999"), "--input-len 999,999,999,999 exceeds the limit"),
+    (("--output-len", "999999999999"), "--output-len 999,999,999,999 exceeds the limit"),
+    (("--input-len", "8-999999999999"), "--input-len 999,999,999,999 exceeds the limit"),
+    (("--input-len", "lognormal:1e300:1"), "--input-len mean 1e+300 exceeds the limit"),
+    (("--decode-sweep", "8,99999999999"), "--decode-sweep value 99,999,999,999 exceeds the limit"),
+    (("--timeout-s", "1e300"), "--timeout-s 1e+300 exceeds the limit"),
+    (("--max-duration-s", "1e12"), "--max-duration-s 1,000,000,000,000 exceeds the limit"),
+    (("--think-s", "1e300", "--users", "2"), "--think-s 1e+300 exceeds the limit"),
+    (("--warmup", "999999999999"), "--warmup 999,999,999,999 exceeds the limit"),
+])
+def test_loadtest_sizes_are_bounded_before_any_work(extra, named):
+    args = ["loadtest", "--url", "http://127.0.0.1:9", "-m", "x", *extra]
+    if "--users" not in extra:
+        args += ["--rate", "1"]
+    t0 = time.perf_counter()
+    r = cli(*args, timeout=30)
+    one_line_error(r, named)
+    assert time.perf_counter() - t0 < 10
+
+
+def test_loadtest_trace_lengths_are_bounded(tmp_path):
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_tokens": 999999999999, "output_tokens": 4}\n')
+    one_line_error(cli("loadtest", "--url", "http://127.0.0.1:9", "-m", "x", "--trace", str(trace), timeout=30),
+                   "a request's prompt (--input-len or --trace) 999,999,999,999 exceeds the limit")
