@@ -395,3 +395,50 @@ def test_loadtest_trace_lengths_are_bounded(tmp_path):
     trace.write_text('{"timestamp": 0, "input_tokens": 999999999999, "output_tokens": 4}\n')
     one_line_error(cli("loadtest", "--url", "http://127.0.0.1:9", "-m", "x", "--trace", str(trace), timeout=30),
                    "a request's prompt (--input-len or --trace) 999,999,999,999 exceeds the limit")
+
+
+# ---- item 4: non-finite and implausible profile numbers are refused on load ----------------------------------------
+def _bad_profile(tmp_path: Path, where: str, value: float) -> Path:
+    d = json.loads((ROOT / "capacity/data/profiles/tiny-cpu.json").read_text())
+    node = d
+    keys = where.split(".")
+    for k in keys[:-1]:
+        node = node[int(k)] if isinstance(node, list) else node[k]
+    node[int(keys[-1]) if isinstance(node, list) else keys[-1]] = value
+    p = tmp_path / "p.json"
+    p.write_text(json.dumps(d))  # Python writes Infinity/NaN, as a broken calibration run would
+    return p
+
+
+@pytest.mark.parametrize("where, value, said", [
+    ("fit.scales.layers", float("inf"), "fit.scales.layers: Input should be a finite number (got inf)"),
+    ("fit.scales.decode_attn", 1e6, "fit.scales.decode_attn: Input should be less than or equal to 100"),
+    ("fit.overhead_s", float("nan"), "fit.overhead_s: Input should be a finite number"),
+    ("linear.qkv.0", 1e300, "linear.qkv.0: Input should be less than or equal to 3600 (got 1e+300)"),
+    ("decode_attn.0.0", 1e-300, "decode_attn.0.0: Input should be greater than or equal to 0.000000001 (got 1e-300)"),
+    ("steps.0.measured_s", float("inf"), "steps.0.measured_s: Input should be a finite number"),
+])
+@pytest.mark.parametrize("cmd", ["simulate", "step-cost"])
+def test_profiles_with_non_finite_or_absurd_numbers_are_refused(tmp_path, where, value, said, cmd):
+    prof = _bad_profile(tmp_path, where, value)
+    args = (["simulate", "--rate", "1", "--requests", "20"] if cmd == "simulate" else ["step-cost", "--decode", "4x128"])
+    r = cli(*args, "-m", "tiny", "--profile", str(prof), "--allow-profile-mismatch", timeout=60)
+    one_line_error(r, str(prof), said)
+
+
+@pytest.mark.parametrize("term, value", [("fixed_s", 1e300), ("per_token_s", float("inf")), ("per_seq_s", -1.0)])
+def test_engine_fits_with_absurd_terms_are_refused(tmp_path, term, value):
+    from capacity.errors import CapacityError
+    from capacity.truth.fit import load_fit
+
+    fit = {"kind": "engine_fit", "schema_version": 1, "frontend_s": 0.0,
+           "cost": {"fixed_s": 0.01, "per_token_s": 1e-5, "per_seq_s": 1e-5, "per_key_s": 0.0, "per_pair_s": 0.0,
+                    "attention": "per_sequence", term: value},
+           "scheduler": {"num_blocks": 100, "block_size": 16, "max_num_batched_tokens": 512, "max_num_seqs": 8}}
+    p = tmp_path / "fit.json"
+    p.write_text(json.dumps(fit))
+    with pytest.raises(CapacityError, match=rf"cost\.{term} must be a finite number of seconds in \[0, 10\]"):
+        load_fit(p)
+    fit["cost"][term] = 0.001
+    p.write_text(json.dumps(fit))
+    load_fit(p)  # a plausible fit still loads
