@@ -258,11 +258,11 @@ def run_suite(card: ModelCard, device: str, out: Path | None = None, *, tp: int 
     def checkpoint() -> None:
         if partial is None:
             return
-        tmp = partial.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"ident": ident, "results": {json.dumps(k): v for k, v in results.items()},
-                                   "spreads": {json.dumps(k): v for k, v in spreads.items()},
-                                   "done": {json.dumps(k): v for k, v in done.items()}}))
-        tmp.replace(partial)
+        from capacity.files import write_atomic
+
+        write_atomic(partial, json.dumps({"ident": ident, "results": {json.dumps(k): v for k, v in results.items()},
+                                          "spreads": {json.dumps(k): v for k, v in spreads.items()},
+                                          "done": {json.dumps(k): v for k, v in done.items()}}), "--out")
 
     from contextlib import nullcontext
 
@@ -444,6 +444,6 @@ def fit_profile(profile: Profile, card: ModelCard) -> Profile:
 def write_profile(profile: Profile, out: Path) -> None:
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(out.suffix + ".tmp")
-    tmp.write_text(json.dumps(profile.model_dump(mode="json"), indent=1) + "\n")
-    tmp.replace(out)
+    from capacity.files import write_atomic
+
+    write_atomic(out, json.dumps(profile.model_dump(mode="json"), indent=1) + "\n", "--out")

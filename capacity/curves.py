@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capacity.errors import ConfigError
-from capacity.files import read_mapping, read_text, short, validate
+from capacity.files import read_mapping, read_text, short, validate, write_atomic
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -349,14 +349,14 @@ def save_curve(curve: RateCurve, path: str | Path) -> None:
         if curve.period_s is not None:
             lines.append(f"# period_s: {curve.period_s!r}")
         lines += ["t,rate"] + [f"{t!r},{r!r}" for t, r in curve.points]
-        p.write_text("\n".join(lines) + "\n")
+        write_atomic(p, "\n".join(lines) + "\n")
         return
     import yaml
 
     data: dict = {"shape": curve.shape, "scale": curve.scale, "points": [[t, r] for t, r in curve.points]}
     if curve.period_s is not None:
         data["period_s"] = curve.period_s
-    p.write_text(yaml.safe_dump(data, default_flow_style=None, sort_keys=False))
+    write_atomic(p, yaml.safe_dump(data, default_flow_style=None, sort_keys=False))
 
 
 def fit_curve(arrival_times: np.ndarray | list[float], bin_s: float, shape: Literal["step", "linear"] = "step",

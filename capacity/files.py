@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import re
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -23,10 +24,42 @@ MAX_NODES = 200_000  # scalars + collections in a user file
 MAX_SHOWN = 80  # characters of a value echoed in an error message
 
 
+def short_path(path: Any, limit: int = 200) -> str:
+    """A path as typed, cut to `limit` characters, for error messages."""
+    text = str(path)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def short(value: Any, limit: int = MAX_SHOWN) -> str:
-    """repr() of a value cut to `limit` characters, for error messages (a user file can hold megabytes)."""
+    """repr() of a value cut to `limit` characters, for error messages (a user file can hold megabytes); a number
+    of more than MAX_DIGITS digits to 4 significant digits (cut, its magnitude would be wrong)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**MAX_DIGITS:
+        from decimal import Decimal
+
+        return format(Decimal(value), ".4g")
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+_LONG_NUMBER = re.compile(r"(?<![\w./-])-?\d[\d,_]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?![\w/]|\.\w)")
+MAX_DIGITS = 15  # a number in an error message with more digits than this is shown to 4 significant digits
+
+
+def short_numbers(text: str) -> str:
+    """`text` with every number of more than MAX_DIGITS digits written to 4 significant digits (1e+100, not a
+    101-digit integer with its commas): an error about an absurd value stays one short line."""
+    def fix(m: re.Match) -> str:
+        raw = m.group(0)
+        mantissa = re.split(r"[eE]", raw)[0]
+        if sum(c.isdigit() for c in mantissa) <= MAX_DIGITS:
+            return raw
+        from decimal import Decimal, InvalidOperation
+
+        try:
+            return format(Decimal(raw.replace(",", "").replace("_", "")), ".4g")
+        except (InvalidOperation, ValueError):
+            return raw
+    return _LONG_NUMBER.sub(fix, text)
 
 
 class _Refused(Exception):
@@ -157,6 +190,52 @@ def check_writable(path: str | Path, force: bool = False, what: str = "output") 
     if p.exists() and not force:
         raise ConfigError(f"{what} {p} exists; pass --force to overwrite it")
     return p
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+@contextmanager
+def atomic_path(path: str | Path, what: str = "output"):
+    """Yield a temporary path in the destination's folder; when the block ends without an error the file is
+    flushed to disk (fsync) and renamed over `path` in one step. On any failure (a full disk, a read-only
+    folder, Ctrl-C) the temporary file is removed and nothing half-written remains; an OSError becomes one
+    ConfigError naming the user's path, never the temporary one. Every file output goes through here."""
+    import os
+    import tempfile
+
+    p = Path(path)
+    folder = p.parent
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{p.name[:200]}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+    except OSError as exc:
+        raise ConfigError(f"{what} {short_path(p)}: cannot write it ({exc.strerror or exc})") from None
+    tmp = Path(name)
+    try:
+        yield tmp
+        with open(tmp, "rb+") as f:  # the data on disk before the name points at it
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the output gets the permissions a plain open would
+        os.replace(tmp, p)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(f"{what} {short_path(p)}: cannot write it ({exc.strerror or exc})") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_atomic(path: str | Path, data: str | bytes, what: str = "output") -> Path:
+    """Write text (UTF-8) or bytes to `path` all or nothing (see atomic_path)."""
+    with atomic_path(path, what) as tmp:
+        tmp.write_bytes(data.encode("utf-8") if isinstance(data, str) else data)
+    return Path(path)
 
 
 def read_mapping(path: str | Path) -> dict[str, Any]:

@@ -21,6 +21,10 @@ LIMITS: dict[str, tuple[int, str, str]] = {
     "step_tokens": (100_000_000, "CAPACITY_MAX_STEP_TOKENS", "tokens in one step (new or cached)"),
     "loadtest_requests": (1_000_000, "CAPACITY_MAX_LOADTEST_REQUESTS", "requests in one load test"),
     "loadtest_concurrency": (10_000, "CAPACITY_MAX_LOADTEST_CONCURRENCY", "concurrent load-test requests"),
+    # a load test builds each prompt as text (about 6 bytes a token) and reads each answer: 2 M tokens is past
+    # every served context but the rarest; 999999999999 was a hang growing past 1 GB
+    "loadtest_tokens": (2_000_000, "CAPACITY_MAX_LOADTEST_TOKENS", "tokens in one load-test request (prompt or output)"),
+    "loadtest_seconds": (7 * 86400, "CAPACITY_MAX_LOADTEST_SECONDS", "seconds (a week) of a load test's timeouts and waits"),
 }
 
 
@@ -43,4 +47,26 @@ def check(name: str, value: int | float, what: str) -> None:
     lim = limit(name)
     if value > lim:
         env, bounds = LIMITS[name][1], LIMITS[name][2]
-        raise ConfigError(f"{what} {value:,} exceeds the limit of {lim:,} {bounds} (raise it with {env}=N)")
+        raise ConfigError(f"{what} {number(value)} exceeds the limit of {lim:,} {bounds} (raise it with {env}=N)")
+
+
+def number(value: int | float) -> str:
+    """A count for a message: 2,000,000 as is, an absurd one to 4 significant digits (1e+100, not 101 digits)."""
+    if isinstance(value, int) and abs(value) < 10**15:
+        return f"{value:,}"
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
+        return f"{int(value):,}"
+    from decimal import Decimal
+
+    return format(Decimal(value), ".4g") if isinstance(value, int) else f"{value:.4g}"
+
+
+def check_lengths(name: str, spec, what: str) -> None:
+    """A length distribution (capacity.workload.Lengths) whose largest possible value is past the limit
+    `name`; a lognormal without a cap is checked on what it drew (check_drawn)."""
+    top = {"fixed": spec.value, "uniform": spec.high, "lognormal": spec.high,
+           "empirical": max(spec.values or [0])}[spec.kind]
+    if top is not None:
+        check(name, top, what)
+    if spec.kind == "lognormal" and spec.mean is not None:
+        check(name, spec.mean, f"{what} mean")

@@ -1,7 +1,6 @@
 """`capacity simulate`: one simulated deployment through the run pipeline, percentiles and throughput."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -198,7 +197,9 @@ def simulate(
         res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
                                         capacity_check=True), disagg=dis)
     if save_run:
-        Path(save_run).write_text(dumps(run_file(res), indent=None) + "\n")
+        from capacity.files import write_atomic
+
+        write_atomic(save_run, dumps(run_file(res), indent=None) + "\n", "--save-run")
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
     if dis is not None:

@@ -9,7 +9,7 @@ import typer
 
 from capacity.cli.common import JsonOpt, _lengths, app
 from capacity.errors import CapacityError
-from capacity.files import dumps
+from capacity.files import dumps, write_atomic
 
 
 @app.command()
@@ -47,6 +47,7 @@ def loadtest(
     import numpy as np
 
     from capacity.limits import check as bound
+    from capacity.limits import check_lengths
     from capacity.truth.loadtest import counts, run_load, summarize_run
     from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
@@ -54,6 +55,9 @@ def loadtest(
         if not math.isfinite(val) or val <= 0:
             raise CapacityError(f"{flag} {val}: must be a finite number > 0")
     bound("loadtest_requests", requests, "--requests")
+    # every count, length and duration is bounded here, before a prompt is built or a request sent
+    for flag, val in (("--timeout-s", timeout_s), ("--max-duration-s", max_duration_s), ("--think-s", think_s)):
+        bound("loadtest_seconds", val, flag)
     if users is not None:
         if users <= 0:
             raise CapacityError(f"--users {users}: must be > 0")
@@ -89,6 +93,8 @@ def loadtest(
     if endpoint not in ("completions", "chat"):
         raise CapacityError(f"--endpoint {endpoint!r}: use completions or chat")
     li, lo = _lengths("--input-len", input_len), _lengths("--output-len", output_len)
+    check_lengths("loadtest_tokens", li, "--input-len")
+    check_lengths("loadtest_tokens", lo, "--output-len")
     if trace:
         reqs = load_trace(trace, max_rows=requests)
     else:
@@ -100,6 +106,9 @@ def loadtest(
                     "arrival options")
         reqs = generate(WorkloadSpec(arrivals=arr, input_len=li, output_len=lo, num_requests=requests),
                         np.random.default_rng(seed))
+    if reqs:  # what a trace holds or a lognormal drew: the same bound as a length given outright
+        bound("loadtest_tokens", max(q.prompt_tokens for q in reqs), "a request's prompt (--input-len or --trace)")
+        bound("loadtest_tokens", max(q.output_tokens for q in reqs), "a request's output (--output-len or --trace)")
     if warmup < 0:
         raise CapacityError(f"--warmup {warmup}: must be >= 0")
     eng = None
@@ -128,7 +137,10 @@ def loadtest(
                 raise ValueError
             values = list(parsed)
         except ValueError:
-            raise CapacityError(f"--{'prefill' if prefill_sweep else 'decode'}-sweep {swept!r}: expected N,N,...") from None
+            raise CapacityError(f"--{'prefill' if prefill_sweep else 'decode'}-sweep {swept[:80]!r}: expected N,N,... "
+                                "(at most 100)") from None
+        for x in parsed:
+            bound("loadtest_tokens", x, f"--{'prefill' if prefill_sweep else 'decode'}-sweep value")
         kind = "input" if prefill_sweep else "output"
     runs = []
     interrupted = False
@@ -152,8 +164,8 @@ def loadtest(
                                max_concurrency=max_concurrency)
             finally:
                 if out and run:
-                    Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
-                        dumps(run, indent=None) + "\n")
+                    write_atomic(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json",
+                                 dumps(run, indent=None) + "\n", "--out")
         if run["meta"].get("interrupted"):
             interrupted = True
             typer.echo(f"interrupted: {counts(run)}; partial results "
@@ -166,12 +178,12 @@ def loadtest(
             run["sweep"] = {kind + "_tokens": v}
         runs.append(run)
         if out:
-            Path(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json").write_text(
-                dumps(run, indent=None) + "\n")
+            write_atomic(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json",
+                         dumps(run, indent=None) + "\n", "--out")
     if plot and not swept:
         from capacity.truth.plots import run_figure
 
-        run_figure(runs[0]).write_html(plot, include_plotlyjs="cdn")
+        write_atomic(plot, run_figure(runs[0]).to_html(include_plotlyjs="cdn"), "--plot")
     failed: list[str] = []
     ab = None
     if base is not None and not interrupted:
@@ -336,15 +348,15 @@ def validate(
     if plot:
         from capacity.truth.plots import run_figure
 
-        run_figure(run, sim, int(sched["num_blocks"])).write_html(plot, include_plotlyjs="cdn")
+        write_atomic(plot, run_figure(run, sim, int(sched["num_blocks"])).to_html(include_plotlyjs="cdn"), "--plot")
     if save_prediction:
         from capacity.truth.compare import records_run
         from capacity.truth.fit import replay
 
         ids = [q.id for q in replay(run)]  # the simulator numbers the replayed requests in this order
-        Path(save_prediction).write_text(dumps(records_run(sim.records, 0, {"source": "capacity validate",
-                                                                           "run": run_file, "fit": fit}, ids),
-                                               indent=None) + "\n")
+        write_atomic(save_prediction, dumps(records_run(sim.records, 0, {"source": "capacity validate",
+                                                                         "run": run_file, "fit": fit}, ids),
+                                            indent=None) + "\n", "--save-prediction")
     if json_out:
         typer.echo(dumps({"rows": rows, "source": cost.source, "engine": sched, "preemptions": preempt,
                           "warnings": warnings}))

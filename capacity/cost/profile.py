@@ -34,9 +34,16 @@ from capacity.model.card import ModelCard
 SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 32 * 1024 * 1024
 
-Secs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+# Every number is finite and plausible, refused on load with its field (issue 49): an `Infinity` in a fitted
+# scale made `simulate` run forever, a 1e300 op time printed a 300-digit step cost.
+MAX_OP_S = 3600.0  # a measured op or step of more than an hour is not a measurement
+MIN_OP_S = 1e-9  # nor one under a nanosecond (a kernel launch alone takes microseconds)
+Secs = Annotated[float, Field(ge=MIN_OP_S, le=MAX_OP_S, allow_inf_nan=False)]
+PosInt = Annotated[int, Field(gt=0, le=10**9)]
+NonNegInt = Annotated[int, Field(ge=0, le=10**9)]
+# a fitted scale multiplies op-table times into step times: real ones are 0.5-1.5; outside [0.01, 100] the
+# tables and the steps disagree a hundredfold, and the profile is not one to plan with
+Scale = Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]
 
 # Card fields that change the time of a step (name and hf_id do not).
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim_", "intermediate_size",
@@ -89,7 +96,7 @@ class StepShape(_Strict):
     prefills: list[tuple[PosInt, NonNegInt]] = []  # (new tokens, cached tokens)
     decodes: list[NonNegInt] = []  # context length of each decoding sequence
     measured_s: Secs
-    spread: float = 0.0  # (p90 - p10) / median over the repeats
+    spread: float = Field(0.0, ge=0, le=1e6, allow_inf_nan=False)  # (p90 - p10) / median over the repeats
     role: Literal["fit", "holdout"]
 
 
@@ -100,9 +107,9 @@ class Fit(_Strict):
     """step = sum over components of scale[c] x (op-table sum of c) + overhead_s. Per-component scales absorb
     what isolated op timings miss in a real step (caches evicted by the other ops, allocator traffic)."""
 
-    scales: dict[Literal["layers", "prefill_attn", "decode_attn"], Annotated[float, Field(gt=0)]]
-    overhead_s: float = Field(ge=0, allow_inf_nan=False)
-    median_abs_rel_err: float = Field(ge=0)  # on the fit steps
+    scales: dict[Literal["layers", "prefill_attn", "decode_attn"], Scale]
+    overhead_s: float = Field(ge=0, le=1, allow_inf_nan=False)  # per step, s: past a second it is no overhead
+    median_abs_rel_err: float = Field(ge=0, le=1e6, allow_inf_nan=False)  # on the fit steps
     n_fit: PosInt
 
 

@@ -15,11 +15,12 @@ overwritten without `force`. CSV cells that a spreadsheet would run as formulas 
 from __future__ import annotations
 
 import csv
+import io
 import os
 import tempfile
 from pathlib import Path
 
-from capacity.errors import CapacityError
+from capacity.errors import CapacityError, ConfigError
 from capacity.io.tables import tables
 
 SHEETS = ("Summary", "Assumptions", "Memory", "Frontier", "Context", "Percentiles", "Sweep")  # of a plan + sweep
@@ -35,8 +36,9 @@ def check_destination(path: str | Path, force: bool) -> None:
     from capacity.errors import require
 
     require("openpyxl", "xlsx", "the capacity-review workbook (--xlsx)")
-    if p.exists() and not force:
-        raise CapacityError(f"{p} exists; pass --force to overwrite it")
+    from capacity.files import check_writable
+
+    check_writable(p, force, "--xlsx")  # a missing or read-only folder: said now, not after minutes of work
 
 
 def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | None, list[dict] | None]:
@@ -110,26 +112,37 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         for t in targets:
             if t.exists():
                 raise CapacityError(f"{t} exists; pass --force to overwrite it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=f".{path.stem}.", dir=path.parent) as tmpdir:
-        tmp = Path(tmpdir)
-        from capacity.files import dumps
-        from capacity.io.workbook import write_workbook
+    from capacity.files import check_writable, dumps, short_path
+    from capacity.io.workbook import write_workbook
 
-        write_workbook(tmp / targets[0].name, plan, tabs, autoscale, fleet_day)
-        saved = {"plan": plan, "sweep": sweep_rows} | (
-            {"comparison": [dict(zip(comparison[0], r)) for r in comparison[1]]} if comparison is not None else {}) | (
-            {"autoscale": autoscale} if autoscale is not None else {}) | (
-            {"fleet_day": fleet_day} if fleet_day is not None else {})
-        if tables_too:
-            (tmp / targets[1].name).write_text(dumps(saved, indent=1) + "\n")
-        for (head, rows), target in zip(tabs.values(), targets[2:]):
-            with (tmp / target.name).open("w", newline="") as f:
-                cw = csv.writer(f)
-                cw.writerow([csv_safe(h) for h in head])
-                cw.writerows([[csv_safe(v) for v in r] for r in rows])
-        for target in targets:  # every file is complete: move the set into place
-            os.replace(tmp / target.name, target)
+    check_writable(path, True, "--xlsx")  # the folder exists and takes files; --force was checked above
+    book = io.BytesIO()  # every file in memory first: a workbook library's half-closed zip never meets the disk
+    write_workbook(book, plan, tabs, autoscale, fleet_day)
+    saved = {"plan": plan, "sweep": sweep_rows} | (
+        {"comparison": [dict(zip(comparison[0], r)) for r in comparison[1]]} if comparison is not None else {}) | (
+        {"autoscale": autoscale} if autoscale is not None else {}) | (
+        {"fleet_day": fleet_day} if fleet_day is not None else {})
+    contents = [book.getvalue()]
+    if tables_too:  # the JSON and each table as CSV, beside the workbook only when asked
+        contents.append((dumps(saved, indent=1) + "\n").encode())
+    for head, rows in tabs.values() if tables_too else ():
+        f = io.StringIO(newline="")
+        cw = csv.writer(f)
+        cw.writerow([csv_safe(h) for h in head])
+        cw.writerows([[csv_safe(v) for v in r] for r in rows])
+        contents.append(f.getvalue().encode())
+    try:
+        with tempfile.TemporaryDirectory(prefix=f".{path.stem}.", dir=path.parent) as tmpdir:
+            tmp = Path(tmpdir)
+            for data, target in zip(contents, targets):
+                with (tmp / target.name).open("wb") as fh:
+                    fh.write(data)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+            for target in targets:  # every file is complete: move the set into place
+                os.replace(tmp / target.name, target)
+    except OSError as exc:  # a full disk, a read-only folder: the user's path, never the temporary one
+        raise ConfigError(f"--xlsx {short_path(path)}: cannot write it ({exc.strerror or exc})") from None
     return targets
 
 

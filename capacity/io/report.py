@@ -231,25 +231,27 @@ def _src(source: str) -> str:
 
 
 def write_rows(rows: list[dict], path: str) -> None:
+    """Sweep rows as CSV or JSON by the name's suffix, written all or nothing (capacity.files.write_atomic)."""
     import csv
+    import io
     import json
     from pathlib import Path
 
+    from capacity.files import dumps, write_atomic
     from capacity.io.export import csv_safe
 
     p = Path(path)
     if p.suffix == ".csv":
         keys = list(dict.fromkeys(k for r in rows for k in r))
-        with p.open("w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=[csv_safe(k) for k in keys])
-            w.writeheader()
-            for r in rows:  # user strings (sweep values, names) escaped: a spreadsheet must not run them
-                w.writerow({csv_safe(k): csv_safe(json.dumps(v) if isinstance(v, (dict, list)) else v)
-                            for k, v in r.items()})
+        f = io.StringIO(newline="")
+        w = csv.DictWriter(f, fieldnames=[csv_safe(k) for k in keys])
+        w.writeheader()
+        for r in rows:  # user strings (sweep values, names) escaped: a spreadsheet must not run them
+            w.writerow({csv_safe(k): csv_safe(json.dumps(v) if isinstance(v, (dict, list)) else v)
+                        for k, v in r.items()})
+        write_atomic(p, f.getvalue(), "--out")
     else:
-        from capacity.files import dumps
-
-        p.write_text(dumps(rows, indent=1) + "\n")
+        write_atomic(p, dumps(rows, indent=1) + "\n", "--out")
 
 
 def sweep_table(rows: list[dict], axes: list[str], console, ex) -> None:

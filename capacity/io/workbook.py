@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
+from typing import BinaryIO
 
 from capacity.io.tables import GiB, Table, mean_output_tokens, ms, scenario_line, yn
 
 INJECTION = ("=", "+", "-", "@", "\t", "\r")
 
 
-def write_workbook(dest: Path, plan: dict | None, tabs: dict[str, Table], autoscale: dict | None = None,
+def write_workbook(dest: Path | BinaryIO, plan: dict | None, tabs: dict[str, Table], autoscale: dict | None = None,
                    fleet_day: dict | None = None) -> None:
     """The review's sheets from a plan's JSON form and its tables, plus the Autoscale sheet from an autoscale
     report (`capacity autoscale --json`, checked by the caller: capacity.io.fleet.check_report) and the Fleet day

@@ -125,11 +125,12 @@ class SerialExecutor(Executor):
 
 
 def _worker_init() -> None:
-    """Pool workers never outlive the command: Ctrl-C is the parent's to handle, and on Linux a worker is told
-    (PR_SET_PDEATHSIG) to end when its parent dies, even by SIGKILL."""
+    """Pool workers never outlive the command: Ctrl-C is the parent's to handle, SIGTERM ends a worker at once,
+    and on Linux a worker is told (PR_SET_PDEATHSIG) to end when its parent dies, even by SIGTERM or SIGKILL."""
     import signal
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         import ctypes
 
@@ -141,6 +142,35 @@ def _worker_init() -> None:
         pass
 
 
+def worker_pool(workers: int):
+    """The one way this tool starts a process pool (the sweep's, the planner's, fleet-day's): workers that die
+    with the command (see _worker_init). End it with `stop_pool` on an error or Ctrl-C, not a `with` block,
+    which would wait for the running tasks."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    return ProcessPoolExecutor(workers, initializer=_worker_init)
+
+
+def stop_pool(pool, wait: bool = False) -> None:
+    """Shut a pool down; unless `wait`, cancel the queued tasks and end the running ones now, so that no worker
+    outlives the command (a shut-down pool otherwise lets each running task finish)."""
+    if wait:
+        pool.shutdown(wait=True)
+        return
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # CPython's: the one handle on the workers
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in procs:
+        try:
+            proc.terminate()
+        except (OSError, AttributeError, ValueError):  # already gone
+            pass
+    for proc in procs:
+        try:
+            proc.join(5)
+        except (OSError, AttributeError, ValueError, AssertionError):
+            pass
+
+
 class PoolExecutor(Executor):
     """A local process pool (the default): one simulation per core; workers end with the command."""
 
@@ -150,13 +180,13 @@ class PoolExecutor(Executor):
         self._pool = None
 
     def _map(self, tasks, idx):
-        from concurrent.futures import ProcessPoolExecutor, as_completed
+        from concurrent.futures import as_completed
 
         if len(tasks) == 1 or self.workers == 1:
             yield from SerialExecutor(progress=False, cache=False)._map(tasks, idx)
             return
         if self._pool is None:
-            self._pool = ProcessPoolExecutor(self.workers, initializer=_worker_init)
+            self._pool = worker_pool(self.workers)
         futs: dict = {}
         try:
             with _bar(len(tasks), self.progress, self.phases.label) as bar:
@@ -175,7 +205,7 @@ class PoolExecutor(Executor):
     def close(self, wait: bool = True) -> None:
         self.phases.end()
         if self._pool is not None:
-            self._pool.shutdown(wait=wait, cancel_futures=True)
+            stop_pool(self._pool, wait)
             self._pool = None
 
 

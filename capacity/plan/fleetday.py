@@ -25,7 +25,6 @@ import math
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -263,14 +262,21 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
             results[(j[1], j[2])] = _day_run(j)
             _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
     else:
-        with ProcessPoolExecutor(n_workers) as pool:
-            futs = {pool.submit(_day_run, j): j for j in jobs}
-            from concurrent.futures import as_completed
+        from concurrent.futures import as_completed
 
+        from capacity.plan.executors import stop_pool, worker_pool
+
+        pool = worker_pool(n_workers)  # workers that die with the command (SIGTERM, SIGKILL, Ctrl-C, an error)
+        try:
+            futs = {pool.submit(_day_run, j): j for j in jobs}
             for f in as_completed(futs):
                 j = futs[f]
                 results[(j[1], j[2])] = f.result()
                 _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
+        except BaseException:
+            stop_pool(pool)
+            raise
+        stop_pool(pool, wait=True)
     models = []
     for i, m in enumerate(fleet.models):
         curve = m.workload.total_curve()

@@ -247,7 +247,9 @@ def write_plot(a: Requests, b: Requests, path: str, names: tuple[str, str] = ("A
 
     if path.endswith(".html"):
         require("plotly", "dashboard", "--plot")
-        cdf_figure(a, b, names).write_html(path, include_plotlyjs="cdn")
+        from capacity.files import write_atomic
+
+        write_atomic(path, cdf_figure(a, b, names).to_html(include_plotlyjs="cdn"), "--plot")
     elif path.endswith(".png"):
         require("matplotlib", "plot", "--plot PNG")
         _cdf_png(a, b, path, names)
@@ -275,5 +277,11 @@ def _cdf_png(a: Requests, b: Requests, path: str, names: tuple[str, str]) -> Non
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("share of requests")
     axes[0].legend(loc="lower right", fontsize=8)
-    fig.savefig(path, dpi=110)
+    import io
+
+    from capacity.files import write_atomic
+
+    buf = io.BytesIO()  # drawn in memory, then written all or nothing
+    fig.savefig(buf, dpi=110, format="png")
     plt.close(fig)
+    write_atomic(path, buf.getvalue(), "--plot")

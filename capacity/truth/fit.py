@@ -121,6 +121,7 @@ def compare(measured: dict, predicted: dict) -> list[dict]:
 
 
 COST_TERMS = ("fixed_s", "per_token_s", "per_seq_s", "per_key_s", "per_pair_s")
+MAX_TERM_S = 10.0  # seconds per step, token, sequence, key or pair: a fit past this is not of a serving engine
 
 
 def fit_engine(runs: list[dict], sched_kw: dict | list[dict], attention: str = "per_sequence",
@@ -239,13 +240,13 @@ def widen_for_drift(unc: dict, drift: float) -> dict:
 def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str],
              provenance: dict | None = None, run_engines: list[dict] | None = None) -> None:
     """`provenance`: where the fitted runs were measured (host, server), checked when the fit is applied."""
-    Path(path).write_text(json.dumps({"kind": "engine_fit", "schema_version": 1,
-                                      "cost": {**{k: getattr(fit, k) for k in COST_TERMS},
-                                               "attention": fit.attention},
-                                      "frontend_s": info.get("frontend_s", 0.0),
-                                      "scheduler": sched_kw, "fit": info, "runs": sources,
-                                      "run_engines": run_engines or [sched_kw], "provenance": provenance},
-                                     indent=1) + "\n")
+    from capacity.files import write_atomic
+
+    doc = {"kind": "engine_fit", "schema_version": 1,
+           "cost": {**{k: getattr(fit, k) for k in COST_TERMS}, "attention": fit.attention},
+           "frontend_s": info.get("frontend_s", 0.0), "scheduler": sched_kw, "fit": info, "runs": sources,
+           "run_engines": run_engines or [sched_kw], "provenance": provenance}
+    write_atomic(path, json.dumps(doc, indent=1) + "\n", "--out")
 
 
 def fit_provenance(path: str | Path) -> dict | None:
@@ -258,7 +259,7 @@ def fit_provenance(path: str | Path) -> dict | None:
 
 
 def load_fit(path: str | Path) -> tuple[LinearCost, dict, float]:
-    from capacity.files import read_json
+    from capacity.files import read_json, short
 
     p = Path(path)
     d = read_json(p, "engine fit")
@@ -266,16 +267,18 @@ def load_fit(path: str | Path) -> tuple[LinearCost, dict, float]:
         raise CapacityError(f"{p}: not an engine fit of schema_version 1 (write one with `capacity calibrate --from-run`)")
     front = d.get("frontend_s", 0.0)  # fits written before the front-end term have none
     if isinstance(front, bool) or not isinstance(front, (int, float)) or not 0 <= front < 10:
-        raise CapacityError(f"{p}: frontend_s must be a number of seconds in [0, 10) (got {front!r})")
+        raise CapacityError(f"{p}: frontend_s must be a number of seconds in [0, 10) (got {short(front)})")
     cost = d.get("cost")
     if not isinstance(cost, dict) or set(cost) - set(COST_TERMS) - {"attention"}:
         raise CapacityError(f"{p}: cost must hold {', '.join(COST_TERMS)} and attention (got {cost!r})")
     import math
 
-    for k in COST_TERMS:  # a negative or non-finite term would make steps take no or negative time
+    for k in COST_TERMS:  # a negative, non-finite or absurd term makes steps take no, negative or endless time
         v = cost.get(k, 0.0)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-            raise CapacityError(f"{p}: cost.{k} must be a finite number >= 0 (got {v!r})")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= MAX_TERM_S:
+            raise CapacityError(f"{p}: cost.{k} must be a finite number of seconds in [0, {MAX_TERM_S:g}] "
+                                f"(got {v:.4g})" if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                else f"{p}: cost.{k} must be a number (got {str(v)[:40]!r})")
     sched = d.get("scheduler")
     if not isinstance(sched, dict):
         raise CapacityError(f"{p}: scheduler must be a mapping (got {type(sched).__name__})")

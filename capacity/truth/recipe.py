@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from capacity.files import write_atomic
 from capacity.workload import Request
 
 DRIFT_WARN = 0.05  # a spread of the speed checks above which the recipe warns
@@ -93,7 +94,7 @@ def run_recipe(url: str, model: str, engine: dict, out_dir: Path, *, attention: 
     def keep(run: dict, name: str, what: str) -> dict:
         run["meta"]["probe"] = name
         path = out_dir / f"probe-{name}.json"
-        path.write_text(json.dumps(run) + "\n")
+        write_atomic(path, json.dumps(run) + "\n", "--out-dir")
         s = summarize_run(run)
         say(f"{name}: {what}: {counts(run)}, TTFT p50 {s['ttft_s']['p50'] * 1e3:.1f} ms, "
             f"TPOT p50 {s['tpot_s']['p50'] * 1e3:.2f} ms, {s['requests_per_s']:.2f} req/s")
@@ -135,7 +136,7 @@ def run_recipe(url: str, model: str, engine: dict, out_dir: Path, *, attention: 
     held = run_load(url, model, [Request(i, float(t[i]), 96, 24) for i in range(n_held)], timeout_s=timeout_s,
                     max_duration_s=float(t[-1]) + timeout_s * 4, engine=engine)
     held["meta"]["probe"] = "held-out"
-    (out_dir / "held-out.json").write_text(json.dumps(held) + "\n")
+    write_atomic(out_dir / "held-out.json", json.dumps(held) + "\n", "--out-dir")
     rows = compare(summarize_run(held),
                    sim_summary(simulate_run(held, fit, engine, frontend_s=fit_info["frontend_s"])))
     check = [r for r in rows if r["metric"] in ("TTFT", "TPOT") and r["stat"] in ("p50", "p99")]
@@ -145,5 +146,5 @@ def run_recipe(url: str, model: str, engine: dict, out_dir: Path, *, attention: 
               "fit_median_abs_rel_err": fit_info["median_abs_rel_err"], "held_out_check": check,
               "speed_checks_tpot_s": speed, "speed_drift": drift,
               "server": info}
-    (out_dir / "report.json").write_text(json.dumps(report, indent=1) + "\n")
+    write_atomic(out_dir / "report.json", json.dumps(report, indent=1) + "\n", "--out-dir")
     return report
