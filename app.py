@@ -86,18 +86,33 @@ def sim_points(card: dict, gpu: str, engines: list[dict], workloads: list[dict],
     return [run_task(SimTask(card, gpu, e, w, 0, profile=profile)) for e, w in zip(engines, workloads)]
 
 
-@st.cache_data(show_spinner=False)
-def full_plan(scenario: dict, card: dict, _progress=None):
+@st.cache_resource(show_spinner=False)
+def plan_store():
+    """Finished plans (plain data) shared by every session of this process: see capacity.io.dashboard.SharedStore."""
+    from capacity.io.dashboard import SharedStore
+
+    return SharedStore(max_entries=32)
+
+
+def full_plan(scenario: dict, card: dict, progress=None) -> dict:
+    """The plan as `capacity plan --json` writes it. Not st.cache_data: `progress` draws into a bar of the calling
+    run, and a cached call would replay that bar into a block of another run (CacheReplayClosureError on every
+    cache hit). A plan found in plan_store() is returned as it is; else it is computed here, uncached, and kept."""
+    store = plan_store()
+    key = store.key(scenario, card)
+    found = store.get(key)
+    if found is not None:
+        return found
+    from capacity.files import strict_json
     from capacity.model.card import ModelCard
     from capacity.plan.executors import SerialExecutor
     from capacity.plan.planner import Scenario, make_plan
 
     ex = SerialExecutor(cache=True)
-    ex.on_task = _progress
-    p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), ex)
-    from capacity.files import strict_json
-
-    return strict_json(p.as_dict())
+    ex.on_task = progress
+    p = strict_json(make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), ex).as_dict())
+    store.put(key, p)
+    return p
 
 
 # ---- inputs --------------------------------------------------------------------------------------------
@@ -512,7 +527,7 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
                            "max_model_len": [4096, 8192, 32768, 131072], "tp": [1, 2]}}
     if st.button("Run the plan", key="run_plan") or st.session_state.get("plan_done"):
         st.session_state["plan_done"] = True
-        bar = st.progress(0.0, text="planning: 0 simulations")
+        bar = st.empty()
 
         def progress(n: int) -> None:  # the plan's simulation count is not known up front: a saturating bar
             bar.progress(min(0.99, n / (n + 40)), text=f"planning: {n} simulations done")

@@ -287,3 +287,13 @@ def test_plan_tab_shows_the_plans_notes():
     assert any(n.startswith("step costs from the roofline, not measured") for n in shown)
     assert shown[-1].startswith("engine defaults used: ")  # the plan's notes end with the defaults it filled in
     assert "GPUs needed" in metrics(at)
+    # the same plan again, in this session and in a second one (a reload, another browser): found among the
+    # finished plans, never a CacheReplayClosureError (issue 48: a cached plan replayed its progress bar)
+    next(b for b in at.button if b.label == "Run the plan").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    again = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    next(s for s in again.select_slider if s.label == "requests simulated").set_value(300).run()
+    next(b for b in again.button if b.label == "Run the plan").click().run()
+    assert not again.exception, [e.value for e in again.exception]
+    assert [c.value for c in again.caption if c.value.startswith("plan note: ")] == \
+        [c.value for c in at.caption if c.value.startswith("plan note: ")]
