@@ -269,7 +269,7 @@ def context_map(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, p
     return [c.__dict__ for c in planner.context_frontier(engine["tensor_parallel_size"])]
 
 
-def tradeoff_view(card, gpu, engine, workload, slo, profile):
+def tradeoff_view(card, gpu, engine, workload, slo, profile, sim: dict):
     from plotly.subplots import make_subplots
 
     seqs = [16, 32, 64, 128, 256, 512]
@@ -843,15 +843,25 @@ def headline(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, prof
     if rs.max_rate <= 0:
         return {"feasible": False, "why": f"even {rs.probes[0][0]:.3g} req/s per replica misses the SLO"}
     replicas = math.ceil(rate / (rs.max_rate * 0.8) - 1e-9)
-    per = planner.ex.run(planner._tasks(cfg, rate / replicas, range(1)))[0]
     gpus = replicas * cfg.tensor_parallel_size
-    tokens_h = rate * workload["output_len"].get("value", 256) * 3600
+    out = workload["output_len"]
+    tokens_h = rate * out.get("value", out.get("mean", 256)) * 3600
     return {"feasible": True, "gpus": gpus, "replicas": replicas, "tp": cfg.tensor_parallel_size,
-            "max_rate": rs.max_rate, "cost": gpus * price / tokens_h * 1e6 if price and tokens_h else None,
-            "p99_ttft": per.ttft.p99, "p99_tpot": per.tpot.p99, "saturated": per.saturated}
+            "max_rate": rs.max_rate, "cost": gpus * price / tokens_h * 1e6 if price and tokens_h else None}
 
 
-def headline_view(h: dict, gpu: str, slo: dict) -> None:
+def replica_workload(workload: dict, replicas: int) -> dict:
+    """The sidebar's workload as one of `replicas` replicas sees it (its share of the arrival rate); for one
+    replica the workload itself, so the header and the Latency tab read one simulation."""
+    if replicas <= 1:
+        return workload
+    arr = workload["arrivals"]
+    return {**workload, "arrivals": {**arr, "rate_per_s": arr["rate_per_s"] / replicas}}
+
+
+def headline_view(h: dict, per: dict | None, gpu: str, slo: dict, workload: dict) -> None:
+    """The answer first: GPUs, replicas x TP, cost, and the P99s one replica sees at its share of the load, from
+    the same run the Latency tab shows when one replica serves the load (simulate(), seed 0)."""
     if not h["feasible"]:
         st.error(f"No replica of this configuration meets the SLO: {h['why']}")
         return
@@ -859,14 +869,35 @@ def headline_view(h: dict, gpu: str, slo: dict) -> None:
     c[0].metric("GPUs needed", f"{h['gpus']:,}", help=f"{gpu}, replicas at 80% of their max sustainable rate")
     c[1].metric("replicas x TP", f"{h['replicas']} x {h['tp']}", help=f"{h['max_rate']:.2f} req/s per replica max")
     c[2].metric("USD per 1M output tokens", f"{h['cost']:,.3f}" if h["cost"] is not None else "-")
-    for col, key, label, nd in ((c[3], "ttft", "P99 TTFT at that load (ms)", 0), (c[4], "tpot", "P99 TPOT at that load (ms)", 1)):
-        v, lim = h[f"p99_{key}"], slo[f"{key}_s"]
-        col.metric(label, "saturated" if h["saturated"] or v is None else f"{v * 1e3:,.{nd}f}",
-                   delta=None if v is None else f"SLO {lim * 1e3:,.{nd}f}", delta_color="off")
+    rate = workload["arrivals"]["rate_per_s"] / h["replicas"]
+    src = (f"one replica at {rate:.3g} req/s, {workload['num_requests']:,} requests, seed 0"
+           + ("; the Latency tab's run" if h["replicas"] == 1 else ""))
+    s = per["summary"] if per else {}
+    for col, key, label, nd in ((c[3], "ttft", "P99 TTFT at that load (ms)", 0),
+                                (c[4], "tpot", "P99 TPOT at that load (ms)", 1)):
+        m, lim = s.get(f"{key}_s") or {}, slo[f"{key}_s"]
+        v = m.get("p99") if m.get("n") else None
+        col.metric(label, "saturated" if (per or {}).get("saturated") or v is None else f"{v * 1e3:,.{nd}f}",
+                   delta=f"SLO {lim * 1e3:,.{nd}f}", delta_color="off", help=src)
+
+
+TABS = ("Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale", "Plan & export")
+# Widgets of the tabs keep their values while their tab is hidden (Streamlit drops the state of a widget a run
+# does not draw, and a lazy tab draws nothing): these keys are re-set at the top of each run. File uploads and
+# buttons cannot be set that way and are left out.
+KEPT_PREFIXES = ("ab_", "dis_", "as_", "day_")
+NOT_SETTABLE = ("as_curve_file", "day_file")
+
+
+def keep_tab_widgets() -> None:
+    for k in [k for k in st.session_state if isinstance(k, str) and k.startswith(KEPT_PREFIXES)]:
+        if k not in NOT_SETTABLE:
+            st.session_state[k] = st.session_state[k]
 
 
 def main():
     st.title("capacity: GPUs, latency and cost of an LLM deployment")
+    keep_tab_widgets()
     try:
         card, gpu, engine, workload, slo, profile, price = sidebar()
         b, table = memory_budget(card, gpu, engine)
@@ -880,33 +911,35 @@ def main():
                                          "profile": profile, "seed": 0}}, indent=1), language="json")
     try:
         with st.spinner("finding the max rate per replica..."):
-            headline_view(headline(card, gpu, engine, workload, slo, profile, price), gpu, slo)
+            h = headline(card, gpu, engine, workload, slo, profile, price)
+            per = (simulate(card, gpu, engine, replica_workload(workload, h["replicas"]), 0, profile)
+                   if h["feasible"] else None)
+        headline_view(h, per, gpu, slo, workload)
     except CapacityError as exc:
         st.error(str(exc))
-    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale",
-                    "Plan & export"])
-    with tabs[0]:
-        memory_view(b, table)
-    try:
+    # lazy tabs: only the open tab runs (switching tabs reruns the script), so the first paint waits for the
+    # header and the Memory tab only, not for every tab's simulations
+    tabs = st.tabs(list(TABS), key="tab", on_change="rerun")
+
+    def base_run() -> dict:  # the sidebar's scenario, one replica, seed 0 (cached: one run for every tab)
         with st.spinner("simulating..."):
-            sim = simulate(card, gpu, engine, workload, 0, profile)
-        with tabs[1]:
-            tradeoff_view(card, gpu, engine, workload, slo, profile)
-        with tabs[2]:
-            latency_view(sim)
-        with tabs[3]:
-            timeline_view(sim)
-        with tabs[4]:
-            ab_view(card, gpu, engine, workload, profile, sim)
-        with tabs[5]:
-            disagg_view(card, gpu, engine, workload, profile)
-        with tabs[6]:
-            fleet_day_view()
-            autoscale_view(card, gpu, engine, workload, slo, profile, price)
-        with tabs[7]:
-            plan_and_export(card, gpu, engine, workload, slo, profile, price)
-    except CapacityError as exc:
-        st.error(str(exc))
+            return simulate(card, gpu, engine, workload, 0, profile)
+
+    views = {"Memory": lambda: memory_view(b, table),
+             "Trade-offs": lambda: tradeoff_view(card, gpu, engine, workload, slo, profile, base_run()),
+             "Latency": lambda: latency_view(base_run()),
+             "Timeline": lambda: timeline_view(base_run()),
+             "A/B": lambda: ab_view(card, gpu, engine, workload, profile, base_run()),
+             "Disaggregated": lambda: disagg_view(card, gpu, engine, workload, profile),
+             "Autoscale": lambda: (fleet_day_view(), autoscale_view(card, gpu, engine, workload, slo, profile, price)),
+             "Plan & export": lambda: plan_and_export(card, gpu, engine, workload, slo, profile, price)}
+    for name, tab in zip(TABS, tabs):
+        if tab.open:
+            with tab:
+                try:
+                    views[name]()
+                except CapacityError as exc:
+                    st.error(str(exc))
 
 
 main()

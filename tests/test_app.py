@@ -15,6 +15,14 @@ def metrics(at) -> dict:
     return {m.label: m.value for m in at.metric}
 
 
+def open_tab(at, name: str):
+    """Switch the dashboard's tabs to `name` and rerun: the tabs are lazy, only the open one runs."""
+    at.session_state["tab"] = name
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def widget(at, kind: str, label: str):
     found = [w for w in getattr(at.sidebar, kind) if w.label == label]
     assert len(found) == 1, f"no single {kind} labelled {label!r}"
@@ -45,9 +53,10 @@ def library(sc: dict):
 
 def assert_shows_library(at) -> None:
     b, res = library(shown_scenario(at))
-    m = metrics(at)
+    m = metrics(open_tab(at, "Memory"))
     assert m["KV tokens"] == f"{b.kv_tokens:,}" and m["KV blocks"] == f"{b.num_blocks:,}"
     assert m["Max concurrency at max_model_len"] == f"{b.max_concurrency:.1f}"
+    m = metrics(open_tab(at, "Latency"))
     assert m["P99 TTFT (ms)"] == f"{res.summary.ttft_s.p99 * 1e3:.1f}"
     assert m["P99 TPOT (ms)"] == f"{res.summary.tpot_s.p99 * 1e3:.2f}"
     assert m["load / capacity"] == f"{res.offered_rate_per_s / res.capacity.req_per_s:.0%}"  # `capacity simulate`'s
@@ -140,6 +149,7 @@ def test_ab_tab_compares_engines():
     """B = the same scenario on TensorRT-LLM: its sizes come from its own rules (no vLLM utilisation or block
     size), and the shown B figures are the library's run of that scenario."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "A/B")
     next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("engine").run()
     next(w for w in at.selectbox if w.label == "B: engine").set_value("trtllm").run()
     assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
@@ -191,6 +201,7 @@ def test_ab_tab_compares_two_configurations_as_the_cli_does():
     """The A/B tab: B = the sidebar's scenario with max_num_seqs 16; the figures shown are capacity compare's on the
     library's own two runs of that scenario (same seed: paired requests)."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "A/B")
     next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("max_num_seqs").run()
     next(w for w in at.selectbox if w.label == "B: max_num_seqs").set_value(16).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -225,6 +236,7 @@ def hand_day_report() -> dict:
 
 def test_fleet_day_report_shows_its_own_figures():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "Autoscale")
     box = next(w for w in at.text_area if w.key == "day_text")
     box.set_value(json.dumps(hand_day_report())).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -248,6 +260,7 @@ def test_disaggregated_tab_shows_the_pipelines_figures():
     from capacity.workload import WorkloadSpec
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "Disaggregated")
     assert not [d for d in at.dataframe if "layout" in d.value.columns and "GPUs" in d.value.columns]  # off
     next(w for w in at.toggle if w.label == "simulate this layout").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -281,6 +294,7 @@ def test_plan_tab_shows_the_plans_notes():
     last."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     next(s for s in at.select_slider if s.label == "requests simulated").set_value(300).run()  # the notes, sooner
+    open_tab(at, "Plan & export")
     next(b for b in at.button if b.label == "Run the plan").click().run()
     assert not at.exception, [e.value for e in at.exception]
     shown = [c.value.removeprefix("plan note: ") for c in at.caption if c.value.startswith("plan note: ")]
@@ -293,6 +307,7 @@ def test_plan_tab_shows_the_plans_notes():
     assert not at.exception, [e.value for e in at.exception]
     again = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     next(s for s in again.select_slider if s.label == "requests simulated").set_value(300).run()
+    open_tab(again, "Plan & export")
     next(b for b in again.button if b.label == "Run the plan").click().run()
     assert not again.exception, [e.value for e in again.exception]
     assert [c.value for c in again.caption if c.value.startswith("plan note: ")] == \
