@@ -399,6 +399,7 @@ AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
     "gpu_memory_utilization": [0.7, 0.8, 0.85, 0.9, 0.95],
     "engine": ["vllm", "sglang", "trtllm"],
 }
+AB_DEFAULTS = {"max_num_seqs": 32}  # B's first offer: a smaller batch that still serves the default load (8 saturates)
 VLLM_ONLY = ("gpu_memory_utilization", "block_size")  # sidebar settings the other engines size by their own rules
 
 
@@ -419,7 +420,9 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
     c1, c2 = st.columns(2)
     knob = c1.selectbox("setting to change (B)", list(AB_KNOBS), key="ab_knob")
     options = [v for v in AB_KNOBS[knob] if v != engine.get(knob)]
-    value = c2.selectbox(f"B: {knob}", options, key="ab_value")
+    default = AB_DEFAULTS.get(knob)
+    value = c2.selectbox(f"B: {knob}", options, index=options.index(default) if default in options else 0,
+                         key=f"ab_value_{knob}")
     eng_b = {**engine, knob: value}
     if knob == "engine" and not str(value).startswith("vllm"):  # B is sized by its own engine's rules
         eng_b = {k: v for k, v in eng_b.items() if k not in VLLM_ONLY}
@@ -432,13 +435,20 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
     if min(len(a.sent), len(b.sent)) < 10:
         st.info("too few finished requests to compare")
         return
-    rows = [{"metric": c.metric, "A": round(c.a, 2), "B": round(c.b, 2), "B/A-1": f"{c.change:+.1%}",
-             "95% interval": f"[{c.low:+.1%}, {c.high:+.1%}]" if c.low == c.low else "", "verdict": c.verdict}
-            for c in compare(a, b, resamples=1000)]
-    st.dataframe(rows, width="stretch")
-    st.plotly_chart(cdf_figure(a, b, (f"A: {knob} {engine.get(knob)}", f"B: {knob} {value}")), width="stretch")
-    st.caption("ms; throughput in output tokens/s; "
-               "the same comparison from the CLI: simulate --save-run a.json / b.json, then capacity compare a b")
+    from capacity.io.dashboard import ab_rows, legend_below, saturated_label
+
+    sat = saturated_label(sim_a["saturated"], sim_b["saturated"])
+    if sat:  # a saturated run has no steady state: its P99s grow with the run, its TPOT is that of fewer requests
+        st.warning(f"{sat} saturated: requests were still waiting when the run ended, so its latencies depend on "
+                   "the run's length; the comparison shows these runs, not a steady state. "
+                   + " ".join(f"{n}: {d['saturation']}" for n, d in (("A", sim_a), ("B", sim_b))
+                              if d["saturated"] and d["saturation"]))
+    st.dataframe(ab_rows(compare(a, b, resamples=1000), sim_a["saturated"], sim_b["saturated"]), width="stretch")
+    st.plotly_chart(legend_below(cdf_figure(a, b, (f"A: {knob} {engine.get(knob)}", f"B: {knob} {value}"))),
+                    width="stretch")
+    st.caption("ms; throughput in output tokens/s; B vs A: a percentage from -50% to +100%, else a factor (x12: "
+               "twelve times A); the same comparison from the CLI: simulate --save-run a.json / b.json, then "
+               "capacity compare a b")
 
 
 @st.cache_data(show_spinner=False)

@@ -2,6 +2,7 @@
 ran (read from the app, never copied into this test), edits update them, settings reach the run pipeline, and a
 bad card is an error box, not a trace. Widgets are found by their label, not their position."""
 import json
+import re
 
 import pytest
 
@@ -211,9 +212,22 @@ def test_ab_tab_compares_two_configurations_as_the_cli_does():
     shown = {row["metric"]: row for _, row in table.iterrows()}
     sc = shown_scenario(at)
     want = library_comparison(sc, sc["engine"], {**sc["engine"], "max_num_seqs": 16})
+    b_saturated = library({**sc, "engine": {**sc["engine"], "max_num_seqs": 16}})[1].sim.saturated
     for m in ("p99_ttft", "mean_tpot", "throughput"):
         assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
-        assert shown[m]["verdict"] == want[m].verdict
+        assert shown[m]["verdict"] == want[m].verdict + (" (B saturated)" if b_saturated else "")
+    assert any("saturated" in w.value for w in at.warning) == b_saturated
+
+
+def test_ab_tab_default_b_serves_the_load():
+    """Issue 48: the default B (max_num_seqs 8) saturated and read as '+176,738%' TTFT with a 'better' TPOT. The
+    default B is now max_num_seqs 32, which serves the default load: no saturation flag, changes as percentages."""
+    at = open_tab(AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run(), "A/B")
+    assert next(w for w in at.selectbox if w.label == "B: max_num_seqs").value == 32
+    assert not at.error and not [w for w in at.warning if "saturated" in w.value]
+    table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    assert not any("saturated" in v for v in table["verdict"])
+    assert all(re.fullmatch(r"[+-][0-9.]+%|x[0-9.,]+", v) for v in table["B vs A"])  # no "+176,738%"
 
 
 def hand_day_report() -> dict:
