@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from capacity.errors import CapacityError
+from capacity.io.dashboard import SharedStore, ab_rows, legend_below, load_levels, saturated_label
 
 ROOT = Path(__file__).resolve().parent
 MAX_UPLOAD_BYTES = 1_000_000  # a card or config.json is a few KB
@@ -89,8 +90,6 @@ def sim_points(card: dict, gpu: str, engines: list[dict], workloads: list[dict],
 @st.cache_resource(show_spinner=False)
 def plan_store():
     """Finished plans (plain data) shared by every session of this process: see capacity.io.dashboard.SharedStore."""
-    from capacity.io.dashboard import SharedStore
-
     return SharedStore(max_entries=32)
 
 
@@ -243,8 +242,9 @@ def memory_view(b: dict, table: list[dict]):
     for name, key in (("weights", "weights_bytes"), ("activations", "activation_bytes"),
                       ("non-torch", "non_torch_bytes"), ("CUDA graphs", "cuda_graph_bytes"), ("KV cache", "kv_budget_bytes")):
         fig.add_bar(name=name, x=[b[key] / g], y=[b["gpu"]], orientation="h")
-    fig.update_layout(barmode="stack", height=240, xaxis_title="GiB per rank", margin=dict(t=40, b=10),
+    fig.update_layout(barmode="stack", height=280, xaxis=dict(title="GiB per rank", type="linear"), margin=dict(t=40),
                       title=f"Memory per rank: {b['usable_bytes'] / g:,.1f} GiB usable of {b['total_bytes'] / g:,.1f} GiB")
+    legend_below(fig, 40)
     st.plotly_chart(fig, width="stretch")
     st.caption("Batch x context: KV needed and whether it fits (paged blocks)")
     st.dataframe([{"batch": r["batch"], "context": r["context"], "KV GiB": round(r["kv_bytes"] / g, 2),
@@ -282,16 +282,17 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile, sim: dict):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("P99 TTFT vs max batch (ms)", "P99 TPOT vs max batch (ms)"))
     for col, (metric, key) in enumerate((("ttft", "ttft_s"), ("tpot", "tpot_s")), 1):
         ys = [None if r.saturated else getattr(r, metric).p99 * 1e3 for r in res]
-        fig.add_scatter(x=[str(s) for s in seqs], y=ys, mode="lines+markers", name=f"P99 {metric.upper()}",
+        fig.add_scatter(x=seqs, y=ys, mode="lines+markers", name=f"P99 {metric.upper()}",
                         row=1, col=col, line_shape="linear")
         fig.add_hline(y=slo[key] * 1e3, line_dash="dash", line_color="red", row=1, col=col,
                       annotation_text="SLO", annotation_position="top right")
-        sat = [str(s) for s, r in zip(seqs, res) if r.saturated]
+        sat = [s for s, r in zip(seqs, res) if r.saturated]
         if sat:
             fig.add_scatter(x=sat, y=[slo[key] * 1e3] * len(sat), mode="markers+text", text=["saturated"] * len(sat),
                             textposition="top center", marker_symbol="x", marker_color="red", showlegend=False,
                             row=1, col=col)
-    fig.update_xaxes(title_text="max_num_seqs", type="category")
+    fig.update_xaxes(title_text="max_num_seqs", type="log", tickvals=seqs, ticktext=[str(s) for s in seqs])
+    fig.update_yaxes(type="linear", rangemode="tozero")
     fig.update_layout(height=320, showlegend=False, margin=dict(t=40))
     st.plotly_chart(fig, width="stretch")
     # the trade-off users face: the context their requests carry against the batch cap
@@ -326,19 +327,28 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile, sim: dict):
                      xaxis_title="tokens per request (prompt + output)", yaxis_title="max_num_seqs",
                      xaxis=dict(type="category"), yaxis=dict(type="category"), margin=dict(t=60))
     st.plotly_chart(hm, width="stretch")
-    # throughput vs P99 as load rises
-    rate = workload["arrivals"]["rate_per_s"]
-    rates = [rate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)]
+    # throughput vs P99 as load rises: up to 110% of the replica's capacity (the closed-loop rate `capacity
+    # simulate` checks against), past the knee; the saturated points are drawn and marked, not dropped
+    cap = (sim.get("capacity") or {}).get("capacity_req_per_s")
+    rates = load_levels(cap, workload["arrivals"]["rate_per_s"])
     with st.spinner("simulating load levels..."):
         curve = sim_points(card, gpu, [engine] * len(rates),
                            [{**wl, "arrivals": {**workload["arrivals"], "rate_per_s": x}} for x in rates], profile)
-    pts = [(c.tokens_per_s, c.ttft.p99 * 1e3) for c in curve if not c.saturated and c.ttft.n]
-    fig = go.Figure(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers",
-                               text=[f"{x:.2f} req/s" for x in rates[:len(pts)]]))
+    pts = [(x, c) for x, c in zip(rates, curve) if c.ttft.n]
+    fig = go.Figure()
+    fig.add_scatter(x=[c.tokens_per_s for _, c in pts], y=[c.ttft.p99 * 1e3 for _, c in pts], mode="lines+markers",
+                    name="P99 TTFT", hovertext=[f"{x:.2f} req/s" + (f" ({x / cap:.0%} of capacity)" if cap else "")
+                                                for x, _ in pts])
+    sat = [(x, c) for x, c in pts if c.saturated]
+    if sat:
+        fig.add_scatter(x=[c.tokens_per_s for _, c in sat], y=[c.ttft.p99 * 1e3 for _, c in sat], mode="markers",
+                        marker=dict(symbol="x", size=11, color="red"), name="saturated (P99 grows with the run)")
     fig.add_hline(y=slo["ttft_s"] * 1e3, line_dash="dash", line_color="red", annotation_text="SLO")
-    fig.update_layout(title="Throughput vs P99 TTFT as the load rises (one replica)", height=300,
-                      xaxis_title="output tokens/s", yaxis_title="P99 TTFT (ms)", margin=dict(t=50))
-    st.plotly_chart(fig, width="stretch")
+    top = f"{rates[-1]:.3g} req/s, 110% of the capacity" if cap else f"{rates[-1]:.3g} req/s"
+    fig.update_layout(title=f"Throughput vs P99 TTFT as the load rises (one replica, up to {top})", height=340,
+                      xaxis=dict(title="output tokens/s", type="linear"),
+                      yaxis=dict(title="P99 TTFT (ms, log)", type="log"), margin=dict(t=50))
+    st.plotly_chart(legend_below(fig), width="stretch")
 
 
 def latency_view(sim: dict):
@@ -360,8 +370,9 @@ def latency_view(sim: dict):
         x = np.sort(np.array(sim[key], dtype=float))
         x = x[~np.isnan(x)] * 1e3
         fig.add_scatter(x=x, y=np.arange(1, len(x) + 1) / max(1, len(x)), name=key.upper(), mode="lines")
-    fig.update_layout(height=300, xaxis=dict(title="ms", type="log"), yaxis_title="CDF", margin=dict(t=10))
-    st.plotly_chart(fig, width="stretch")
+    fig.update_layout(height=320, xaxis=dict(title="ms", type="log"), yaxis=dict(title="CDF", type="linear"),
+                      margin=dict(t=10))
+    st.plotly_chart(legend_below(fig), width="stretch")
     rows = []
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queue_wait_s", "queue wait")):
@@ -386,9 +397,13 @@ def timeline_view(sim: dict):
     fig.add_scatter(x=ts[:, 0], y=ts[:, 2], name="running batch", mode="lines")
     fig.add_scatter(x=ts[:, 0], y=ts[:, 3] / max(1, sim["num_blocks"]) * 100, name="KV used (%)", mode="lines",
                     yaxis="y2")
-    fig.update_layout(height=340, xaxis_title="simulated time (s)", yaxis_title="requests",
-                      yaxis2=dict(title="KV %", overlaying="y", side="right", range=[0, 100]), margin=dict(t=10))
-    st.plotly_chart(fig, width="stretch")
+    # every axis numeric with its own ticks: Streamlit's plotly theme syncs an overlaying axis's ticks to the first
+    # axis's grid (tickmode "sync"), which labelled KV % 5 / 25.9 / 46.9
+    fig.update_layout(height=360, xaxis=dict(title="simulated time (s)", type="linear"),
+                      yaxis=dict(title="requests", type="linear", rangemode="tozero"),
+                      yaxis2=dict(title="KV used (%)", overlaying="y", side="right", range=[0, 100], type="linear",
+                                  tickmode="linear", tick0=0, dtick=20, showgrid=False), margin=dict(t=40))
+    st.plotly_chart(legend_below(fig), width="stretch")
 
 
 AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
@@ -435,8 +450,6 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
     if min(len(a.sent), len(b.sent)) < 10:
         st.info("too few finished requests to compare")
         return
-    from capacity.io.dashboard import ab_rows, legend_below, saturated_label
-
     sat = saturated_label(sim_a["saturated"], sim_b["saturated"])
     if sat:  # a saturated run has no steady state: its P99s grow with the run, its TPOT is that of fewer requests
         st.warning(f"{sat} saturated: requests were still waiting when the run ended, so its latencies depend on "
@@ -673,13 +686,16 @@ def autoscale_figure(rep: dict, curve: dict) -> go.Figure:
         fig.add_scatter(x=[0, end / 60], y=[slo * 1e3] * 2, name="SLO P99 TTFT", yaxis="y2", mode="lines",
                         line=dict(color="#d62728", dash="dash", width=1))
     fig.update_layout(
-        height=420, margin=dict(t=30, l=50, r=10), legend=dict(orientation="h", y=-0.18),
-        xaxis=dict(title="simulated time (min)", domain=[0.1, 0.92]),
-        yaxis=dict(title="replicas", rangemode="tozero", dtick=1 if reps["max"] <= 12 else None),
-        yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", type="log", showgrid=False),
-        yaxis3=dict(title="req/s", overlaying="y", side="left", anchor="free", position=0.0, rangemode="tozero",
-                    showgrid=False))
-    return fig
+        height=460, margin=dict(t=30, l=50, r=10),
+        xaxis=dict(title="simulated time (min)", domain=[0.1, 0.92], type="linear"),
+        yaxis=dict(title="replicas", type="linear", rangemode="tozero", dtick=1 if reps["max"] <= 12 else None),
+        # the overlaying axes: numeric, with their own ticks (tickmode auto), not synced to the replicas' grid
+        # (Streamlit's theme syncs them: the P99 axis read 3 / 122.262 / 4 / 1)
+        yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", type="log", tickmode="auto",
+                    showgrid=False),
+        yaxis3=dict(title="req/s", overlaying="y", side="left", anchor="free", position=0.0, type="linear",
+                    rangemode="tozero", tickmode="auto", showgrid=False))
+    return legend_below(fig)
 
 
 MAX_DAY_REPORT_BYTES = 16 << 20
