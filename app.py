@@ -26,10 +26,10 @@ st.set_page_config(page_title="capacity: LLM serving what-if", layout="wide")
 @st.cache_data(show_spinner=False)
 def load_card(source: str, text: str | None):
     from capacity.files import validate
-    from capacity.model.card import ModelCard, from_hf_config, load_model_card, resolve_model_path
+    from capacity.model.card import ModelCard, from_hf_config, load_named_card
 
-    if text is None:
-        return load_model_card(resolve_model_path(source)).model_dump()
+    if text is None:  # a bundled card's name, a path or a Hugging Face id (a checkpoint's id: its format)
+        return load_named_card(source).model_dump()
     if len(text) > MAX_UPLOAD_BYTES:
         raise CapacityError(f"{source}: {len(text):,} bytes is more than the {MAX_UPLOAD_BYTES:,} a model card may be")
     from capacity.files import parse_text
