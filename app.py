@@ -908,22 +908,25 @@ def headline_view(h: dict, per: dict | None, gpu: str, slo: dict, workload: dict
 
 
 TABS = ("Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale", "Plan & export")
-# Widgets of the tabs keep their values while their tab is hidden (Streamlit drops the state of a widget a run
-# does not draw, and a lazy tab draws nothing): these keys are re-set at the top of each run. File uploads and
-# buttons cannot be set that way and are left out.
-KEPT_PREFIXES = ("ab_", "dis_", "as_", "day_")
+# Widgets of the tabs keep their values while their tab is hidden: Streamlit drops the state of a widget a run
+# does not draw, and a lazy tab draws nothing, so at the top of each run the keys of the hidden tabs' widgets are
+# set to their own values (the open tab's are left alone: setting a drawn widget's key logs a warning). File
+# uploads cannot be set that way and are left out (buttons have no lasting value).
+KEPT = {"ab_": "A/B", "dis_": "Disaggregated", "as_": "Autoscale", "day_": "Autoscale"}  # key prefix -> its tab
 NOT_SETTABLE = ("as_curve_file", "day_file")
 
 
-def keep_tab_widgets() -> None:
-    for k in [k for k in st.session_state if isinstance(k, str) and k.startswith(KEPT_PREFIXES)]:
-        if k not in NOT_SETTABLE:
+def keep_hidden_tab_widgets() -> None:
+    open_tab = st.session_state.get("tab", TABS[0])
+    for k in [k for k in st.session_state if isinstance(k, str) and k not in NOT_SETTABLE]:
+        tab = next((t for prefix, t in KEPT.items() if k.startswith(prefix)), None)
+        if tab is not None and tab != open_tab:
             st.session_state[k] = st.session_state[k]
 
 
 def main():
     st.title("capacity: GPUs, latency and cost of an LLM deployment")
-    keep_tab_widgets()
+    keep_hidden_tab_widgets()
     try:
         card, gpu, engine, workload, slo, profile, price = sidebar()
         b, table = memory_budget(card, gpu, engine)

@@ -232,6 +232,10 @@ def test_ab_tab_default_b_serves_the_load():
     table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
     assert not any("saturated" in v for v in table["verdict"])
     assert all(re.fullmatch(r"[+-][0-9.]+%|x[0-9.,]+", v) for v in table["B vs A"])  # no "+176,738%"
+    # the tabs are lazy, yet a hidden tab's widgets keep their values
+    next(w for w in at.selectbox if w.label == "B: max_num_seqs").set_value(64).run()
+    open_tab(open_tab(at, "Memory"), "A/B")
+    assert next(w for w in at.selectbox if w.label == "B: max_num_seqs").value == 64
 
 
 def hand_day_report() -> dict:
