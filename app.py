@@ -293,7 +293,7 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile, sim: dict):
                             row=1, col=col)
     fig.update_xaxes(title_text="max_num_seqs", type="log", tickvals=seqs, ticktext=[str(s) for s in seqs])
     fig.update_yaxes(type="linear", rangemode="tozero")
-    fig.update_layout(height=320, showlegend=False, margin=dict(t=40))
+    fig.update_layout(height=340, showlegend=False, margin=dict(t=60))  # titles clear of the mode bar
     st.plotly_chart(fig, width="stretch")
     # the trade-off users face: the context their requests carry against the batch cap
     with st.spinner("simulating the context trade-off..."):
@@ -344,7 +344,7 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile, sim: dict):
         fig.add_scatter(x=[c.tokens_per_s for _, c in sat], y=[c.ttft.p99 * 1e3 for _, c in sat], mode="markers",
                         marker=dict(symbol="x", size=11, color="red"), name="saturated (P99 grows with the run)")
     fig.add_hline(y=slo["ttft_s"] * 1e3, line_dash="dash", line_color="red", annotation_text="SLO")
-    top = f"{rates[-1]:.3g} req/s, 110% of the capacity" if cap else f"{rates[-1]:.3g} req/s"
+    top = f"{rates[-1]:.3g} req/s, {rates[-1] / cap:.0%} of the capacity" if cap else f"{rates[-1]:.3g} req/s"
     fig.update_layout(title=f"Throughput vs P99 TTFT as the load rises (one replica, up to {top})", height=340,
                       xaxis=dict(title="output tokens/s", type="linear"),
                       yaxis=dict(title="P99 TTFT (ms, log)", type="log"), margin=dict(t=50))
@@ -938,31 +938,37 @@ def main():
         # scenario file to get the same numbers from the CLI or the library
         st.code(json.dumps({"scenario": {"model": card, "gpu": gpu, "engine": engine, "workload": workload,
                                          "profile": profile, "seed": 0}}, indent=1), language="json")
-    try:
-        with st.spinner("finding the max rate per replica..."):
-            h = headline(card, gpu, engine, workload, slo, profile, price)
-            per = (simulate(card, gpu, engine, replica_workload(workload, h["replicas"]), 0, profile)
-                   if h["feasible"] else None)
-        headline_view(h, per, gpu, slo, workload)
-    except CapacityError as exc:
-        st.error(str(exc))
+    # the header's place comes first, but the tabs and the Memory tab (no simulation) are drawn before its rate
+    # search runs, so the page is usable while the answer is computed
+    head = st.container()
     # lazy tabs: only the open tab runs (switching tabs reruns the script), so the first paint waits for the
     # header and the Memory tab only, not for every tab's simulations
     tabs = st.tabs(list(TABS), key="tab", on_change="rerun")
+    if tabs[0].open:
+        with tabs[0]:
+            memory_view(b, table)
+    with head:
+        try:
+            with st.spinner("finding the max rate per replica..."):
+                h = headline(card, gpu, engine, workload, slo, profile, price)
+                per = (simulate(card, gpu, engine, replica_workload(workload, h["replicas"]), 0, profile)
+                       if h["feasible"] else None)
+            headline_view(h, per, gpu, slo, workload)
+        except CapacityError as exc:
+            st.error(str(exc))
 
     def base_run() -> dict:  # the sidebar's scenario, one replica, seed 0 (cached: one run for every tab)
         with st.spinner("simulating..."):
             return simulate(card, gpu, engine, workload, 0, profile)
 
-    views = {"Memory": lambda: memory_view(b, table),
-             "Trade-offs": lambda: tradeoff_view(card, gpu, engine, workload, slo, profile, base_run()),
+    views = {"Trade-offs": lambda: tradeoff_view(card, gpu, engine, workload, slo, profile, base_run()),
              "Latency": lambda: latency_view(base_run()),
              "Timeline": lambda: timeline_view(base_run()),
              "A/B": lambda: ab_view(card, gpu, engine, workload, profile, base_run()),
              "Disaggregated": lambda: disagg_view(card, gpu, engine, workload, profile),
              "Autoscale": lambda: (fleet_day_view(), autoscale_view(card, gpu, engine, workload, slo, profile, price)),
              "Plan & export": lambda: plan_and_export(card, gpu, engine, workload, slo, profile, price)}
-    for name, tab in zip(TABS, tabs):
+    for name, tab in zip(TABS[1:], tabs[1:]):
         if tab.open:
             with tab:
                 try:
