@@ -938,37 +938,33 @@ def main():
         # scenario file to get the same numbers from the CLI or the library
         st.code(json.dumps({"scenario": {"model": card, "gpu": gpu, "engine": engine, "workload": workload,
                                          "profile": profile, "seed": 0}}, indent=1), language="json")
-    # the header's place comes first, but the tabs and the Memory tab (no simulation) are drawn before its rate
-    # search runs, so the page is usable while the answer is computed
-    head = st.container()
+    # the answer first: the header is computed before the tabs (drawing the Memory tab first delayed it by the
+    # chart's and table's serialisation, and on a busy machine the browser showed both at once anyway)
+    try:
+        with st.spinner("finding the max rate per replica..."):
+            h = headline(card, gpu, engine, workload, slo, profile, price)
+            per = (simulate(card, gpu, engine, replica_workload(workload, h["replicas"]), 0, profile)
+                   if h["feasible"] else None)
+        headline_view(h, per, gpu, slo, workload)
+    except CapacityError as exc:
+        st.error(str(exc))
     # lazy tabs: only the open tab runs (switching tabs reruns the script), so the first paint waits for the
     # header and the Memory tab only, not for every tab's simulations
     tabs = st.tabs(list(TABS), key="tab", on_change="rerun")
-    if tabs[0].open:
-        with tabs[0]:
-            memory_view(b, table)
-    with head:
-        try:
-            with st.spinner("finding the max rate per replica..."):
-                h = headline(card, gpu, engine, workload, slo, profile, price)
-                per = (simulate(card, gpu, engine, replica_workload(workload, h["replicas"]), 0, profile)
-                       if h["feasible"] else None)
-            headline_view(h, per, gpu, slo, workload)
-        except CapacityError as exc:
-            st.error(str(exc))
 
     def base_run() -> dict:  # the sidebar's scenario, one replica, seed 0 (cached: one run for every tab)
         with st.spinner("simulating..."):
             return simulate(card, gpu, engine, workload, 0, profile)
 
-    views = {"Trade-offs": lambda: tradeoff_view(card, gpu, engine, workload, slo, profile, base_run()),
+    views = {"Memory": lambda: memory_view(b, table),
+             "Trade-offs": lambda: tradeoff_view(card, gpu, engine, workload, slo, profile, base_run()),
              "Latency": lambda: latency_view(base_run()),
              "Timeline": lambda: timeline_view(base_run()),
              "A/B": lambda: ab_view(card, gpu, engine, workload, profile, base_run()),
              "Disaggregated": lambda: disagg_view(card, gpu, engine, workload, profile),
              "Autoscale": lambda: (fleet_day_view(), autoscale_view(card, gpu, engine, workload, slo, profile, price)),
              "Plan & export": lambda: plan_and_export(card, gpu, engine, workload, slo, profile, price)}
-    for name, tab in zip(TABS[1:], tabs[1:]):
+    for name, tab in zip(TABS, tabs):
         if tab.open:
             with tab:
                 try:

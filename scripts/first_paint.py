@@ -2,7 +2,7 @@
 
 Starts `streamlit run` on a free local port with the disk cache off (a cold start, as a new deployment sees it),
 opens the page in headless Chromium (Selenium, Debian's chromium + chromium-driver) and prints the seconds from the
-request to (1) the title, (2) the Memory tab's KV tokens, (3) the header's answer ("GPUs needed") and (4) the whole page idle (no spinner, no running widget),
+request to (1) the title, (2) the Memory tab's KV tokens, (3) the header's answer ("GPUs needed") and (4) the whole page idle (the script run over, no spinner),
 and the host's CPU, since the figures depend on it. One run; repeat it for a spread.
 """
 from __future__ import annotations
@@ -71,8 +71,10 @@ def main(app: str) -> None:
                     memory = time.perf_counter() - t0
                 if header is None and "GPUs needed" in labels:
                     header = time.perf_counter() - t0
-                busy = drv.find_elements(By.CSS_SELECTOR, '[data-testid="stSpinner"], [data-testid="stStatusWidget"]')
-                if header is not None and not busy:
+                # the script run is over (Streamlit's own flag on the app's root) and nothing spins
+                done = drv.find_elements(By.CSS_SELECTOR, '[data-test-script-state="notRunning"]')
+                busy = drv.find_elements(By.CSS_SELECTOR, '[data-testid="stSpinner"]')
+                if header is not None and done and not busy:
                     idle = time.perf_counter() - t0
                     break
                 time.sleep(0.2)

@@ -193,12 +193,21 @@ def _no_error_box(drv, where: str) -> None:
 def _click_every_button(drv, where: str) -> list[str]:
     """Click each button of the open tab once, including those a click reveals (a run's download buttons), and
     wait for the page after each; the labels clicked, in order."""
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
+
+    def unclicked():
+        for _ in range(5):  # a rerun may replace a button between finding it and reading it
+            try:
+                return [b for b in drv.find_elements(By.CSS_SELECTOR, BUTTONS)
+                        if b.is_displayed() and b.text.strip() and b.text.strip() not in clicked]
+            except StaleElementReferenceException:
+                time.sleep(1)
+        pytest.fail(f"{where}: the buttons kept changing")
 
     clicked: list[str] = []
     while True:
-        todo = [b for b in drv.find_elements(By.CSS_SELECTOR, BUTTONS)
-                if b.is_displayed() and b.text.strip() and b.text.strip() not in clicked]
+        todo = unclicked()
         if not todo:
             return clicked
         label = todo[0].text.strip()
