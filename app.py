@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from capacity.errors import CapacityError
+from capacity.io.dashboard import SharedStore, ab_rows, legend_below, load_levels, saturated_label
 
 ROOT = Path(__file__).resolve().parent
 MAX_UPLOAD_BYTES = 1_000_000  # a card or config.json is a few KB
@@ -25,10 +26,10 @@ st.set_page_config(page_title="capacity: LLM serving what-if", layout="wide")
 @st.cache_data(show_spinner=False)
 def load_card(source: str, text: str | None):
     from capacity.files import validate
-    from capacity.model.card import ModelCard, from_hf_config, load_model_card, resolve_model_path
+    from capacity.model.card import ModelCard, from_hf_config, load_named_card
 
-    if text is None:
-        return load_model_card(resolve_model_path(source)).model_dump()
+    if text is None:  # a bundled card's name, a path or a Hugging Face id (a checkpoint's id: its format)
+        return load_named_card(source).model_dump()
     if len(text) > MAX_UPLOAD_BYTES:
         raise CapacityError(f"{source}: {len(text):,} bytes is more than the {MAX_UPLOAD_BYTES:,} a model card may be")
     from capacity.files import parse_text
@@ -86,18 +87,31 @@ def sim_points(card: dict, gpu: str, engines: list[dict], workloads: list[dict],
     return [run_task(SimTask(card, gpu, e, w, 0, profile=profile)) for e, w in zip(engines, workloads)]
 
 
-@st.cache_data(show_spinner=False)
-def full_plan(scenario: dict, card: dict, _progress=None):
+@st.cache_resource(show_spinner=False)
+def plan_store():
+    """Finished plans (plain data) shared by every session of this process: see capacity.io.dashboard.SharedStore."""
+    return SharedStore(max_entries=32)
+
+
+def full_plan(scenario: dict, card: dict, progress=None) -> dict:
+    """The plan as `capacity plan --json` writes it. Not st.cache_data: `progress` draws into a bar of the calling
+    run, and a cached call would replay that bar into a block of another run (CacheReplayClosureError on every
+    cache hit). A plan found in plan_store() is returned as it is; else it is computed here, uncached, and kept."""
+    store = plan_store()
+    key = store.key(scenario, card)
+    found = store.get(key)
+    if found is not None:
+        return found
+    from capacity.files import strict_json
     from capacity.model.card import ModelCard
     from capacity.plan.executors import SerialExecutor
     from capacity.plan.planner import Scenario, make_plan
 
     ex = SerialExecutor(cache=True)
-    ex.on_task = _progress
-    p = make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), ex)
-    from capacity.files import strict_json
-
-    return strict_json(p.as_dict())
+    ex.on_task = progress
+    p = strict_json(make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), ex).as_dict())
+    store.put(key, p)
+    return p
 
 
 # ---- inputs --------------------------------------------------------------------------------------------
@@ -228,8 +242,9 @@ def memory_view(b: dict, table: list[dict]):
     for name, key in (("weights", "weights_bytes"), ("activations", "activation_bytes"),
                       ("non-torch", "non_torch_bytes"), ("CUDA graphs", "cuda_graph_bytes"), ("KV cache", "kv_budget_bytes")):
         fig.add_bar(name=name, x=[b[key] / g], y=[b["gpu"]], orientation="h")
-    fig.update_layout(barmode="stack", height=240, xaxis_title="GiB per rank", margin=dict(t=40, b=10),
+    fig.update_layout(barmode="stack", height=280, xaxis=dict(title="GiB per rank", type="linear"), margin=dict(t=40),
                       title=f"Memory per rank: {b['usable_bytes'] / g:,.1f} GiB usable of {b['total_bytes'] / g:,.1f} GiB")
+    legend_below(fig, 40)
     st.plotly_chart(fig, width="stretch")
     st.caption("Batch x context: KV needed and whether it fits (paged blocks)")
     st.dataframe([{"batch": r["batch"], "context": r["context"], "KV GiB": round(r["kv_bytes"] / g, 2),
@@ -254,7 +269,7 @@ def context_map(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, p
     return [c.__dict__ for c in planner.context_frontier(engine["tensor_parallel_size"])]
 
 
-def tradeoff_view(card, gpu, engine, workload, slo, profile):
+def tradeoff_view(card, gpu, engine, workload, slo, profile, sim: dict):
     from plotly.subplots import make_subplots
 
     seqs = [16, 32, 64, 128, 256, 512]
@@ -267,17 +282,18 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile):
     fig = make_subplots(rows=1, cols=2, subplot_titles=("P99 TTFT vs max batch (ms)", "P99 TPOT vs max batch (ms)"))
     for col, (metric, key) in enumerate((("ttft", "ttft_s"), ("tpot", "tpot_s")), 1):
         ys = [None if r.saturated else getattr(r, metric).p99 * 1e3 for r in res]
-        fig.add_scatter(x=[str(s) for s in seqs], y=ys, mode="lines+markers", name=f"P99 {metric.upper()}",
+        fig.add_scatter(x=seqs, y=ys, mode="lines+markers", name=f"P99 {metric.upper()}",
                         row=1, col=col, line_shape="linear")
         fig.add_hline(y=slo[key] * 1e3, line_dash="dash", line_color="red", row=1, col=col,
                       annotation_text="SLO", annotation_position="top right")
-        sat = [str(s) for s, r in zip(seqs, res) if r.saturated]
+        sat = [s for s, r in zip(seqs, res) if r.saturated]
         if sat:
             fig.add_scatter(x=sat, y=[slo[key] * 1e3] * len(sat), mode="markers+text", text=["saturated"] * len(sat),
                             textposition="top center", marker_symbol="x", marker_color="red", showlegend=False,
                             row=1, col=col)
-    fig.update_xaxes(title_text="max_num_seqs", type="category")
-    fig.update_layout(height=320, showlegend=False, margin=dict(t=40))
+    fig.update_xaxes(title_text="max_num_seqs", type="log", tickvals=seqs, ticktext=[str(s) for s in seqs])
+    fig.update_yaxes(type="linear", rangemode="tozero")
+    fig.update_layout(height=340, showlegend=False, margin=dict(t=60))  # titles clear of the mode bar
     st.plotly_chart(fig, width="stretch")
     # the trade-off users face: the context their requests carry against the batch cap
     with st.spinner("simulating the context trade-off..."):
@@ -311,19 +327,28 @@ def tradeoff_view(card, gpu, engine, workload, slo, profile):
                      xaxis_title="tokens per request (prompt + output)", yaxis_title="max_num_seqs",
                      xaxis=dict(type="category"), yaxis=dict(type="category"), margin=dict(t=60))
     st.plotly_chart(hm, width="stretch")
-    # throughput vs P99 as load rises
-    rate = workload["arrivals"]["rate_per_s"]
-    rates = [rate * f for f in (0.25, 0.5, 0.75, 1.0, 1.5, 2.0)]
+    # throughput vs P99 as load rises: up to 110% of the replica's capacity (the closed-loop rate `capacity
+    # simulate` checks against), past the knee; the saturated points are drawn and marked, not dropped
+    cap = (sim.get("capacity") or {}).get("capacity_req_per_s")
+    rates = load_levels(cap, workload["arrivals"]["rate_per_s"])
     with st.spinner("simulating load levels..."):
         curve = sim_points(card, gpu, [engine] * len(rates),
                            [{**wl, "arrivals": {**workload["arrivals"], "rate_per_s": x}} for x in rates], profile)
-    pts = [(c.tokens_per_s, c.ttft.p99 * 1e3) for c in curve if not c.saturated and c.ttft.n]
-    fig = go.Figure(go.Scatter(x=[a for a, _ in pts], y=[b for _, b in pts], mode="lines+markers",
-                               text=[f"{x:.2f} req/s" for x in rates[:len(pts)]]))
+    pts = [(x, c) for x, c in zip(rates, curve) if c.ttft.n]
+    fig = go.Figure()
+    fig.add_scatter(x=[c.tokens_per_s for _, c in pts], y=[c.ttft.p99 * 1e3 for _, c in pts], mode="lines+markers",
+                    name="P99 TTFT", hovertext=[f"{x:.2f} req/s" + (f" ({x / cap:.0%} of capacity)" if cap else "")
+                                                for x, _ in pts])
+    sat = [(x, c) for x, c in pts if c.saturated]
+    if sat:
+        fig.add_scatter(x=[c.tokens_per_s for _, c in sat], y=[c.ttft.p99 * 1e3 for _, c in sat], mode="markers",
+                        marker=dict(symbol="x", size=11, color="red"), name="saturated (P99 grows with the run)")
     fig.add_hline(y=slo["ttft_s"] * 1e3, line_dash="dash", line_color="red", annotation_text="SLO")
-    fig.update_layout(title="Throughput vs P99 TTFT as the load rises (one replica)", height=300,
-                      xaxis_title="output tokens/s", yaxis_title="P99 TTFT (ms)", margin=dict(t=50))
-    st.plotly_chart(fig, width="stretch")
+    top = f"{rates[-1]:.3g} req/s, {rates[-1] / cap:.0%} of the capacity" if cap else f"{rates[-1]:.3g} req/s"
+    fig.update_layout(title=f"Throughput vs P99 TTFT as the load rises (one replica, up to {top})", height=340,
+                      xaxis=dict(title="output tokens/s", type="linear"),
+                      yaxis=dict(title="P99 TTFT (ms, log)", type="log"), margin=dict(t=50))
+    st.plotly_chart(legend_below(fig), width="stretch")
 
 
 def latency_view(sim: dict):
@@ -345,8 +370,9 @@ def latency_view(sim: dict):
         x = np.sort(np.array(sim[key], dtype=float))
         x = x[~np.isnan(x)] * 1e3
         fig.add_scatter(x=x, y=np.arange(1, len(x) + 1) / max(1, len(x)), name=key.upper(), mode="lines")
-    fig.update_layout(height=300, xaxis=dict(title="ms", type="log"), yaxis_title="CDF", margin=dict(t=10))
-    st.plotly_chart(fig, width="stretch")
+    fig.update_layout(height=320, xaxis=dict(title="ms", type="log"), yaxis=dict(title="CDF", type="linear"),
+                      margin=dict(t=10))
+    st.plotly_chart(legend_below(fig), width="stretch")
     rows = []
     for key, label in (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "E2E"),
                        ("queue_wait_s", "queue wait")):
@@ -371,9 +397,13 @@ def timeline_view(sim: dict):
     fig.add_scatter(x=ts[:, 0], y=ts[:, 2], name="running batch", mode="lines")
     fig.add_scatter(x=ts[:, 0], y=ts[:, 3] / max(1, sim["num_blocks"]) * 100, name="KV used (%)", mode="lines",
                     yaxis="y2")
-    fig.update_layout(height=340, xaxis_title="simulated time (s)", yaxis_title="requests",
-                      yaxis2=dict(title="KV %", overlaying="y", side="right", range=[0, 100]), margin=dict(t=10))
-    st.plotly_chart(fig, width="stretch")
+    # every axis numeric with its own ticks: Streamlit's plotly theme syncs an overlaying axis's ticks to the first
+    # axis's grid (tickmode "sync"), which labelled KV % 5 / 25.9 / 46.9
+    fig.update_layout(height=360, xaxis=dict(title="simulated time (s)", type="linear"),
+                      yaxis=dict(title="requests", type="linear", rangemode="tozero"),
+                      yaxis2=dict(title="KV used (%)", overlaying="y", side="right", range=[0, 100], type="linear",
+                                  tickmode="linear", tick0=0, dtick=20, showgrid=False), margin=dict(t=40))
+    st.plotly_chart(legend_below(fig), width="stretch")
 
 
 AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
@@ -384,6 +414,7 @@ AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
     "gpu_memory_utilization": [0.7, 0.8, 0.85, 0.9, 0.95],
     "engine": ["vllm", "sglang", "trtllm"],
 }
+AB_DEFAULTS = {"max_num_seqs": 32}  # B's first offer: a smaller batch that still serves the default load (8 saturates)
 VLLM_ONLY = ("gpu_memory_utilization", "block_size")  # sidebar settings the other engines size by their own rules
 
 
@@ -404,7 +435,9 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
     c1, c2 = st.columns(2)
     knob = c1.selectbox("setting to change (B)", list(AB_KNOBS), key="ab_knob")
     options = [v for v in AB_KNOBS[knob] if v != engine.get(knob)]
-    value = c2.selectbox(f"B: {knob}", options, key="ab_value")
+    default = AB_DEFAULTS.get(knob)
+    value = c2.selectbox(f"B: {knob}", options, index=options.index(default) if default in options else 0,
+                         key=f"ab_value_{knob}")
     eng_b = {**engine, knob: value}
     if knob == "engine" and not str(value).startswith("vllm"):  # B is sized by its own engine's rules
         eng_b = {k: v for k, v in eng_b.items() if k not in VLLM_ONLY}
@@ -417,13 +450,18 @@ def ab_view(card, gpu, engine, workload, profile, sim_a: dict):
     if min(len(a.sent), len(b.sent)) < 10:
         st.info("too few finished requests to compare")
         return
-    rows = [{"metric": c.metric, "A": round(c.a, 2), "B": round(c.b, 2), "B/A-1": f"{c.change:+.1%}",
-             "95% interval": f"[{c.low:+.1%}, {c.high:+.1%}]" if c.low == c.low else "", "verdict": c.verdict}
-            for c in compare(a, b, resamples=1000)]
-    st.dataframe(rows, width="stretch")
-    st.plotly_chart(cdf_figure(a, b, (f"A: {knob} {engine.get(knob)}", f"B: {knob} {value}")), width="stretch")
-    st.caption("ms; throughput in output tokens/s; "
-               "the same comparison from the CLI: simulate --save-run a.json / b.json, then capacity compare a b")
+    sat = saturated_label(sim_a["saturated"], sim_b["saturated"])
+    if sat:  # a saturated run has no steady state: its P99s grow with the run, its TPOT is that of fewer requests
+        st.warning(f"{sat} saturated: requests were still waiting when the run ended, so its latencies depend on "
+                   "the run's length; the comparison shows these runs, not a steady state. "
+                   + " ".join(f"{n}: {d['saturation']}" for n, d in (("A", sim_a), ("B", sim_b))
+                              if d["saturated"] and d["saturation"]))
+    st.dataframe(ab_rows(compare(a, b, resamples=1000), sim_a["saturated"], sim_b["saturated"]), width="stretch")
+    st.plotly_chart(legend_below(cdf_figure(a, b, (f"A: {knob} {engine.get(knob)}", f"B: {knob} {value}"))),
+                    width="stretch")
+    st.caption("ms; throughput in output tokens/s; B vs A: a percentage from -50% to +100%, else a factor (x12: "
+               "twelve times A); the same comparison from the CLI: simulate --save-run a.json / b.json, then "
+               "capacity compare a b")
 
 
 @st.cache_data(show_spinner=False)
@@ -512,7 +550,7 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
                            "max_model_len": [4096, 8192, 32768, 131072], "tp": [1, 2]}}
     if st.button("Run the plan", key="run_plan") or st.session_state.get("plan_done"):
         st.session_state["plan_done"] = True
-        bar = st.progress(0.0, text="planning: 0 simulations")
+        bar = st.empty()
 
         def progress(n: int) -> None:  # the plan's simulation count is not known up front: a saturating bar
             bar.progress(min(0.99, n / (n + 40)), text=f"planning: {n} simulations done")
@@ -648,13 +686,16 @@ def autoscale_figure(rep: dict, curve: dict) -> go.Figure:
         fig.add_scatter(x=[0, end / 60], y=[slo * 1e3] * 2, name="SLO P99 TTFT", yaxis="y2", mode="lines",
                         line=dict(color="#d62728", dash="dash", width=1))
     fig.update_layout(
-        height=420, margin=dict(t=30, l=50, r=10), legend=dict(orientation="h", y=-0.18),
-        xaxis=dict(title="simulated time (min)", domain=[0.1, 0.92]),
-        yaxis=dict(title="replicas", rangemode="tozero", dtick=1 if reps["max"] <= 12 else None),
-        yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", type="log", showgrid=False),
-        yaxis3=dict(title="req/s", overlaying="y", side="left", anchor="free", position=0.0, rangemode="tozero",
-                    showgrid=False))
-    return fig
+        height=460, margin=dict(t=30, l=50, r=10),
+        xaxis=dict(title="simulated time (min)", domain=[0.1, 0.92], type="linear"),
+        yaxis=dict(title="replicas", type="linear", rangemode="tozero", dtick=1 if reps["max"] <= 12 else None),
+        # the overlaying axes: numeric, with their own ticks (tickmode auto), not synced to the replicas' grid
+        # (Streamlit's theme syncs them: the P99 axis read 3 / 122.262 / 4 / 1)
+        yaxis2=dict(title="P99 TTFT (ms)", overlaying="y", side="right", type="log", tickmode="auto",
+                    showgrid=False),
+        yaxis3=dict(title="req/s", overlaying="y", side="left", anchor="free", position=0.0, type="linear",
+                    rangemode="tozero", tickmode="auto", showgrid=False))
+    return legend_below(fig)
 
 
 MAX_DAY_REPORT_BYTES = 16 << 20
@@ -828,15 +869,25 @@ def headline(card: dict, gpu: str, engine: dict, workload: dict, slo: dict, prof
     if rs.max_rate <= 0:
         return {"feasible": False, "why": f"even {rs.probes[0][0]:.3g} req/s per replica misses the SLO"}
     replicas = math.ceil(rate / (rs.max_rate * 0.8) - 1e-9)
-    per = planner.ex.run(planner._tasks(cfg, rate / replicas, range(1)))[0]
     gpus = replicas * cfg.tensor_parallel_size
-    tokens_h = rate * workload["output_len"].get("value", 256) * 3600
+    out = workload["output_len"]
+    tokens_h = rate * out.get("value", out.get("mean", 256)) * 3600
     return {"feasible": True, "gpus": gpus, "replicas": replicas, "tp": cfg.tensor_parallel_size,
-            "max_rate": rs.max_rate, "cost": gpus * price / tokens_h * 1e6 if price and tokens_h else None,
-            "p99_ttft": per.ttft.p99, "p99_tpot": per.tpot.p99, "saturated": per.saturated}
+            "max_rate": rs.max_rate, "cost": gpus * price / tokens_h * 1e6 if price and tokens_h else None}
 
 
-def headline_view(h: dict, gpu: str, slo: dict) -> None:
+def replica_workload(workload: dict, replicas: int) -> dict:
+    """The sidebar's workload as one of `replicas` replicas sees it (its share of the arrival rate); for one
+    replica the workload itself, so the header and the Latency tab read one simulation."""
+    if replicas <= 1:
+        return workload
+    arr = workload["arrivals"]
+    return {**workload, "arrivals": {**arr, "rate_per_s": arr["rate_per_s"] / replicas}}
+
+
+def headline_view(h: dict, per: dict | None, gpu: str, slo: dict, workload: dict) -> None:
+    """The answer first: GPUs, replicas x TP, cost, and the P99s one replica sees at its share of the load, from
+    the same run the Latency tab shows when one replica serves the load (simulate(), seed 0)."""
     if not h["feasible"]:
         st.error(f"No replica of this configuration meets the SLO: {h['why']}")
         return
@@ -844,14 +895,38 @@ def headline_view(h: dict, gpu: str, slo: dict) -> None:
     c[0].metric("GPUs needed", f"{h['gpus']:,}", help=f"{gpu}, replicas at 80% of their max sustainable rate")
     c[1].metric("replicas x TP", f"{h['replicas']} x {h['tp']}", help=f"{h['max_rate']:.2f} req/s per replica max")
     c[2].metric("USD per 1M output tokens", f"{h['cost']:,.3f}" if h["cost"] is not None else "-")
-    for col, key, label, nd in ((c[3], "ttft", "P99 TTFT at that load (ms)", 0), (c[4], "tpot", "P99 TPOT at that load (ms)", 1)):
-        v, lim = h[f"p99_{key}"], slo[f"{key}_s"]
-        col.metric(label, "saturated" if h["saturated"] or v is None else f"{v * 1e3:,.{nd}f}",
-                   delta=None if v is None else f"SLO {lim * 1e3:,.{nd}f}", delta_color="off")
+    rate = workload["arrivals"]["rate_per_s"] / h["replicas"]
+    src = (f"one replica at {rate:.3g} req/s, {workload['num_requests']:,} requests, seed 0"
+           + ("; the Latency tab's run" if h["replicas"] == 1 else ""))
+    s = per["summary"] if per else {}
+    for col, key, label, nd in ((c[3], "ttft", "P99 TTFT at that load (ms)", 0),
+                                (c[4], "tpot", "P99 TPOT at that load (ms)", 1)):
+        m, lim = s.get(f"{key}_s") or {}, slo[f"{key}_s"]
+        v = m.get("p99") if m.get("n") else None
+        col.metric(label, "saturated" if (per or {}).get("saturated") or v is None else f"{v * 1e3:,.{nd}f}",
+                   delta=f"SLO {lim * 1e3:,.{nd}f}", delta_color="off", help=src)
+
+
+TABS = ("Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale", "Plan & export")
+# Widgets of the tabs keep their values while their tab is hidden: Streamlit drops the state of a widget a run
+# does not draw, and a lazy tab draws nothing, so at the top of each run the keys of the hidden tabs' widgets are
+# set to their own values (the open tab's are left alone: setting a drawn widget's key logs a warning). File
+# uploads cannot be set that way and are left out (buttons have no lasting value).
+KEPT = {"ab_": "A/B", "dis_": "Disaggregated", "as_": "Autoscale", "day_": "Autoscale"}  # key prefix -> its tab
+NOT_SETTABLE = ("as_curve_file", "day_file")
+
+
+def keep_hidden_tab_widgets() -> None:
+    open_tab = st.session_state.get("tab", TABS[0])
+    for k in [k for k in st.session_state if isinstance(k, str) and k not in NOT_SETTABLE]:
+        tab = next((t for prefix, t in KEPT.items() if k.startswith(prefix)), None)
+        if tab is not None and tab != open_tab:
+            st.session_state[k] = st.session_state[k]
 
 
 def main():
     st.title("capacity: GPUs, latency and cost of an LLM deployment")
+    keep_hidden_tab_widgets()
     try:
         card, gpu, engine, workload, slo, profile, price = sidebar()
         b, table = memory_budget(card, gpu, engine)
@@ -863,35 +938,39 @@ def main():
         # scenario file to get the same numbers from the CLI or the library
         st.code(json.dumps({"scenario": {"model": card, "gpu": gpu, "engine": engine, "workload": workload,
                                          "profile": profile, "seed": 0}}, indent=1), language="json")
+    # the answer first: the header is computed before the tabs (drawing the Memory tab first delayed it by the
+    # chart's and table's serialisation, and on a busy machine the browser showed both at once anyway)
     try:
         with st.spinner("finding the max rate per replica..."):
-            headline_view(headline(card, gpu, engine, workload, slo, profile, price), gpu, slo)
+            h = headline(card, gpu, engine, workload, slo, profile, price)
+            per = (simulate(card, gpu, engine, replica_workload(workload, h["replicas"]), 0, profile)
+                   if h["feasible"] else None)
+        headline_view(h, per, gpu, slo, workload)
     except CapacityError as exc:
         st.error(str(exc))
-    tabs = st.tabs(["Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale",
-                    "Plan & export"])
-    with tabs[0]:
-        memory_view(b, table)
-    try:
+    # lazy tabs: only the open tab runs (switching tabs reruns the script), so the first paint waits for the
+    # header and the Memory tab only, not for every tab's simulations
+    tabs = st.tabs(list(TABS), key="tab", on_change="rerun")
+
+    def base_run() -> dict:  # the sidebar's scenario, one replica, seed 0 (cached: one run for every tab)
         with st.spinner("simulating..."):
-            sim = simulate(card, gpu, engine, workload, 0, profile)
-        with tabs[1]:
-            tradeoff_view(card, gpu, engine, workload, slo, profile)
-        with tabs[2]:
-            latency_view(sim)
-        with tabs[3]:
-            timeline_view(sim)
-        with tabs[4]:
-            ab_view(card, gpu, engine, workload, profile, sim)
-        with tabs[5]:
-            disagg_view(card, gpu, engine, workload, profile)
-        with tabs[6]:
-            fleet_day_view()
-            autoscale_view(card, gpu, engine, workload, slo, profile, price)
-        with tabs[7]:
-            plan_and_export(card, gpu, engine, workload, slo, profile, price)
-    except CapacityError as exc:
-        st.error(str(exc))
+            return simulate(card, gpu, engine, workload, 0, profile)
+
+    views = {"Memory": lambda: memory_view(b, table),
+             "Trade-offs": lambda: tradeoff_view(card, gpu, engine, workload, slo, profile, base_run()),
+             "Latency": lambda: latency_view(base_run()),
+             "Timeline": lambda: timeline_view(base_run()),
+             "A/B": lambda: ab_view(card, gpu, engine, workload, profile, base_run()),
+             "Disaggregated": lambda: disagg_view(card, gpu, engine, workload, profile),
+             "Autoscale": lambda: (fleet_day_view(), autoscale_view(card, gpu, engine, workload, slo, profile, price)),
+             "Plan & export": lambda: plan_and_export(card, gpu, engine, workload, slo, profile, price)}
+    for name, tab in zip(TABS, tabs):
+        if tab.open:
+            with tab:
+                try:
+                    views[name]()
+                except CapacityError as exc:
+                    st.error(str(exc))
 
 
 main()

@@ -2,6 +2,7 @@
 ran (read from the app, never copied into this test), edits update them, settings reach the run pipeline, and a
 bad card is an error box, not a trace. Widgets are found by their label, not their position."""
 import json
+import re
 
 import pytest
 
@@ -13,6 +14,14 @@ from streamlit.testing.v1 import AppTest
 
 def metrics(at) -> dict:
     return {m.label: m.value for m in at.metric}
+
+
+def open_tab(at, name: str):
+    """Switch the dashboard's tabs to `name` and rerun: the tabs are lazy, only the open one runs."""
+    at.session_state["tab"] = name
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
 
 
 def widget(at, kind: str, label: str):
@@ -45,10 +54,14 @@ def library(sc: dict):
 
 def assert_shows_library(at) -> None:
     b, res = library(shown_scenario(at))
-    m = metrics(at)
+    m = metrics(open_tab(at, "Memory"))
     assert m["KV tokens"] == f"{b.kv_tokens:,}" and m["KV blocks"] == f"{b.num_blocks:,}"
     assert m["Max concurrency at max_model_len"] == f"{b.max_concurrency:.1f}"
+    m = metrics(open_tab(at, "Latency"))
     assert m["P99 TTFT (ms)"] == f"{res.summary.ttft_s.p99 * 1e3:.1f}"
+    if m.get("replicas x TP", "").startswith("1 x"):  # one replica serves the load: the header reads the same run
+        assert m["P99 TTFT at that load (ms)"] == f"{res.summary.ttft_s.p99 * 1e3:,.0f}"  # issue 48: 74 vs 86 ms
+        assert m["P99 TPOT at that load (ms)"] == f"{res.summary.tpot_s.p99 * 1e3:,.1f}"
     assert m["P99 TPOT (ms)"] == f"{res.summary.tpot_s.p99 * 1e3:.2f}"
     assert m["load / capacity"] == f"{res.offered_rate_per_s / res.capacity.req_per_s:.0%}"  # `capacity simulate`'s
     shown = [c.value for c in at.caption if c.value.startswith("note: ")]
@@ -78,6 +91,7 @@ def app():
 
 
 def test_default_numbers_equal_the_library(app):
+    assert metrics(app)["replicas x TP"] == "1 x 1"  # so the header's P99s are checked against the Latency tab's
     assert_shows_library(app)
 
 
@@ -140,6 +154,7 @@ def test_ab_tab_compares_engines():
     """B = the same scenario on TensorRT-LLM: its sizes come from its own rules (no vLLM utilisation or block
     size), and the shown B figures are the library's run of that scenario."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "A/B")
     next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("engine").run()
     next(w for w in at.selectbox if w.label == "B: engine").set_value("trtllm").run()
     assert not at.exception and not at.error, [e.value for e in (*at.exception, *at.error)]
@@ -191,6 +206,7 @@ def test_ab_tab_compares_two_configurations_as_the_cli_does():
     """The A/B tab: B = the sidebar's scenario with max_num_seqs 16; the figures shown are capacity compare's on the
     library's own two runs of that scenario (same seed: paired requests)."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "A/B")
     next(w for w in at.selectbox if w.label == "setting to change (B)").set_value("max_num_seqs").run()
     next(w for w in at.selectbox if w.label == "B: max_num_seqs").set_value(16).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -200,9 +216,26 @@ def test_ab_tab_compares_two_configurations_as_the_cli_does():
     shown = {row["metric"]: row for _, row in table.iterrows()}
     sc = shown_scenario(at)
     want = library_comparison(sc, sc["engine"], {**sc["engine"], "max_num_seqs": 16})
+    b_saturated = library({**sc, "engine": {**sc["engine"], "max_num_seqs": 16}})[1].sim.saturated
     for m in ("p99_ttft", "mean_tpot", "throughput"):
         assert shown[m]["A"] == round(want[m].a, 2) and shown[m]["B"] == round(want[m].b, 2)
-        assert shown[m]["verdict"] == want[m].verdict
+        assert shown[m]["verdict"] == want[m].verdict + (" (B saturated)" if b_saturated else "")
+    assert any("saturated" in w.value for w in at.warning) == b_saturated
+
+
+def test_ab_tab_default_b_serves_the_load():
+    """Issue 48: the default B (max_num_seqs 8) saturated and read as '+176,738%' TTFT with a 'better' TPOT. The
+    default B is now max_num_seqs 32, which serves the default load: no saturation flag, changes as percentages."""
+    at = open_tab(AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run(), "A/B")
+    assert next(w for w in at.selectbox if w.label == "B: max_num_seqs").value == 32
+    assert not at.error and not [w for w in at.warning if "saturated" in w.value]
+    table = next(d.value for d in at.dataframe if "verdict" in d.value.columns)
+    assert not any("saturated" in v for v in table["verdict"])
+    assert all(re.fullmatch(r"[+-][0-9.]+%|x[0-9.,]+", v) for v in table["B vs A"])  # no "+176,738%"
+    # the tabs are lazy, yet a hidden tab's widgets keep their values
+    next(w for w in at.selectbox if w.label == "B: max_num_seqs").set_value(64).run()
+    open_tab(open_tab(at, "Memory"), "A/B")
+    assert next(w for w in at.selectbox if w.label == "B: max_num_seqs").value == 64
 
 
 def hand_day_report() -> dict:
@@ -225,6 +258,7 @@ def hand_day_report() -> dict:
 
 def test_fleet_day_report_shows_its_own_figures():
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "Autoscale")
     box = next(w for w in at.text_area if w.key == "day_text")
     box.set_value(json.dumps(hand_day_report())).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -248,6 +282,7 @@ def test_disaggregated_tab_shows_the_pipelines_figures():
     from capacity.workload import WorkloadSpec
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    open_tab(at, "Disaggregated")
     assert not [d for d in at.dataframe if "layout" in d.value.columns and "GPUs" in d.value.columns]  # off
     next(w for w in at.toggle if w.label == "simulate this layout").set_value(True).run()
     assert not at.exception, [e.value for e in at.exception]
@@ -281,9 +316,21 @@ def test_plan_tab_shows_the_plans_notes():
     last."""
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
     next(s for s in at.select_slider if s.label == "requests simulated").set_value(300).run()  # the notes, sooner
+    open_tab(at, "Plan & export")
     next(b for b in at.button if b.label == "Run the plan").click().run()
     assert not at.exception, [e.value for e in at.exception]
     shown = [c.value.removeprefix("plan note: ") for c in at.caption if c.value.startswith("plan note: ")]
     assert any(n.startswith("step costs from the roofline, not measured") for n in shown)
     assert shown[-1].startswith("engine defaults used: ")  # the plan's notes end with the defaults it filled in
     assert "GPUs needed" in metrics(at)
+    # the same plan again, in this session and in a second one (a reload, another browser): found among the
+    # finished plans, never a CacheReplayClosureError (issue 48: a cached plan replayed its progress bar)
+    next(b for b in at.button if b.label == "Run the plan").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    again = AppTest.from_file(str(ROOT / "app.py"), default_timeout=600).run()
+    next(s for s in again.select_slider if s.label == "requests simulated").set_value(300).run()
+    open_tab(again, "Plan & export")
+    next(b for b in again.button if b.label == "Run the plan").click().run()
+    assert not again.exception, [e.value for e in again.exception]
+    assert [c.value for c in again.caption if c.value.startswith("plan note: ")] == \
+        [c.value for c in at.caption if c.value.startswith("plan note: ")]

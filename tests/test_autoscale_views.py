@@ -58,6 +58,8 @@ def app():
     from streamlit.testing.v1 import AppTest
 
     at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    at.session_state["tab"] = "Autoscale"  # the tabs are lazy: only the open one runs
+    at.run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 

@@ -1,12 +1,15 @@
 """End to end in a real browser: `streamlit run app.py` on 127.0.0.1 driven by headless Chromium (Debian's
 chromium + chromium-driver via Selenium). Changes a slider, checks the page updated and shows no exception
-box, saves screenshots (to $SCREENSHOT_DIR when set). Skipped only where no browser is installed; .ci/run
-installs one and sets REQUIRE_BROWSER=1, which turns a missing browser into a failure."""
+box; clicks every button of every tab twice (fresh, then cached) in two browser sessions; saves screenshots
+(to $SCREENSHOT_DIR when set, which CI keeps). Skipped only where no browser is installed; .ci/run installs
+one and sets REQUIRE_BROWSER=1, which turns a missing browser into a failure."""
 import os
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -38,7 +41,9 @@ def server():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = dict(os.environ, CAPACITY_CACHE_DIR="off", STREAMLIT_BROWSER_GATHER_USAGE_STATS="false")
-    log = open(Path(os.environ.get("SCREENSHOT_DIR", "/tmp")) / f"streamlit-{port}.log", "wb")
+    logs = Path(os.environ.get("SCREENSHOT_DIR", "/tmp"))
+    logs.mkdir(parents=True, exist_ok=True)  # CI's artefact folder may not exist yet
+    log = open(logs / f"streamlit-{port}.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "streamlit", "run", str(ROOT / "app.py"), "--server.headless", "true",
                              "--server.address", "127.0.0.1", "--server.port", str(port),
                              # no file watcher: a test never edits the app, and a busy tree (a build, another
@@ -73,9 +78,13 @@ def browser():
     opts.binary_location = CHROMIUM
     for a in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1600,1200"):
         opts.add_argument(a)
+    downloads = tempfile.mkdtemp(prefix="capacity-downloads-")  # the download buttons' files land here
+    opts.add_experimental_option("prefs", {"download.default_directory": downloads,
+                                           "download.prompt_for_download": False})
     drv = webdriver.Chrome(service=Service(DRIVER), options=opts)
     yield drv
     drv.quit()
+    shutil.rmtree(downloads, ignore_errors=True)
 
 
 def _metric(drv, label: str) -> str | None:
@@ -97,7 +106,7 @@ def _idle(drv) -> bool:
     return not drv.find_elements(By.CSS_SELECTOR, '[data-testid="stSpinner"], [data-testid="stStatusWidget"]')
 
 
-def _wait(cond, timeout=180, what=""):
+def _wait(cond, timeout=300, what=""):
     t0 = time.time()
     while time.time() - t0 < timeout:
         v = cond()
@@ -115,7 +124,7 @@ def test_slider_updates_the_page(server, browser, tmp_path):
     shots.mkdir(parents=True, exist_ok=True)
     browser.get(server)
     before = _wait(lambda: _metric(browser, "KV tokens"), what="the KV tokens metric")
-    _wait(lambda: _metric(browser, "P99 TTFT (ms)") and _idle(browser), what="the latency view")
+    _wait(lambda: _metric(browser, "P99 TTFT at that load (ms)") and _idle(browser), what="the header")
     # the headline answer comes first, above the tabs
     for label in ("GPUs needed", "replicas x TP", "USD per 1M output tokens", "P99 TTFT at that load (ms)"):
         assert _metric(browser, label), label
@@ -134,10 +143,12 @@ def test_slider_updates_the_page(server, browser, tmp_path):
     want = f"{_kv_tokens(final):,}"  # what the library says for the utilisation the slider ended on
     _wait(lambda: _metric(browser, "KV tokens") == want, what=f"KV tokens to become {want}")
     assert int(want.replace(",", "")) < int(before.replace(",", ""))  # less memory, fewer KV tokens
-    _wait(lambda: _metric(browser, "P99 TTFT (ms)") and _idle(browser), what="the latency view after the change")
+    _wait(lambda: _metric(browser, "P99 TTFT at that load (ms)") and _idle(browser), what="the header after the change")
     assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
     browser.save_screenshot(str(shots / "dashboard-after-slider.png"))
-    browser.find_element(By.XPATH, "//*[@role='tab'][contains(., 'Trade-offs')]").click()
+    _open_tab(browser, "Latency")
+    _wait(lambda: _metric(browser, "P99 TTFT (ms)") and _idle(browser), what="the latency view")
+    _open_tab(browser, "Trade-offs")
     _wait(lambda: len([p for p in browser.find_elements(By.CSS_SELECTOR, ".js-plotly-plot") if p.is_displayed()]) >= 3
           and _idle(browser), what="the trade-off charts")
     assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]')
@@ -146,14 +157,101 @@ def test_slider_updates_the_page(server, browser, tmp_path):
         assert t in titles, (t, titles)
     browser.save_screenshot(str(shots / "dashboard-tradeoffs.png"))
     for tab in ("Latency", "Timeline", "Disaggregated", "Memory"):
-        browser.find_element(By.XPATH, f"//*[@role='tab'][contains(., '{tab}')]").click()
-        _wait(lambda: _idle(browser), what=f"the {tab} tab")
-        time.sleep(1)
+        _open_tab(browser, tab)
         assert not browser.find_elements(By.CSS_SELECTOR, '[data-testid="stException"]'), tab
         browser.save_screenshot(str(shots / f"dashboard-{tab.lower()}.png"))
     browser.set_window_size(1280, 800)
     time.sleep(1)
     browser.save_screenshot(str(shots / "dashboard-1280x800.png"))
+
+
+TABS = ("Memory", "Trade-offs", "Latency", "Timeline", "A/B", "Disaggregated", "Autoscale", "Plan & export")
+BUTTONS = ('[data-testid="stMain"] [data-testid="stButton"] button, '
+           '[data-testid="stMain"] [data-testid="stDownloadButton"] button')
+
+
+def _open_tab(drv, name: str) -> None:
+    """Click a tab and wait for its content: the tabs are lazy, a click reruns the script for the open tab."""
+    from selenium.webdriver.common.by import By
+
+    xp = f"//*[@role='tab'][contains(., '{name}')]"
+    tab = drv.find_element(By.XPATH, xp)
+    drv.execute_script("arguments[0].scrollIntoView({block: 'center'})", tab)  # not under the sticky header
+    tab.click()
+    _wait(lambda: drv.find_element(By.XPATH, xp).get_attribute("aria-selected") == "true", what=f"the {name} tab")
+    time.sleep(1)  # the rerun starts after the click reaches the server
+    _wait(lambda: _idle(drv), what=f"the {name} tab's content")
+
+
+def _no_error_box(drv, where: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    boxes = drv.find_elements(By.CSS_SELECTOR, '[data-testid="stException"], [data-testid="stAlertContentError"]')
+    assert not boxes, (where, [b.get_attribute("textContent")[:500] for b in boxes])
+
+
+def _click_every_button(drv, where: str) -> list[str]:
+    """Click each button of the open tab once, including those a click reveals (a run's download buttons), and
+    wait for the page after each; the labels clicked, in order."""
+    from selenium.common.exceptions import StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    def unclicked():
+        for _ in range(5):  # a rerun may replace a button between finding it and reading it
+            try:
+                return [b for b in drv.find_elements(By.CSS_SELECTOR, BUTTONS)
+                        if b.is_displayed() and b.text.strip() and b.text.strip() not in clicked]
+            except StaleElementReferenceException:
+                time.sleep(1)
+        pytest.fail(f"{where}: the buttons kept changing")
+
+    clicked: list[str] = []
+    while True:
+        todo = unclicked()
+        if not todo:
+            return clicked
+        label = todo[0].text.strip()
+        drv.execute_script("arguments[0].scrollIntoView({block: 'center'})", todo[0])
+        todo[0].click()
+        clicked.append(label)
+        time.sleep(1)
+        _wait(lambda: _idle(drv), timeout=600, what=f"{where}: after clicking {label!r}")
+        _no_error_box(drv, f"{where}: after clicking {label!r}")
+
+
+def test_every_button_of_every_tab_twice_in_two_sessions(server, browser, tmp_path):
+    """Issue 48: 'Run the plan' crashed (CacheReplayClosureError) whenever the plan was already cached: a second
+    click, a reload, another session. Each tab, each of its buttons (and the Disaggregated toggle), clicked in a
+    fresh session and then again (cached), then all of it again in a second session; no exception or error box
+    anywhere; a screenshot of each tab in each session."""
+    from selenium.webdriver.common.by import By
+
+    shots = Path(os.environ.get("SCREENSHOT_DIR", tmp_path))
+    shots.mkdir(parents=True, exist_ok=True)
+    first = browser.current_window_handle
+    for session in (1, 2):
+        if session == 2:
+            browser.switch_to.new_window("window")  # a new page load: a second Streamlit session
+        browser.get(server)
+        _wait(lambda: _metric(browser, "P99 TTFT at that load (ms)") and _idle(browser), what="the header")
+        for tab in TABS:
+            _open_tab(browser, tab)
+            where = f"session {session}, {tab}"
+            _no_error_box(browser, where)
+            if tab == "Disaggregated":
+                toggle = browser.find_element(By.XPATH, "//label[contains(., 'simulate this layout')]")
+                if not toggle.find_element(By.CSS_SELECTOR, "input").is_selected():
+                    toggle.click()
+                    time.sleep(1)
+                    _wait(lambda: _idle(browser), timeout=600, what=f"{where}: the layout's simulation")
+                _no_error_box(browser, where)
+            for attempt in ("fresh", "cached"):
+                clicked = _click_every_button(browser, f"{where} ({attempt})")
+                if tab in ("Autoscale", "Plan & export"):
+                    assert len(clicked) >= 2, (where, attempt, clicked)  # the run, then its downloads
+            browser.save_screenshot(str(shots / f"session{session}-{re.sub(r'[^a-z]+', '-', tab.lower())}.png"))
+    browser.close()
+    browser.switch_to.window(first)
 
 
 def _kv_tokens(util: float) -> int:
