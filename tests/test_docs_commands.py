@@ -148,10 +148,20 @@ def is_fast(cmd: str) -> bool:
 BLOCKS = all_blocks()
 
 
+def _same_as(b: Block) -> Block | None:
+    """A block of exactly the commands of another that runs and checks more (its pasted output): run once."""
+    if b.output or b.launch:
+        return None
+    return next((o for o in BLOCKS if o is not b and not o.not_run and o.commands == b.commands
+                 and (o.output or BLOCKS.index(o) < BLOCKS.index(b))), None)
+
+
 def _param(b: Block):
     marks = []
     if b.not_run:
         marks.append(pytest.mark.skip(reason=f"not run ({b.not_run})"))
+    elif (twin := _same_as(b)) is not None:
+        marks.append(pytest.mark.skip(reason=f"the same commands run as {twin.id}"))
     if not b.fast:
         marks.append(pytest.mark.slow)
     return pytest.param(b, id=b.id, marks=marks)
