@@ -270,7 +270,7 @@ def test_colocate_cli_compares_separate_and_shared_gpus(tmp_path):
     out = json.loads(r.stdout)
     sep, sh, sw = out["separate"], out["shared"], out["swapped"]
     assert (sep["gpus"], sh["gpus"], sw["gpus"]) == (2, 1, 1)
-    # the README's claim: two 8B-class models at 8 and 6 req/s of short chat share one H100 at a 50 ms TPOT SLO
+    # docs/fleet.md's claim: two 8B-class models at 8 and 6 req/s of short chat share one H100 at a 50 ms TPOT SLO
     assert sh["meets_slo"] and all(m["p99_tpot_s"] < 0.05 for m in sh["models"])
     # swapped: each model has the whole GPU's KV when resident; 16 GB / 25 GB/s = 0.64 s a wake-up; steady
     # traffic to both keeps swapping: a model waits for the other to drain, then for the swap

@@ -1,6 +1,6 @@
 """The CI-sized fidelity run: a real engine (transformers continuous batching on this CPU), two fit runs and
 one held-out run, with a loose bound that a broken simulator or fit still fails. The full benchmark and its
-targets are `bench/fidelity.py` (README, Ground truth)."""
+targets are `bench/fidelity.py` (docs/validation.md, Ground truth)."""
 import json
 import subprocess
 import sys

@@ -17,7 +17,7 @@ from bench import memory_logs as ml  # noqa: E402
 
 CASES = {c["id"]: c for c in ml.load_cases()}
 SCORED = [k for k, c in CASES.items() if c.get("score", True) and "model" in c]
-# Known misses: (what is off, why) - each is explained in docs/memory.md and the README accuracy table.
+# Known misses: (what is off, why) - each is explained in docs/memory.md and the accuracy table of docs/models-and-memory.md.
 KNOWN = {
     "llmd-bench-mistral-small-3.2-24b-h100": "0.11.0 logged a 2.12 GiB peak: the FlashInfer sampler path (the "
                                              "range's optimistic end), not the pip install's sort path",

@@ -177,8 +177,8 @@ def test_the_schema_reference_is_generated_from_the_code():
 
 
 @pytest.mark.slow
-def test_the_readme_first_question_is_answered():
-    """The README's first sizing question, as printed there (it once crashed with an internal error: a frontier
+def test_the_first_worked_example_is_answered():
+    """The first worked example of docs/examples.md (once the README's first sizing question), as printed there (it once crashed with an internal error: a frontier
     cell whose every request was longer than its max_model_len had no P99 to compare). By hand: 70B on H100s
     does not fit TP 1 or 2; TP 4 sustains 2.49 req/s per replica, so ceil(20 / (0.8 x 2.49)) = 11 replicas (44
     GPUs); TP 8 at max_num_seqs 512 sustains 5.22, 5 replicas = 40 GPUs; $100/h over 20 x 512 x 3,600 = 36.864 M output tokens/h =
