@@ -1,6 +1,7 @@
 """`capacity simulate`: one simulated deployment through the run pipeline, percentiles and throughput."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
