@@ -39,6 +39,10 @@ class Request:
     prefix_group: int = -1  # -1: no shared prefix
     prefix_tokens: int = 0  # leading prompt tokens shared with the group
     service: int = 0  # which model serves it, in a simulation of several (capacity.sim.simulator.Service)
+    # a replayed trace's prefix identity (Mooncake's hash_ids): the id of each `block_key_tokens` chunk of the
+    # prompt, equal ids meaning an equal prompt up to the end of that chunk (capacity.sched.prefix_cache)
+    block_keys: tuple[int, ...] = ()
+    block_key_tokens: int = 0
 
 
 class _Strict(BaseModel):
@@ -383,6 +387,26 @@ def _line(raw: bytes, p: Path, i: int) -> str:
         raise ConfigError(f"trace {p}: line {i}: not UTF-8 text") from None
 
 
+def _block_keys(r: dict, p: Path, i: int, prompt: int) -> tuple[tuple[int, ...], int]:
+    """A row's `hash_ids` (a list of ids >= 0, one per `hash_block_tokens` chunk of the prompt, 512 by default
+    as Mooncake's) and the chunk size; none: ((), 0)."""
+    ids = r.get("hash_ids")
+    if ids is None:
+        return (), 0
+    kt = r.get("hash_block_tokens", 512)
+    if isinstance(kt, str) and kt.strip().isdigit():  # a CSV cell
+        kt = int(kt)
+    if isinstance(ids, str):  # a CSV cell: ids separated by spaces or semicolons
+        ids = [int(x) if x.isdigit() else x for x in ids.replace(";", " ").split()]
+    if isinstance(kt, bool) or not isinstance(kt, int) or not 1 <= kt <= 1 << 20:
+        raise ConfigError(f"trace {p}: row {i}: hash_block_tokens {short(kt)} is not a whole number of tokens")
+    if (not isinstance(ids, list) or len(ids) > prompt // kt + 1
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids)):
+        raise ConfigError(f"trace {p}: row {i}: hash_ids must be a list of whole numbers >= 0, at most one per "
+                          f"{kt} prompt tokens")
+    return tuple(ids), kt
+
+
 def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> list[Request]:
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
     name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
@@ -440,7 +464,8 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
         if c is None:
             raise ConfigError(f"trace {p}: row {i}: class {short(cls)} is not one of {sorted(names)}")
         prio = spec.classes[c].priority if spec else 0
-        out.append(Request(i - 1, t, a, b, c, prio))
+        keys, key_tokens = _block_keys(r, p, i, a)
+        out.append(Request(i - 1, t, a, b, c, prio, block_keys=keys, block_key_tokens=key_tokens))
     if not out:
         raise ConfigError(f"trace {p}: no rows")
     t0 = out[0].arrival_s

@@ -117,3 +117,28 @@ def test_convert_then_replay(tmp_path):
     assert r.returncode == 0 and "prefix reuse: 13.7%" in r.stdout and "--target-rate 3.08" in r.stdout
     r = run_cli("simulate", "-m", "tiny", "--rate", "1", "--window", "0:10")
     assert r.returncode == 1 and "apply to --trace" in r.stderr
+
+
+def test_a_traces_prefix_ids_are_hits_in_the_prefix_cache(tmp_path):
+    """Mooncake's hash_ids replayed: a second 8,192-token prompt whose 16 ids all repeat the first's recomputes
+    only its last token; one sharing the first 8 ids (4,096 tokens) recomputes about half; one with new ids all
+    of it. Each second request comes after the first has finished, so only the cache differs."""
+    import json as _json
+
+    def second_ttft(ids2):
+        f = tmp_path / f"t{ids2[0]}_{ids2[-1]}.jsonl"
+        f.write_text(_json.dumps({"timestamp": 0, "input_length": 8192, "output_length": 16,
+                                  "hash_ids": list(range(16))}) + "\n"
+                     + _json.dumps({"timestamp": 30000, "input_length": 8192, "output_length": 16,
+                                    "hash_ids": ids2}) + "\n")
+        r = run_cli("simulate", "-m", "llama-3.1-8b", "--trace", str(f), "-n", "2", "--warmup", "0",
+                    "--prefix-caching", "--json")
+        assert r.returncode == 0, r.stderr[-1000:]
+        mean = _json.loads(r.stdout)["summary"]["ttft_s"]["mean"]
+        return mean
+
+    first_and_new = second_ttft(list(range(100, 116)))  # both requests pay a whole prefill: the mean is one
+    same = 2 * second_ttft(list(range(16))) - first_and_new
+    half = 2 * second_ttft(list(range(8)) + list(range(200, 208))) - first_and_new
+    assert same < 0.1 * first_and_new
+    assert 0.4 * first_and_new < half < 0.65 * first_and_new

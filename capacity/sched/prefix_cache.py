@@ -2,7 +2,9 @@
 
 Every full block of every request is cached under a key standing for its hash, not only the shared prefixes:
 block i of a request is its prefix group's block i while the group's shared tokens fill it ((i + 1) x block
-<= prefix_tokens), else the request's own. A block is cached when it is allocated for the tokens that fill it
+<= prefix_tokens), or, for a replayed trace with prefix ids (Mooncake's hash_ids: one per 512-token chunk,
+equal ids meaning an equal prompt up to that chunk's end), the block under its chunk's id while it lies wholly
+inside that chunk and the prompt, else the request's own. A block is cached when it is allocated for the tokens that fill it
 (`allocate_slots` caches up to min(computed + new, tokens known), before the step runs), so a request admitted
 later in the same step already hits it. Freed blocks stay cached until the free queue hands them out again:
 
@@ -92,6 +94,11 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         req = seq.req
         if req.prefix_group >= 0 and (i + 1) * self.block_size <= req.prefix_tokens:
             return (req.prefix_group, -1, i)
+        if req.block_keys:  # a trace's prefix ids: block i inside chunk c whose id says the prompt up to it
+            bs, kt = self.block_size, req.block_key_tokens
+            c = i * bs // kt
+            if c < len(req.block_keys) and (i + 1) * bs <= min((c + 1) * kt, req.prompt_tokens):
+                return (req.block_keys[c], -2, i)
         return (-1, req.id, i)
 
     # ---- the block pool ---------------------------------------------------------------------------------------
