@@ -134,11 +134,15 @@ def test_a_traces_prefix_ids_are_hits_in_the_prefix_cache(tmp_path):
         r = run_cli("simulate", "-m", "llama-3.1-8b", "--trace", str(f), "-n", "2", "--warmup", "0",
                     "--prefix-caching", "--json")
         assert r.returncode == 0, r.stderr[-1000:]
-        mean = _json.loads(r.stdout)["summary"]["ttft_s"]["mean"]
-        return mean
+        s = _json.loads(r.stdout)["summary"]
+        hits.append(s.get("prefix_hit_rate"))
+        return s["ttft_s"]["mean"]
 
+    hits: list = []
     first_and_new = second_ttft(list(range(100, 116)))  # both requests pay a whole prefill: the mean is one
     same = 2 * second_ttft(list(range(16))) - first_and_new
     half = 2 * second_ttft(list(range(8)) + list(range(200, 208))) - first_and_new
+    # hits over both prompts (16,384 tokens): none; (8,192 - 1) // 16 = 511 blocks of 16; 8 chunks of 512
+    assert hits == [None, pytest.approx(511 * 16 / 16384), pytest.approx(8 * 512 / 16384)]
     assert same < 0.1 * first_and_new
     assert 0.4 * first_and_new < half < 0.65 * first_and_new

@@ -42,6 +42,9 @@ def simulation_table(out: dict, console) -> None:
         ci_txt = f"{_lat(ci[0])}-{_lat(ci[1])}" if ci and ci[0] == ci[0] else ""
         t.add_row(label, *(_lat(m[k]) for k in ("mean", "p50", "p90", "p95", "p99")), ci_txt)
     console.print(t)
+    if s.get("prefix_hit_rate") is not None:
+        console.print(f"prefix cache: {s['prefix_hit_rate']:.1%} of the measured requests' prompt tokens were "
+                      "found cached (not computed again)")
     if s.get("per_class"):
         ct = Table(title="Per request class (ms)", title_justify="left")
         for c in ("class", "requests", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "meets its SLO"):

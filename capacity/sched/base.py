@@ -44,6 +44,7 @@ class Seq:
     phase: int = 0  # disaggregated serving: 1 in the prefill pool (one output token), 2 in the decode pool
     inflight: int = 0  # async scheduling: tokens of its last step whose output the engine has not processed yet
     loading: int = 0  # disaggregated decode pool: 1 its prompt's KV is to be loaded on admission, 2 it is loading
+    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
 
     def __post_init__(self) -> None:
         self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens

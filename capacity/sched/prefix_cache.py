@@ -118,6 +118,8 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             ref[b] += 1
         self.tables[seq] = hits
         self.ncached[seq] = len(hits)
+        if not seq.preemptions:  # a prefix hit; a preempted request finding its own blocks is not one
+            seq.cached_tokens = len(hits) * self.block_size
 
     def _take(self, seq: Seq, n: int) -> None:
         head, key, ref, cache = self.head, self.key, self.ref, self.cache

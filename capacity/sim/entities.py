@@ -100,7 +100,8 @@ class Recorder:
             output_tokens=np.array([s.req.output_tokens for s in seqs], dtype=np.int64),
             cls=np.array([s.req.cls for s in seqs], dtype=np.int64),
             preemptions=np.array([s.preemptions for s in seqs], dtype=np.int64),
-            replica=np.array([s.replica for s in seqs], dtype=np.int64))
+            replica=np.array([s.replica for s in seqs], dtype=np.int64),
+            cached_tokens=np.array([s.cached_tokens for s in seqs], dtype=np.int64))
 
     def itl(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, weights, emission times) of every ITL sample; a decode run's step counts once per sequence."""

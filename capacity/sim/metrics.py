@@ -11,6 +11,7 @@ meet every SLO of their class at once.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -31,12 +32,14 @@ class Records:
     cls: np.ndarray
     preemptions: np.ndarray
     replica: np.ndarray
+    cached_tokens: np.ndarray | None = None  # prompt tokens the prefix cache held at first admission (simulated)
 
     def __len__(self) -> int:
         return len(self.arrival)
 
     def subset(self, mask: np.ndarray) -> Records:
-        return Records(**{k: v[mask] for k, v in self.__dict__.items()})
+        parts: dict[str, Any] = {k: v if v is None else v[mask] for k, v in self.__dict__.items()}
+        return Records(**parts)
 
     @property
     def finished(self) -> np.ndarray:
@@ -156,9 +159,12 @@ class Summary:
     preempted_requests: int = 0
     definitions: str = DEFINITIONS
     per_class: dict[str, ClassSummary] = field(default_factory=dict)  # only for workloads with several classes
+    prefix_hit_rate: float | None = None  # measured prompt tokens found in the prefix cache (when any were)
 
     def as_dict(self) -> dict:
         d = dict(self.__dict__)
+        if d["prefix_hit_rate"] is None:  # no prefix cache hit: the key only where it says something
+            del d["prefix_hit_rate"]
         for k in DIST_FIELDS:
             d[k] = d[k].as_dict()
         d["per_class"] = {k: v.as_dict() for k, v in self.per_class.items()}
@@ -331,6 +337,8 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
                 float((done.output_tokens.sum() + extra_tokens) / window) if window > 0 else float("nan"),
                 float((n + extra_done) / window) if window > 0 else float("nan"),
                 preempted_requests=int((done.preemptions > 0).sum()))
+    if done.cached_tokens is not None and done.cached_tokens.any():
+        s.prefix_hit_rate = float(done.cached_tokens.sum() / max(1, done.prompt_tokens.sum()))
     if ci:
         s.p99_ci_s = {"ttft": p99_ci(ttft, rng), "tpot": p99_ci(tpot, rng), "e2e": p99_ci(e2e, rng)}
     if slos and any(x.ttft_s or x.tpot_s for x in slos):
