@@ -284,9 +284,11 @@ class Stats:
     p99_input: float = 0.0
     p99_output: float = 0.0
     reused_prompt_share: float | None = None  # Mooncake: prompt tokens in blocks an earlier request had
+    sample_input: list[int] = field(default_factory=list)  # a uniform sample of the rows' lengths (<= 100,000)
+    sample_output: list[int] = field(default_factory=list)
 
     def as_dict(self) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "counts"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("counts", "sample_input", "sample_output")}
         d["rows"] = {k: v for k, v in self.counts.__dict__.items() if k != "notes"}
         return d
 
@@ -348,4 +350,5 @@ def stats(path: str | Path, fmt: str | None = None, *, time_scale: float = 1.0,
     st.p99_input, st.p99_output = float(np.percentile(ins, 99)), float(np.percentile(outs, 99))
     if total_prompt:
         st.reused_prompt_share = reused / total_prompt
+    st.sample_input, st.sample_output = ins, outs
     return st

@@ -76,6 +76,9 @@ def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Scenario YAML (see examples/) or a model card")],
     gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU, or several to compare: h100-sxm,h200,l40s (default h100-sxm)")] = None,
     rate: Annotated[Optional[float], typer.Option("--target-rate", help="Requests/s the service must sustain")] = None,
+    trace: Annotated[Optional[str], typer.Option(
+        "--trace", help="Size for a trace (Mooncake, Azure, BurstGPT, capacity's): its busiest minute's rate and "
+                        "its lengths, unless --target-rate/--input-len/--output-len say otherwise")] = None,
     input_len: Annotated[Optional[str], typer.Option("--input-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = None,
     output_len: Annotated[Optional[str], typer.Option("--output-len", help="N, LOW-HIGH or lognormal:MEAN:CV")] = None,
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="TTFT SLO (default 1500)")] = None,
@@ -126,6 +129,8 @@ def plan(
     if slo:
         flags["slo"] = slo
     wl = {}
+    if trace:
+        flags["target_rate_per_s"], wl = _trace_sizing(trace, rate, json_out)
     if input_len:
         wl["input_len"] = _lengths("--input-len", input_len).model_dump()
     if output_len:
@@ -196,6 +201,24 @@ def plan(
     from rich.console import Console
 
     plan_report(p, Console(), wall, ex)
+
+
+def _trace_sizing(trace: str, rate: float | None, quiet: bool) -> tuple[float, dict]:
+    """`plan --trace`: the busiest 60 s of the trace as the target rate (unless given) and its lengths as
+    empirical distributions (a uniform sample of 5,000 rows; prompt and output drawn independently)."""
+    from capacity.traces import stats
+
+    st = stats(trace)
+    k = min(5000, len(st.sample_input))
+    wl = {"input_len": {"kind": "empirical", "values": st.sample_input[:k]},
+          "output_len": {"kind": "empirical", "values": st.sample_output[:k]}}
+    target = rate if rate is not None else float(f"{st.peak_rate:.3g}")
+    if not quiet:
+        typer.echo(f"trace {trace} ({st.format}, {st.counts.kept:,} requests): sized for "
+                   + (f"its busiest 60 s, {target:,.3g} req/s" if rate is None else f"--target-rate {rate:g}")
+                   + f"; lengths drawn from its rows (prompt mean {st.mean_input:,.0f}, output mean "
+                     f"{st.mean_output:,.0f})", err=True)
+    return target, wl
 
 
 def _prices(spec: str | None, gpus: list) -> dict[str, float]:
