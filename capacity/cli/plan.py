@@ -128,7 +128,7 @@ def plan(
                              ("percentile", percentile)) if v is not None}
     if slo:
         flags["slo"] = slo
-    wl = {}
+    wl: dict = {}
     if trace:
         flags["target_rate_per_s"], wl = _trace_sizing(trace, rate, json_out)
     if input_len:
