@@ -346,6 +346,8 @@ def stats(path: str | Path, fmt: str | None = None, *, time_scale: float = 1.0,
                           f"{c.outside_window:,} outside the window)")
     st.duration_s = last
     st.mean_rate = n / last if last > 0 else math.inf
+    if last < peak_window_s:  # a trace shorter than the window: its busiest window is all of it
+        st.peak_rate, st.peak_at_s = st.mean_rate, 0.0
     st.mean_input, st.mean_output = sum_in / n, sum_out / n
     st.p99_input, st.p99_output = float(np.percentile(ins, 99)), float(np.percentile(outs, 99))
     if total_prompt:

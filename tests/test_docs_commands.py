@@ -31,7 +31,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted(Path(p) for p in glob.glob(str(ROOT / "docs" / "*.md")))]
 # Commands that only read tables or solve the memory budget: seconds each, so they run in the default suite.
-FAST = {"memory", "models", "gpus", "engines", "schema", "profiles", "step-cost", "fleet", "compare", "export"}
+FAST = {"memory", "models", "gpus", "engines", "schema", "profiles", "step-cost", "fleet", "compare", "export",
+        "trace"}
 NOT_RUN = re.compile(r"<!--\s*not run:\s*(.+?)\s*-->")
 FENCE = re.compile(r"^\s*(```|~~~)(.*)$")
 
