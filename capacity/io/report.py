@@ -26,8 +26,8 @@ def simulation_table(out: dict, console) -> None:
     d = out.get("disaggregated")
     where = (f"{d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} decode "
              f"(tp={d['decode_tp']}) x {out['gpu']}" if d else f"{out['replicas']} x {out['gpu']} (tp={out['tp']})")
-    title = (f"Measured {out['model']} at {out['gpu']}, {s['n_requests']} requests" if measured else
-             f"Simulated {out['model']} on {where}, {out['policy']} batching, {s['n_requests']} measured requests")
+    title = (f"Measured {out['model']} at {out['gpu']}, {s['n_requests']:,} requests" if measured else
+             f"Simulated {out['model']} on {where}, {out['policy']} batching, {s['n_requests']:,} measured requests")
     t = Table(title=title, title_justify="left")
     cols = ["metric (ms)", "mean", "p50", "p90", "p95", "p99", "p99 95% CI"]
     for c in cols:
