@@ -108,7 +108,7 @@ def full_plan(scenario: dict, card: dict, progress=None) -> dict:
     from capacity.plan.planner import Scenario, make_plan
 
     ex = SerialExecutor(cache=True)
-    ex.on_task = progress
+    ex.on_task = None if progress is None else (lambda n: progress(n, ex.phases))
     p = strict_json(make_plan(Scenario.model_validate(scenario), ModelCard.model_validate(card), ex).as_dict())
     store.put(key, p)
     return p
@@ -552,8 +552,9 @@ def plan_and_export(card, gpu, engine, workload, slo, profile, price):
         st.session_state["plan_done"] = True
         bar = st.empty()
 
-        def progress(n: int) -> None:  # the plan's simulation count is not known up front: a saturating bar
-            bar.progress(min(0.99, n / (n + 40)), text=f"planning: {n} simulations done")
+        def progress(n: int, phase) -> None:  # the phase the planner is in (capacity.plan.progress) and its share
+            bar.progress(min(0.99, phase.started_fraction), text=f"planning: {phase.name or 'starting'} "
+                                                                   f"({n} simulations so far)")
 
         p = full_plan(scenario, card, progress)
         bar.empty()

@@ -37,6 +37,7 @@ class Phases:
         self.options, self.index, self.option_label = 1, 0, ""
         self.name = ""
         self.fraction = 0.0  # of the whole command, at the end of the current phase
+        self.started_fraction = 0.0  # and at its start (a dashboard's bar)
         self.started = self.t0
         self.sims = 0
 
@@ -53,6 +54,7 @@ class Phases:
     def begin(self, name: str, done: int = 0, total: int = 1) -> None:
         self.end()
         self.name = name
+        self.started_fraction = (self.index + min(done, total) / max(1, total)) / self.options
         self.fraction = (self.index + min(done + 1, total) / max(1, total)) / self.options
         self.started, self.sims = self.clock(), 0
 
