@@ -22,8 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capacity.curves import RateCurve, curve_arrivals, load_curve, sum_curves
 from capacity.errors import ConfigError
 from capacity.files import short
+from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, allow_inf_nan=False)]  # requests/s (capacity.limits)
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
 
@@ -109,8 +111,8 @@ class Arrivals(_Strict):
     `max_concurrency`: a benchmark client's cap on requests in flight (`vllm bench serve --max-concurrency C`)."""
 
     kind: Literal["poisson", "gamma", "constant", "closed", "trace", "offline", "curve"] = "poisson"  # arrival process (see above)
-    rate_per_s: PosFloat | None = None  # requests/s, all replicas (a plan supplies it from its target)
-    cv: PosFloat = 1.0  # gamma: coefficient of variation of the gaps (1 = Poisson, > 1 bursty)
+    rate_per_s: Rate | None = None  # requests/s, all replicas (a plan supplies it from its target)
+    cv: Annotated[float, Field(ge=MIN_CV, le=MAX_CV, allow_inf_nan=False)] = 1.0  # gamma: coefficient of variation of the gaps (1 = Poisson, > 1 bursty)
     users: PosInt | None = None  # closed: concurrent users
     think_s: NonNegFloat = 0.0  # closed: mean think time between a reply and the next request, s
     curve: RateCurve | None = None  # curve: the rate over time, inline (or curve_file)
@@ -204,6 +206,11 @@ class WorkloadSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
         _bounded("requests", self.num_requests, "num_requests")
+        rate = self.arrivals.rate_per_s
+        if rate is not None and self.arrivals.kind in ("poisson", "gamma", "constant") and \
+                self.num_requests / rate > MAX_CLOCK_S:
+            raise ValueError(f"arrivals.rate_per_s {rate:g} with num_requests {self.num_requests:,}: the arrivals "
+                             f"would span {self.num_requests / rate:.3g} s, more than {MAX_CLOCK_S:g} s")
         if self.arrivals.kind == "trace" and not self.trace:
             raise ValueError("trace arrivals need `trace` (a JSONL or CSV file)")
         if not self.classes:

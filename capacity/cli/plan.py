@@ -311,6 +311,10 @@ def sweep(
     bound("requests", requests, "--requests")
     if rate is not None and (not math.isfinite(rate) or rate <= 0):
         raise CapacityError(f"--rate {rate}: must be a finite number > 0")
+    from capacity.limits import MAX_RATE_PER_S, MIN_RATE_PER_S
+
+    if rate is not None and not MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S:
+        raise CapacityError(f"--rate {rate:g}: expected {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g} req/s")
     if out:
         from capacity.files import check_writable
 
