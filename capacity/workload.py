@@ -390,6 +390,29 @@ def _line(raw: bytes, p: Path, i: int) -> str:
         raise ConfigError(f"trace {p}: line {i}: not UTF-8 text") from None
 
 
+MAX_TRACE_TOKENS = 2**31 - 1  # a count past it is no request's (and would overflow the int64 records)
+
+
+def _trace_number(v: object, p: Path, i: int, field: str) -> float:
+    """A trace cell as a number: a JSON number or a CSV string; `true` is not a number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number")
+    try:
+        return float(v)
+    except ValueError:
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number") from None
+
+
+def _trace_count(v: object, p: Path, i: int, field: str) -> int:
+    """A token count: a whole number (10, 10.0, or "10" in a CSV); 10.7 is not cut to 10, `true` is not 1 token."""
+    x = _trace_number(v, p, i, field)
+    if not math.isfinite(x) or x != int(x):
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a whole number of tokens")
+    if abs(x) > MAX_TRACE_TOKENS:
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is more than {MAX_TRACE_TOKENS:,} tokens")
+    return int(x)
+
+
 def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> list[Request]:
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
     name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
@@ -431,8 +454,10 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
     prev = -math.inf
     for i, r in enumerate(rows, 1):
         try:
-            t, a, b = float(r["timestamp"]), int(r["input_tokens"]), int(r["output_tokens"])
-        except (KeyError, ValueError, TypeError) as exc:
+            t = _trace_number(r["timestamp"], p, i, "timestamp")
+            a = _trace_count(r["input_tokens"], p, i, "input_tokens")
+            b = _trace_count(r["output_tokens"], p, i, "output_tokens")
+        except KeyError as exc:
             raise ConfigError(f"trace {p}: row {i}: needs numeric timestamp, input_tokens, output_tokens ({exc})") from None
         if a <= 0 or b <= 0 or not np.isfinite(t):
             raise ConfigError(f"trace {p}: row {i}: token counts must be > 0 and time finite (got {a}, {b}, {t})")

@@ -35,8 +35,9 @@ SCHEMA_VERSION = 1
 MAX_PROFILE_BYTES = 32 * 1024 * 1024
 
 Secs = Annotated[float, Field(gt=0, allow_inf_nan=False)]
-PosInt = Annotated[int, Field(gt=0)]
-NonNegInt = Annotated[int, Field(ge=0)]
+# strict: a count is a JSON integer: `true` is not 1 token, 10.7 is not cut to 10, "10" is not a number (issue 49)
+PosInt = Annotated[int, Field(gt=0, strict=True)]
+NonNegInt = Annotated[int, Field(ge=0, strict=True)]
 
 # Card fields that change the time of a step (name and hf_id do not).
 SHAPE_FIELDS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim_", "intermediate_size",
@@ -111,7 +112,7 @@ Table2D = list[list[Secs | None]]
 
 
 class Profile(_Strict):
-    schema_version: int
+    schema_version: Annotated[int, Field(strict=True)]
     provenance: Provenance
     model: ModelIdentity
     tp: PosInt = 1
@@ -171,7 +172,7 @@ def load_profile(path: str | Path) -> Profile:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object at the top level, got {type(data).__name__}")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # `true` == 1 in Python
         raise ConfigError(f"{p}: schema_version {version!r} is not supported (this capacity reads version "
                           f"{SCHEMA_VERSION}); re-run `capacity calibrate` to measure a new profile")
     try:
