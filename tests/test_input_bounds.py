@@ -25,6 +25,8 @@ from tests.conftest import run_cli
      "arrivals.rate_per_s 1e-05 with num_requests 20,000: the arrivals would span 2e+09 s, more than 1e+09 s"),
     (["sweep", "-m", "tiny", "--rate", "1e9", "--vary", "engine.max_num_seqs=8"],
      "--rate 1e+09: expected 1e-06 to 1e+06 req/s"),
+    (["sweep", "-m", "tiny", "--rate", "1e-6", "--requests", "1001", "--vary", "engine.max_num_seqs=8"],
+     "sweep point {'engine.max_num_seqs': 8}: 1,001 requests at 1e-06 req/s would span 1e+09 s, more than 1e+09 s"),
 ])
 def test_extreme_rates_and_cvs_are_one_line(args, msg):
     r = run_cli(*args, "--executor", "serial") if args[0] != "simulate" else run_cli(*args)

@@ -311,7 +311,7 @@ def sweep(
     bound("requests", requests, "--requests")
     if rate is not None and (not math.isfinite(rate) or rate <= 0):
         raise CapacityError(f"--rate {rate}: must be a finite number > 0")
-    from capacity.limits import MAX_RATE_PER_S, MIN_RATE_PER_S
+    from capacity.limits import MAX_CLOCK_S, MAX_RATE_PER_S, MIN_RATE_PER_S
 
     if rate is not None and not MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S:
         raise CapacityError(f"--rate {rate:g}: expected {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g} req/s")
@@ -345,6 +345,9 @@ def sweep(
         assert isinstance(s2.model, dict)  # the grid's base carries the resolved card
         c2 = validate(ModelCard, s2.model, f"sweep point {point}: model")
         r = rate if rate is not None else s2.target_rate_per_s
+        if requests / r > MAX_CLOCK_S:
+            raise CapacityError(f"sweep point {point}: {requests:,} requests at {r:g} req/s would span "
+                                f"{requests / r:.3g} s, more than {MAX_CLOCK_S:g} s")
         arr = s2.workload.arrivals  # its open-loop kind and cv, at the sweep's rate (what the planner simulates)
         if "workload.arrivals.cv" in point and arr.kind != "gamma":
             raise CapacityError(f"--vary workload.arrivals.cv: only gamma arrivals have a cv, the point {point} has "
@@ -352,8 +355,8 @@ def sweep(
         arr = Arrivals(kind=arr.kind if arr.kind in OPEN_LOOP else "poisson", rate_per_s=r, cv=arr.cv)
         wl = s2.workload.model_copy(update={"arrivals": arr, "num_requests": requests})
         eng = s2.engine.model_dump(mode="json")
-        g = with_memory(get_gpu(s2.gpu_name), s2.gpu_memory_gib)  # a memory override travels as the GPU's fields
-        task_gpu = s2.gpu_name if s2.gpu_memory_gib is None else g.model_dump()
+        task_gpu = (s2.gpu_name if s2.gpu_memory_gib is None  # a memory override travels as the GPU's fields
+                    else with_memory(get_gpu(s2.gpu_name), s2.gpu_memory_gib).model_dump())
         for sd in range(seeds):
             tasks.append(SimTask(c2.model_dump(), task_gpu, eng, wl.model_dump(), sd, 1, "round_robin", s2.profile))
         meta.append((point, r))
