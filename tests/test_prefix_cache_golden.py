@@ -8,6 +8,7 @@ Record (only on purpose, and say why in the commit): `python -m tests.test_prefi
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from tests.conftest import ROOT, run_cli

@@ -4,6 +4,7 @@ JSON integers only. Each refusal names the row (or field path) and the value."""
 from __future__ import annotations
 
 import json
+
 import pytest
 
 from capacity.cost.profile import load_profile

@@ -168,11 +168,11 @@ class PrefixCachingKVCacheManager(KVCacheManager):
     def _grow(self, seq: Seq, tokens: int, cache_upto: int) -> bool:
         """Slots for `tokens` tokens in all (nothing taken if the free queue is short), then cache the full
         blocks of the first `cache_upto`."""
-        table = self.tables.get(seq)
-        if table and -(-tokens // self.block_size) <= len(table) and seq not in self.pending:
+        held = self.tables.get(seq)
+        if held and -(-tokens // self.block_size) <= len(held) and seq not in self.pending:
             # the common decode step: its blocks are there, nothing to take or touch (the steps below would do
             # nothing else), only full blocks to cache
-            seq.blocks = len(table)
+            seq.blocks = len(held)
             self._cache_upto(seq, cache_upto)
             return True
         have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))
