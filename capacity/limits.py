@@ -28,6 +28,15 @@ LIMITS: dict[str, tuple[int, str, str]] = {
 }
 
 
+# Bounds on rates and burstiness, so that simulated time, replica counts and gap draws stay finite and bounded: a
+# rate of 1e-9 req/s put zero replicas in a plan (a division by zero), one of 1e30 a 27-digit GPU count; a gamma
+# cv of 1e-300 has no finite shape (1 / cv^2), one of 1e300 overflows. Real services lie far inside them.
+MIN_RATE_PER_S = 1e-6  # requests/s: one request in about 11.6 days
+MAX_RATE_PER_S = 1e6  # requests/s, all replicas together
+MIN_CV, MAX_CV = 0.01, 100.0  # gamma arrivals' coefficient of variation (shape 1/cv^2 from 1e4 to 1e-4)
+MAX_CLOCK_S = 1e9  # simulated seconds (about 32 years): the expected span of the arrivals, num_requests / rate
+
+
 def limit(name: str) -> int:
     default, env, _ = LIMITS[name]
     raw = os.environ.get(env)

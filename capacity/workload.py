@@ -22,8 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capacity.curves import RateCurve, curve_arrivals, load_curve, sum_curves
 from capacity.errors import ConfigError
 from capacity.files import short
+from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Rate = Annotated[float, Field(ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, allow_inf_nan=False)]  # requests/s (capacity.limits)
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 PosInt = Annotated[int, Field(gt=0)]
 
@@ -113,8 +115,8 @@ class Arrivals(_Strict):
     `max_concurrency`: a benchmark client's cap on requests in flight (`vllm bench serve --max-concurrency C`)."""
 
     kind: Literal["poisson", "gamma", "constant", "closed", "trace", "offline", "curve"] = "poisson"  # arrival process (see above)
-    rate_per_s: PosFloat | None = None  # requests/s, all replicas (a plan supplies it from its target)
-    cv: PosFloat = 1.0  # gamma: coefficient of variation of the gaps (1 = Poisson, > 1 bursty)
+    rate_per_s: Rate | None = None  # requests/s, all replicas (a plan supplies it from its target)
+    cv: Annotated[float, Field(ge=MIN_CV, le=MAX_CV, allow_inf_nan=False)] = 1.0  # gamma: coefficient of variation of the gaps (1 = Poisson, > 1 bursty)
     users: PosInt | None = None  # closed: concurrent users
     think_s: NonNegFloat = 0.0  # closed: mean think time between a reply and the next request, s
     curve: RateCurve | None = None  # curve: the rate over time, inline (or curve_file)
@@ -208,6 +210,11 @@ class WorkloadSpec(_Strict):
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
         _bounded("requests", self.num_requests, "num_requests")
+        rate = self.arrivals.rate_per_s
+        if rate is not None and self.arrivals.kind in ("poisson", "gamma", "constant") and \
+                self.num_requests / rate > MAX_CLOCK_S:
+            raise ValueError(f"arrivals.rate_per_s {rate:g} with num_requests {self.num_requests:,}: the arrivals "
+                             f"would span {self.num_requests / rate:.3g} s, more than {MAX_CLOCK_S:g} s")
         if self.arrivals.kind == "trace" and not self.trace:
             raise ValueError("trace arrivals need `trace` (a JSONL or CSV file)")
         if not self.classes:
@@ -407,6 +414,29 @@ def _block_keys(r: dict, p: Path, i: int, prompt: int) -> tuple[tuple[int, ...],
     return tuple(ids), kt
 
 
+MAX_TRACE_TOKENS = 2**31 - 1  # a count past it is no request's (and would overflow the int64 records)
+
+
+def _trace_number(v: object, p: Path, i: int, field: str) -> float:
+    """A trace cell as a number: a JSON number or a CSV string; `true` is not a number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number")
+    try:
+        return float(v)
+    except ValueError:
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number") from None
+
+
+def _trace_count(v: object, p: Path, i: int, field: str) -> int:
+    """A token count: a whole number (10, 10.0, or "10" in a CSV); 10.7 is not cut to 10, `true` is not 1 token."""
+    x = _trace_number(v, p, i, field)
+    if not math.isfinite(x) or x != int(x):
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a whole number of tokens")
+    if abs(x) > MAX_TRACE_TOKENS:
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is more than {MAX_TRACE_TOKENS:,} tokens")
+    return int(x)
+
+
 def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> list[Request]:
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
     name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
@@ -448,8 +478,10 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
     prev = -math.inf
     for i, r in enumerate(rows, 1):
         try:
-            t, a, b = float(r["timestamp"]), int(r["input_tokens"]), int(r["output_tokens"])
-        except (KeyError, ValueError, TypeError) as exc:
+            t = _trace_number(r["timestamp"], p, i, "timestamp")
+            a = _trace_count(r["input_tokens"], p, i, "input_tokens")
+            b = _trace_count(r["output_tokens"], p, i, "output_tokens")
+        except KeyError as exc:
             raise ConfigError(f"trace {p}: row {i}: needs numeric timestamp, input_tokens, output_tokens ({exc})") from None
         if a <= 0 or b <= 0 or not np.isfinite(t):
             raise ConfigError(f"trace {p}: row {i}: token counts must be > 0 and time finite (got {a}, {b}, {t})")

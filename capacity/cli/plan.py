@@ -331,7 +331,7 @@ def sweep(
     from capacity.limits import check as bound
     from capacity.plan.executors import make_executor
     from capacity.plan.scenario import Scenario
-    from capacity.plan.sweep import grid, parse_axis
+    from capacity.plan.sweep import OPEN_LOOP, check_axes, grid, parse_axis
     from capacity.plan.tasks import SimTask
 
     if not 1 <= seeds <= 100:
@@ -341,6 +341,10 @@ def sweep(
     bound("requests", requests, "--requests")
     if rate is not None and (not math.isfinite(rate) or rate <= 0):
         raise CapacityError(f"--rate {rate}: must be a finite number > 0")
+    from capacity.limits import MAX_CLOCK_S, MAX_RATE_PER_S, MIN_RATE_PER_S
+
+    if rate is not None and not MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S:
+        raise CapacityError(f"--rate {rate:g}: expected {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g} req/s")
     if out:
         from capacity.files import check_writable
 
@@ -356,12 +360,14 @@ def sweep(
     if decode_sweep:
         axes.append(parse_axis(f"workload.output_len={decode_sweep}"))
         axes[-1] = ("workload.output_len", [{"kind": "fixed", "value": v} for v in axes[-1][1]])
+    check_axes(axes, rate is not None)
     sc, card = load_scenario(model, {"gpu": gpu})
     base = sc.model_dump(exclude_unset=True)
     base["model"] = card.model_dump()
     points = grid(base, axes)
     tasks, meta = [], []
     from capacity.model.card import ModelCard
+    from capacity.model.gpus import get_gpu, with_memory
     from capacity.workload import Arrivals
 
     for point, data in points:
@@ -369,10 +375,20 @@ def sweep(
         assert isinstance(s2.model, dict)  # the grid's base carries the resolved card
         c2 = validate(ModelCard, s2.model, f"sweep point {point}: model")
         r = rate if rate is not None else s2.target_rate_per_s
-        wl = s2.workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=r), "num_requests": requests})
+        if requests / r > MAX_CLOCK_S:
+            raise CapacityError(f"sweep point {point}: {requests:,} requests at {r:g} req/s would span "
+                                f"{requests / r:.3g} s, more than {MAX_CLOCK_S:g} s")
+        arr = s2.workload.arrivals  # its open-loop kind and cv, at the sweep's rate (what the planner simulates)
+        if "workload.arrivals.cv" in point and arr.kind != "gamma":
+            raise CapacityError(f"--vary workload.arrivals.cv: only gamma arrivals have a cv, the point {point} has "
+                                f"{arr.kind} (add --vary workload.arrivals.kind=gamma)")
+        arr = Arrivals(kind=arr.kind if arr.kind in OPEN_LOOP else "poisson", rate_per_s=r, cv=arr.cv)
+        wl = s2.workload.model_copy(update={"arrivals": arr, "num_requests": requests})
         eng = s2.engine.model_dump(mode="json")
+        task_gpu = (s2.gpu_name if s2.gpu_memory_gib is None  # a memory override travels as the GPU's fields
+                    else with_memory(get_gpu(s2.gpu_name), s2.gpu_memory_gib).model_dump())
         for sd in range(seeds):
-            tasks.append(SimTask(c2.model_dump(), s2.gpu_name, eng, wl.model_dump(), sd, 1, "round_robin", s2.profile))
+            tasks.append(SimTask(c2.model_dump(), task_gpu, eng, wl.model_dump(), sd, 1, "round_robin", s2.profile))
         meta.append((point, r))
     ex = make_executor("ray" if (ray or ray_address) else executor, ray_address=ray_address,
                        progress=not json_out, cache=not no_cache)

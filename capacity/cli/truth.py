@@ -86,7 +86,7 @@ def loadtest(
         raise CapacityError("--fail-on needs --baseline (the run to compare with)")
     if baseline:  # read and checked before the run, not after it
         from capacity.truth.compare import Requests, parse_rules
-        from capacity.truth.fit import load_run
+        from capacity.truth.runfile import load_run
 
         base = Requests.of_run(load_run(baseline), baseline)
         rules = parse_rules(fail_on) if fail_on else {}
@@ -276,7 +276,7 @@ def compare(
     change); with --fail-on, a regression gate for CI (exit 3)."""
     from capacity.truth.compare import Requests, as_dict, gate, parse_rules
     from capacity.truth.compare import compare as ab_compare
-    from capacity.truth.fit import load_run
+    from capacity.truth.runfile import load_run
 
     if seed < 0:
         raise CapacityError(f"--seed {seed}: must be >= 0")

@@ -39,8 +39,9 @@ MAX_PROFILE_BYTES = 32 * 1024 * 1024
 MAX_OP_S = 3600.0  # a measured op or step of more than an hour is not a measurement
 MIN_OP_S = 1e-9  # nor one under a nanosecond (a kernel launch alone takes microseconds)
 Secs = Annotated[float, Field(ge=MIN_OP_S, le=MAX_OP_S, allow_inf_nan=False)]
-PosInt = Annotated[int, Field(gt=0, le=10**9)]
-NonNegInt = Annotated[int, Field(ge=0, le=10**9)]
+# strict: a count is a JSON integer: `true` is not 1 token, 10.7 is not cut to 10, "10" is not a number (issue 49)
+PosInt = Annotated[int, Field(gt=0, le=10**9, strict=True)]
+NonNegInt = Annotated[int, Field(ge=0, le=10**9, strict=True)]
 # a fitted scale multiplies op-table times into step times: real ones are 0.5-1.5; outside [0.01, 100] the
 # tables and the steps disagree a hundredfold, and the profile is not one to plan with
 Scale = Annotated[float, Field(ge=0.01, le=100, allow_inf_nan=False)]
@@ -118,7 +119,7 @@ Table2D = list[list[Secs | None]]
 
 
 class Profile(_Strict):
-    schema_version: int
+    schema_version: Annotated[int, Field(strict=True)]
     provenance: Provenance
     model: ModelIdentity
     tp: PosInt = 1
@@ -178,7 +179,7 @@ def load_profile(path: str | Path) -> Profile:
     if not isinstance(data, dict):
         raise ConfigError(f"{p}: expected a JSON object at the top level, got {type(data).__name__}")
     version = data.get("schema_version")
-    if version != SCHEMA_VERSION:
+    if type(version) is not int or version != SCHEMA_VERSION:  # `true` == 1 in Python
         raise ConfigError(f"{p}: schema_version {version!r} is not supported (this capacity reads version "
                           f"{SCHEMA_VERSION}); re-run `capacity calibrate` to measure a new profile")
     try:

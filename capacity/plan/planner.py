@@ -411,7 +411,7 @@ class Planner:
 
 def replicas_for(sc: Scenario, max_rate: float) -> int:
     """Replicas to serve the target with each at `headroom` x its max sustainable rate."""
-    return math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9)
+    return max(1, math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9))  # a trickle still needs one
 
 
 def _max_len(lengths: Lengths) -> int:

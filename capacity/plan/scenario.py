@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
-from capacity.workload import WorkloadSpec
+from capacity.workload import Rate, WorkloadSpec
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 
@@ -66,7 +66,7 @@ class Scenario(_Strict):
     engine: EngineConfig = EngineConfig()
     workload: WorkloadSpec = WorkloadSpec()  # the traffic shape; its rate comes from target_rate_per_s
     slo: SLOSpec = SLOSpec()  # latency objectives (classes may carry their own)
-    target_rate_per_s: PosFloat = 10.0  # requests/s the whole service must sustain
+    target_rate_per_s: Rate = 10.0  # requests/s the whole service must sustain
     # Replicas run at this share of their max sustainable rate: replicas = ceil(target / (max rate x headroom)).
     # Below 1 it absorbs bursts and the search's bracket; 0.8 is a common operating point.
     headroom: Annotated[float, Field(gt=0, le=1)] = 0.8

@@ -59,7 +59,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         self.tail: OrderedDict[int, None] = OrderedDict()  # blocks freed cached, least recently used first
         self.key: list[tuple[int, int, int] | None] = []  # per block used so far (block b < fresh)
         self.ref: list[int] = []
-        self.cache: dict[tuple[int, int, int], dict[int, None]] = {}  # key -> blocks holding it (first: hits)
+        # key -> the block holding it, or blocks in the order they got it (first: hits) when several do; one
+        # block is the rule, and a dict per key would cost ~200 bytes for each of millions of cached blocks
+        self.cache: dict[tuple[int, int, int], int | dict[int, None]] = {}
         self.tables: dict[Seq, list[int]] = {}
         self.ncached: dict[Seq, int] = {}  # leading blocks of the table already cached
         self.pending: dict[Seq, list[int]] = {}  # hits found, not yet touched (admission may still fail)
@@ -142,9 +144,12 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             k = key[b]
             if k is not None:  # evict: the block leaves the cache
                 holders = cache[k]
-                del holders[b]
-                if not holders:
+                if isinstance(holders, int):
                     del cache[k]
+                else:
+                    del holders[b]
+                    if not holders:
+                        del cache[k]
                 key[b] = None
                 self.hashed_free -= 1
             ref[b] = 1
@@ -160,12 +165,25 @@ class PrefixCachingKVCacheManager(KVCacheManager):
             b = table[i]
             if key[b] is None:
                 k = key[b] = self._key(seq, i)
-                cache.setdefault(k, {})[b] = None
+                holders = cache.get(k)
+                if holders is None:
+                    cache[k] = b
+                elif isinstance(holders, int):
+                    cache[k] = {holders: None, b: None}
+                else:
+                    holders[b] = None
         self.ncached[seq] = full
 
     def _grow(self, seq: Seq, tokens: int, cache_upto: int) -> bool:
         """Slots for `tokens` tokens in all (nothing taken if the free queue is short), then cache the full
         blocks of the first `cache_upto`."""
+        held = self.tables.get(seq)
+        if held and -(-tokens // self.block_size) <= len(held) and seq not in self.pending:
+            # the common decode step: its blocks are there, nothing to take or touch (the steps below would do
+            # nothing else), only full blocks to cache
+            seq.blocks = len(held)
+            self._cache_upto(seq, cache_upto)
+            return True
         have = len(self.tables.get(seq, ())) or len(self.pending.get(seq, ()))
         need = -(-tokens // self.block_size) - have
         if max(need, 0) + self._pending_evictable(seq) > self._queue_len():
@@ -241,9 +259,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         cache, hits = self.cache, []
         for i in range((seq.prompt + seq.generated - 1) // self.block_size):
             holders = cache.get(self._key(seq, i))
-            if not holders:
+            if holders is None or (not isinstance(holders, int) and not holders):
                 break
-            hits.append(next(iter(holders)))
+            hits.append(holders if isinstance(holders, int) else next(iter(holders)))
         if hits:
             self.pending[seq] = hits
             seq.shared_blocks = len(hits)

@@ -45,6 +45,9 @@ class Requests:
 
     @classmethod
     def of_run(cls, run: dict, label: str = "") -> Requests:
+        from capacity.truth.runfile import check_run
+
+        check_run(run, label or "run")  # the times of every request in order, its counts whole numbers
         ok = [r for r in run["requests"] if r.get("status") == "ok"]
         if len(ok) < MIN_REQUESTS:
             raise CapacityError(f"{label or 'run'}: {len(ok)} successful requests; a comparison needs at least "

@@ -34,15 +34,10 @@ METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "
 
 
 def load_run(path: str | Path) -> dict:
-    from capacity.files import read_json
+    """A run file checked for what a fit replays (capacity.truth.runfile)."""
+    from capacity.truth.runfile import load_run as load
 
-    p = Path(path)
-    run = read_json(p, "run file")
-    if not isinstance(run, dict) or not isinstance(run.get("requests"), list):
-        raise CapacityError(f"{p}: not a load-test run (no requests list): write one with `capacity loadtest`")
-    if not any(r.get("status") == "ok" for r in run["requests"]):
-        raise CapacityError(f"{p}: no successful request in this run: nothing to compare")
-    return run
+    return load(path, fit=True)
 
 
 def replay_key(run: dict) -> str:
