@@ -83,6 +83,8 @@ def test_more_gpus_dense_figures():
     assert get_gpu("h20").bf16_flops == pytest.approx(148e12)
     v100 = get_gpu("v100")
     assert v100.name == "v100-32gb" and v100.bf16_flops is None and v100.fp16_flops == pytest.approx(125e12)
-    with pytest.raises(ConfigError, match="no dense bf16 tensor rate"):
-        v100.peak_flops("bf16")
+    # no BF16 units: vLLM serves a bf16 model in fp16 there (_resolve_auto_dtype), at the FP16 rate
+    assert v100.peak_flops("bf16") == v100.fp16_flops
+    with pytest.raises(ConfigError, match="no dense fp8 tensor rate"):
+        v100.peak_flops("fp8")
     assert get_gpu("dgx-spark").name == "gb10" and get_gpu("a100-pcie").interconnect == "pcie"

@@ -57,11 +57,27 @@ def test_a_terminal_gets_no_lines_and_progress_off_gets_nothing():
     assert ph.label == "l40s (sglang) (2/3): frontier"
 
 
-def test_a_piped_plan_says_where_it_is(tmp_path):
-    from tests.conftest import run_cli
+def test_a_plan_names_its_phases():
+    """A real plan through the executor: its phases, in order, each with the simulations it ran (a clock that
+    moves 10 s per reading, so every phase is past the quiet first seconds)."""
+    from capacity.model.card import load_named_card
+    from capacity.plan.executors import SerialExecutor
+    from capacity.plan.planner import Scenario, SearchSpec, make_plan
 
-    r = run_cli("plan", "-m", "tiny", "--tp", "1", "--requests", "100", "--seeds", "1", "--executor", "serial")
-    assert r.returncode == 0, r.stderr[-1500:]
-    lines = [x for x in r.stderr.splitlines() if x.startswith("[")]
-    assert lines and lines[0].split("] ", 1)[1].startswith("rate search at tp=1: ")
-    assert any("verification at 10 req/s" in x for x in lines), r.stderr
+    class Ticking:
+        t = 0.0
+
+        def __call__(self):
+            self.t += 10
+            return self.t
+
+    out = io.StringIO()
+    ex = SerialExecutor(cache=False)
+    ex.phases = Phases(True, out, Ticking())
+    sc = Scenario(model="tiny", target_rate_per_s=10, search=SearchSpec(seeds=1, requests=100, tp=[1]))
+    make_plan(sc, load_named_card("tiny"), ex)
+    ex.close()
+    names = [line.split("] ", 1)[1].split(":")[0] for line in out.getvalue().splitlines()]
+    assert names[0] == "rate search at tp=1" and names[1] == "frontier (max_num_seqs x max_model_len)"
+    assert "verification at 10 req/s on 1 replica(s)" in names
+    assert all(" simulation" in line for line in out.getvalue().splitlines())

@@ -392,9 +392,13 @@ def test_loadtest_sizes_are_bounded_before_any_work(extra, named):
 
 def test_loadtest_trace_lengths_are_bounded(tmp_path):
     trace = tmp_path / "t.jsonl"
+    # below the trace reader's own bound (2^31 - 1 tokens, a count no request has), above the load test's
+    trace.write_text('{"timestamp": 0, "input_tokens": 999999999, "output_tokens": 4}\n')
+    one_line_error(cli("loadtest", "--url", "http://127.0.0.1:9", "-m", "x", "--trace", str(trace), timeout=30),
+                   "a request's prompt (--input-len or --trace) 999,999,999 exceeds the limit")
     trace.write_text('{"timestamp": 0, "input_tokens": 999999999999, "output_tokens": 4}\n')
     one_line_error(cli("loadtest", "--url", "http://127.0.0.1:9", "-m", "x", "--trace", str(trace), timeout=30),
-                   "a request's prompt (--input-len or --trace) 999,999,999,999 exceeds the limit")
+                   "row 1: input_tokens 999999999999 is more than 2,147,483,647 tokens")
 
 
 # ---- item 4: non-finite and implausible profile numbers are refused on load ----------------------------------------

@@ -27,6 +27,8 @@ class Phases:
     `count(n)` adds simulations run. Lines go to `stream` only when it is not a terminal (a terminal has the
     bar, whose description is `label`)."""
 
+    QUIET_S = 5.0  # no line before the command has run this long: a quick plan (or its one-line error) stays clean
+
     def __init__(self, enabled: bool = True, stream: TextIO | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream or sys.stderr
@@ -63,10 +65,10 @@ class Phases:
 
     def end(self) -> None:
         """Close the current phase: its line, when piped and it ran simulations."""
-        if not (self.piped and self.name and self.sims):
+        now = self.clock()
+        if not (self.piped and self.name and self.sims) or now - self.t0 < self.QUIET_S:
             self.name, self.sims = "", 0
             return
-        now = self.clock()
         took, so_far = now - self.started, now - self.t0
         left = ""
         if 0 < self.fraction < 1:  # the time so far bought this fraction; the rest at the same pace
