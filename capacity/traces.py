@@ -354,3 +354,73 @@ def stats(path: str | Path, fmt: str | None = None, *, time_scale: float = 1.0,
         st.reused_prompt_share = reused / total_prompt
     st.sample_input, st.sample_output = ins, outs
     return st
+
+
+def sizing(trace: str | Path, rate: float | None) -> tuple[float, dict, str]:
+    """`plan --trace`: the busiest 60 s as the target rate (unless `rate` is given), the lengths as empirical
+    distributions (a uniform sample of 5,000 rows; prompt and output drawn independently), and a line saying so."""
+    st = stats(trace)
+    k = min(5000, len(st.sample_input))
+    wl = {"input_len": {"kind": "empirical", "values": st.sample_input[:k]},
+          "output_len": {"kind": "empirical", "values": st.sample_output[:k]}}
+    target = rate if rate is not None else float(f"{st.peak_rate:.3g}")
+    said = (f"trace {trace} ({st.format}, {st.counts.kept:,} requests): sized for "
+            + (f"its busiest 60 s, {target:,.3g} req/s" if rate is None else f"--target-rate {rate:g}")
+            + f"; lengths drawn from its rows (prompt mean {st.mean_input:,.0f}, output mean {st.mean_output:,.0f})")
+    return target, wl, said
+
+
+# ---- capacity's own trace rows (capacity.workload.load_trace) -------------------------------------------------
+MAX_TRACE_ROWS = 10_000_000  # rows read when no spec says how many requests a simulation takes
+
+
+def trace_line(raw: bytes, p: Path, i: int) -> str:
+    if len(raw) > MAX_LINE:
+        raise ConfigError(f"trace {p}: line {i} is longer than {MAX_LINE:,} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"trace {p}: line {i}: not UTF-8 text") from None
+
+
+def block_keys(r: dict, p: Path, i: int, prompt: int) -> tuple[tuple[int, ...], int]:
+    """A row's `hash_ids` (a list of ids >= 0, one per `hash_block_tokens` chunk of the prompt, 512 by default
+    as Mooncake's) and the chunk size; none: ((), 0)."""
+    ids = r.get("hash_ids")
+    if ids is None:
+        return (), 0
+    kt = r.get("hash_block_tokens", 512)
+    if isinstance(kt, str) and kt.strip().isdigit():  # a CSV cell
+        kt = int(kt)
+    if isinstance(ids, str):  # a CSV cell: ids separated by spaces or semicolons
+        ids = [int(x) if x.isdigit() else x for x in ids.replace(";", " ").split()]
+    if isinstance(kt, bool) or not isinstance(kt, int) or not 1 <= kt <= 1 << 20:
+        raise ConfigError(f"trace {p}: row {i}: hash_block_tokens {short(kt)} is not a whole number of tokens")
+    if (not isinstance(ids, list) or len(ids) > prompt // kt + 1
+            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids)):
+        raise ConfigError(f"trace {p}: row {i}: hash_ids must be a list of whole numbers >= 0, at most one per "
+                          f"{kt} prompt tokens")
+    return tuple(ids), kt
+
+
+MAX_TRACE_TOKENS = 2**31 - 1  # a count past it is no request's (and would overflow the int64 records)
+
+
+def trace_number(v: object, p: Path, i: int, field: str) -> float:
+    """A trace cell as a number: a JSON number or a CSV string; `true` is not a number."""
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number")
+    try:
+        return float(v)
+    except ValueError:
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number") from None
+
+
+def trace_count(v: object, p: Path, i: int, field: str) -> int:
+    """A token count: a whole number (10, 10.0, or "10" in a CSV); 10.7 is not cut to 10, `true` is not 1 token."""
+    x = trace_number(v, p, i, field)
+    if not math.isfinite(x) or x != int(x):
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a whole number of tokens")
+    if abs(x) > MAX_TRACE_TOKENS:
+        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is more than {MAX_TRACE_TOKENS:,} tokens")
+    return int(x)

@@ -22,7 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from capacity.curves import RateCurve, curve_arrivals, load_curve, sum_curves
 from capacity.errors import ConfigError
 from capacity.files import short
-from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S
+from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S, check
+from capacity.traces import MAX_TRACE_ROWS, block_keys, trace_count, trace_line, trace_number
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, allow_inf_nan=False)]  # requests/s (capacity.limits)
@@ -373,68 +374,10 @@ def _class_curves(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]
 
 
 def _bounded(name: str, value: int, what: str) -> None:
-    from capacity.limits import check
-
     try:
         check(name, value, what)
     except ConfigError as exc:
         raise ValueError(str(exc)) from None
-
-
-MAX_TRACE_ROWS = 10_000_000  # rows read when no spec says how many requests a simulation takes
-MAX_TRACE_LINE = 1 << 20  # bytes in one trace line
-
-
-def _line(raw: bytes, p: Path, i: int) -> str:
-    if len(raw) > MAX_TRACE_LINE:
-        raise ConfigError(f"trace {p}: line {i} is longer than {MAX_TRACE_LINE:,} bytes")
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise ConfigError(f"trace {p}: line {i}: not UTF-8 text") from None
-
-
-def _block_keys(r: dict, p: Path, i: int, prompt: int) -> tuple[tuple[int, ...], int]:
-    """A row's `hash_ids` (a list of ids >= 0, one per `hash_block_tokens` chunk of the prompt, 512 by default
-    as Mooncake's) and the chunk size; none: ((), 0)."""
-    ids = r.get("hash_ids")
-    if ids is None:
-        return (), 0
-    kt = r.get("hash_block_tokens", 512)
-    if isinstance(kt, str) and kt.strip().isdigit():  # a CSV cell
-        kt = int(kt)
-    if isinstance(ids, str):  # a CSV cell: ids separated by spaces or semicolons
-        ids = [int(x) if x.isdigit() else x for x in ids.replace(";", " ").split()]
-    if isinstance(kt, bool) or not isinstance(kt, int) or not 1 <= kt <= 1 << 20:
-        raise ConfigError(f"trace {p}: row {i}: hash_block_tokens {short(kt)} is not a whole number of tokens")
-    if (not isinstance(ids, list) or len(ids) > prompt // kt + 1
-            or not all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in ids)):
-        raise ConfigError(f"trace {p}: row {i}: hash_ids must be a list of whole numbers >= 0, at most one per "
-                          f"{kt} prompt tokens")
-    return tuple(ids), kt
-
-
-MAX_TRACE_TOKENS = 2**31 - 1  # a count past it is no request's (and would overflow the int64 records)
-
-
-def _trace_number(v: object, p: Path, i: int, field: str) -> float:
-    """A trace cell as a number: a JSON number or a CSV string; `true` is not a number."""
-    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
-        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number")
-    try:
-        return float(v)
-    except ValueError:
-        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a number") from None
-
-
-def _trace_count(v: object, p: Path, i: int, field: str) -> int:
-    """A token count: a whole number (10, 10.0, or "10" in a CSV); 10.7 is not cut to 10, `true` is not 1 token."""
-    x = _trace_number(v, p, i, field)
-    if not math.isfinite(x) or x != int(x):
-        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is not a whole number of tokens")
-    if abs(x) > MAX_TRACE_TOKENS:
-        raise ConfigError(f"trace {p}: row {i}: {field} {short(v)} is more than {MAX_TRACE_TOKENS:,} tokens")
-    return int(x)
 
 
 def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> list[Request]:
@@ -450,14 +393,14 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
     try:
         with p.open("rb") as fb:
             if p.suffix == ".csv":
-                text = (_line(raw, p, i) for i, raw in enumerate(fb, 1))
+                text = (trace_line(raw, p, i) for i, raw in enumerate(fb, 1))
                 for r in csv.DictReader(text):
                     rows.append(r)
                     if len(rows) >= want:
                         break
             else:
                 for i, raw in enumerate(fb, 1):
-                    line = _line(raw, p, i)
+                    line = trace_line(raw, p, i)
                     if not line.strip():
                         continue
                     try:
@@ -478,9 +421,9 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
     prev = -math.inf
     for i, r in enumerate(rows, 1):
         try:
-            t = _trace_number(r["timestamp"], p, i, "timestamp")
-            a = _trace_count(r["input_tokens"], p, i, "input_tokens")
-            b = _trace_count(r["output_tokens"], p, i, "output_tokens")
+            t = trace_number(r["timestamp"], p, i, "timestamp")
+            a = trace_count(r["input_tokens"], p, i, "input_tokens")
+            b = trace_count(r["output_tokens"], p, i, "output_tokens")
         except KeyError as exc:
             raise ConfigError(f"trace {p}: row {i}: needs numeric timestamp, input_tokens, output_tokens ({exc})") from None
         if a <= 0 or b <= 0 or not np.isfinite(t):
@@ -496,7 +439,7 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
         if c is None:
             raise ConfigError(f"trace {p}: row {i}: class {short(cls)} is not one of {sorted(names)}")
         prio = spec.classes[c].priority if spec else 0
-        keys, key_tokens = _block_keys(r, p, i, a)
+        keys, key_tokens = block_keys(r, p, i, a)
         out.append(Request(i - 1, t, a, b, c, prio, block_keys=keys, block_key_tokens=key_tokens))
     if not out:
         raise ConfigError(f"trace {p}: no rows")

@@ -130,7 +130,11 @@ def plan(
         flags["slo"] = slo
     wl: dict = {}
     if trace:
-        flags["target_rate_per_s"], wl = _trace_sizing(trace, rate, json_out)
+        from capacity.traces import sizing
+
+        flags["target_rate_per_s"], wl, said = sizing(trace, rate)
+        if not json_out:
+            typer.echo(said, err=True)
     if input_len:
         wl["input_len"] = _lengths("--input-len", input_len).model_dump()
     if output_len:
@@ -201,24 +205,6 @@ def plan(
     from rich.console import Console
 
     plan_report(p, Console(), wall, ex)
-
-
-def _trace_sizing(trace: str, rate: float | None, quiet: bool) -> tuple[float, dict]:
-    """`plan --trace`: the busiest 60 s of the trace as the target rate (unless given) and its lengths as
-    empirical distributions (a uniform sample of 5,000 rows; prompt and output drawn independently)."""
-    from capacity.traces import stats
-
-    st = stats(trace)
-    k = min(5000, len(st.sample_input))
-    wl = {"input_len": {"kind": "empirical", "values": st.sample_input[:k]},
-          "output_len": {"kind": "empirical", "values": st.sample_output[:k]}}
-    target = rate if rate is not None else float(f"{st.peak_rate:.3g}")
-    if not quiet:
-        typer.echo(f"trace {trace} ({st.format}, {st.counts.kept:,} requests): sized for "
-                   + (f"its busiest 60 s, {target:,.3g} req/s" if rate is None else f"--target-rate {rate:g}")
-                   + f"; lengths drawn from its rows (prompt mean {st.mean_input:,.0f}, output mean "
-                     f"{st.mean_output:,.0f})", err=True)
-    return target, wl
 
 
 def _prices(spec: str | None, gpus: list) -> dict[str, float]:

@@ -323,3 +323,23 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
                     f"{s.max_rate:.2f} req/s per replica under the SLOs, against {search.max_rate:.2f}: {n} "
                     f"replicas instead of {replicas}")
     return e, s, n
+
+
+def tp_sizes(pl: Planner) -> list[int]:
+    """The TP sizes to search: the scenario's fixed one, or the search grid; with a profile, only the TP
+    size it was measured at (a profile is never replaced by the roofline for some rows)."""
+    sc = pl.sc
+    tps = [sc.fixed_tp] if sc.fixed_tp else list(sc.search.tp)
+    if sc.profile is None:
+        return tps
+    from capacity.cost.profile import load_profile, profile_label
+
+    ptp = load_profile(sc.profile).tp
+    if sc.fixed_tp and sc.fixed_tp != ptp:
+        raise ConfigError(f"profile {profile_label(sc.profile)} was measured at tp={ptp}, the scenario fixes "
+                          f"tp={sc.fixed_tp}: use a profile measured at tp={sc.fixed_tp}, or no profile (the roofline)")
+    pl.check_source(ptp)  # another model or GPU: refused now, before anything is simulated
+    if tps != [ptp]:
+        pl.notes.append(f"tp searched only at {ptp}: the profile {profile_label(sc.profile)} was measured "
+                        f"there (other TP sizes would need the roofline; run without --profile for them)")
+    return [ptp]

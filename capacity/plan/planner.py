@@ -32,7 +32,8 @@ import math
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.plan import frontier
-from capacity.plan.frontier import tune_budget
+from capacity.plan.frontier import tp_sizes, tune_budget
+from capacity.plan.progress import phase
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.roofline_level import output_handling_notes, roofline_notes
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
@@ -227,36 +228,10 @@ class Planner:
         rs.max_rate, rs.failed_rate = lo, hi
         return rs
 
-    def tp_sizes(self) -> list[int]:
-        """The TP sizes to search: the scenario's fixed one, or the search grid; with a profile, only the TP
-        size it was measured at (a profile is never replaced by the roofline for some rows)."""
-        sc = self.sc
-        tps = [sc.fixed_tp] if sc.fixed_tp else list(sc.search.tp)
-        if sc.profile is None:
-            return tps
-        from capacity.cost.profile import load_profile, profile_label
-
-        ptp = load_profile(sc.profile).tp
-        if sc.fixed_tp and sc.fixed_tp != ptp:
-            raise ConfigError(f"profile {profile_label(sc.profile)} was measured at tp={ptp}, the scenario fixes "
-                              f"tp={sc.fixed_tp}: use a profile measured at tp={sc.fixed_tp}, or no profile (the roofline)")
-        self.check_source(ptp)  # another model or GPU: refused now, before anything is simulated
-        if tps != [ptp]:
-            self.notes.append(f"tp searched only at {ptp}: the profile {profile_label(sc.profile)} was measured "
-                              f"there (other TP sizes would need the roofline; run without --profile for them)")
-        return [ptp]
-
-    def _phase(self, name: str, done: int, tps: int) -> None:
-        """Tell the executor's progress which phase runs (of about tps + 5: a rate search per TP size, the
-        frontier, the context trade-off, the recommended configuration, the verification, the trade-offs)."""
-        phases = getattr(self.ex, "phases", None)
-        if phases is not None:
-            phases.begin(name, done, tps + 5)
-
     def make(self) -> Plan:
         sc, card, gpu = self.sc, self.card, self.gpu
         sc.workload.check_context(*context_of(sc.engine, card))
-        tps = self.tp_sizes()
+        tps = tp_sizes(self)
         searches: list[RateSearch] = []
         fit_errors: list[str] = []
         config_errors: set[str] = set()  # settings the engine refuses whatever the TP
@@ -276,7 +251,7 @@ class Planner:
                 continue
             self.check_source(tp)  # a profile that cannot serve this TP is an error, not a silent roofline
             self.search_engines[tp] = e
-            self._phase(f"rate search at tp={tp}", tps.index(tp), len(tps))
+            phase(self.ex, f"rate search at tp={tp}", tps.index(tp), len(tps))
             searches.append(self.rate_search(e, tp, b.max_num_seqs))
         if not searches:
             if len(config_errors) == 1 and all(u.why in config_errors for u in unfit):
@@ -299,15 +274,15 @@ class Planner:
         replicas = replicas_for(sc, best.max_rate)
         per_replica = sc.target_rate_per_s / replicas
         base_cfg = self.search_engines[tp]
-        self._phase("frontier (max_num_seqs x max_model_len)", len(tps), len(tps))
+        phase(self.ex, "frontier (max_num_seqs x max_model_len)", len(tps), len(tps))
         frontier = self.frontier(tp, per_replica)
-        self._phase("context trade-off", len(tps) + 1, len(tps))
+        phase(self.ex, "context trade-off", len(tps) + 1, len(tps))
         contexts = self.context_frontier(tp)
         rec = self.recommend(frontier)
         rec_engine = self.cell_engine(tp, rec.max_num_seqs, rec.max_model_len) if rec else base_cfg
         rec_search = None
         if rec is not None:
-            self._phase("the recommended configuration's rate", len(tps) + 2, len(tps))
+            phase(self.ex, "the recommended configuration's rate", len(tps) + 2, len(tps))
             rec_search = self.rate_search(rec_engine, tp, rec.max_num_seqs)
             if rec_search.max_rate > 0:  # the GPU count is the recommended configuration's, at the headroom
                 rec_replicas = replicas_for(sc, rec_search.max_rate)
@@ -329,7 +304,7 @@ class Planner:
                 replicas = rec_replicas
                 rec_engine, rec_search, replicas = tune_budget(self, rec_engine, tp, rec.max_num_seqs,
                                                                rec_search, replicas)
-        self._phase(f"verification at {sc.target_rate_per_s:g} req/s on {replicas} replica(s)", len(tps) + 3,
+        phase(self.ex, f"verification at {sc.target_rate_per_s:g} req/s on {replicas} replica(s)", len(tps) + 3,
                     len(tps))
         verification = self.verify(rec_engine, replicas)
         if not verification.passed:
@@ -351,7 +326,7 @@ class Planner:
         em = get_engine(rec_engine.engine)
         vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
-        self._phase("trade-offs", len(tps) + 4, len(tps))
+        phase(self.ex, "trade-offs", len(tps) + 4, len(tps))
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
         eng = em.resolve(base_cfg, card, gpu)

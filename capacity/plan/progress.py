@@ -13,6 +13,14 @@ from collections.abc import Callable
 from typing import TextIO
 
 
+def phase(executor, name: str, done: int, tps: int) -> None:
+    """Tell an executor's progress which phase of a plan runs (of about tps + 5: a rate search per TP size, the
+    frontier, the context trade-off, the recommended configuration, the verification, the trade-offs)."""
+    phases = getattr(executor, "phases", None)
+    if phases is not None:
+        phases.begin(name, done, tps + 5)
+
+
 def _dur(s: float) -> str:
     s = max(0.0, s)
     if s < 60:

@@ -90,18 +90,14 @@ class Recorder:
     def records(self) -> Records:
         seqs = sorted(self.seqs, key=lambda s: (s.req.arrival_s, s.req.id))
 
-        def f(attr: str) -> np.ndarray:
-            return np.array([getattr(s, attr) for s in seqs], dtype=float)
+        def f(attr: str, dtype: type = float, req: bool = False) -> np.ndarray:
+            return np.array([getattr(s.req if req else s, attr) for s in seqs], dtype=dtype)
 
-        return Records(
-            arrival=np.array([s.req.arrival_s for s in seqs], dtype=float), first_scheduled=f("first_scheduled_s"),
-            first_token=f("first_token_s"), finish=f("finish_s"),
-            prompt_tokens=np.array([s.req.prompt_tokens for s in seqs], dtype=np.int64),
-            output_tokens=np.array([s.req.output_tokens for s in seqs], dtype=np.int64),
-            cls=np.array([s.req.cls for s in seqs], dtype=np.int64),
-            preemptions=np.array([s.preemptions for s in seqs], dtype=np.int64),
-            replica=np.array([s.replica for s in seqs], dtype=np.int64),
-            cached_tokens=np.array([s.cached_tokens for s in seqs], dtype=np.int64))
+        return Records(arrival=f("arrival_s", req=True), first_scheduled=f("first_scheduled_s"),
+                       first_token=f("first_token_s"), finish=f("finish_s"),
+                       prompt_tokens=f("prompt_tokens", np.int64, True), output_tokens=f("output_tokens", np.int64, True),
+                       cls=f("cls", np.int64, True), preemptions=f("preemptions", np.int64),
+                       replica=f("replica", np.int64), cached_tokens=f("cached_tokens", np.int64))
 
     def itl(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(values, weights, emission times) of every ITL sample; a decode run's step counts once per sequence."""
