@@ -255,3 +255,14 @@ def test_non_torch_grows_with_tp(card):
           for tp in (1, 2, 4, 8)]
     assert nt == sorted(nt) and nt[0] < nt[1]
     assert nt[3] - nt[1] == pytest.approx(6 * NON_TORCH_PER_PEER_GIB * GiB)  # the growth per extra peer
+
+
+def test_no_kv_block_at_the_conservative_end_is_said_as_such():
+    """tiny on an H100 cut to 0.7 GiB: the engine's middle estimate has 9,368 blocks, the conservative end none.
+    `memory` reports both; `simulate` refuses to simulate blocks the engine may not have, saying so in one line
+    (it was "num_blocks: must be > 0 (got 0)")."""
+    from tests.conftest import run_cli
+
+    r = run_cli("simulate", "-m", "tiny", "--gpu-memory-gib", "0.7", "--rate", "1", "-n", "20")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "no KV block at the conservative end" in r.stderr and "9,368 blocks" in r.stderr

@@ -171,6 +171,12 @@ class SchedLimits:
             full = max(1, g.full)
             seqs = max(1, min(seqs, b.planning_blocks // (g.state + full)))  # slots whose state and a block fit
             blocks = max(0, b.planning_blocks - seqs * g.state) // full
+        if blocks <= 0:  # never simulate blocks the engine may not have
+            lo, hi = b.num_blocks_range or [b.num_blocks, b.num_blocks]
+            raise DoesNotFit(f"no KV block at the conservative end of the memory estimate on {b.gpu} at tp={b.tp} "
+                             f"(the engine's middle estimate {b.num_blocks:,} blocks, range {lo:,}-{hi:,}): raise "
+                             "--gpu-memory-gib or gpu_memory_utilization, or give measured --activation-gib / "
+                             "--non-torch-gib / --cuda-graph-gib to narrow the range")
         return cls(seqs, b.max_num_batched_tokens, b.block_size, blocks, b.max_model_len,
                    g.as_tuple(), b.chunked_prefill)
 
