@@ -67,3 +67,15 @@ def test_the_printed_comparison_fits_80_columns_and_says_why():
     assert "mi300x †" in r.stdout and "† nothing measured on mi300x:" in r.stdout
     assert "h100-sxm: tp=1 " in r.stdout and "mi300x: tp=1 " in r.stdout
     assert r.stdout.count("note (every option): memory and defaults modelled on vllm@") == 1
+
+
+def test_engines_compared_on_one_gpu_are_named_by_engine_and_fit_80_columns():
+    r = _cli("plan", "-m", "tiny", "--engine", "vllm,sglang,trtllm", "--tp", "1", "--requests", "100", "--seeds", "1",
+             "--executor", "serial", columns=80)
+    assert r.returncode == 0, r.stderr[-2000:]
+    lines = r.stdout.splitlines()
+    assert "engines compared on h100-sxm" in " ".join(" ".join(lines[:3]).split())
+    table = lines[:lines.index(next(x for x in lines if x.startswith("rate/rep")))]
+    assert all("…" not in x and len(x) <= 80 for x in table), "\n".join(table)
+    rows = {x.split()[0]: x.split() for x in table if x.strip().split()[:1] in (["vllm"], ["sglang"], ["trtllm"])}
+    assert set(rows) == {"vllm", "sglang", "trtllm"} and all(float(v[5].replace(",", "")) > 0 for v in rows.values())

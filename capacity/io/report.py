@@ -338,18 +338,23 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
 
     first = next(o.plan for o in options if o.plan is not None)
     pct, slo = first.slo.percentile, first.slo
+    gpus_seen = {o.gpu for o in options}
+    one_gpu = len(gpus_seen) == 1 and any(o.engine for o in options)  # engines compared on one GPU type
+    name = {id(o): (o.engine or o.gpu) if one_gpu else o.label for o in options}  # the shortest label that tells
+    what = f"engines compared on {next(iter(gpus_seen))}" if one_gpu else (
+        "options compared" if any(o.engine for o in options) else "GPU types compared")
     t = Table(title=f"{first.model} at {first.target_rate:g} req/s, SLO P{pct} TTFT <= {slo.ttft_s * 1e3:.0f} ms and "
-                    f"TPOT <= {slo.tpot_s * 1e3:.0f} ms: {'engines' if any(o.engine for o in options) else 'GPU types'} "
-                    f"compared (replicas at {first.headroom:.0%} of their "
-                    f"max rate)", title_justify="left")
+                    f"TPOT <= {slo.tpot_s * 1e3:.0f} ms: {what} (replicas at {first.headroom:.0%} of their max rate)",
+              title_justify="left")
     t.box = box.SIMPLE_HEAD  # nine columns in 80: no vertical rules
     t.caption = "rate/rep: max req/s per replica under the SLO; latencies in ms; $/1M: USD per 1M output tokens"
     t.caption_justify = "left"
-    for c in ("GPU", "layout", "GPUs", "rate/rep", f"P{pct} TTFT", f"P{pct} TPOT", "$/h", "$/1M"):
-        t.add_column(c, justify="left" if c in ("GPU", "layout") else "right", no_wrap=True)
+    for c in ("engine" if one_gpu else "GPU", "layout", "GPUs", "rate/rep", f"P{pct} TTFT", f"P{pct} TPOT", "$/h",
+              "$/1M"):
+        t.add_column(c, justify="left" if c in ("GPU", "engine", "layout") else "right", no_wrap=True)
     rows = [(o, o.row()) for o in options]
     for o, r in rows:
-        label = o.label + (" [yellow]†[/]" if r.get("caveat") else "")
+        label = name[id(o)] + (" [yellow]†[/]" if r.get("caveat") else "")
         if not r["fits"]:
             t.add_row(label, "[dim]no plan (below)[/]", "", "", "", "", "", "")
             continue
@@ -357,7 +362,7 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
                   _ms(r["p_ttft_s"]), _ms(r["p_tpot_s"], 1), f"{r['usd_per_hour']:,.2f}" if r["usd_per_hour"] else "-",
                   f"{r['cost_per_million_tokens']:,.3f}" if r["cost_per_million_tokens"] else "-")
     console.print(t)
-    said = [o.label for o, r in rows if r.get("caveat")]
+    said = [name[id(o)] for o, r in rows if r.get("caveat")]
     if said:  # one caveat text for every option it applies to
         from capacity.plan.compare import UNMEASURED
 
@@ -368,15 +373,15 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
     notes: dict[str, list[str]] = {}
     for o, r in rows:
         if not r["fits"]:
-            console.print(f"  {o.label}: no plan: {r['why']}", markup=False, highlight=False)
+            console.print(f"  {name[id(o)]}: no plan: {r['why']}", markup=False, highlight=False)
             continue
         skips = [m for m in map(skipped.match, r["notes"]) if m]
-        notes[o.label] = [n for n in r["notes"] if not skipped.match(n)]
+        notes[name[id(o)]] = [n for n in r["notes"] if not skipped.match(n)]
         per_tp = ", ".join([f"tp={tp} {_rate(v)}" for tp, v in r["rate_per_tp"].items()]
                            + [f"tp={tp} does not fit" for tp in r["tp_unfit"]])
         if skips:
             per_tp += f"; tp={', '.join(m[1] for m in skips)} not searched ({skips[0][2]})"
-        console.print(f"  {o.label}: {per_tp}", markup=False, highlight=False)
+        console.print(f"  {name[id(o)]}: {per_tp}", markup=False, highlight=False)
     common = set.intersection(*map(set, notes.values())) if notes else set()
     for label, ns in [("every option", [n for n in next(iter(notes.values()), []) if n in common])] + [
             (k, [n for n in v if n not in common]) for k, v in notes.items()]:
@@ -385,7 +390,7 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
     console.print("launch:")
     for o, _r in rows:
         if o.plan is not None:
-            console.print(f"  {o.label}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
+            console.print(f"  {name[id(o)]}: {o.plan.vllm_command}", soft_wrap=True, markup=False, highlight=False)
     console.print(f"[dim]{wall_s:.1f} s wall; {ex.misses} simulations run, {ex.hits} from the cache[/]")
 
 
