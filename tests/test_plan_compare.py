@@ -58,15 +58,32 @@ def test_the_comparison_is_the_workbooks_first_sheet(compared):
     assert [c["GPU"] for c in saved["comparison"]] == [b["GPU"] for b in body]
 
 
-def test_the_printed_comparison_fits_80_columns_and_says_why():
-    r = _cli(*ARGS, columns=80)
-    assert r.returncode == 0, r.stderr[-2000:]
-    lines = r.stdout.splitlines()
+def test_the_printed_comparison_fits_80_columns_and_says_why(compared):
+    """The same plans as printed (rendered from their JSON at 80 columns, as `plan -g A,B` prints them)."""
+    import io
+
+    from rich.console import Console
+
+    from capacity.io.report import gpu_comparison
+    from capacity.plan.compare import GpuOption
+    from capacity.plan.results import Plan
+
+    out, _ = compared
+    options = [GpuOption(r["gpu"], Plan.from_dict(out["plans"][r["gpu"]]), "", r["price_per_gpu_hour"])
+               for r in out["comparison"]]
+
+    class Ex:
+        hits = misses = 0
+
+    buf = io.StringIO()
+    gpu_comparison(options, Console(file=buf, width=80, force_terminal=False), 1.0, Ex())
+    text = buf.getvalue()
+    lines = text.splitlines()
     table = lines[:lines.index(next(x for x in lines if x.startswith("rate/rep")))]
     assert all("…" not in x and len(x) <= 80 for x in table), "\n".join(table)
-    assert "mi300x †" in r.stdout and "† nothing measured on mi300x:" in r.stdout
-    assert "h100-sxm: tp=1 " in r.stdout and "mi300x: tp=1 " in r.stdout
-    assert r.stdout.count("note (every option): memory and defaults modelled on vllm@") == 1
+    assert "mi300x †" in text and "† nothing measured on mi300x:" in text
+    assert "h100-sxm: tp=1 " in text and "mi300x: tp=1 " in text
+    assert text.count("note (every option): memory and defaults modelled on vllm@") == 1
 
 
 def test_engines_compared_on_one_gpu_are_named_by_engine_and_fit_80_columns():
