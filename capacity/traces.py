@@ -33,6 +33,7 @@ FORMATS = ("capacity", "mooncake", "azure", "burstgpt")
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's README: "The block size is 512 tokens"
 MAX_LINE = 1 << 20  # bytes in one line; a Mooncake row of a 200k-token prompt is ~2.5 kB
 MAX_BLOCK_IDS = 1 << 16  # hash ids in one row (32M tokens at 512 per block)
+MAX_SEEN_BLOCKS = 5_000_000  # distinct block ids `stats` remembers (~0.3 GB): 2.5G prompt tokens of reuse
 
 
 @dataclass(frozen=True)
@@ -339,7 +340,7 @@ def stats(path: str | Path, fmt: str | None = None, *, time_scale: float = 1.0,
             for k, b in enumerate(r.block_ids):
                 if b in seen:
                     reused += min(MOONCAKE_BLOCK_TOKENS, r.input_tokens - k * MOONCAKE_BLOCK_TOKENS)
-                elif len(seen) < 50_000_000:  # ids are small ints: 50M of them is a few GB at most; beyond, stop
+                elif len(seen) < MAX_SEEN_BLOCKS:  # beyond it, reuse of later blocks goes uncounted (low side)
                     seen.add(b)
     if n == 0:
         raise ConfigError(f"trace {p}: no request (read {c.read:,}, {c.dropped_zero:,} with 0 tokens, "

@@ -21,3 +21,17 @@ def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     env = dict(os.environ, COLUMNS="200", CAPACITY_CACHE_DIR="off")  # tests never read a stale result cache
     return subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *args],
                           capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+
+
+def children(pid: int) -> list[int]:
+    """The pids whose parent is `pid` (from /proc): a killed command's workers must not outlive it."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                out.append(int(d.name))
+    return out

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, children
 
 MEMORY_LIMIT = 3 << 30  # address space of the batch process: an attack that expands input dies here
 BILLION = ("a: &a [x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
@@ -526,19 +526,6 @@ def test_loadtest_signal_saves_the_partial_run_and_exits_nonzero(tmp_path, sig):
 
 
 # ---- processes: workers die with their parent ---------------------------------------------------------------------
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
-
-
 def test_killed_sweep_leaves_no_workers(tmp_path):
     env = dict(os.environ, COLUMNS="200", CAPACITY_CACHE_DIR="off")
     p = subprocess.Popen([sys.executable, "-c", "from capacity.cli import main; main()", "sweep", "-m", "llama-3.1-8b",
@@ -549,7 +536,7 @@ def test_killed_sweep_leaves_no_workers(tmp_path):
     kids: list[int] = []
     while time.time() < deadline and not kids:
         time.sleep(0.5)
-        kids = _children(p.pid)
+        kids = children(p.pid)
     assert kids, "the pool never started"
     p.kill()  # SIGKILL: the parent cannot clean up; the workers must notice
     p.wait()

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, children, run_cli
 
 FREE_BYTES = 4096  # what the nearly full disk has left: one tmpfs page
 
@@ -140,19 +140,6 @@ def test_every_process_pool_is_the_shared_one():
     assert not hits, hits
 
 
-def _children(pid: int) -> list[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                out.append(int(d.name))
-    return out
-
-
 def _alive(pid: int) -> bool:
     try:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
@@ -173,7 +160,7 @@ def test_killed_fleet_day_leaves_no_workers(tmp_path, sig):
     kids: list[int] = []
     while time.time() < deadline and len(kids) < 2:
         time.sleep(0.3)
-        kids = _children(p.pid)
+        kids = children(p.pid)
     assert len(kids) >= 2, "the pool never started"
     time.sleep(1)  # the workers are inside their day runs
     p.send_signal(sig)
