@@ -7,8 +7,26 @@ __version__ = "0.1.0"
 
 
 def compiled() -> bool:
-    """Whether the simulator's hot modules run compiled by mypyc (`scripts/compile.sh` in a checkout, or a wheel built
-    with CAPACITY_MYPYC=1): the same sources and results, bit for bit (`bench/compiled.py`), about 2-2.6x faster."""
+    """Whether the simulator's hot modules run compiled by mypyc (`pip install` compiles them where a C compiler is
+    present; `scripts/compile.sh` in a checkout): the same sources and results, bit for bit (`bench/compiled.py`),
+    about 2-2.6x faster."""
     from capacity.sched import continuous
 
     return not str(getattr(continuous, "__file__", "")).endswith(".py")
+
+
+def stale_compiled() -> list[str]:
+    """In a source checkout, the compiled modules whose .py was edited after the build: the .so next to it is what
+    runs, so the edit has no effect until `scripts/compile.sh` runs again. Empty for an installed wheel."""
+    from pathlib import Path
+
+    pkg = Path(__file__).parent
+    if not (pkg.parent / "setup.py").is_file():
+        return []
+    stale = []
+    for so in pkg.rglob("*.so"):
+        py = so.with_name(so.name.split(".", 1)[0] + ".py")
+        # 1 s of slack: a copy of a whole tree writes the two within it, in either order
+        if py.is_file() and py.stat().st_mtime > so.stat().st_mtime + 1.0:
+            stale.append(py.relative_to(pkg.parent).as_posix())
+    return sorted(stale)

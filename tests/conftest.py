@@ -9,6 +9,16 @@ ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "models"
 
 
+def pytest_sessionstart(session):
+    """An in-place compiled build (pip install -e . compiles) shadows a later edit of a compiled module: the tests
+    would test the old code. Refuse to run instead of passing on it."""
+    from capacity import stale_compiled
+
+    if stale := stale_compiled():
+        pytest.exit(f"compiled modules older than their sources ({', '.join(stale[:3])}...): run "
+                    "`bash scripts/compile.sh` (or `--clean` for pure Python)", returncode=4)
+
+
 @pytest.fixture
 def card():
     from capacity.model.card import load_model_card

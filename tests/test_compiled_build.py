@@ -1,5 +1,6 @@
-"""The optional compiled build (setup.py, scripts/compile.sh): what a user can see of it. Its results are checked bit
-for bit against pure Python by bench/compiled.py, and the whole default suite runs compiled, both in .ci/run."""
+"""The compiled build (setup.py at install, scripts/compile.sh in a checkout): what a user can see of it. Its results
+are checked bit for bit against pure Python by bench/compiled.py; .ci/run runs the suites on the compiled install and
+the oracle tests in pure Python."""
 import ast
 
 import capacity
@@ -24,3 +25,27 @@ def test_the_compiled_modules_are_the_simulators_hot_loop_and_exist():
         assert "*" in f or (ROOT / f).is_file(), f
     assert {"capacity/sim/entities.py", "capacity/cost/roofline.py"} <= set(listed)
     assert not list((ROOT / "capacity").rglob("__init__.*.so"))  # no package compiled (an in-place build included)
+
+
+def test_a_compiled_module_edited_after_the_build_is_named_stale(tmp_path, monkeypatch):
+    """The in-place build's trap: the .so runs, not the edited .py. Checked on a copy of the layout (a checkout with
+    setup.py, one compiled module), with times set by hand."""
+    import os
+
+    pkg = tmp_path / "capacity"
+    (pkg / "sched").mkdir(parents=True)
+    (tmp_path / "setup.py").write_text("")
+    init = pkg / "__init__.py"
+    init.write_text((ROOT / "capacity" / "__init__.py").read_text())
+    py, so = pkg / "sched" / "kv.py", pkg / "sched" / "kv.cpython-311-x86_64-linux-gnu.so"
+    py.write_text("")
+    so.write_bytes(b"")
+    ns = {"__file__": str(init)}
+    exec(compile(init.read_text(), str(init), "exec"), ns)
+    os.utime(so, (1000.0, 1000.0))
+    os.utime(py, (1000.5, 1000.5))  # within the copy's slack
+    assert ns["stale_compiled"]() == []
+    os.utime(py, (1010.0, 1010.0))  # edited ten seconds after the build
+    assert ns["stale_compiled"]() == ["capacity/sched/kv.py"]
+    (tmp_path / "setup.py").unlink()  # an installed wheel: nothing to rebuild, nothing said
+    assert ns["stale_compiled"]() == []

@@ -12,9 +12,12 @@ from capacity.errors import CapacityError
 
 def _print_version(value: bool) -> None:
     if value:
-        from capacity import __version__, compiled
+        from capacity import __version__, compiled, stale_compiled
 
         typer.echo(f"capacity {__version__} (" + ("simulator compiled by mypyc" if compiled() else "pure Python") + ")")
+        if stale := stale_compiled():
+            typer.echo(f"warning: {len(stale)} compiled module(s) edited since the build run their old code "
+                       f"({stale[0]}...): bash scripts/compile.sh", err=True)
         raise typer.Exit()
 
 
