@@ -36,7 +36,7 @@ SESSION_ARRIVALS = ("poisson", "gamma", "constant")
 
 
 class Sessions(_Strict):
-    """Multi-turn sessions (see the module docstring): turns per session, tokens each later turn adds, the think
+    """Multi-turn sessions (capacity.sessions): turns per session, tokens each later turn adds, the think
     time between an answer and the next turn."""
 
     turns: Lengths = fixed(4)  # turns per session (a count: fixed, uniform, lognormal or empirical)
