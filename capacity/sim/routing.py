@@ -27,6 +27,11 @@ if TYPE_CHECKING:
 BALANCE_ABS, BALANCE_REL = 64, 1.5
 
 
+def imbalanced(most: int, least: int) -> bool:
+    """SGLang's cache-aware router's test on the busiest and the idlest replica's requests (see above)."""
+    return most - least > BALANCE_ABS and most > BALANCE_REL * least
+
+
 class Router:
     """Dispatch to replicas: round-robin, least outstanding, session affinity, or one FIFO queue at the router
     ("queue").
@@ -64,9 +69,7 @@ class Router:
         if home is None or home not in self.replicas:  # a first turn, or its replica left the pool
             rep = least
         else:
-            most = max(r.outstanding for r in self.replicas)
-            lo = least.outstanding
-            rep = least if most - lo > BALANCE_ABS and most > BALANCE_REL * lo else home
+            rep = least if imbalanced(max(r.outstanding for r in self.replicas), least.outstanding) else home
         self.home[req.session] = rep
         return rep
 
