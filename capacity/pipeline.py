@@ -398,7 +398,10 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     notes += say
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     if workload.sessions is not None and offered is not None:  # turns/s: sessions/s x mean turns (uncongested)
+        from capacity.sessions import session_note
+
         offered *= workload.sessions.mean_turns
+        notes.append(session_note(workload))
     steady = arr.kind in STEADY_ARRIVALS
     trend = ttft_trend(measured.arrival, measured.first_token) if steady and not sim.saturation else None
     cap = None

@@ -104,3 +104,14 @@ def expected_prompt_tokens(spec: WorkloadSpec, turn: int) -> float:
     assert sess is not None
     li, lo = spec.class_lengths(0)
     return li.expected + (turn - 1) * (lo.expected + sess.new_tokens.expected)
+
+
+def session_note(spec: WorkloadSpec) -> str:
+    """What a session workload offers, by hand (the closed forms above), for a run's notes."""
+    sess, rate = spec.sessions, spec.arrivals.rate_per_s
+    assert sess is not None and rate is not None
+    growth = expected_prompt_tokens(spec, 2) - expected_prompt_tokens(spec, 1)
+    return (f"sessions: {rate:g} new/s x {sess.mean_turns:g} turns = {rate * sess.mean_turns:.3g} turns/s offered "
+            f"once sessions overlap (the run's own rate includes its ramp-up and drain); turn k's prompt is "
+            f"{expected_prompt_tokens(spec, 1):,.0f} + (k - 1) x {growth:,.0f} tokens on average, all but the new "
+            f"tokens reusable by a prefix cache on the same replica (docs/sessions.md)")

@@ -152,7 +152,10 @@ def test_a_workload_file_declares_sessions(tmp_path):
     assert r.returncode == 0, r.stderr
     import json
 
-    assert json.loads(r.stdout)["summary"]["prefix_hit_rate"] > 0.5
+    out = json.loads(r.stdout)
+    assert out["summary"]["prefix_hit_rate"] > 0.5
+    # 0.5 sessions/s x 4 turns; prompts 500 + (k - 1) x (50 + 100)
+    assert any("0.5 new/s x 4 turns = 2 turns/s" in n and "500 + (k - 1) x 150 tokens" in n for n in out["notes"])
     f.write_text("sessions: {turns: {kind: fixed, value: 4}, think_s: -2}\n")
     r = run_cli("simulate", "-m", "llama-3.1-8b", "--workload", str(f))
     assert r.returncode == 1 and "sessions.think_s" in r.stderr and "Traceback" not in r.stderr
