@@ -44,7 +44,7 @@ class Deployment:
     profile: str | None = None  # a calibrated profile (file or bundled name); None: the roofline
     allow_profile_mismatch: bool = False
     replicas: int = 1
-    router: Literal["round_robin", "least_outstanding", "queue"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "affinity", "queue"] = "round_robin"
     router_max_ongoing: int | None = None  # router "queue": requests per replica before the router holds them
     frontend_s: float = 0.0
     autoscale: AutoscaleConfig | None = None  # a pool that follows the load (replicas is then ignored)
@@ -397,10 +397,15 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     client, say = client_wait(sim.client_waits, measured.arrival, n_warm, arr.max_concurrency)
     notes += say
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
+    if workload.sessions is not None and offered is not None:  # turns/s: sessions/s x mean turns (uncongested)
+        from capacity.sessions import session_note
+
+        offered *= workload.sessions.mean_turns
+        notes.append(session_note(workload))
     steady = arr.kind in STEADY_ARRIVALS
     trend = ttft_trend(measured.arrival, measured.first_token) if steady and not sim.saturation else None
     cap = None
-    if opts.capacity_check and steady and disagg is None and dep.autoscale is None:
+    if opts.capacity_check and steady and disagg is None and dep.autoscale is None and workload.sessions is None:
         cap, why = measure_capacity(dep, workload, p, opts)
         notes += [why] if why else []
     notes += stability_notes(sim, trend, cap, offered)

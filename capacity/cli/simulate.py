@@ -53,7 +53,10 @@ def simulate(
     arrival: Annotated[str, typer.Option("--arrival", help="poisson, gamma, constant, closed, offline (all at t=0)")] = "poisson",
     cv: Annotated[float, typer.Option("--cv", help="Gamma arrivals: coefficient of variation (burstiness)")] = 1.0,
     users: Annotated[Optional[int], typer.Option("--users", help="Closed loop: concurrent users")] = None,
-    think_s: Annotated[float, typer.Option("--think-s", help="Closed loop: mean think time, s")] = 0.0,
+    think_s: Annotated[Optional[float], typer.Option("--think-s", help="Closed loop or --turns: mean think time, s (default 0; sessions: 10)")] = None,
+    turns: Annotated[Optional[str], typer.Option("--turns", help="Multi-turn sessions (docs/sessions.md): turns per session, N, LOW-HIGH or lognormal:MEAN:CV; --rate is then new sessions/s, --input-len the first prompt, --output-len each turn's")] = None,
+    turn_tokens: Annotated[str, typer.Option("--turn-tokens", help="--turns: tokens each later turn adds to the context (N, LOW-HIGH or lognormal:MEAN:CV)")] = "128",
+    think_cv: Annotated[float, typer.Option("--think-cv", help="--turns: think time's coefficient of variation (1 exponential, 0 fixed)")] = 1.0,
     max_concurrency: Annotated[Optional[int], typer.Option("--max-concurrency", help="Open loop behind a client that keeps at most this many requests in flight (vllm bench serve --request-rate R --max-concurrency C); TTFT is timed from the send")] = None,
     workload: Annotated[Optional[str], typer.Option("--workload", help="Workload YAML/JSON (overrides the flags above)")] = None,
     trace: Annotated[Optional[str], typer.Option(
@@ -67,8 +70,9 @@ def simulate(
         "--window", help="--trace: START:END seconds from its first request")] = None,
     policy: Annotated[str, typer.Option("--policy", help="continuous, priority, sjf or static")] = "continuous",
     replicas: Annotated[int, typer.Option("--replicas", help="Replicas behind the router")] = 1,
-    router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, or queue (one FIFO at the "
-                                        "router, each replica taking up to --router-max-ongoing)")] = "round_robin",
+    router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, affinity (a session's turns "
+                                        "to its last replica unless the load is imbalanced), or queue (one FIFO at "
+                                        "the router, each replica taking up to --router-max-ongoing)")] = "round_robin",
     router_max_ongoing: Annotated[Optional[int], typer.Option(
         "--router-max-ongoing", help="Router queue: requests per replica before the router holds them "
                                      "(default: max_num_seqs; Ray Serve max_ongoing_requests)")] = None,
@@ -130,6 +134,8 @@ def simulate(
     import tempfile
 
     stack = contextlib.ExitStack()
+    if turns and (trace or workload):
+        raise CapacityError("--turns: declare sessions in the workload file (`sessions:`), not with --trace/--workload")
     if trace and workload:
         raise CapacityError("--trace and --workload: give one (a workload file names its trace in `trace`)")
     if trace:  # converted (window, time scale, checks) into a temporary trace of capacity's form, then replayed
@@ -150,7 +156,7 @@ def simulate(
     else:
         if requests <= 0:
             raise CapacityError(f"--requests: must be > 0 (got {requests})")
-        arr = {"kind": arrival, "cv": cv, "think_s": think_s}
+        arr = {"kind": arrival, "cv": cv, "think_s": think_s or 0.0}
         if arrival == "closed":
             arr["users"] = users
         elif arrival != "offline":
@@ -161,10 +167,19 @@ def simulate(
             arr["max_concurrency"] = max_concurrency
         cls = RequestClass(slo_ttft_s=slo_ttft_ms / 1e3 if slo_ttft_ms else None,
                            slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
+        sess = None
+        if turns is not None:
+            from capacity.sessions import Sessions
+
+            arr["think_s"] = 0.0
+            sess = validate(Sessions, {"turns": _lengths("--turns", turns), "new_tokens": _lengths("--turn-tokens", turn_tokens),
+                                       "think_cv": think_cv} | ({} if think_s is None else {"think_s": think_s}), "--turns")
+        elif turn_tokens != "128" or think_cv != 1.0:
+            raise CapacityError("--turn-tokens and --think-cv apply to --turns (multi-turn sessions)")
         spec = validate(WorkloadSpec, {"arrivals": validate(Arrivals, arr, "arrival options"),
                                        "input_len": _lengths("--input-len", input_len),
                                        "output_len": _lengths("--output-len", output_len), "num_requests": requests,
-                                       "classes": [cls]}, "--requests")
+                                       "classes": [cls], "sessions": sess}, "--requests")
     if frontend_ms < 0:
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,

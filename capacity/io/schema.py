@@ -21,12 +21,14 @@ def _models() -> list[tuple[str, type[BaseModel]]]:
     from capacity.model.card import MLA, ModelCard, MoE
     from capacity.model.gpus import GPU
     from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
+    from capacity.sessions import Sessions
     from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
 
     return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", EngineConfig),
             ("engine.memory_params", MemoryModelParams), ("workload (also `simulate --workload`)", WorkloadSpec),
             ("workload.arrivals", Arrivals), ("workload.arrivals.curve", RateCurve), ("lengths (input_len, output_len)", Lengths),
-            ("workload.classes[]", RequestClass), ("workload.prefix", PrefixGroups), ("slo", SLOSpec),
+            ("workload.classes[]", RequestClass), ("workload.prefix", PrefixGroups),
+            ("workload.sessions (docs/sessions.md)", Sessions), ("slo", SLOSpec),
             ("search", SearchSpec), ("Model card (`models/*.yaml`)", ModelCard), ("model card: moe", MoE),
             ("model card: mla", MLA), ("GPU (a catalogue entry or your own GPU YAML)", GPU)]
 

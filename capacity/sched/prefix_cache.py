@@ -4,7 +4,8 @@ Every full block of every request is cached under a key standing for its hash, n
 block i of a request is its prefix group's block i while the group's shared tokens fill it ((i + 1) x block
 <= prefix_tokens), or, for a replayed trace with prefix ids (Mooncake's hash_ids: one per 512-token chunk,
 equal ids meaning an equal prompt up to that chunk's end), the block under its chunk's id while it lies wholly
-inside that chunk and the prompt, else the request's own. A block is cached when it is allocated for the tokens that fill it
+inside that chunk and the prompt (a multi-turn session's, capacity.sessions: inside the prompt and output, which
+the next turn's prompt holds), else the request's own. A block is cached when it is allocated for the tokens that fill it
 (`allocate_slots` caches up to min(computed + new, tokens known), before the step runs), so a request admitted
 later in the same step already hits it. Freed blocks stay cached until the free queue hands them out again:
 
@@ -99,7 +100,9 @@ class PrefixCachingKVCacheManager(KVCacheManager):
         if req.block_keys:  # a trace's prefix ids: block i inside chunk c whose id says the prompt up to it
             bs, kt = self.block_size, req.block_key_tokens
             c = i * bs // kt
-            if c < len(req.block_keys) and (i + 1) * bs <= min((c + 1) * kt, req.prompt_tokens):
+            # a session's keys cover its output too (the next turn's prompt holds it); a trace's only its prompt
+            known = req.prompt_tokens + req.output_tokens if req.session >= 0 else req.prompt_tokens
+            if c < len(req.block_keys) and (i + 1) * bs <= min((c + 1) * kt, known):
                 return (req.block_keys[c], -2, i)
         return (-1, req.id, i)
 

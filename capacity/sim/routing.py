@@ -21,8 +21,25 @@ if TYPE_CHECKING:
     from capacity.sim.simulator import Disaggregation, Simulation
 
 
+# SGLang's cache-aware router (sgl-router / SMG `--policy cache_aware`): the load counts as imbalanced when the
+# busiest replica holds more than BALANCE_ABS requests above the idlest AND more than BALANCE_REL times as many;
+# then it routes by load, else by cache (its defaults: --balance-abs-threshold 64, --balance-rel-threshold 1.5)
+BALANCE_ABS, BALANCE_REL = 64, 1.5
+
+
+def imbalanced(most: int, least: int) -> bool:
+    """SGLang's cache-aware router's test on the busiest and the idlest replica's requests (see above)."""
+    return most - least > BALANCE_ABS and most > BALANCE_REL * least
+
+
 class Router:
-    """Dispatch to replicas: round-robin, least outstanding, or one FIFO queue at the router ("queue").
+    """Dispatch to replicas: round-robin, least outstanding, session affinity, or one FIFO queue at the router
+    ("queue").
+
+    "affinity" sends a multi-turn session's next turn (capacity.sessions) to the replica that served its last
+    one, whose prefix cache holds its context, unless the load is imbalanced (SGLang's cache-aware rule above,
+    its prefix-tree match reduced to the session's last replica); a session's first turn, a request of no
+    session and an imbalanced pool go to the least outstanding replica.
 
     "queue" holds every request at the router and sends the head to the least-loaded replica with fewer than
     `max_ongoing` requests (default: the replica's max_num_seqs) the moment one has room: at an arrival, or
@@ -36,15 +53,25 @@ class Router:
         self.rr = 0
         self.queue: deque[Request] = deque()
         self.max_ongoing = max_ongoing
+        self.home: dict[int, Replica] = {}  # "affinity": session -> the replica of its last turn
         for rep in replicas:
             rep.router = self
 
-    def pick(self) -> Replica:
+    def pick(self, req: Request | None = None) -> Replica:
         if self.policy == "round_robin":
             rep = self.replicas[self.rr % len(self.replicas)]
             self.rr += 1
             return rep
-        return min(self.replicas, key=lambda r: (r.outstanding, r.idx))
+        least = min(self.replicas, key=lambda r: (r.outstanding, r.idx))
+        if self.policy != "affinity" or req is None or req.session < 0:
+            return least
+        home = self.home.get(req.session)
+        if home is None or home not in self.replicas:  # a first turn, or its replica left the pool
+            rep = least
+        else:
+            rep = least if imbalanced(max(r.outstanding for r in self.replicas), least.outstanding) else home
+        self.home[req.session] = rep
+        return rep
 
     def dispatch_seq(self, seq: Seq) -> bool:
         """A sequence from the prefill pool (disaggregated serving) to a decode replica; False if it cannot run
@@ -68,7 +95,7 @@ class Router:
             self.queue.append(req)
             self.pull()
             return
-        rep = self.pick()
+        rep = self.pick(req)
         why = rep.sched.admissible(req)
         if why:
             self.sim.reject(req, why)

@@ -34,7 +34,7 @@ from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
 from capacity.sim.entities import Recorder, Replica
 from capacity.sim.metrics import Records
 from capacity.sim.routing import Delay, KVTransfer, Router
-from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource
+from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers
 from capacity.workload import Request, WorkloadSpec, generate
 
 
@@ -103,13 +103,13 @@ class Service:
                 raise CapacityError(f"service {self.name}: {f} must be a finite number >= 0 (got {v})")
 
 
-ROUTERS = ("round_robin", "least_outstanding", "queue")
+ROUTERS = ("round_robin", "least_outstanding", "affinity", "queue")
 
 
 @dataclass
 class SimConfig:
     replicas: int = 1
-    router: Literal["round_robin", "least_outstanding", "queue"] = "round_robin"
+    router: Literal["round_robin", "least_outstanding", "affinity", "queue"] = "round_robin"
     router_max_ongoing: int | None = None  # "queue": requests per replica before the router holds them (None: max_num_seqs)
     fast_forward: bool = True
     max_stretch: int = 1 << 30
@@ -256,7 +256,7 @@ class Simulation:
         self.result.rejected.append((req.id, why))
         w = self.waiters.pop(req.id, None)
         if w is not None:
-            w.succeed(self.users.answered() if self.users else None)
+            w.succeed(self.users.answered(req) if self.users else None)
 
     def finish(self, done: list[Seq]) -> None:
         for s in done:
@@ -267,7 +267,7 @@ class Simulation:
             self.recorder.finished(s)
             w = self.waiters.pop(s.req.id, None)
             if w is not None:  # a closed-loop user: when it will send again is known now (the fast path's horizon)
-                w.succeed(self.users.answered() if self.users else None)
+                w.succeed(self.users.answered(s.req) if self.users else None)
         for r in self.queue_routers:  # a replica has room now: the router's queue moves
             r.pull()
 
@@ -357,7 +357,10 @@ class Simulation:
         env, cfg, res = self.env, self.cfg, self.result
         closed = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "closed"
         capped = isinstance(workload, WorkloadSpec) and workload.arrivals.max_concurrency is not None
-        if closed:
+        if isinstance(workload, WorkloadSpec) and workload.sessions is not None:
+            self.users = SessionUsers(self, workload)
+            self.users.start()
+        elif closed:
             self.users = ClosedLoopUsers(self, workload)  # type: ignore[arg-type]
             self.users.start()
         elif capped:

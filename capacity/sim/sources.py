@@ -1,6 +1,7 @@
 """Where requests come from: `OpenLoopSource` (generated or traced arrival times), `ClosedLoopUsers` (users
-who send, wait for the answer, think, and send again) and `CappedOpenLoop` (arrival times behind a client's cap on
-requests in flight). Wired by `capacity.sim.simulator.Simulation`.
+who send, wait for the answer, think, and send again), `CappedOpenLoop` (arrival times behind a client's cap on
+requests in flight) and `SessionUsers` (multi-turn sessions, capacity.sessions). Wired by
+`capacity.sim.simulator.Simulation`.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import math
 from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
+from capacity.sessions import first_turn, next_turn, session_starts
 from capacity.workload import Request, WorkloadSpec, draw_attributes
 
 if TYPE_CHECKING:
@@ -52,7 +54,7 @@ class ClosedLoopUsers:
         for _ in range(self.spec.arrivals.users or 0):
             self.sim.env.process(self.user())
 
-    def answered(self) -> float | None:
+    def answered(self, req: Request) -> float | None:
         """A user got its answer now: when it sends its next request, or None when the workload is issued."""
         if self.issued + self.promised >= self.spec.num_requests:
             return None
@@ -117,7 +119,7 @@ class CappedOpenLoop(ClosedLoopUsers):
         self.sim.next_arrival_s = self.due[0]
         return t
 
-    def answered(self) -> float | None:
+    def answered(self, req: Request) -> float | None:
         return self._take()
 
     def slot(self, due: float | None) -> Generator[Any, float | None, None]:
@@ -135,3 +137,84 @@ class CappedOpenLoop(ClosedLoopUsers):
             sim.waiters[req.id] = done
             sim.enter(req)
             due = yield done
+
+
+class SessionUsers(ClosedLoopUsers):
+    """Multi-turn sessions (capacity.sessions): sessions start at the workload's arrival times; a session sends
+    a turn, waits for its answer (or rejection), thinks, and sends the next turn, its context grown by the answer
+    and new tokens, until its turns are done or the workload's request count is issued. A rejected turn ends its
+    session. The next send times (session starts and turns due after thinking) are kept as the closed loop keeps
+    its users' (`due`, whose minimum is the fast path's horizon)."""
+
+    def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
+        super().__init__(sim, spec)
+        self.starts = session_starts(spec, sim.rng, spec.num_requests)
+        self.left: dict[int, int] = {}  # session -> turns still to send after the one in flight
+        self.sessions = 0
+
+    def start(self) -> None:
+        self.sim.env.process(self.starter())
+
+    def _wait(self, t: float) -> Generator:
+        """Until `t`, kept in `due` meanwhile (the simulation's next arrival)."""
+        sim = self.sim
+        heapq.heappush(self.due, t)
+        sim.next_arrival_s = self.due[0]
+        if t > sim.env.now:
+            yield sim.env.timeout(t - sim.env.now)
+        heapq.heappop(self.due)  # the smallest: the clock has reached it
+        sim.next_arrival_s = self.due[0] if self.due else math.inf
+
+    def _send(self, req: Request) -> Any:
+        sim = self.sim
+        self.issued += 1
+        done = sim.env.event()
+        sim.waiters[req.id] = done
+        sim.enter(req)
+        if self.issued == self.spec.num_requests:
+            sim.check_overload(self.issued)
+        return done
+
+    def starter(self) -> Generator:
+        for t in self.starts:
+            if self.issued + self.promised >= self.spec.num_requests:
+                return
+            yield from self._wait(float(t))
+            if self.issued + self.promised >= self.spec.num_requests:
+                return
+            req, turns = first_turn(self.spec, self.sim.rng, self.sessions, self.issued)
+            req.arrival_s = self.sim.env.now
+            self.sessions += 1
+            self.left[req.session] = turns - 1
+            # sent here, at the start time, so that no engine step at this instant misses it
+            self.sim.env.process(self.session(req, self._send(req)))
+
+    def answered(self, req: Request) -> float | None:
+        """A turn was answered (or rejected) now: when its session sends the next, or None when it ends."""
+        sim, res = self.sim, self.sim.result
+        rejected = bool(res.rejected) and res.rejected[-1][0] == req.id
+        if rejected or self.left.get(req.session, 0) <= 0 or self.issued + self.promised >= self.spec.num_requests:
+            self.left.pop(req.session, None)
+            return None
+        self.left[req.session] -= 1
+        self.promised += 1
+        sess = self.spec.sessions
+        assert sess is not None
+        t = sim.env.now + sess.think(sim.rng)
+        heapq.heappush(self.due, t)
+        sim.next_arrival_s = self.due[0]
+        return t
+
+    def session(self, req: Request, done: Any) -> Generator[Any, float | None, None]:
+        sim, env = self.sim, self.sim.env
+        while True:
+            due = yield done
+            if due is None:
+                return
+            if due > env.now:
+                yield env.timeout(due - env.now)
+            heapq.heappop(self.due)  # this session's due time: the smallest, as the clock has reached it
+            self.promised -= 1
+            sim.next_arrival_s = self.due[0] if self.due else math.inf
+            req = next_turn(self.spec, sim.rng, req, self.issued, env.now)
+            done = self._send(req)
