@@ -219,7 +219,9 @@ class Sglang(SglangMemory):
     def overlap_schedule(cfg: EngineConfig) -> bool:
         """EngineConfig.async_scheduling for SGLang: its overlap scheduler (the CPU forms step n+1 before it
         processes step n's output), on by default; `--disable-overlap-schedule` turns it off."""
-        return cfg.async_scheduling is not False
+        # off with speculative decoding: SGLang v0.5.5 disables the overlap scheduler for EAGLE/MTP
+        # (ServerArgs._handle_speculative_decoding, python/sglang/srt/server_args.py, unless SGLANG_ENABLE_SPEC_V2)
+        return cfg.async_scheduling is not False and cfg.speculative is None
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """CPU time per step the GPU waits for: the configured figure, else vLLM's STEP_OVERHEAD_S (2 ms), which
