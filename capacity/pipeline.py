@@ -390,6 +390,10 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine)
+    if dep.engine.speculative is not None:
+        from capacity.engine.speculative import run_notes
+
+        notes += [w for w in b.warnings if w.startswith("speculative")] + run_notes(dep.engine.speculative)
     arr = workload.arrivals
     backlog = None
     if arr.kind == "closed" or arr.max_concurrency:  # a client's cap that binds is a closed loop of its slots

@@ -264,6 +264,9 @@ class Sglang(SglangMemory):
             parts.append("--disable-overlap-schedule")
         if cfg.enforce_eager:
             parts.append("--disable-cuda-graph")
+        from capacity.engine.speculative import launch_flags
+
+        parts += launch_flags("sglang", cfg.speculative)
         cmd = with_comment(ref, " ".join(parts))
         if cfg.usage_context == "llm":
             return "# offline: sglang.Engine(model_path=..., same keyword arguments); as a server:\n" + cmd

@@ -159,8 +159,8 @@ def draft_memory(card: ModelCard, spec: SpeculativeConfig, tp: int, kv_dtype: st
     d = draft_card(card, spec)
     w = weight_bytes_per_rank(d, tp)
     total = math.fsum(w.values())
-    if spec.method != "draft_model":
-        total -= w.get("embed_tokens", 0.0)
+    if spec.method != "draft_model":  # (its rotary cache too: vLLM's get_rope caches one per shape, shared)
+        total -= w.get("embed_tokens", 0.0) + w.get("rope_cache", 0.0)
         if spec.method != "eagle3":
             total -= w.get("lm_head", 0.0)
         fan_in = 3 if spec.method == "eagle3" else 2
@@ -204,6 +204,45 @@ def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig) -> Mem
                          f"blocks are left, one request of max_model_len {out.max_model_len:,} needs {need:,} "
                          f"at tp={b.tp}; lower max_model_len or raise tp")
     return out
+
+
+def launch_flags(engine: str, spec: SpeculativeConfig | None) -> list[str]:
+    """The launch command's flags: vLLM's --speculative-config JSON (vllm/config/speculative.py: method, model,
+    num_speculative_tokens); SGLang's --speculative-algorithm (EAGLE for eagle and the DeepSeek MTP/NextN head,
+    EAGLE3, STANDALONE for a draft model) with --speculative-num-steps k, --speculative-eagle-topk 1 and
+    --speculative-num-draft-tokens k + 1 (a chain, python/sglang/srt/server_args.py). The draft's path: draft_path,
+    else the draft model's card's hf_id; an EAGLE head without one is named DRAFT_PATH to fill in."""
+    if spec is None:
+        return []
+    import json
+
+    path = spec.draft_path
+    if path is None and spec.method == "draft_model":
+        from capacity.model.card import load_named_card
+
+        path = load_named_card(spec.draft_model or "").hf_id
+    if path is None and spec.method in ("eagle", "eagle3", "draft_model"):
+        path = "DRAFT_PATH"
+    k = spec.num_speculative_tokens
+    if engine == "sglang":
+        algo = {"eagle": "EAGLE", "mtp": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE"}[spec.method]
+        out = [f"--speculative-algorithm {algo}"] + ([f"--speculative-draft-model-path {path}"] if path else [])
+        return out + [f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"]
+    cfg: dict = {"method": spec.method, "num_speculative_tokens": k}
+    if path:
+        cfg["model"] = path
+    return [f"--speculative-config '{json.dumps(cfg, separators=(',', ':'))}'"]
+
+
+def run_notes(spec: SpeculativeConfig) -> list[str]:
+    """What a run's figures assume about speculation (printed with every simulation that uses it)."""
+    if spec.acceptance_source is not None:
+        where = f"the published figure {spec.acceptance_source} ({load_acceptance(spec.acceptance_source)['source']})"
+    else:
+        where = "the acceptance given (assumed, not measured here)"
+    return [f"speculative {spec.method}, k={spec.num_speculative_tokens}: E={mean_accepted(spec):.2f} tokens per "
+            f"verify step from {where}; ITL is the gap between verify steps (their tokens arrive together), TPOT "
+            "the mean per token"]
 
 
 def speculating(factory, spec: SpeculativeConfig):
