@@ -279,7 +279,7 @@ class Sglang(SglangMemory):
                  "the overlap scheduler's one-step-late output processing unless async_scheduling is false)",
                  "not modelled: the radix cache's prefix reuse (no prefix is shared: shared prefixes run better than "
                  "simulated), mixed chunked prefill, the CPU time the overlap scheduler hides (in the step overhead), "
-                 "speculative decoding, DP attention, priority scheduling",
+                 "speculative draft trees (top-k > 1), DP attention, priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
                  "gpu_memory_utilization has no SGLang meaning: F is the release's default, spelled out in the command"]

@@ -37,8 +37,8 @@ SGLang, `event_loop_overlap`): steps decided on one-step-stale state, in `sglang
 
 Not modelled: the radix (prefix) cache (no prefix is shared; with no reuse SGLang's evictable cache counts as
 free slots, as here), the stricter admission of `ignore_eos` requests when the radix cache is disabled
-(`add_one_req_ignore_eos`), mixed chunked prefill, priority scheduling and its preemption, speculative decoding,
-DP attention, LoRA batching, hierarchical cache, disaggregation.
+(`add_one_req_ignore_eos`), mixed chunked prefill, priority scheduling and its preemption, speculative draft trees
+(top-k > 1), DP attention, LoRA batching, hierarchical cache, disaggregation.
 
 The ratio is kept as (base, decode steps since) so that `advance_decodes(k)` (the simulator's fast path) and k
 single decode steps give the same float: base - n x decay, floored at min once n > 0.
