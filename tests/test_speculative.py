@@ -119,3 +119,45 @@ def test_bad_speculative_input_is_one_line_naming_the_field(flags, field, value)
     err = r.stderr.strip()
     assert len(err.splitlines()) == 1 and "Traceback" not in err
     assert field in err and value in err
+
+
+def test_launch_flags_spell_the_speculation_for_each_engine():
+    from capacity.engine.speculative import launch_flags
+
+    e3 = spec(method="eagle3", acceptance_rate=0.7, draft_path="yuhuili/EAGLE3-LLaMA3.1-Instruct-8B")
+    assert launch_flags("vllm", e3) == [
+        """--speculative-config '{"method":"eagle3","num_speculative_tokens":3,"model":"yuhuili/EAGLE3-LLaMA3.1-Instruct-8B"}'"""]
+    assert launch_flags("sglang", e3) == [
+        "--speculative-algorithm EAGLE3", "--speculative-draft-model-path yuhuili/EAGLE3-LLaMA3.1-Instruct-8B",
+        "--speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4"]
+    mtp = spec(method="mtp", num_speculative_tokens=1, acceptance_rate=0.875)
+    assert launch_flags("vllm", mtp) == ["""--speculative-config '{"method":"mtp","num_speculative_tokens":1}'"""]
+    assert launch_flags("sglang", mtp) == [  # SGLang's DeepSeek guide: EAGLE with one step, top-k 1, 2 draft tokens
+        "--speculative-algorithm EAGLE", "--speculative-num-steps 1 --speculative-eagle-topk 1 "
+        "--speculative-num-draft-tokens 2"]
+    assert launch_flags("vllm", None) == []
+
+
+def test_sglang_runs_speculation_without_its_overlap_scheduler():
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.sglang import Sglang
+
+    on = EngineConfig(engine="sglang", speculative=spec(method="mtp", num_speculative_tokens=1, acceptance_rate=0.9))
+    assert Sglang.overlap_schedule(EngineConfig(engine="sglang")) and not Sglang.overlap_schedule(on)
+
+
+def test_the_draft_takes_its_memory_from_the_kv_cache(card):
+    from capacity.engine import get_engine
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.speculative import with_draft
+    from capacity.model.gpus import get_gpu
+
+    c = card("llama-3.1-8b")
+    b = get_engine("vllm").budget(c, get_gpu("h100-sxm"), EngineConfig(max_model_len=4096))
+    s = spec(acceptance_rate=0.7)
+    w, kv = draft_memory(c, s, 1, "bf16")
+    d = with_draft(b, c, s)
+    assert d.weights_bytes == b.weights_bytes + w
+    assert d.kv_bytes_per_token == b.kv_bytes_per_token + kv == 33 * 4096 * 32 // 32  # 32 layers + the head's one
+    bb, bb_new = b.block_bytes, b.block_bytes * 33 / 32
+    assert d.planning_blocks == int((b.planning_blocks * bb - w) // bb_new)

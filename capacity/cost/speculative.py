@@ -32,6 +32,7 @@ class SpeculativeCost:
     k: int
     engine: Literal["vllm", "sglang"] = "vllm"
     label: str = ""
+    forward_overhead_s: float = 0.0  # engine time per draft forward beyond the draft cost's own (given, not derived)
 
     def __post_init__(self) -> None:
         self.source = f"{self.base.source}; speculative {self.label}, draft on {self.draft.source}"
@@ -41,20 +42,20 @@ class SpeculativeCost:
 
     def draft_s(self, plan: StepPlan) -> float:
         """The draft's forwards in a step whose target plan is `plan` (verify queries already set)."""
-        d = self.draft
+        d, o = self.draft, self.forward_overhead_s
         ctx = plan.decode_contexts
         t = 0.0
         if self.engine == "vllm":
             if plan.num_tokens:
-                t += d.step_s(plan)  # the first forward: every token the target ran
+                t += d.step_s(plan) + o  # the first forward: every token the target ran
             for j in range(1, self.k if ctx else 0):
-                t += d.step_s(StepPlan(decode_contexts=tuple(c + j for c in ctx)))
+                t += d.step_s(StepPlan(decode_contexts=tuple(c + j for c in ctx))) + o
             return t
         if not ctx:
-            return d.step_s(plan) if plan.num_tokens else 0.0  # draft extend over a prefill batch
+            return d.step_s(plan) + o if plan.num_tokens else 0.0  # draft extend over a prefill batch
         for j in range(self.k):  # draft(): one token per sequence per step
-            t += d.step_s(StepPlan(decode_contexts=tuple(c + j for c in ctx)))
-        return t + d.step_s(plan)  # the draft extend over the verified positions
+            t += d.step_s(StepPlan(decode_contexts=tuple(c + j for c in ctx))) + o
+        return t + d.step_s(plan) + o  # the draft extend over the verified positions
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         v = self.verify_plan(plan)

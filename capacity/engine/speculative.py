@@ -60,6 +60,9 @@ class SpeculativeConfig(BaseModel):
     # card's hf_id for draft_model, the target itself for mtp, required for eagle/eagle3 in a launch command only
     draft_path: str | None = None
     draft_vocab_size: Annotated[int, Field(gt=0, le=10**7)] | None = None  # EAGLE-3's own LM head (Llama 3.1: 32000)
+    # Engine time per draft forward beyond its roofline (the propose loop's launches, sampling, input preparation),
+    # ms. 0: none (the roofline alone, the default); a measured figure where the draft loop was profiled.
+    draft_overhead_ms: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] = 0.0
 
     @model_validator(mode="after")
     def _check(self) -> SpeculativeConfig:
@@ -267,4 +270,5 @@ def wrap_cost(cost, card: ModelCard, spec: SpeculativeConfig, gpu, tp: int, kv_d
     draft = RooflineCost(draft_card(card, spec), gpu, tp, kv_dtype=None if kv_dtype in (None, "auto") else kv_dtype,
                          params=RooflineParams(step_overhead_s=0.0))
     return SpeculativeCost(cost, draft, spec.num_speculative_tokens, "sglang" if engine.startswith("sglang") else "vllm",
-                           label=f"{spec.method} k={spec.num_speculative_tokens}, E={mean_accepted(spec):.2f}")
+                           label=f"{spec.method} k={spec.num_speculative_tokens}, E={mean_accepted(spec):.2f}",
+                           forward_overhead_s=spec.draft_overhead_ms / 1e3)
