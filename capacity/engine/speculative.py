@@ -201,7 +201,8 @@ def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig) -> Mem
                   "per rank taken from the KV cache (its activations and CUDA graphs are not counted)"])
     tokens = out.planning_blocks // max(1, out.kv_groups.groups) * out.block_size
     out = dataclasses.replace(out, kv_tokens=tokens, max_concurrency=tokens / max(1, out.max_model_len))
-    need = out.kv_groups.startup_blocks(out.max_model_len, out.block_size)
+    # vLLM refuses to start below one max_model_len request; SGLang starts and caps a request at its pool
+    need = out.kv_groups.startup_blocks(out.max_model_len, out.block_size) if out.engine == "vllm" else 1
     if out.planning_blocks < need:
         raise DoesNotFit(f"{what}: with the draft's weights ({w / GiB:.2f} GiB) and KV, {out.planning_blocks:,} KV "
                          f"blocks are left, one request of max_model_len {out.max_model_len:,} needs {need:,} "
