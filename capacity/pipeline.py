@@ -123,6 +123,13 @@ def prepare(dep: Deployment) -> Prepared:
                           "modelled (capacity memory), their step costs are not: simulate and plan take tensor "
                           "parallelism only")
     b = em.budget(dep.card, dep.gpu, dep.engine)
+    spec = e.speculative
+    if spec is not None:
+        from capacity.engine import speculative
+
+        if em.name not in ("vllm", "sglang"):
+            raise ConfigError(f"speculative: modelled for vllm and sglang, not {em.name}")
+        b = speculative.with_draft(b, dep.card, spec)
     overlaps = em.overhead_overlaps(dep.engine)
     # An engine whose CPU work per step runs beside the GPU: the step cost is the GPU's alone, and the overlap
     # wrapper makes a step last the longer of the two (a profile's fitted overhead moves there too).
@@ -133,13 +140,17 @@ def prepare(dep: Deployment) -> Prepared:
     per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
+    factory = em.scheduler_factory(dep.engine, SchedLimits.of(b))
+    if spec is not None:  # the verify step and the draft's forwards; k drafts per decode, E - 1 accepted
+        cost = speculative.wrap_cost(cost, dep.card, spec, dep.gpu, b.tp, b.kv_dtype, e.engine)
+        factory = speculative.speculating(factory, spec)
     per_token = (dep.engine.output_cpu_us_per_token or 0.0) / 1e6
     if per_step or per_token:
         from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 
         cost = (OutputPacedCost(cost, per_token) if not per_step else
                 CpuOverlapCost(cost, per_token_s=per_token, per_step_s=per_step))
-    return Prepared(em, b, cost, em.scheduler_factory(dep.engine, SchedLimits.of(b)))
+    return Prepared(em, b, cost, factory)
 
 
 @dataclass
@@ -379,6 +390,10 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine)
+    if dep.engine.speculative is not None:
+        from capacity.engine.speculative import run_notes
+
+        notes += [w for w in b.warnings if w.startswith("speculative")] + run_notes(dep.engine.speculative)
     arr = workload.arrivals
     backlog = None
     if arr.kind == "closed" or arr.max_concurrency:  # a client's cap that binds is a closed loop of its slots

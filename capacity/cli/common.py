@@ -72,6 +72,15 @@ LargeOpt = Annotated[Optional[bool], typer.Option(
 ActOpt = Annotated[Optional[float], typer.Option("--activation-gib", help="Measured activation peak, GiB")]
 NtOpt = Annotated[Optional[float], typer.Option("--non-torch-gib", help="Measured non-torch memory, GiB")]
 CgOpt = Annotated[Optional[float], typer.Option("--cuda-graph-gib", help="Measured CUDA-graph memory, GiB")]
+SpecOpt = Annotated[Optional[str], typer.Option(
+    "--speculative", help="Speculative decoding METHOD:K (draft_model, eagle, eagle3, mtp; K drafts per step), "
+    "e.g. eagle3:3 (docs/speculative.md)")]
+AcceptOpt = Annotated[Optional[str], typer.Option(
+    "--acceptance", help="--speculative: acceptance per draft token (0.7), per position (0.8,0.6,0.4) or a published "
+    "figure's name (deepseek-v3-mtp; capacity/data/speculative_acceptance.yaml)")]
+DraftOpt = Annotated[Optional[str], typer.Option("--draft-model", help="--speculative draft_model: the draft's card")]
+DraftVocabOpt = Annotated[Optional[int], typer.Option(
+    "--draft-vocab-size", help="--speculative eagle3: the head's own vocabulary (Llama 3.1's EAGLE-3: 32000)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="table (default), json, csv or md")]
 
@@ -196,3 +205,34 @@ def _lengths(flag: str, value: str):
         raise CapacityError(f"{flag} {value!r}: expected N, LOW-HIGH or lognormal:MEAN:CV[:MIN:MAX]") from None
     return validate(Lengths, data, flag)
 
+
+
+def speculative_fields(spec: str | None, acceptance: str | None, draft: str | None = None,
+                       draft_vocab: int | None = None) -> dict:
+    """EngineConfig's `speculative` from --speculative METHOD:K and --acceptance (a rate, a comma list of
+    per-position rates, or a published figure's name); {} without --speculative."""
+    if spec is None:
+        for flag, v in (("--acceptance", acceptance), ("--draft-model", draft), ("--draft-vocab-size", draft_vocab)):
+            if v is not None:
+                raise CapacityError(f"{flag} {v}: needs --speculative METHOD:K")
+        return {}
+    method, _, k = spec.partition(":")
+    try:
+        k_int = int(k)
+    except ValueError:
+        raise CapacityError(f"--speculative {spec!r}: expected METHOD:K, e.g. eagle3:3") from None
+    out: dict = {"method": method.strip(), "num_speculative_tokens": k_int}
+    a = (acceptance or "").strip()
+    if not a:
+        raise CapacityError("--acceptance: needed with --speculative (a rate, per-position rates or a published figure)")
+    try:
+        rates = [float(x) for x in a.split(",")]
+    except ValueError:
+        out["acceptance_source"] = a
+    else:
+        out.update({"acceptance": rates} if "," in a else {"acceptance_rate": rates[0]})
+    if draft is not None:
+        out["draft_model"] = draft
+    if draft_vocab is not None:
+        out["draft_vocab_size"] = draft_vocab
+    return {"speculative": out}

@@ -7,8 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.common import (
+    AcceptOpt,
     BlockOpt,
     CompOpt,
+    DraftOpt,
+    DraftVocabOpt,
     EagerOpt,
     EngineOpt,
     GpuMemOpt,
@@ -22,12 +25,14 @@ from capacity.cli.common import (
     OutputOpt,
     OverheadOpt,
     ReserveOpt,
+    SpecOpt,
     UsageOpt,
     WOpt,
     _lengths,
     app,
     engine_fields,
     output_kind,
+    speculative_fields,
 )
 from capacity.errors import CapacityError
 from capacity.files import dumps
@@ -109,6 +114,8 @@ def plan(
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
     engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
+    speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
+    draft_vocab_size: DraftVocabOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """The capacity plan: memory budget, max batch x max context frontier with P99 and capacity, max
@@ -151,6 +158,7 @@ def plan(
         ("step_overhead_ms", step_overhead_ms), ("output_cpu_us_per_token", output_cpu_us)) if v is not None}
     engines = [e.strip() for e in engine.split(",") if e.strip()] if engine and "," in engine else None
     eng_flags.update(engine_fields(None if engines else engine, optimistic, usage_context, large_gpu_defaults))
+    eng_flags.update(speculative_fields(speculative, acceptance, draft_model, draft_vocab_size))
     if eng_flags:
         flags["engine"] = eng_flags
     if gpu_memory_gib is not None:

@@ -7,8 +7,11 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.common import (
+    AcceptOpt,
     BlockOpt,
     CompOpt,
+    DraftOpt,
+    DraftVocabOpt,
     EagerOpt,
     EngineOpt,
     GpuMemOpt,
@@ -26,6 +29,7 @@ from capacity.cli.common import (
     OverheadOpt,
     ReserveOpt,
     SeqOpt,
+    SpecOpt,
     TpOpt,
     UsageOpt,
     UtilOpt,
@@ -36,6 +40,7 @@ from capacity.cli.common import (
     engine_fields,
     load_card,
     output_kind,
+    speculative_fields,
 )
 from capacity.errors import CapacityError
 from capacity.files import dumps
@@ -110,6 +115,8 @@ def simulate(
         "(repeat); each pool's memory budget and launch line follow its own settings")] = None,
     save_run: Annotated[Optional[str], typer.Option("--save-run", help="Also write the measured requests as a run file (for capacity compare)")] = None,
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --save-run file")] = False,
+    speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
+    draft_vocab_size: DraftVocabOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
@@ -129,7 +136,8 @@ def simulate(
         enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
         policy=policy, static_max_batch=max_batch,
         static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
-        output_cpu_us_per_token=output_cpu_us, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
+        output_cpu_us_per_token=output_cpu_us, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults),
+        **speculative_fields(speculative, acceptance, draft_model, draft_vocab_size))
     import contextlib
     import tempfile
 

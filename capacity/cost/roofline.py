@@ -216,9 +216,10 @@ class RooflineCost:
             pairs = p.new_tokens * (p.cached_tokens + (p.new_tokens + 1) / 2)
             t += self._op(pairs * per_key_flops, (p.cached_tokens + p.new_tokens) * kv_tok, self.params.attn_flops_eff,
                           self._attn_peak)
-        if plan.decode_contexts:  # one batched decode kernel: streams every sequence's KV once
+        if plan.decode_contexts:  # one batched decode kernel: streams every sequence's KV once (for all its queries)
             keys = sum(d + 1 for d in plan.decode_contexts)
-            t += self._op(keys * per_key_flops, keys * kv_tok, self.params.attn_flops_eff, self._attn_peak)
+            t += self._op(keys * per_key_flops * plan.decode_queries, keys * kv_tok, self.params.attn_flops_eff,
+                          self._attn_peak)
         return t
 
     def _mlp_s(self, tokens: int, moe_layer: bool) -> float:
@@ -264,6 +265,15 @@ class RooflineCost:
                 pairs * self._per_key_flops, (cached + new) * self._kv_tok, self.params.attn_flops_eff, self._attn_peak)
         return got
 
+    def _decode_key_s(self, queries: int) -> float:
+        """Decode attention of one layer per key read, with `queries` query tokens per sequence (a speculative
+        verify step: k + 1), which multiply the FLOPs, not the KV bytes streamed."""
+        if queries == 1:
+            return self._decode_s_per_key
+        p = self.params
+        return max(queries * self._per_key_flops / (self._attn_peak * p.attn_flops_eff),
+                   self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
+
     def decode_step_s(self, batch: int, keys: int) -> float:
         """A decode-only step of `batch` sequences reading `keys` keys in total (sum of context + 1)."""
         gemm, norms, comm, samp = self._terms(batch, batch)
@@ -282,7 +292,7 @@ class RooflineCost:
             attn += self._chunk_s(p.new_tokens, p.cached_tokens)
         if plan.decode_contexts:
             keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
-            attn += keys * self._decode_s_per_key + self.params.kernel_launch_s
+            attn += keys * self._decode_key_s(plan.decode_queries) + self.params.kernel_launch_s
         return {"gemm": gemm, "attention": self.card.num_layers * attn, "norms": norms, "communication": comm,
                 "sampling": samp, "overhead": self.params.step_overhead_s}
 

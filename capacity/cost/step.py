@@ -23,14 +23,17 @@ class PrefillChunk:
 class StepPlan:
     prefills: tuple[PrefillChunk, ...] = ()
     decode_contexts: tuple[int, ...] = ()  # context length of each decoding sequence (tokens already cached)
+    # query tokens per decoding sequence: 1, or k + 1 in a speculative verify step (the last token and k drafts,
+    # each with its logits; capacity.cost.speculative)
+    decode_queries: int = 1
 
     @property
     def num_tokens(self) -> int:
-        return sum(p.new_tokens for p in self.prefills) + len(self.decode_contexts)
+        return sum(p.new_tokens for p in self.prefills) + len(self.decode_contexts) * self.decode_queries
 
     @property
     def num_sampled(self) -> int:
-        return sum(p.emits_token for p in self.prefills) + len(self.decode_contexts)
+        return sum(p.emits_token for p in self.prefills) + len(self.decode_contexts) * self.decode_queries
 
 
 class StepCost(Protocol):

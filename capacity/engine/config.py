@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from capacity.engine.speculative import SpeculativeConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.units import GiB
@@ -120,6 +121,9 @@ class EngineConfig(BaseModel):
     non_torch_bytes: NonNegFloat | None = None  # measured non-torch memory, bytes
     cuda_graph_bytes: NonNegFloat | None = None  # measured CUDA-graph memory, bytes
     memory_params: MemoryModelParams = MemoryModelParams()  # the estimated terms' parameters (below)
+    # Speculative decoding (vLLM's --speculative-config, SGLang's --speculative-algorithm ...): method, drafts per
+    # step, the acceptance assumed; None: off. See capacity/engine/speculative.py and docs/speculative.md.
+    speculative: SpeculativeConfig | None = None
 
     @field_validator("policy")
     @classmethod

@@ -219,7 +219,9 @@ class Sglang(SglangMemory):
     def overlap_schedule(cfg: EngineConfig) -> bool:
         """EngineConfig.async_scheduling for SGLang: its overlap scheduler (the CPU forms step n+1 before it
         processes step n's output), on by default; `--disable-overlap-schedule` turns it off."""
-        return cfg.async_scheduling is not False
+        # off with speculative decoding: SGLang v0.5.5 disables the overlap scheduler for EAGLE/MTP
+        # (ServerArgs._handle_speculative_decoding, python/sglang/srt/server_args.py, unless SGLANG_ENABLE_SPEC_V2)
+        return cfg.async_scheduling is not False and cfg.speculative is None
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """CPU time per step the GPU waits for: the configured figure, else vLLM's STEP_OVERHEAD_S (2 ms), which
@@ -262,6 +264,9 @@ class Sglang(SglangMemory):
             parts.append("--disable-overlap-schedule")
         if cfg.enforce_eager:
             parts.append("--disable-cuda-graph")
+        from capacity.engine.speculative import launch_flags
+
+        parts += launch_flags("sglang", cfg.speculative)
         cmd = with_comment(ref, " ".join(parts))
         if cfg.usage_context == "llm":
             return "# offline: sglang.Engine(model_path=..., same keyword arguments); as a server:\n" + cmd
@@ -274,7 +279,7 @@ class Sglang(SglangMemory):
                  "the overlap scheduler's one-step-late output processing unless async_scheduling is false)",
                  "not modelled: the radix cache's prefix reuse (no prefix is shared: shared prefixes run better than "
                  "simulated), mixed chunked prefill, the CPU time the overlap scheduler hides (in the step overhead), "
-                 "speculative decoding, DP attention, priority scheduling",
+                 "speculative draft trees (top-k > 1), DP attention, priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
                  "gpu_memory_utilization has no SGLang meaning: F is the release's default, spelled out in the command"]

@@ -198,6 +198,9 @@ class Vllm(VllmMemory):
             parts.append("--scheduling-policy priority")
         if cfg.num_gpu_blocks_override is not None:
             parts.append(f"--num-gpu-blocks-override {cfg.num_gpu_blocks_override}")
+        from capacity.engine.speculative import launch_flags
+
+        parts += launch_flags("vllm", cfg.speculative)
         env = []
         if cfg.cuda_graphs_in_budget is not None and cfg.cuda_graphs_in_budget != rel.cuda_graphs_in_budget_default:
             env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(cfg.cuda_graphs_in_budget)}")

@@ -45,6 +45,7 @@ class Seq:
     inflight: int = 0  # async scheduling: tokens of its last step whose output the engine has not processed yet
     loading: int = 0  # disaggregated decode pool: 1 its prompt's KV is to be loaded on admission, 2 it is loading
     cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
+    spec_credit: float = 0.0  # speculative decoding: accepted draft tokens owed (the fraction of the mean not yet given)
 
     def __post_init__(self) -> None:
         self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens
@@ -60,6 +61,35 @@ class Seq:
     @property
     def is_decode(self) -> bool:
         return self.generated > 0 and self.prompt + self.generated - self.computed == 1
+
+
+def accept_drafts(seq: Seq, kv: KVCacheManager, k: int, extra_mean: float) -> int:
+    """Speculative decoding, after a decode (verify) step of `seq` that emitted its one sure token: how many of its
+    k draft tokens were accepted, applied to its counts (KV computed, outputs). The expected value, not a draw:
+    each verify step owes the sequence `extra_mean` = E - 1 accepted drafts (E the mean accepted length, bonus token
+    included), paid in whole tokens as the credit reaches them, so over n steps it gets n x E tokens to within
+    one, exactly, whatever the seed. (A per-step random draw would add variance that averages out over a request's
+    hundreds of steps; the variance that matters, acceptance differing from prompt to prompt, is not a per-step
+    draw either.) Capped at the request's remaining outputs and at the KV slots the pool can give (vLLM reserves
+    the k lookahead slots when it schedules the step, `allocate_slots(num_lookahead_tokens=...)` in
+    vllm/v1/core/sched/scheduler.py; here they are taken after it, and a full pool accepts fewer)."""
+    c = seq.spec_credit + extra_mean
+    a = int(c)
+    seq.spec_credit = c - a
+    left = seq.output - seq.generated
+    if a > left:
+        a = left
+    if a > k:
+        a = k
+    if a <= 0:
+        return 0
+    if seq.computed + a > seq.kv_capacity and not kv.allocate_slots(seq, a):
+        a = seq.kv_capacity - seq.computed
+        if a <= 0:
+            return 0
+    seq.computed += a
+    seq.generated += a
+    return a
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # SglangScheduler's base (its tests subclass it)

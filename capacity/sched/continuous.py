@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import NAN, Seq, Step
+from capacity.sched.base import NAN, Seq, Step, accept_drafts
 from capacity.sched.kv import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.sched.stretch import DecodeStretches
@@ -59,6 +59,11 @@ class ContinuousConfig:
     # one's output is processed, so a sequence that finished in a step keeps its blocks and its place in the
     # running batch (counted against max_num_seqs, never scheduled) until after the next schedule call
     async_scheduling: bool = False
+    # Speculative decoding (capacity.engine.speculative): k draft tokens per decoding sequence, which then costs
+    # 1 + k tokens of the step's budget (vLLM: num_tokens_with_spec - num_computed_tokens in schedule(),
+    # vllm/v1/core/sched/scheduler.py), and E - 1 drafts accepted per verify step on average (`accept_drafts`)
+    spec_tokens: int = 0
+    spec_extra_mean: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
@@ -87,6 +92,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
         # frees on processed tokens (prefix caching, sliding windows); for the others, processing an output is
         # only the retirement of the finished sequences, done after the next schedule call all the same
         self._track_inflight = cfg.async_scheduling and self.kv.tracks_inflight
+        self.drafts_accepted = 0  # speculative decoding: draft tokens accepted so far (outputs beyond one per step)
 
     # ---- the protocol's read-only view ------------------------------------------------------------
     @property
@@ -191,6 +197,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
         chunks: list[tuple[Seq, int]] = []  # the other scheduled sequences (prefill chunks), in order
         running = self.running
         chunked = cfg.chunked_prefill
+        dtok = 1 + cfg.spec_tokens  # budget tokens of one decoding sequence (its drafts too)
         i = 0
         for seq in running:  # the common case first: decodes whose block has room, scheduled as the loop below would
             c = seq.computed
@@ -199,7 +206,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
                 break
             sched.append((seq, 1))
             decodes.append(c)
-            budget -= 1
+            budget -= dtok if dtok < budget else budget
             i += 1
         stuck = False  # the sequence being scheduled was itself preempted: vLLM schedules no more running ones
         while i < len(running) and budget > 0 and not stuck:
@@ -213,7 +220,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
             if rem == 1 and g and c < seq.kv_capacity:  # the common case: a decode whose block has room
                 sched.append((seq, 1))
                 decodes.append(c)
-                budget -= 1
+                budget -= dtok if dtok < budget else budget
                 i += 1
                 continue
             num_new = rem if rem < budget else budget
@@ -225,6 +232,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
                     sched.append((seq, num_new))
                     if rem == 1 and seq.generated:
                         decodes.append(c)
+                        budget -= dtok - 1 if dtok <= budget else budget - 1  # its drafts, as above
                     else:
                         chunks.append((seq, num_new))
                     budget -= num_new
@@ -332,11 +340,16 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
         """Apply a step that ended at `end_s`: returns (sequences that emitted a token, finished ones)."""
         emitted: list[Seq] = []
         finished: list[Seq] = []
+        spec = self.cfg.spec_tokens
         for seq, n in step.scheduled:
             c = seq.computed = seq.computed + n
             g = seq.generated
             if c == seq.prompt + g:
                 g = seq.generated = g + 1
+                if spec and g > 1 and n == 1:  # a verify step: its accepted drafts too
+                    a = accept_drafts(seq, self.kv, spec, self.cfg.spec_extra_mean)
+                    g += a
+                    self.drafts_accepted += a
                 if g == 1:
                     seq.first_token_s = end_s
                 seq.last_token_s = end_s

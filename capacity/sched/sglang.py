@@ -37,8 +37,8 @@ SGLang, `event_loop_overlap`): steps decided on one-step-stale state, in `sglang
 
 Not modelled: the radix (prefix) cache (no prefix is shared; with no reuse SGLang's evictable cache counts as
 free slots, as here), the stricter admission of `ignore_eos` requests when the radix cache is disabled
-(`add_one_req_ignore_eos`), mixed chunked prefill, priority scheduling and its preemption, speculative decoding,
-DP attention, LoRA batching, hierarchical cache, disaggregation.
+(`add_one_req_ignore_eos`), mixed chunked prefill, priority scheduling and its preemption, speculative draft trees
+(top-k > 1), DP attention, LoRA batching, hierarchical cache, disaggregation.
 
 The ratio is kept as (base, decode steps since) so that `advance_decodes(k)` (the simulator's fast path) and k
 single decode steps give the same float: base - n x decay, floored at min once n > 0.
@@ -52,7 +52,7 @@ from mypy_extensions import mypyc_attr
 
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
-from capacity.sched.base import Seq, Step
+from capacity.sched.base import Seq, Step, accept_drafts
 from capacity.sched.kv import KVCacheManager, longest_stretch
 from capacity.sched.sglang_overlap import SglangOverlap
 from capacity.sched.stretch import advance_running
@@ -83,6 +83,10 @@ class SglangConfig:
     clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
     # SGLang's overlap scheduler (its default; off: --disable-overlap-schedule): steps decided one step stale
     overlap_schedule: bool = False
+    # Speculative decoding: k drafts per decode step, E - 1 accepted on average (capacity.sched.base.accept_drafts);
+    # SGLang v0.5.5 runs it without the overlap scheduler (server_args.py turns it off for EAGLE/MTP)
+    spec_tokens: int = 0
+    spec_extra_mean: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("max_total_tokens", "page_size", "max_running_requests", "max_prefill_tokens",
@@ -124,6 +128,7 @@ class SglangScheduler(SglangOverlap):  # QueueView via SglangOverlap (same MRO; 
         self.ratio_base = self.init_ratio
         self.ratio_steps = 0  # decode steps without retraction since the ratio was last set
         self._init_overlap(cfg.overlap_schedule)  # the overlap scheduler's one-step lag
+        self.drafts_accepted = 0  # speculative decoding: draft tokens accepted so far
 
     # ---- new_token_ratio -----------------------------------------------------------------------------
     @property
@@ -348,6 +353,10 @@ class SglangScheduler(SglangOverlap):  # QueueView via SglangOverlap (same MRO; 
                 shrunk = True
                 continue
             g = seq.generated = g + 1
+            if self.cfg.spec_tokens and not prefill:  # a verify step (eagle_worker.py): its accepted drafts too
+                a = accept_drafts(seq, self.kv, self.cfg.spec_tokens, self.cfg.spec_extra_mean)
+                g += a
+                self.drafts_accepted += a
             if g == 1:
                 seq.first_token_s = end_s
             seq.last_token_s = end_s
@@ -391,7 +400,7 @@ class SglangScheduler(SglangOverlap):  # QueueView via SglangOverlap (same MRO; 
         step (no retraction). With the overlap scheduler, also no finished request still to be processed (it
         would decode once more) nor an extra slot still to be freed. 0 means: take a normal step."""
         run = self.running
-        if not run or self.chunked is not None or self.unfiltered or self.retiring or self.holders:
+        if not run or self.chunked is not None or self.unfiltered or self.retiring or self.holders or self.cfg.spec_tokens:
             return 0
         if self.waiting and not self.batch_full:
             return 0

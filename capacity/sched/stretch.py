@@ -54,6 +54,8 @@ class DecodeStretches(QueueView):
         sequence finishes before the last of them, and the KV cache covers every block needed (no
         preemption). 0 means: take a normal step."""
         run = self.running
+        if self.cfg.spec_tokens:  # speculative decoding: a step advances a sequence by more than one token
+            return 0
         if self.retiring:  # async scheduling: sequences that finished in the last step leave after the next
             # schedule call, which admits nothing with an empty queue and, if the others' next blocks are free
             # already, preempts nothing: they can leave now (not with prefix caching: the free queue's order)

@@ -292,8 +292,9 @@ class Replica:
             yield env.timeout(cost.step_s(out.plan))
             sim.steps += 1
             end = env.now
+            drafts = getattr(sched, "drafts_accepted", 0)
             emitted, done = sched.complete(out, end)
-            rec.tokens_total += len(emitted)
+            rec.tokens_total += len(emitted) + getattr(sched, "drafts_accepted", 0) - drafts
             if same:
                 rec.gap_v.append(end - now)
                 rec.gap_t.append(end)
@@ -411,8 +412,9 @@ class Replica:
         yield env.timeout(self.cost.step_s(out.plan))
         sim.steps += 1
         end = env.now
+        drafts = getattr(sched, "drafts_accepted", 0)
         emitted, done = sched.complete(out, end)
-        rec.tokens_total += len(emitted)
+        rec.tokens_total += len(emitted) + getattr(sched, "drafts_accepted", 0) - drafts
         rec.gaps(prev, end)
         if done:
             sim.finish(done)
