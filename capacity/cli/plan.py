@@ -111,8 +111,8 @@ def plan(
     engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
-    emit: Annotated[Optional[tuple[str, str]], typer.Option("--emit", help="Also write manifests that deploy the "
-                    "plan: TARGET DIR, TARGET one of k8s, kserve, production-stack, llm-d (docs/deploy.md)")] = None,
+    emit: Annotated[Optional[tuple[str, str]], typer.Option("--emit", metavar="TARGET DIR", help="Also write manifests "
+                    "that deploy the plan; TARGET: k8s, kserve, production-stack or llm-d (docs/deploy.md)")] = None,
     emit_autoscale: Annotated[Optional[str], typer.Option("--emit-autoscale", help="--emit's autoscaler: concurrency "
                               "(default), queue=N or kv=SHARE, the autoscale simulation's policies")] = None,
 ) -> None:

@@ -77,6 +77,10 @@ class Server:
             kv = "vllm:gpu_cache_usage_perc"
         return running, waiting, kv
 
+    @property
+    def selector(self) -> str:
+        return f'{{model_name="{self.model}"}}'  # both engines label their gauges with the served model's name
+
     def flags(self) -> list[str]:
         """The arguments after the model (vLLM names it first; SGLang as --model-path)."""
         return self.args[1:] if self.engine == "vllm" else list(self.args)
@@ -93,7 +97,7 @@ class Autoscale:
     def query(self, server: Server) -> tuple[str, float]:
         """The PromQL over the whole pool and the per-replica threshold an AverageValue rule divides it by."""
         running, waiting, kv = server.metrics
-        sel = '{model_name="%s"}' % server.model
+        sel = server.selector
         avg = lambda m: f"sum(avg_over_time({m}{sel}[{WINDOW_S}s]))"
         if self.policy == "concurrency":
             return f"{avg(running)} + {avg(waiting)}", self.target
@@ -144,10 +148,11 @@ def server_of(plan) -> Server:
     """The printed launch command (`plan.vllm_command`: the planned engine's own) as a container's command."""
     text = plan.vllm_command
     lines = [ln for ln in text.strip().splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
-    if "<" in text.split("\n")[-1]:
-        raise ConfigError("--emit: the launch command names a placeholder model (" + text.splitlines()[0].lstrip("# ")
-                          + "); give a published checkpoint's weight format")
     words = shlex.split(lines[-1])
+    placeholder = next((w for w in words if w.startswith("<")), None)
+    if placeholder:
+        raise ConfigError(f"--emit: the launch command names a placeholder model {placeholder}: no published "
+                          "checkpoint of the plan's weight format is known (the plan's note says what to put there)")
     env = {}
     while words and "=" in words[0] and not words[0].startswith("-"):
         k, _, v = words.pop(0).partition("=")
@@ -249,7 +254,7 @@ def _k8s(s: Server, a: Autoscale, name: str, replicas: int) -> dict[str, Any]:
            "spec": {"selector": labels, "ports": [{"name": "http", "port": s.port, "targetPort": "http"}]}}
     metric = f"{name}-{a.policy}"
     return {"deployment.yaml": deploy, "service.yaml": svc, "hpa.yaml": _hpa(name, name, a, metric, threshold),
-            "prometheus-adapter-values.yaml": _adapter(metric, query, f'{s.metrics[1]}{{model_name="{s.model}"}}')}
+            "prometheus-adapter-values.yaml": _adapter(metric, query, s.metrics[1] + s.selector)}
 
 
 def _kserve(s: Server, a: Autoscale, name: str, replicas: int) -> dict[str, Any]:
@@ -324,7 +329,7 @@ def _llm_d(s: Server, a: Autoscale, name: str, replicas: int) -> dict[str, Any]:
               "prefill": {"create": False}}
     metric = f"{name}-{a.policy}"
     return {"values.yaml": values, "hpa.yaml": _hpa(f"{name}-decode", f"{name}-decode", a, metric, threshold),
-            "prometheus-adapter-values.yaml": _adapter(metric, query, f'{s.metrics[1]}{{model_name="{s.model}"}}')}
+            "prometheus-adapter-values.yaml": _adapter(metric, query, s.metrics[1] + s.selector)}
 
 
 _BUILD = {"k8s": _k8s, "kserve": _kserve, "production-stack": _production_stack, "llm-d": _llm_d}
