@@ -285,17 +285,24 @@ def _vllm_only(s: Server, target: str) -> None:
 def _production_stack(s: Server, a: Autoscale, name: str, replicas: int) -> dict[str, Any]:
     """helm/templates/deployment-vllm-multi.yaml runs `vllm serve MODEL --host 0.0.0.0 --port 8000`, then one of
     --enable-prefix-caching/--no-enable-prefix-caching from vllmConfig.enablePrefixCaching (always), then
-    vllmConfig.extraArgs: every other flag of the command goes there, in its order."""
+    --tensor-parallel-size from vllmConfig.tensorParallelSize, then vllmConfig.extraArgs: every other flag of the
+    command, in its order."""
     _vllm_only(s, "production-stack")
     query, threshold = a.query(s)
     flags = s.flags()
     prefix = "--enable-prefix-caching" in flags
     extra = [f for f in flags if f not in ("--enable-prefix-caching", "--no-enable-prefix-caching")]
+    cfg: dict[str, Any] = {"enablePrefixCaching": prefix}
+    if "--tensor-parallel-size" in extra:  # from vllmConfig, the template also mounts a memory /dev/shm (for NCCL)
+        i = extra.index("--tensor-parallel-size")
+        cfg["tensorParallelSize"] = int(extra[i + 1])
+        extra = extra[:i] + extra[i + 2:]
+    cfg["extraArgs"] = extra
     repo, tag = s.image.split(":")
     spec: dict[str, Any] = {
         "name": name, "repository": repo, "tag": tag, "modelURL": s.model, "replicaCount": replicas,
         "requestGPU": s.gpus,
-        "vllmConfig": {"enablePrefixCaching": prefix, "extraArgs": extra},
+        "vllmConfig": cfg,
         "keda": {"enabled": True, "minReplicaCount": a.min_replicas, "maxReplicaCount": a.max_replicas,
                  "pollingInterval": INTERVAL_S,
                  "triggers": [{"type": "prometheus", "metadata": {
