@@ -22,7 +22,7 @@ from tests.conftest import run_cli
 
 DATA = Path(__file__).parent / "data" / "manifests"
 K8S_VERSIONS = ("1.29", "1.33")  # an older and a recent API: autoscaling/v2, apps/v1 and v1 hold in both
-FAST_PLAN = ("plan", "-m", "qwen2.5-7b", "-g", "l40s", "--target-rate", "2", "--seeds", "1", "--requests", "200")
+FAST_PLAN = ("plan", "-m", "qwen2.5-7b", "-g", "l40s", "--target-rate", "2", "--seeds", "1", "--requests", "100")
 
 
 def _strict(schema):

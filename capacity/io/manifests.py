@@ -404,8 +404,8 @@ def emit_plan(plan, emit: tuple[str, str], autoscale: str | None) -> str:
     policy, target = parse_autoscale(autoscale)
     paths = write_manifests(plan, emit[0], emit[1], policy, target)
     a = autoscale_of(plan, policy, target)
-    return (f"wrote {', '.join(map(str, paths))} ({emit[0]}: {plan.replicas} replica(s), autoscaler {a.policy} "
-            f"target {_num(a.target)} between {a.min_replicas} and {a.max_replicas})")
+    return (f"wrote {', '.join(p.name for p in paths)} in {emit[1]}\n  {emit[0]}: {plan.replicas} replica(s); "
+            f"autoscaler: {a.policy}, target {_num(a.target)}, {a.min_replicas}-{a.max_replicas} replicas")
 
 
 __all__ = ["check_emit", "emit_plan", "DEPLOY_FLAGS", "POLICIES", "TARGETS", "Autoscale", "Server", "autoscale_of", "check_request",
