@@ -236,3 +236,31 @@ def speculative_fields(spec: str | None, acceptance: str | None, draft: str | No
     if draft_vocab is not None:
         out["draft_vocab_size"] = draft_vocab
     return {"speculative": out}
+
+
+def _prices(spec: str | None, gpus: list) -> dict[str, float]:
+    """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
+    import math
+
+    from capacity.errors import CapacityError
+
+    if not spec:
+        return {}
+    out: dict[str, float] = {}
+    items = [x.strip() for x in spec.split(",") if x.strip()]
+    for item in items:
+        name, _, val = item.rpartition("=") if "=" in item else ("", "", item)
+        try:
+            v = float(val)
+        except ValueError:
+            v = math.nan
+        if not (v > 0 and math.isfinite(v)):
+            raise CapacityError(f"--price-per-gpu-hour {item!r}: expected a positive price in USD, e.g. 2.5 or h200=3.6")
+        if name:
+            out[name] = v
+        else:
+            out.update({g or "": v for g in gpus})
+    unknown = set(out) - {g or "" for g in gpus}
+    if unknown and any(unknown - {""}):
+        raise CapacityError(f"--price-per-gpu-hour: {', '.join(sorted(unknown - {''}))} not among --gpu {','.join(g or '' for g in gpus)}")
+    return out

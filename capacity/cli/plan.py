@@ -29,6 +29,7 @@ from capacity.cli.common import (
     UsageOpt,
     WOpt,
     _lengths,
+    _prices,
     app,
     engine_fields,
     output_kind,
@@ -117,6 +118,10 @@ def plan(
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
+    emit: Annotated[Optional[tuple[str, str]], typer.Option("--emit", metavar="TARGET DIR", help="Also write manifests "
+                    "that deploy the plan; TARGET: k8s, kserve, production-stack or llm-d (docs/deploy.md)")] = None,
+    emit_autoscale: Annotated[Optional[str], typer.Option("--emit-autoscale", help="--emit's autoscaler: concurrency "
+                              "(default), queue=N or kv=SHARE, the autoscale simulation's policies")] = None,
 ) -> None:
     """The capacity plan: memory budget, max batch x max context frontier with P99 and capacity, max
     sustainable rate under the SLOs, TP/replicas/GPUs for the target rate with cost, a verified recommended
@@ -170,6 +175,10 @@ def plan(
         from capacity.io.export import check_destination
 
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
+    if emit or emit_autoscale:
+        from capacity.io.manifests import check_emit
+
+        check_emit(emit, emit_autoscale, len(gpus) > 1 or bool(engines))  # before the simulations too
     if len(gpus) > 1 or engines:
         return _plan_gpus(model, flags, gpus, prices, (weight_dtype, quant_group_size, compute_dtype), executor, ray_address, no_cache,
                           xlsx, force, json_out, engines, tables_too)
@@ -193,6 +202,12 @@ def plan(
         paths = write_review(xlsx, p, force=force, tables_too=tables_too)
         if not json_out:
             typer.echo(f"wrote {', '.join(map(str, paths))}")
+    if emit:
+        from capacity.io.manifests import emit_plan
+
+        said = emit_plan(p, emit, emit_autoscale)
+        if not json_out:
+            typer.echo(said)
     if json_out:
         typer.echo(dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
         return
@@ -213,34 +228,6 @@ def plan(
     from rich.console import Console
 
     plan_report(p, Console(), wall, ex)
-
-
-def _prices(spec: str | None, gpus: list) -> dict[str, float]:
-    """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
-    import math
-
-    from capacity.errors import CapacityError
-
-    if not spec:
-        return {}
-    out: dict[str, float] = {}
-    items = [x.strip() for x in spec.split(",") if x.strip()]
-    for item in items:
-        name, _, val = item.rpartition("=") if "=" in item else ("", "", item)
-        try:
-            v = float(val)
-        except ValueError:
-            v = math.nan
-        if not (v > 0 and math.isfinite(v)):
-            raise CapacityError(f"--price-per-gpu-hour {item!r}: expected a positive price in USD, e.g. 2.5 or h200=3.6")
-        if name:
-            out[name] = v
-        else:
-            out.update({g or "": v for g in gpus})
-    unknown = set(out) - {g or "" for g in gpus}
-    if unknown and any(unknown - {""}):
-        raise CapacityError(f"--price-per-gpu-hour: {', '.join(sorted(unknown - {''}))} not among --gpu {','.join(g or '' for g in gpus)}")
-    return out
 
 
 def _weights(card, weight_dtype, group, compute_dtype=None):
