@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from capacity import steady as steady_notes
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError
@@ -127,9 +128,7 @@ def prepare(dep: Deployment) -> Prepared:
     if spec is not None:
         from capacity.engine import speculative
 
-        if em.name not in ("vllm", "sglang"):
-            raise ConfigError(f"speculative: modelled for vllm and sglang, not {em.name}")
-        b = speculative.with_draft(b, dep.card, spec)
+        b = speculative.with_draft(b, dep.card, spec, engine=em.name)
     overlaps = em.overhead_overlaps(dep.engine)
     # An engine whose CPU work per step runs beside the GPU: the step cost is the GPU's alone, and the overlap
     # wrapper makes a step last the longer of the two (a profile's fitted overhead moves there too).
@@ -393,7 +392,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     if dep.engine.speculative is not None:
         from capacity.engine.speculative import run_notes
 
-        notes += [w for w in b.warnings if w.startswith("speculative")] + run_notes(dep.engine.speculative)
+        notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals
     backlog = None
     if arr.kind == "closed" or arr.max_concurrency:  # a client's cap that binds is a closed loop of its slots
@@ -402,13 +401,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes += lock
     if arr.kind == "closed":
         backlog = backlogged(rec, arr.users or 0, sim.itl_times, sim.itl_weights)
-        if (not lock and (arr.users or 0) >= 4 and arr.think_s == 0 and workload.input_len.kind == "fixed"
-                and workload.output_len.kind == "fixed"
-                and all(c.input_len is None and c.output_len is None for c in workload.classes)):
-            notes.append("closed loop of fixed lengths without think time: the simulated users drifted apart, "
-                         "but a real engine may keep such users in waves (NIM's Llama-3.1-8B with 5,000-token "
-                         "prompts at 5-150 users: published TTFT 1.9-2.7x this simulator's), so TTFT here may be "
-                         "the lower end (docs/fidelity.md, closed-loop lock-step)")
+        notes += [] if lock else steady_notes.drift_note(workload)
     client, say = client_wait(sim.client_waits, measured.arrival, n_warm, arr.max_concurrency)
     notes += say
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s

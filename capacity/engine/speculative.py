@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -171,10 +172,13 @@ def draft_memory(card: ModelCard, spec: SpeculativeConfig, tp: int, kv_dtype: st
     return total, kv_bytes_per_token(d, kv_dtype, tp)
 
 
-def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig) -> MemoryBudget:
+def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig, engine: str = "vllm") -> MemoryBudget:
     """The budget with the draft's weights taken from the KV budget and its KV added to every block (each end of
     the KV range re-derived: blocks = (blocks x block bytes - draft weights) / (block bytes with the draft's
-    layers)). DoesNotFit naming the setting when the draft leaves no room."""
+    layers)). DoesNotFit naming the setting when the draft leaves no room; ConfigError for an engine other than
+    vLLM and SGLang (the two modelled)."""
+    if engine not in ("vllm", "sglang"):
+        raise ConfigError(f"speculative: modelled for vllm and sglang, not {engine}")
     what = f"speculative.{'draft_model ' + str(spec.draft_model) if spec.draft_model else 'method ' + spec.method}"
     if spec.method == "draft_model" and b.tp > 1:
         from capacity.engine.config import check_tp
@@ -238,13 +242,15 @@ def launch_flags(engine: str, spec: SpeculativeConfig | None) -> list[str]:
     return [f"--speculative-config '{json.dumps(cfg, separators=(',', ':'))}'"]
 
 
-def run_notes(spec: SpeculativeConfig) -> list[str]:
-    """What a run's figures assume about speculation (printed with every simulation that uses it)."""
+def run_notes(spec: SpeculativeConfig, budget_warnings: Sequence[str] = ()) -> list[str]:
+    """What a run's figures assume about speculation (printed with every simulation that uses it), after the memory
+    budget's own speculative warnings."""
+    said = [w for w in budget_warnings if w.startswith("speculative")]
     if spec.acceptance_source is not None:
         where = f"the published figure {spec.acceptance_source} ({load_acceptance(spec.acceptance_source)['source']})"
     else:
         where = "the acceptance given (assumed, not measured here)"
-    return [f"speculative {spec.method}, k={spec.num_speculative_tokens}: E={mean_accepted(spec):.2f} tokens per "
+    return said + [f"speculative {spec.method}, k={spec.num_speculative_tokens}: E={mean_accepted(spec):.2f} tokens per "
             f"verify step from {where}; ITL is the gap between verify steps (their tokens arrive together), TPOT "
             "the mean per token"]
 
