@@ -1,4 +1,5 @@
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,15 @@ def run_cli(*args: str, timeout: float = 60, process: bool = False) -> subproces
         os.chdir(saved_cwd)
         sys.argv = saved_argv
     return subprocess.CompletedProcess(["capacity", *args], code, out.getvalue(), err.getvalue())
+
+
+_PROGRESS = re.compile(r"^\[[0-9][^\]]*\] .*: [0-9,]+ simulations? in ")
+
+
+def said(stderr: str) -> list[str]:
+    """stderr's lines less the progress lines a piped command prints once it has run 5 s (capacity/plan/progress.py):
+    on a busy machine a plan that ends in an error may have printed some first."""
+    return [line for line in stderr.strip().splitlines() if not _PROGRESS.match(line)]
 
 
 def children(pid: int) -> list[int]:

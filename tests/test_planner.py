@@ -10,7 +10,7 @@ from capacity.plan.executors import PoolExecutor, SerialExecutor, make_executor
 from capacity.plan.planner import Planner, Scenario, SearchSpec, SimTask, SLOSpec, make_plan
 from capacity.plan.sweep import grid, parse_axis
 from capacity.workload import Arrivals, WorkloadSpec, fixed
-from tests.conftest import ROOT, run_cli
+from tests.conftest import ROOT, run_cli, said
 
 SMALL = SearchSpec(seeds=2, requests=300, tolerance=0.1, max_num_seqs=[16, 64, 256], max_model_len=[4096, 131072],
                    tp=[1, 2])
@@ -157,7 +157,7 @@ def test_plan_bad_input_is_one_line(args, msg):
     r = run_cli("plan", "-m", "llama-3.1-8b", "--requests", "200", "--seeds", "1", "--executor", "serial",
                 "--no-cache", *args, timeout=300)
     assert r.returncode == 1 and msg in r.stderr, r.stderr
-    assert "Traceback" not in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in r.stderr and len(said(r.stderr)) == 1, r.stderr
 
 
 def test_scenario_file_errors(tmp_path):
