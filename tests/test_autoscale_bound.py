@@ -128,12 +128,17 @@ def test_a_trace_out_of_order_is_one_line(tmp_path):
     assert r.returncode == 1 and "give one of --workload" in r.stderr
 
 
-def test_trace_replay_reports_the_bound_and_scale_events(tmp_path):
+@pytest.fixture(scope="module")
+def trace_run():
     # the Azure sample (400 requests over 106 s) with the sla policy at a given per-replica rate
-    r = run_cli("autoscale", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--max-model-len", "8192", "--trace",
+    return run_cli("autoscale", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--max-model-len", "8192", "--trace",
                 str(ROOT / "examples/traces/azure_conv_2023_head.csv"), "--window-s", "20", "--startup-s", "10",
                 "--interval-s", "5", "--metric-window-s", "10", "--cooldown-s", "30", "--max", "8",
                 "--slo-ttft-ms", "1000", "--per-replica-rate", "2", "--policy", "sla", "--json", timeout=300)
+
+
+def test_trace_replay_reports_the_bound_and_scale_events(trace_run):
+    r = trace_run
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     from capacity.io.fleet import check_report, summary_table
@@ -152,3 +157,32 @@ def test_trace_replay_reports_the_bound_and_scale_events(tmp_path):
 
     with pytest.raises(CapacityError, match="lower_bound.gpu_hours"):
         check_report(bad, "report")
+
+
+def test_trace_replay_report_in_the_dashboard_and_the_workbook(trace_run, tmp_path):
+    from streamlit.testing.v1 import AppTest
+
+    from capacity.io.export import write_review
+
+    rep = json.loads(trace_run.stdout)
+    # the curve fitted from the trace: 20-s bins whose integral is each bin's count of arrivals
+    pts = rep["curve"]["points"]
+    assert sum(r * 20 for _, r in pts) == pytest.approx(400)
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    from tests.test_app import open_tab
+
+    open_tab(at, "Autoscale")
+    box = next(w for w in at.text_area if w.key == "as_report_text")
+    box.set_value(trace_run.stdout).run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = next(d.value for d in at.dataframe if "figure" in d.value.columns)
+    row = table[table["figure"] == "GPU-hours of a perfect system (lower bound)"].iloc[0]
+    assert float(row["autoscaled"]) == pytest.approx(rep["lower_bound"]["gpu_hours"])
+    write_review(tmp_path / "r.xlsx", autoscale=rep)
+    import openpyxl
+
+    ws = openpyxl.load_workbook(tmp_path / "r.xlsx")["Autoscale"]
+    labels = {ws.cell(i, 1).value: i for i in range(1, ws.max_row + 1)}
+    i = labels["GPU-hours above the lower bound"]
+    assert ws.cell(i, 2).value == pytest.approx(rep["autoscaled"]["vs_bound"]["gpu_hours"])
+    assert ws._charts  # the per-window chart

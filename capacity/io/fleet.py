@@ -99,6 +99,8 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
         "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
         "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
         "units": "seconds, GPU-hours, USD"}
+    if spec.arrivals.kind == "trace":  # the load curve fitted from the trace's arrivals, for the views' plots
+        out["curve"] = {"points": [list(p) for p in curve.points], "shape": curve.shape}
     if per_replica is not None:
         from capacity.plan.autoscale_bound import distance, lower_bound
 
