@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.autoscale_inputs import AutoscaleInputs, print_bound, print_sweep
+from capacity.cli.autoscale_inputs import AutoscaleInputs, minutes, print_bound, print_sweep
 from capacity.cli.common import GpuMemOpt, JsonOpt, ModelOpt, TpOpt, app, engine_config, load_card
 from capacity.errors import CapacityError
 from capacity.files import dumps
@@ -171,7 +171,7 @@ def _print_report(out: dict, model: str, gpu: str, tp: int, policy: str, startup
 def _layout_cells(x: dict, slo: bool) -> tuple[str, ...]:
     """GPU-hours, cost, SLO-miss minutes and the P99s of one layout of an autoscale report."""
     return (f"{x['gpu_hours']:.2f}", f"{x['cost_usd']:.2f}" if x["cost_usd"] is not None else "-",
-            f"{x['violation_minutes']:.0f}" if slo else "-",
+            minutes(x["violation_minutes"]) if slo else "-",
             f"{x['p99_ttft_s'] * 1e3:.0f}" if x["p99_ttft_s"] is not None else ("inf" if x["saturated"] else "-"),
             f"{(x['p99_tpot_s'] or 0) * 1e3:.1f}")
 
@@ -181,8 +181,8 @@ def _versus(a: dict, s: dict, static: str, window_s: float, slo: bool) -> str:
     against the static one `s`."""
     saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
     fewer = f"{saved:.0%} fewer" if saved >= 0 else f"{-saved:.0%} more"
-    miss = (f"; SLO missed in {a['violation_minutes']:.0f} of {a['windows'] * window_s / 60:.0f} minutes "
-            f"(static: {s['violation_minutes']:.0f})" if slo else "")
+    miss = (f"; SLO missed in {minutes(a['violation_minutes'])} of {minutes(a['windows'] * window_s / 60)} minutes "
+            f"(static: {minutes(s['violation_minutes'])})" if slo else "")
     return f"{fewer} GPU-hours than {static}{miss}"
 
 

@@ -13,6 +13,11 @@ from capacity.errors import CapacityError
 MAX_TRACE_LENGTHS = 10_000  # trace lengths kept for the steady runs' empirical distributions (every k-th row)
 
 
+def minutes(x: float) -> str:
+    """SLO-miss minutes: whole when whole (windows of whole minutes), else to a tenth (windows of seconds)."""
+    return f"{x:.0f}" if x == int(x) else f"{x:.1f}"
+
+
 class AutoscaleInputs:
     def __init__(self, card, gpu, engine, slo_ttft_s: float | None, slo_tpot_s: float | None,
                  per_replica_rate: float | None, window_s: float, seed: int, router: str,
@@ -119,7 +124,7 @@ def print_bound(con, out: dict) -> None:
 
     def dist(v: dict) -> str:
         pct = f" ({v['pct']:+.0f}%)" if v["pct"] is not None else ""
-        return f"{v['gpu_hours']:+.2f} GPU-hours{pct}, {v['violation_minutes']:.0f} SLO-miss min"
+        return f"{v['gpu_hours']:+.2f} GPU-hours{pct}, {minutes(v['violation_minutes'])} SLO-miss min"
 
     con.print(f"a perfect system (ceil(rate / {b['per_replica_rate_per_s']:.3g} req/s per replica), no start-up "
               f"delay; rate: {b['rate_source']}): {b['gpu_hours']:.2f} GPU-hours, up to {b['replicas_max']} "
@@ -171,7 +176,7 @@ def print_sweep(inp: AutoscaleInputs, spec: str, policies: str, storage_gbps: fl
     for p in names:
         tab.add_column(p, justify="right")
     for i, s in enumerate(startups):
-        tab.add_row(f"{s:g}", *(f"{sw['runs'][p][i]['gpu_hours']:.2f} / {sw['runs'][p][i]['violation_minutes']:.0f}"
+        tab.add_row(f"{s:g}", *(f"{sw['runs'][p][i]['gpu_hours']:.2f} / {minutes(sw['runs'][p][i]['violation_minutes'])}"
                                 for p in names))
     con.print(tab)
     for p in names:

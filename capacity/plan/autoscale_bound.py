@@ -111,7 +111,8 @@ def max_rate_per_replica(card: ModelCard, gpu: GPU, engine: EngineConfig, worklo
     rs = planner.rate_search(e, tp, b.max_num_seqs)
     if rs.max_rate <= 0:
         raise ConfigError(f"{what}even a trickle of requests misses the SLO on {gpu.name} at TP {tp}")
-    return rs.max_rate * headroom, f"planner max rate {rs.max_rate:.3g} req/s x headroom {headroom:g}"
+    said = f"planner max rate {rs.max_rate:.3g} req/s"
+    return rs.max_rate * headroom, said if headroom == 1 else f"{said} x headroom {headroom:g}"
 
 
 def steady(workload: WorkloadSpec, rate: float, n: int) -> WorkloadSpec:
