@@ -643,8 +643,10 @@ def autoscale_run(card: dict, gpu: str, engine: dict, workload: dict, autoscale:
     spec = validate(WorkloadSpec, workload, "workload")
     asc = AutoscaleConfig(**autoscale, curve=spec.total_curve() if autoscale["policy"] == "predictive" else None)
     c, g, e = ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine")
-    per_replica = None
-    if slo_ttft_s or slo_tpot_s:  # the perfect system's lower bound: the planner's rate per replica under the SLO
+    per_replica = None  # the perfect system's lower bound: the rate per replica given, or the planner's under the SLO
+    if autoscale.get("per_replica_rate"):
+        per_replica = (autoscale["per_replica_rate"], "given")
+    elif slo_ttft_s or slo_tpot_s:
         from capacity.plan.autoscale_bound import max_rate_per_replica
 
         per_replica = max_rate_per_replica(c, g, e, spec, slo_ttft_s, slo_tpot_s)
