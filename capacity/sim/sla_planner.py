@@ -22,7 +22,9 @@ R, from a steady run: `capacity.plan.autoscale_bound.steady_point`):
 
 - observed over the last interval: arrivals (the request count), the mean TTFT and mean TPOT of the requests that
   finished in it (TPOT is the per-request mean inter-token latency: what Dynamo's ITL average is);
-- predictor: Dynamo's `constant` one (the next interval's requests = the last interval's);
+- predictor: Dynamo's `constant` one (the next interval's requests = the last interval's). Dynamo's default is
+  ARIMA (`components/planner/src/dynamo/planner/defaults.py`, `load_predictor = "arima"`, over the last 50
+  intervals); `constant` is one of its options, the one its planner tests run (an ARIMA forecast is not modelled);
 - p = mean TTFT / profiled TTFT, d = mean TPOT / profiled TPOT; kept from the previous interval when no request
   finished (Dynamo skips the adjustment when a metric is missing);
 - the profile's throughput is taken as proportional to the latency budget (a one-point profile has no curve to
