@@ -642,9 +642,16 @@ def autoscale_run(card: dict, gpu: str, engine: dict, workload: dict, autoscale:
 
     spec = validate(WorkloadSpec, workload, "workload")
     asc = AutoscaleConfig(**autoscale, curve=spec.total_curve() if autoscale["policy"] == "predictive" else None)
-    return autoscale_report(ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine"), spec,
-                            asc, static, window_s=window_s, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, price=price,
-                            seed=seed, profile=profile)
+    c, g, e = ModelCard.model_validate(card), get_gpu(gpu), validate(EngineConfig, engine, "engine")
+    per_replica = None  # the perfect system's lower bound: the rate per replica given, or the planner's under the SLO
+    if autoscale.get("per_replica_rate"):
+        per_replica = (autoscale["per_replica_rate"], "given")
+    elif slo_ttft_s or slo_tpot_s:
+        from capacity.plan.autoscale_bound import max_rate_per_replica
+
+        per_replica = max_rate_per_replica(c, g, e, spec, slo_ttft_s, slo_tpot_s)
+    return autoscale_report(c, g, e, spec, asc, static, window_s=window_s, slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s,
+                            price=price, seed=seed, profile=profile, per_replica=per_replica)
 
 
 def autoscale_figure(rep: dict, curve: dict) -> go.Figure:
@@ -742,8 +749,38 @@ def fleet_day_view() -> None:
         st.dataframe([dict(zip(head, r)) for r in rows], hide_index=True, width="stretch", key="day_models")
 
 
+def autoscale_report_view() -> None:
+    """A saved `capacity autoscale --json` report (a trace replay, `--trace`, takes minutes for a real trace): the
+    same per-window plot and table as a run here."""
+    from capacity.files import parse_text
+    from capacity.io.fleet import check_report, summary_table
+
+    with st.expander("A saved autoscale report (e.g. a trace replayed): load a `capacity autoscale --json` report"):
+        up = st.file_uploader("report (.json)", type=["json"], key="as_report_file")
+        text = st.text_area("...or paste it", value="", height=80, key="as_report_text")
+        if up is None and not text.strip():
+            st.caption("`capacity autoscale -m MODEL --trace examples/traces/azure_conv_2023_head.csv --policy sla "
+                       "--slo-ttft-ms 2000 --json > trace.json` (docs/fleet.md)")
+            return
+        source, raw = (up.name, up.getvalue().decode("utf-8", errors="replace")) if up is not None else (
+            "pasted report", text)
+        try:
+            if len(raw) > MAX_DAY_REPORT_BYTES:
+                raise CapacityError(f"{source}: {len(raw):,} bytes is more than the {MAX_DAY_REPORT_BYTES:,} a "
+                                    "report may be")
+            rep = check_report(parse_text(raw, source, "json"), source)
+        except CapacityError as exc:
+            st.error(str(exc))
+            return
+        curve = rep.get("curve") or {"points": [[0.0, rep["curve_mean_rate_per_s"]]]}
+        st.plotly_chart(autoscale_figure(rep, curve), width="stretch", key="as_report_chart")
+        head, rows = summary_table(rep)
+        st.dataframe([{h: (str(v) if v is not None else None) for h, v in zip(head, r)} for r in rows],
+                     hide_index=True, width="stretch", key="as_report_table")
+
+
 def autoscale_view(card, gpu, engine, workload, slo, profile, price):
-    """Autoscaling over a load curve against static provisioning for its peak: `capacity autoscale` for the sidebar's
+    """Autoscaling over a load curve against static provisioning for its peak and a perfect system: `capacity autoscale` for the sidebar's
     model, GPU, engine and request lengths."""
     st.write("A replica pool that follows a load curve (the autoscaler starts replicas that are ready after the "
              "start-up delay and drains them after the cooldown) against a static pool sized for the peak, on the "
@@ -822,6 +859,15 @@ def autoscale_view(card, gpu, engine, workload, slo, profile, price):
                 help=f"of {a['windows'] * rep['window_s'] / 60:g} minutes; static: {s['violation_minutes']:g}")
     if a["saturated"] or s["saturated"]:
         st.warning("a pool saturated: requests were still waiting when the run ended (see the P99s)")
+    b = rep.get("lower_bound")
+    if b is not None:  # the perfect system: ceil(rate / per-replica rate) replicas at every instant, no start-up
+        v = a["vs_bound"]
+        st.caption(f"A perfect system (ceil(rate / {b['per_replica_rate_per_s']:.3g} req/s per replica), no start-up "
+                   f"delay; {b['rate_source']}) needs {b['gpu_hours']:.3f} GPU-hours and misses no window: the "
+                   f"autoscaled pool is {v['gpu_hours']:+.3f} GPU-hours"
+                   + (f" ({v['pct']:+.0f}%)" if v["pct"] is not None else "")
+                   + f" from it with {v['violation_minutes']:g} SLO-miss minutes; scale events "
+                   f"{a['scale_events']['up']} up, {a['scale_events']['down']} down.")
     st.plotly_chart(autoscale_figure(rep, played), width="stretch", key="autoscale_chart")
     rows = [{"layout": name, "replicas": reps, "GPU-hours": d["gpu_hours"], "cost (USD)": d["cost_usd"],
              "SLO-miss minutes": d["violation_minutes"] if has_slo else None,
@@ -829,6 +875,10 @@ def autoscale_view(card, gpu, engine, workload, slo, profile, price):
              "P99 TPOT (ms)": None if d["p99_tpot_s"] is None else d["p99_tpot_s"] * 1e3, "requests": d["requests"]}
             for name, d, reps in (("autoscaled", a, f"{a['replicas']['min']}-{a['replicas']['max']}"),
                                   ("static", s, str(s["replicas"])))]
+    if b is not None:
+        rows.append({"layout": "perfect system (lower bound)", "replicas": f"0-{b['replicas_max']}",
+                     "GPU-hours": b["gpu_hours"], "cost (USD)": b["gpu_hours"] * price if price else None,
+                     "SLO-miss minutes": 0.0, "P99 TTFT (ms)": None, "P99 TPOT (ms)": None, "requests": None})
     fmt = st.column_config.NumberColumn
     st.dataframe(rows, width="stretch", hide_index=True, key="autoscale_table",
                  column_config={"GPU-hours": fmt(format="%.3f"), "cost (USD)": fmt(format="%.2f"),
@@ -963,7 +1013,7 @@ def main():
              "Timeline": lambda: timeline_view(base_run()),
              "A/B": lambda: ab_view(card, gpu, engine, workload, profile, base_run()),
              "Disaggregated": lambda: disagg_view(card, gpu, engine, workload, profile),
-             "Autoscale": lambda: (fleet_day_view(), autoscale_view(card, gpu, engine, workload, slo, profile, price)),
+             "Autoscale": lambda: (fleet_day_view(), autoscale_report_view(), autoscale_view(card, gpu, engine, workload, slo, profile, price)),
              "Plan & export": lambda: plan_and_export(card, gpu, engine, workload, slo, profile, price)}
     for name, tab in zip(TABS, tabs):
         if tab.open:

@@ -11,7 +11,7 @@ import sys
 import typer
 from pydantic import ValidationError
 
-from capacity.cli import costs, disagg, fleet, memory, plan, simulate, trace, truth  # noqa: F401  (registers the commands)
+from capacity.cli import autoscale, costs, disagg, fleet, memory, plan, simulate, trace, truth  # noqa: F401  (registers the commands)
 from capacity.cli.common import app
 from capacity.cli.plan import load_scenario
 from capacity.errors import CapacityError

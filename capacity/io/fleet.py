@@ -26,6 +26,7 @@ from capacity.errors import CapacityError
 from capacity.io.tables import Table, ms, yn
 
 if TYPE_CHECKING:
+    from capacity.curves import RateCurve
     from capacity.engine.config import EngineConfig
     from capacity.model.card import ModelCard
     from capacity.model.gpus import GPU
@@ -37,7 +38,8 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
                      static: int | None = None, *, window_s: float = 300.0, slo_ttft_s: float | None = None,
                      slo_tpot_s: float | None = None, price: float | None = None, seed: int = 0,
                      profile: str | None = None, router: str = "round_robin",
-                     decode: tuple[EngineConfig, AutoscaleConfig, str] | None = None) -> dict[str, Any]:
+                     decode: tuple[EngineConfig, AutoscaleConfig, str] | None = None,
+                     per_replica: tuple[float, str] | None = None, curve: RateCurve | None = None) -> dict[str, Any]:
     """The autoscaled pool and the static one over the workload's curve (arrivals.kind curve), in strict JSON form
     (non-finite numbers are null): settings, then per layout GPU-hours, cost (USD, with `price` per GPU-hour),
     SLO-miss minutes over windows of `window_s`, P99 TTFT/TPOT of the run and per window; the autoscaled pool's
@@ -46,7 +48,11 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
     `decode` = (its engine, its controller, the KV link): a disaggregated deployment, the pool of `engine_cfg`
     prefilling and `asc` scaling it, a decode pool with its own engine (TP) and controller. The static layout is
     then each pool at its peak; `autoscaled.replicas` is the prefill pool's, `autoscaled.decode_replicas` the
-    decode pool's, and GPU-hours count both pools at their own TP."""
+    decode pool's, and GPU-hours count both pools at their own TP.
+
+    `per_replica` = (the rate one replica sustains under the SLO, where it came from): the report then has the
+    perfect system's `lower_bound` (capacity.plan.autoscale_bound) and each layout its `vs_bound`. `curve`: the
+    load curve when the workload is a trace (fitted from its arrivals); otherwise the workload's own."""
     from capacity.files import strict_json
     from capacity.pipeline import Deployment, RunOptions, run
 
@@ -55,14 +61,14 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
                               slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, price=price, seed=seed, profile=profile,
                               router=router)
 
-    if spec.arrivals.kind != "curve":
+    if spec.arrivals.kind != "curve" and not (spec.arrivals.kind == "trace" and curve is not None):
         raise CapacityError(f"workload: arrivals.kind is {spec.arrivals.kind}; autoscaling follows a curve "
-                            "(arrivals: {kind: curve, curve_file: ...})")
+                            "(arrivals: {kind: curve, curve_file: ...}) or a trace (--trace)")
     if not (math.isfinite(window_s) and window_s > 0):
         raise CapacityError(f"window_s: must be a finite number > 0 (got {window_s})")
     if static is not None and (isinstance(static, bool) or not isinstance(static, int) or static < 1):
         raise CapacityError(f"static: must be a whole number of replicas >= 1 (got {static!r})")
-    curve = spec.total_curve()
+    curve = curve if curve is not None else spec.total_curve()
     tp = engine_cfg.tensor_parallel_size
     opts = RunOptions(seed=seed, warmup_fraction=0.0, timeseries=False)
     auto = run(Deployment(card, gpu, engine_cfg, profile=profile, autoscale=asc, router=router),  # type: ignore[arg-type]
@@ -86,12 +92,31 @@ def autoscale_report(card: ModelCard, gpu: GPU, engine_cfg: EngineConfig, spec: 
     a["replicas"] = {"t_s": arrays["t"].tolist(), "ready": arrays["ready"].tolist(),
                      "starting": arrays["starting"].tolist(), "draining": arrays["draining"].tolist(),
                      "min": int(arrays["ready"].min()), "max": int(peak)}
-    return strict_json({
+    a["scale_events"] = scale_events(tl)
+    out: dict[str, Any] = {
         "model": card.name, "gpu": gpu.name, "tp": tp, "policy": asc.policy, "target": asc.target, "router": router,
         "startup_s": asc.startup_s, "cooldown_s": asc.cooldown_s, "window_s": window_s,
         "slo": {"ttft_s": slo_ttft_s, "tpot_s": slo_tpot_s}, "curve_mean_rate_per_s": curve.mean_rate,
         "curve_peak_rate_per_s": curve.max_rate, "autoscaled": a, "static": {**s, "replicas": n_static},
-        "units": "seconds, GPU-hours, USD"})
+        "units": "seconds, GPU-hours, USD"}
+    if spec.arrivals.kind == "trace":  # the load curve fitted from the trace's arrivals, for the views' plots
+        out["curve"] = {"points": [list(p) for p in curve.points], "shape": curve.shape}
+    if per_replica is not None:
+        from capacity.plan.autoscale_bound import distance, lower_bound
+
+        span = float(auto.sim.records.arrival.max())
+        out["lower_bound"] = b = lower_bound(curve, per_replica[0], span, tp, per_replica[1])
+        a["vs_bound"], out["static"]["vs_bound"] = distance(a, b), distance(out["static"], b)
+    return strict_json(out)
+
+
+def scale_events(tl) -> dict[str, int]:
+    """Decisions that changed the pool: `up` when replicas were started (ready + starting grew), `down` when
+    replicas were drained (it shrank); a start-up completing moves a replica from starting to ready, no event."""
+    import numpy as np
+
+    have = np.diff(np.asarray(tl.ready) + np.asarray(tl.starting))
+    return {"up": int((have > 0).sum()), "down": int((have < 0).sum())}
 
 
 def _served(res) -> None:
@@ -206,12 +231,35 @@ class _Layout(_Model):
     window: _Window
 
 
+class _Distance(_Model):
+    gpu_hours: float  # above the bound (a static pool run longer than the arrivals can be below it)
+    pct: float | None
+    violation_minutes: NonNegativeFloat
+
+
+class _Bound(_Model):
+    gpu_hours: NonNegativeFloat
+    replicas_max: NonNegativeInt
+    per_replica_rate_per_s: PositiveFloat
+    rate_source: str
+    span_s: NonNegativeFloat
+    violation_minutes: NonNegativeFloat
+
+
+class _Events(_Model):
+    up: NonNegativeInt
+    down: NonNegativeInt
+
+
 class _Autoscaled(_Layout):
     replicas: _Replicas
+    vs_bound: _Distance | None = None
+    scale_events: _Events | None = None
 
 
 class _Static(_Layout):
     replicas: PositiveInt
+    vs_bound: _Distance | None = None
 
 
 class _Slo(_Model):
@@ -235,6 +283,7 @@ class AutoscaleReport(_Model):
     curve_peak_rate_per_s: NonNegativeFloat
     autoscaled: _Autoscaled
     static: _Static
+    lower_bound: _Bound | None = None  # the perfect system (reports from before issue 52 have none)
 
 
 class _Decode(_Model):
@@ -337,6 +386,17 @@ def summary_table(report: dict) -> Table:
         ["Simulated time", a["simulated_s"], s["simulated_s"], "s"],
         ["Saturated", yn(a["saturated"]), yn(s["saturated"]), ""],
     ]
+    b = report.get("lower_bound")
+    if b is not None:  # the perfect system: ceil(rate / per-replica rate) replicas at every instant, no start-up
+        va, vs = a["vs_bound"], s["vs_bound"]
+        rows[len(reps) + 1:len(reps) + 1] = [
+            ["GPU-hours of a perfect system (lower bound)", b["gpu_hours"], b["gpu_hours"],
+             f"GPU-hours (ceil(rate / {b['per_replica_rate_per_s']:.3g} req/s per replica), no start-up delay)"],
+            ["GPU-hours above the lower bound", va["gpu_hours"], vs["gpu_hours"], "GPU-hours"],
+            ["GPU-hours above the lower bound (%)", va["pct"], vs["pct"], "% of the bound"]]
+    ev = a.get("scale_events")
+    if ev is not None:
+        rows.append(["Scale events (up / down)", f"{ev['up']} / {ev['down']}", "0 / 0", "controller decisions"])
     return SUMMARY_HEAD, rows
 
 

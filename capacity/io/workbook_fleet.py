@@ -25,13 +25,13 @@ def autoscale_sheet(wb, report: dict) -> None:
                   f"{s['decode_replicas']} static replicas").font = st["title"]
     saved = 1 - a["gpu_hours"] / s["gpu_hours"] if s["gpu_hours"] else 0.0
     put(ws, 2, 1, f"{a['requests']:,} requests over {a['simulated_s'] / 3600:.2f} h of the load curve; autoscaling "
-                  f"uses {saved:.0%} fewer GPU-hours than the static pool").font = st["dim"]
+                  f"uses {saved:.0%} fewer GPU-hours than the static pool" + _from_bound(report)).font = st["dim"]
     head, rows = summary_table(report)
     first = 4
     end = _table(ws, (head, rows), first)
     for i in range(first + 1, end + 1):
         label = ws.cell(i, 1).value
-        fmt = "#,##0.00" if label in ("GPU-hours", "Cost") else "#,##0.0" if "P99" in str(label) or "minutes" in str(
+        fmt = "#,##0.00" if label == "Cost" or str(label).startswith("GPU-hours") else "#,##0.0" if "P99" in str(label) or "minutes" in str(
             label) else "#,##0"
         for j in (2, 3):
             if isinstance(ws.cell(i, j).value, (int, float)):
@@ -39,7 +39,7 @@ def autoscale_sheet(wb, report: dict) -> None:
     units = {"concurrency": "requests in flight per replica", "queue": "requests waiting per ready replica",
              "kv": "share of the KV cache"}
     settings = [
-        ("Policy", report["policy"], "concurrency, queue, kv or predictive"),
+        ("Policy", report["policy"], "concurrency, queue, kv, predictive or sla"),
         ("Target", report["target"], units.get(report["policy"], "(not used)")),
         ("Start-up delay", report["startup_s"], "s (model load + engine start)"),
         ("Cooldown", report["cooldown_s"], "s"),
@@ -113,6 +113,17 @@ def autoscale_sheet(wb, report: dict) -> None:
     reps.legend.position = "b"
     reps.height, reps.width = 10, 20
     ws.add_chart(reps, "F4")
+
+
+def _from_bound(report: dict) -> str:
+    """'; N% (X GPU-hours) above a perfect system, M SLO-miss minutes' when the report has the lower bound."""
+    b = report.get("lower_bound")
+    if b is None:
+        return ""
+    v = report["autoscaled"]["vs_bound"]
+    pct = f"{v['pct']:.0f}% ({v['gpu_hours']:.2f} GPU-hours)" if v["pct"] is not None else f"{v['gpu_hours']:.2f} GPU-hours"
+    return (f"; {pct} above a perfect system's {b['gpu_hours']:.2f} (no start-up delay, "
+            f"{b['per_replica_rate_per_s']:.3g} req/s per replica), {v['violation_minutes']:.0f} SLO-miss minutes")
 
 
 def fleet_day_sheet(wb, report: dict) -> None:

@@ -92,13 +92,6 @@ class DayFleet(_Strict):
         return self
 
 
-def _slo(m: DayModel):
-    from capacity.plan.scenario import SLOSpec
-
-    ttft = m.slo_ttft_s if m.slo_ttft_s is not None else 3600.0
-    return SLOSpec(ttft_s=ttft, tpot_s=m.slo_tpot_s if m.slo_tpot_s is not None else ttft)
-
-
 def _steady(m: DayModel, rate: float, n: int) -> WorkloadSpec:
     from capacity.workload import Arrivals
 
@@ -110,8 +103,7 @@ def per_replica(fleet: DayFleet, i: int, seed: int = 0) -> dict[str, Any]:
     and the reactive target (requests in flight per replica at that rate)."""
     from capacity.model.card import load_named_card
     from capacity.model.gpus import get_gpu
-    from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.sim.simulator import littles_law
+    from capacity.plan.autoscale_bound import max_rate_per_replica, steady_point
 
     m = fleet.models[i]
     card = load_named_card(m.model)
@@ -119,26 +111,11 @@ def per_replica(fleet: DayFleet, i: int, seed: int = 0) -> dict[str, Any]:
     if m.per_replica_rate is not None:
         rate, source = m.per_replica_rate, "given"
     else:
-        from capacity.plan.executors import make_executor
-        from capacity.plan.planner import Planner
-        from capacity.plan.scenario import Scenario
-
-        tp = m.engine.tensor_parallel_size
-        sc = Scenario(model=card.model_dump(), gpu=gpu.name, engine=m.engine, workload=_steady(m, 1.0, 1000),
-                      slo=_slo(m), headroom=fleet.headroom)
-        planner = Planner(sc, card, make_executor("serial", progress=False))
-        e, b = planner.fitting_engine(tp)
-        rs = planner.rate_search(e, tp, b.max_num_seqs)
-        if rs.max_rate <= 0:
-            raise ConfigError(f"models[{i}] ({card.name}): even a trickle of requests misses its SLO on {gpu.name} "
-                              f"at TP {tp}")
-        rate, source = rs.max_rate * fleet.headroom, f"planner max rate {rs.max_rate:.3g} req/s x headroom {fleet.headroom:g}"
+        rate, source = max_rate_per_replica(card, gpu, m.engine, m.workload, m.slo_ttft_s, m.slo_tpot_s,
+                                            fleet.headroom, f"models[{i}] ({card.name}): ")
     target = m.target
     if target is None:
-        n = 2000
-        res = run(Deployment(card, gpu, m.engine), _steady(m, rate, n), RunOptions(seed=seed, ci=False,
-                                                                                   timeseries=False))
-        target = max(littles_law(res.sim)[0], 0.5)
+        target = steady_point(card, gpu, m.engine, m.workload, rate, seed)["in_flight"]
     return {"model": card.name, "tp": m.engine.tensor_parallel_size, "per_replica_rate": rate,
             "rate_source": source, "target": target,
             "target_source": "given" if m.target is not None else "Little's law at that rate"}

@@ -10,7 +10,10 @@ Every `interval_s` the controller reads the pool and computes the replicas it wa
 - `kv`: ceil(KV blocks in use / (target x blocks per replica)), target being a share of the cache (0.8);
 - `predictive`: ceil(rate(t + startup_s) / `per_replica_rate`), the arrival curve read ahead by the start-up
   delay and divided by the rate one replica sustains under the SLO (the planner's max_rate): with a perfect
-  forecast and a correct per-replica rate, replicas are ready before the load comes.
+  forecast and a correct per-replica rate, replicas are ready before the load comes;
+- `sla`: a throughput-based planner with a correction factor, modelled on NVIDIA Dynamo's SLA planner: the last
+  interval's arrival rate / `per_replica_rate`, corrected by observed / profiled TTFT and TPOT
+  (capacity.sim.sla_planner, where its source is cited).
 
 clamped to [min_replicas, max_replicas]. More than provisioned (ready + starting): start the difference, ready
 `startup_s` later. Fewer, continuously for `cooldown_s`: drain the newest ready replicas (never below
@@ -38,14 +41,14 @@ if TYPE_CHECKING:
     from capacity.sim.routing import Router
     from capacity.sim.simulator import Simulation
 
-POLICIES = ("concurrency", "queue", "kv", "predictive")
+POLICIES = ("concurrency", "queue", "kv", "predictive", "sla")
 
 
 @dataclass(frozen=True)
 class AutoscaleConfig:
     min_replicas: int = 1
     max_replicas: int = 8
-    policy: Literal["concurrency", "queue", "kv", "predictive"] = "concurrency"
+    policy: Literal["concurrency", "queue", "kv", "predictive", "sla"] = "concurrency"
     target: float = 32.0  # concurrency: requests per replica; queue: waiting per ready replica; kv: cache share
     interval_s: float = 15.0  # the controller's period
     # the metric is averaged over this window before the rule is applied (Knative's stable window, 60 s):
@@ -57,6 +60,9 @@ class AutoscaleConfig:
     initial: int | None = None  # replicas ready at t=0 (default: min_replicas)
     per_replica_rate: float | None = None  # predictive: requests/s one replica sustains under the SLO
     curve: RateCurve | None = None  # predictive: the arrival curve it reads ahead (the workload's)
+    # sla: the profile, what one replica shows at per_replica_rate (mean TTFT and TPOT, s; steady_point)
+    profile_ttft_s: float | None = None
+    profile_tpot_s: float | None = None
 
     def __post_init__(self) -> None:
         if self.policy not in POLICIES:
@@ -80,6 +86,10 @@ class AutoscaleConfig:
                                             or self.curve is None):
             raise ConfigError("autoscale policy predictive: needs per_replica_rate > 0 (a replica's max rate under "
                               "the SLO, from `capacity plan`) and curve arrivals")
+        if self.policy == "sla" and (self.per_replica_rate is None or self.per_replica_rate <= 0
+                                     or not self.profile_ttft_s or not self.profile_tpot_s):
+            raise ConfigError("autoscale policy sla: needs per_replica_rate > 0 and the profile at that rate "
+                              "(profile_ttft_s, profile_tpot_s > 0: capacity.plan.autoscale_bound.steady_point)")
         if self.policy == "kv" and self.target > 1:
             raise ConfigError(f"autoscale target: the kv policy's target is a share of the cache, <= 1 (got {self.target})")
 
@@ -122,6 +132,12 @@ class Autoscaler:
         self.timeline = Timeline()
         self._t_last = 0.0
         self._samples: deque[tuple[float, float, float]] = deque()  # (time, in-system integral, sample)
+        self.sla = None
+        if cfg.policy == "sla":
+            from capacity.sim.sla_planner import SlaPlanner
+
+            assert cfg.per_replica_rate and cfg.profile_ttft_s and cfg.profile_tpot_s
+            self.sla = SlaPlanner(sim, cfg.per_replica_rate, cfg.profile_ttft_s, cfg.profile_tpot_s)
         self._record(n0)
 
     @property
@@ -168,6 +184,8 @@ class Autoscaler:
         elif cfg.policy == "kv":
             _, used = self._averaged(sum(r.sched.kv_blocks_used for r in pool))
             want = math.ceil(used / (cfg.target * max(1, ready[0].sched.kv_blocks_total if ready else 1)) - 1e-9)
+        elif self.sla is not None:
+            want = self.sla.desired()
         else:
             assert cfg.curve is not None and cfg.per_replica_rate is not None
             ahead = float(cfg.curve.rate(self.sim.env.now + cfg.startup_s))

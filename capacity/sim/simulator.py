@@ -226,6 +226,7 @@ class Simulation:
         self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
         self.users: ClosedLoopUsers | None = None  # the closed-loop source, when there is one
         self.offline = False  # an offline batch: the queue is the batch, never a sign of overload
+        self.entered = 0  # requests sent so far (the SLA planner's request count)
         self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
         self.steps = self.events = 0
         self.swaps: list[tuple[float, int, int]] = []  # swap mode: (time, device's previous replica, new one)
@@ -239,6 +240,7 @@ class Simulation:
     # ---- shared actions -------------------------------------------------------------------------------
     def enter(self, req: Request) -> None:
         """A request leaves its client: through the front-end delay, if any, to the router (its service's)."""
+        self.entered += 1
         if self.delay is not None:
             self.delay.put(req)
         elif self.routers:
