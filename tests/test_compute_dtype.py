@@ -6,7 +6,8 @@ import json
 import pytest
 
 from capacity.cli.common import load_card
-from capacity.cost.roofline import RooflineCost, RooflineParams
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.model.compute import gemm_dtype

@@ -1,7 +1,8 @@
 """Roofline step cost: hand-computed limits (memory-bound decode, compute-bound prefill) and invariants."""
 import pytest
 
-from capacity.cost.roofline import RooflineCost, RooflineParams
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.model.gpus import get_gpu
 from capacity.model.weights import weight_bytes_per_rank

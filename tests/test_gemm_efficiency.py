@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from capacity.cli.common import load_card
-from capacity.cost.roofline import RooflineCost, RooflineParams
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline_params import RooflineParams
 from capacity.model.compute import measured_gemm_efficiency
 from capacity.model.gpus import get_gpu
 from tests.conftest import ROOT

@@ -6,7 +6,8 @@ import math
 import pytest
 
 from capacity.cli.common import load_card
-from capacity.cost.roofline import RooflineCost, RooflineParams
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.engine.config import EngineConfig
 from capacity.model.compute import gemm_latency_table

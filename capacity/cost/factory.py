@@ -38,7 +38,7 @@ def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dt
         g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or DEFAULT_GPU)
         if step_overhead_s is None:
             return RooflineCost(card, g, tp, kv_dtype=kv)
-        from capacity.cost.roofline import RooflineParams
+        from capacity.cost.roofline_params import RooflineParams
 
         return RooflineCost(card, g, tp, kv_dtype=kv, params=RooflineParams(step_overhead_s=step_overhead_s))
     from capacity.cost.calibrated import CalibratedCost

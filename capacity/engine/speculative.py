@@ -271,7 +271,8 @@ def speculating(factory, spec: SpeculativeConfig):
 def wrap_cost(cost, card: ModelCard, spec: SpeculativeConfig, gpu, tp: int, kv_dtype: str, engine: str):
     """The run's step cost with the draft and the verify step (capacity.cost.speculative); the draft on the
     roofline of the same GPU at the same TP, its per-step engine overhead 0 (the engine's is paid once a step)."""
-    from capacity.cost.roofline import RooflineCost, RooflineParams
+    from capacity.cost.roofline import RooflineCost
+    from capacity.cost.roofline_params import RooflineParams
     from capacity.cost.speculative import SpeculativeCost
 
     draft = RooflineCost(draft_card(card, spec), gpu, tp, kv_dtype=None if kv_dtype in (None, "auto") else kv_dtype,

@@ -1,0 +1,43 @@
+"""The roofline's efficiencies and fixed costs (`RooflineParams`), apart from the compiled step cost.
+
+A pydantic model cannot live in a module mypyc compiles: pip builds in isolation, without pydantic, so mypyc
+sees `BaseModel` as an unknown base and makes the class a native one, which fails at import ("mypyc classes
+can't have a metaclass"). tests/test_compiled_build.py keeps such bases out of the compiled modules.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Eff = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+Secs = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+NonNeg = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class RooflineParams(BaseModel):
+    """Achievable fractions of datasheet peaks and fixed costs. Defaults are typical of H100-class
+    serving engines (dense GEMM ~70% of peak, attention ~50%, streaming ~80% of HBM bandwidth)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gemm_flops_eff: Eff = 0.70
+    attn_flops_eff: Eff = 0.50
+    mem_bw_eff: Eff = 0.80
+    comm_bw_eff: Eff = 0.70
+    kernel_launch_s: Secs = 4e-6  # per kernel, paid once per op per layer
+    allreduce_latency_s: Secs = 8e-6  # per all-reduce, on top of the bandwidth term
+    step_overhead_s: Secs = 2e-3  # scheduler, input preparation, detokenisation per step
+    sampler_bytes_per_logit: NonNeg = 12.0  # fp32 logits, softmax, noise: read+write passes per logit
+    attention: Literal["ideal", "dense_packed"] = "ideal"
+    # FP8 KV on Hopper/Blackwell: attention multiplies in FP8 (FlashAttention-3 and TRT-LLM's FMHA quantise q too)
+    fp8_attention: bool = True
+    # A GEMM dtype never runs above the efficiency measured for it on that GPU in a serving engine's kernels
+    # (capacity/data/gemm_efficiency.yaml, from NVIDIA aiconfigurator's TensorRT-LLM tables: FP8 0.59-0.61 on
+    # Hopper, FP4 0.38 on a B200, where gemm_flops_eff is 0.70); False: gemm_flops_eff for every dtype.
+    measured_gemm_eff: bool = True
+    # A dense GEMM (attention projections, dense and shared-expert MLP) never runs faster than NVIDIA measured that
+    # shape on that GPU in TensorRT-LLM's kernels (capacity/data/gemm_latency.json, from the same tables): the
+    # kernels' fixed costs at small shapes and their dip below the ridge. MoE experts (grouped GEMMs) and the LM
+    # head are not bounded. False: the roofline alone.
+    measured_gemm_floor: bool = True
