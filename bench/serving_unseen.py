@@ -1,0 +1,228 @@
+"""Score `capacity simulate` on published serving runs from sources the project had not used (issue 47).
+
+The runs (tests/data/serving_unseen/{dev,heldout}.yaml) were collected on 2026-12-07 and split before any
+prediction: a run is held out when int(sha256(source URL)) % 3 == 0, else it is a development run. The
+development group is what may be looked at while working; the held-out group is scored once, at the end, by the
+main engineer (`--group heldout`). No constant of the model was tuned to either.
+
+For each run the bench builds the `capacity simulate` command a user would type from the published settings
+(`simulate_args`) and runs it as its own process with `--json`:
+
+- model: the run's `card` (a bundled card name or an HF config.json under tests/data/hf) and `weight_dtype` where
+  the checkpoint is a quantised one of the card's shapes, GPU, TP, the engine release (`engine_arg`; an
+  assumption where the source states none, see each run's notes);
+- DP > 1: that many replicas behind a least-outstanding router (vLLM's data-parallel load balancer);
+- lengths: fixed at the published input and output lengths (`vllm bench serve` / `sglang.bench_serving` random
+  datasets at their default range ratios, or ratio 1); without --ignore-eos the output length is the printed
+  mean (total generated tokens / requests), since EOS ended some requests early;
+- arrivals as the load generator sends them: request rate inf with --max-concurrency C is a closed loop of C
+  users with no think time; rate inf without a cap is an offline batch (every request at t=0); rate R is a
+  Poisson process, behind the client's cap when one is given (`--max-concurrency`);
+- every request is measured (`--warmup 0`: the load generators count all of them), seed 0.
+
+Scored, where printed: mean and median TTFT, TPOT and ITL, mean and median E2E latency, output tokens/s and
+requests/s. MAPE per metric over the runs that print it; runs that capacity cannot express today
+(`expressible: false`: images, hybrid Mamba, no model config) are counted and listed, not scored.
+
+A check of the published numbers themselves, from the card and the GPU catalogue only (no prediction): a single
+request's prompt needs at least 2 x (active linear parameters) x ISL FLOPs (attention left out, so a lower bound);
+a published TTFT shorter than that at the GPUs' dense bf16 peak (`cold_prefill_bound_ms`) cannot be a cold
+prefill: the engine reused cached prompt blocks (vLLM V1 caches prefixes by default, and a random dataset with a
+fixed seed sends the same prompts run after run). Such runs are flagged `ttft_below_peak_bound`, and the TTFT
+MAPE is also given without them (`mean_ttft_ms, cold-prefill runs`).
+
+    python bench/serving_unseen.py                   # dev group: table + bench/results/serving_unseen_dev.json
+    python bench/serving_unseen.py --dry-run         # the commands only, nothing simulated
+    python bench/serving_unseen.py --group heldout   # once, at the end
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.sim_speed import host_cpu  # noqa: E402
+
+DATA = ROOT / "tests" / "data" / "serving_unseen"
+OUT = ROOT / "bench" / "results"
+GROUPS = ("dev", "heldout")
+# published metric -> (summary field of `capacity simulate --json`, statistic, scale to the published unit)
+METRICS: dict[str, tuple[str, str | None, float]] = {
+    "mean_ttft_ms": ("ttft_s", "mean", 1e3), "median_ttft_ms": ("ttft_s", "p50", 1e3),
+    "mean_tpot_ms": ("tpot_s", "mean", 1e3), "median_tpot_ms": ("tpot_s", "p50", 1e3),
+    "mean_itl_ms": ("itl_s", "mean", 1e3), "median_itl_ms": ("itl_s", "p50", 1e3),
+    "mean_e2el_ms": ("e2e_s", "mean", 1e3), "median_e2el_ms": ("e2e_s", "p50", 1e3),
+    "output_throughput": ("output_tokens_per_s", None, 1.0), "request_throughput": ("requests_per_s", None, 1.0),
+}
+
+
+def group_of(source: str) -> str:
+    """The split rule: held out when int(sha256(source URL)) % 3 == 0."""
+    return "heldout" if int(hashlib.sha256(source.encode()).hexdigest(), 16) % 3 == 0 else "dev"
+
+
+def load_runs(group: str) -> list[dict[str, Any]]:
+    if group not in GROUPS:
+        raise SystemExit(f"--group: dev or heldout (got {group!r})")
+    return list((yaml.safe_load((DATA / f"{group}.yaml").read_text()) or {}).get("runs") or [])
+
+
+def _inf(x: Any) -> bool:
+    return x is None or x == "inf" or (isinstance(x, (int, float)) and math.isinf(x))
+
+
+def output_len(run: dict[str, Any]) -> int:
+    """The published output length; without --ignore-eos, the printed mean (EOS ended some requests early)."""
+    if not run.get("ignore_eos") and run.get("output_tokens_total"):
+        return max(1, round(run["output_tokens_total"] / run["num_prompts"]))
+    return int(run["output_len"])
+
+
+def simulate_args(run: dict[str, Any]) -> list[str]:
+    """The `capacity simulate` arguments for one published run (see the module docstring)."""
+    if not run.get("expressible"):
+        raise ValueError(f"{run['id']}: not expressible ({run.get('reason')})")
+    a = ["simulate", "-m", str(run["card"]), "-g", str(run["gpu"]), "--tp", str(run["tp"]),
+         "-n", str(run["num_prompts"]), "--input-len", str(int(run["input_len"])), "--output-len", str(output_len(run)),
+         "--warmup", "0", "--seed", "0", "--json"]
+    if run.get("engine_arg"):
+        a += ["--engine", str(run["engine_arg"])]
+    if run.get("weight_dtype"):  # a quantised checkpoint of a card's shapes (AWQ: int4, groups of 128)
+        a += ["--weight-dtype", str(run["weight_dtype"])]
+    if int(run.get("dp") or 1) > 1:
+        a += ["--replicas", str(run["dp"]), "--router", "least_outstanding"]
+    rate, conc = run.get("request_rate"), run.get("max_concurrency")
+    if _inf(rate):
+        a += ["--arrival", "closed", "--users", str(conc)] if conc else ["--arrival", "offline"]
+    else:
+        a += ["--arrival", "poisson", "--rate", str(rate)] + (["--max-concurrency", str(conc)] if conc else [])
+    return a
+
+
+def cold_prefill_bound_ms(run: dict[str, Any]) -> float:
+    """The shortest cold prefill of one prompt at the GPUs' dense bf16 peak (2 FLOPs per active linear parameter
+    per token; embeddings, the LM head and attention left out, so a lower bound), ms."""
+    from capacity.model.card import load_named_card
+    from capacity.model.gpus import get_gpu
+    from capacity.model.weights import tensor_groups
+
+    card = load_named_card(str(run["card"]))
+    moe = card.moe
+    active = sum(t.params * (moe.experts_per_token / moe.num_experts if moe and t.family == "experts" else 1)
+                 for t in tensor_groups(card) if t.family in ("attention", "dense_mlp", "experts", "shared_experts"))
+    return 2 * active * int(run["input_len"]) / (get_gpu(str(run["gpu"])).bf16_flops * int(run["tp"])) * 1e3
+
+
+def command(run: dict[str, Any]) -> str:
+    return "capacity " + shlex.join(simulate_args(run))
+
+
+def predict(run: dict[str, Any], timeout: float = 600) -> dict[str, float]:
+    """Run the command as its own process (result cache off) and read the published metrics from its JSON."""
+    env = dict(os.environ, CAPACITY_CACHE_DIR="off", PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *simulate_args(run)],
+                       capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
+    if p.returncode:
+        raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
+    s = json.loads(p.stdout)["summary"]
+    out = {}
+    for m, (field, stat, scale) in METRICS.items():
+        v = s[field] if stat is None else (s[field] or {}).get(stat)
+        if v is not None:
+            out[m] = float(v) * scale
+    return out
+
+
+def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
+    rows = []
+    for i, r in enumerate(runs, 1):
+        row: dict[str, Any] = {"id": r["id"], "source": r["source"], "expressible": bool(r.get("expressible")),
+                               "published": r["metrics"]}
+        if not r.get("expressible"):
+            row["reason"] = r.get("reason")
+            print(f"[{i}/{len(runs)}] {r['id']}: not expressible ({r.get('reason')})", flush=True)
+        elif dry_run:
+            row["command"] = command(r)
+            print(f"[{i}/{len(runs)}] {row['command']}", flush=True)
+        else:
+            row["command"] = command(r)
+            try:
+                pred = predict(r)
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                row["failed"] = str(exc)
+                print(f"[{i}/{len(runs)}] {r['id']}: failed: {exc}", flush=True)
+                rows.append(row)
+                continue
+            row["predicted"] = {m: pred[m] for m in r["metrics"] if m in pred}
+            row["error"] = {m: pred[m] / v - 1 for m, v in r["metrics"].items() if v and m in pred}
+            print(f"[{i}/{len(runs)}] {r['id']}: " + ", ".join(
+                f"{m} {r['metrics'][m]:,.1f}->{pred[m]:,.1f} ({e:+.0%})" for m, e in row["error"].items()), flush=True)
+        if r.get("expressible") and r["metrics"].get("mean_ttft_ms"):
+            bound = cold_prefill_bound_ms(r)
+            row["cold_prefill_bound_ms"] = bound
+            row["ttft_below_peak_bound"] = r["metrics"]["mean_ttft_ms"] < bound
+        rows.append(row)
+    summary = {}
+    for m in METRICS:
+        e = np.array([row["error"][m] for row in rows if m in row.get("error", {})])
+        if e.size:
+            summary[m] = {"n": int(e.size), "mape": float(np.mean(np.abs(e))), "median_abs": float(np.median(np.abs(e))),
+                          "median_signed": float(np.median(e))}
+    cold = np.array([row["error"]["mean_ttft_ms"] for row in rows
+                     if "mean_ttft_ms" in row.get("error", {}) and not row.get("ttft_below_peak_bound")])
+    if cold.size:
+        summary["mean_ttft_ms, cold-prefill runs"] = {
+            "n": int(cold.size), "mape": float(np.mean(np.abs(cold))), "median_abs": float(np.median(np.abs(cold))),
+            "median_signed": float(np.median(cold))}
+    return {"rows": rows, "summary": summary, "runs": len(runs),
+            "ttft_below_peak_bound": [row["id"] for row in rows if row.get("ttft_below_peak_bound")],
+            "not_expressible": sum(not row["expressible"] for row in rows),
+            "scored": sum("error" in row for row in rows), "failed": sum("failed" in row for row in rows)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--group", default="dev", choices=GROUPS)
+    ap.add_argument("--dry-run", action="store_true", help="print each run's command; simulate nothing")
+    ap.add_argument("--out", type=Path, default=None)
+    a = ap.parse_args()
+    runs = load_runs(a.group)
+    t0 = time.time()
+    res = score(runs, a.dry_run)
+    if a.dry_run:
+        return
+    print(f"\n{a.group}: {res['runs']} runs, {res['not_expressible']} not expressible, {res['scored']} scored, "
+          f"{res['failed']} failed ({time.time() - t0:.0f} s)")
+    if res["ttft_below_peak_bound"]:
+        print("published TTFT below the cold-prefill bound at peak FLOPs (cached prompt blocks): "
+              + ", ".join(res["ttft_below_peak_bound"]))
+    print(f"{'metric':34s}{'n':>4s}{'MAPE':>9s}{'median |e|':>12s}{'median e':>10s}")
+    for m, s in res["summary"].items():
+        print(f"{m:34s}{s['n']:>4d}{s['mape']:>9.1%}{s['median_abs']:>12.1%}{s['median_signed']:>+10.1%}")
+    out = a.out or OUT / f"serving_unseen_{a.group}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({
+        "command": "python bench/serving_unseen.py" + ("" if a.group == "dev" else f" --group {a.group}"),
+        "data": str((DATA / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group,
+        "host": {"cpu": host_cpu(), "machine": platform.machine(), "python": platform.python_version()},
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **res}, indent=1) + "\n")
+    print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
