@@ -26,6 +26,10 @@ def simulation_table(out: dict, console) -> None:
     d = out.get("disaggregated")
     where = (f"{d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} decode "
              f"(tp={d['decode_tp']}) x {out['gpu']}" if d else f"{out['replicas']} x {out['gpu']} (tp={out['tp']})")
+    dp = (out.get("engine") or {}).get("data_parallel_size", 1)
+    if not d and dp > 1:  # data parallelism: replicas of dp ranks, each tp GPUs
+        ep = ", expert parallel" if out["engine"].get("enable_expert_parallel") else ""
+        where = f"{out['replicas']} x {dp} data-parallel ranks x {out['gpu']} (tp={out['tp']}{ep})"
     title = (f"Measured {out['model']} at {out['gpu']}, {s['n_requests']:,} requests" if measured else
              f"Simulated {out['model']} on {where}, {out['policy']} batching, {s['n_requests']:,} measured requests")
     t = Table(title=title, title_justify="left")
