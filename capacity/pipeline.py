@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from capacity import steady as steady_notes
+from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError
@@ -116,7 +117,6 @@ def overlapped_cpu_s(em: EngineModel, cfg: EngineConfig, profile: str | None, co
 
 def prepare(dep: Deployment) -> Prepared:
     from capacity.cost.factory import make_step_cost
-    from capacity.cost.parallel import wrap
 
     em = get_engine(dep.engine.engine)
     e = dep.engine
@@ -367,7 +367,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         if disagg.decode.card.name != dep.card.name:
             raise ConfigError("disaggregation: the prefill and decode pools must serve the same model")
         dg = disagg.spec(dep, prepare(disagg.decode))
-    cfg = SimConfig(replicas=dep.replicas * dep.engine.data_parallel_size, router=dep.router, router_max_ongoing=dep.router_max_ongoing,
+    cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
                     autoscale=dep.autoscale, disagg=dg)
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
@@ -433,7 +433,7 @@ def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared,
     and at most 10,000 requests of its own (fewer than the run when the run is longer: the estimate settles by
     then), or None and why not: a loop of four requests per user over `CAPACITY_LOOP_MAX_REQUESTS` (hundreds of
     replicas, each with a big batch) is not run."""
-    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dep.replicas * dep.engine.data_parallel_size)
+    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dp_ranks(dep))
     users, n = capacity_loop_size(*size)
     if n > CAPACITY_LOOP_MAX_REQUESTS:
         return None, (f"capacity not measured: its closed loop ({users:,} users over {dep.replicas:,} replicas, "

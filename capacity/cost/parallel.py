@@ -212,6 +212,21 @@ class ParallelCost:
         return self.inner.decode_run_s(contexts, k) + (d[0] + d[1])
 
 
+def dp_ranks(dep) -> int:
+    """Schedulers the simulator runs for a deployment: every replica's data-parallel ranks (vLLM: an engine core
+    with its own scheduler and KV pool per rank)."""
+    return dep.replicas * dep.engine.data_parallel_size
+
+
+def dp_router(dep) -> str:
+    """The router in front of the ranks: the deployment's, except that the default round robin becomes the
+    least-loaded choice at dp > 1, as vLLM's front end picks a rank (DPLBAsyncMPClient.get_core_engine_for_request,
+    v1/engine/core_client.py: the fewest waiting x 4 + running; here the fewest outstanding)."""
+    if dep.engine.data_parallel_size > 1 and dep.router == "round_robin":
+        return "least_outstanding"
+    return dep.router
+
+
 def wrap(cost, card: ModelCard, tp: int, dp: int, ep: bool, profile: str | None,
          backend: str = "allgather_reducescatter", expert_imbalance: float = EXPERT_IMBALANCE_RANGE[1]):
     """The step cost of one data-parallel rank: `cost` itself for a dense model or a plain TP layout, else the
