@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from capacity.cost.step import StepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -227,8 +228,8 @@ def dp_router(dep) -> str:
     return dep.router
 
 
-def wrap(cost, card: ModelCard, tp: int, dp: int, ep: bool, profile: str | None,
-         backend: str = "allgather_reducescatter", expert_imbalance: float = EXPERT_IMBALANCE_RANGE[1]):
+def wrap(cost: StepCost, card: ModelCard, tp: int, dp: int, ep: bool, profile: str | None,
+         backend: str = "allgather_reducescatter", expert_imbalance: float = EXPERT_IMBALANCE_RANGE[1]) -> StepCost:
     """The step cost of one data-parallel rank: `cost` itself for a dense model or a plain TP layout, else the
     ParallelCost around it (a calibrated profile measured one TP layout: refused for another)."""
     check_layout(card, tp, dp, ep)
