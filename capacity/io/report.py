@@ -106,7 +106,8 @@ def plan_answer(p, console) -> None:
     """The answer in the first lines: GPUs, replicas x TP, cost, the verified P99s, the configuration and the
     launch commands (issue 48: a reader stops after a dozen lines)."""
     pct, v, b = p.slo.percentile, p.verification, p.budget
-    reps = f"{p.replicas} replica{'s' if p.replicas != 1 else ''} x tp={p.tp}"
+    dp = p.gpus // max(1, p.replicas * p.tp)  # data-parallel ranks per replica (docs/parallelism.md)
+    reps = f"{p.replicas} replica{'s' if p.replicas != 1 else ''} x tp={p.tp}" + (f" x dp={dp}" if dp > 1 else "")
     price = (p.scenario or {}).get("price_per_gpu_hour")
     cost = (f"; ${p.gpus * price:,.2f}/h, ${p.cost_per_million_tokens:,.3f} per 1M output tokens"
             if p.cost_per_million_tokens and price else "; cost: give --price-per-gpu-hour")

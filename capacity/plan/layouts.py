@@ -67,7 +67,7 @@ class LayoutResult:
                 "max_rate_req_per_s": self.max_rate, "capacity_req_per_s": self.capacity_rate,
                 "weights_gib_per_rank": self.weights_gib, "kv_tokens_per_rank": self.kv_tokens_per_rank,
                 "kv_pools": self.kv_pools, "kv_tokens_total": self.kv_tokens_per_rank * self.kv_pools,
-                "step_cost_source": self.source, "why": self.why, "command": self.command}
+                "step_cost_source": self.source, "why": self.why, "notes": self.notes, "command": self.command}
 
 
 def compare_layouts(sc, card, ex, layouts: list[Layout]) -> tuple[list[LayoutResult], LayoutResult | None]:
@@ -76,7 +76,6 @@ def compare_layouts(sc, card, ex, layouts: list[Layout]) -> tuple[list[LayoutRes
     from capacity.engine.config import check_tp
     from capacity.plan.planner import Planner
 
-    pl = Planner(sc, card, ex)
     out: list[LayoutResult] = []
     for lay in layouts:
         r = LayoutResult(lay)
@@ -84,9 +83,12 @@ def compare_layouts(sc, card, ex, layouts: list[Layout]) -> tuple[list[LayoutRes
         try:
             check_layout(card, lay.tp, lay.dp, lay.ep)
             check_tp(card, lay.tp)
-            eng = sc.engine.model_copy(update={"tensor_parallel_size": lay.tp, "data_parallel_size": lay.dp,
-                                               "enable_expert_parallel": lay.ep})
-            b = pl.budget(eng)
+            # the planner's own treatment of a TP size: the scenario's engine, or a shorter max_model_len where the
+            # model's whole context does not fit (said in a note)
+            eng = sc.engine.model_copy(update={"data_parallel_size": lay.dp, "enable_expert_parallel": lay.ep})
+            pl = Planner(sc.model_copy(update={"engine": eng}), card, ex)
+            eng, b = pl.fitting_engine(lay.tp)
+            r.notes = list(pl.notes)
             r.weights_gib, r.kv_pools = b.weights_bytes / GiB, lay.dp
             r.kv_tokens_per_rank = b.planning_blocks * b.block_size
             r.command = get_engine(eng.engine).launch_command(card, eng, b)
@@ -114,8 +116,8 @@ def layouts_report(card, gpu: str, results: list[LayoutResult], best: LayoutResu
                   f"{r.capacity_rate:.3g}" if r.capacity_rate else "-")
     console.print(t)
     for r in results:
-        if r.why:
-            console.print(f"{r.layout.label}: {r.why}")
+        for line in ([r.why] if r.why else []) + r.notes:
+            console.print(f"{r.layout.label}: {line}")
     if best is None:
         console.print("no layout meets the SLOs")
         return
