@@ -22,6 +22,7 @@ from typing import Any, Literal
 import numpy as np
 
 from capacity import steady as steady_notes
+from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError
@@ -119,10 +120,9 @@ def prepare(dep: Deployment) -> Prepared:
 
     em = get_engine(dep.engine.engine)
     e = dep.engine
-    if e.pipeline_parallel_size > 1 or e.data_parallel_size > 1 or e.enable_expert_parallel:
-        raise ConfigError("pipeline_parallel_size / data_parallel_size / enable_expert_parallel: their memory is "
-                          "modelled (capacity memory), their step costs are not: simulate and plan take tensor "
-                          "parallelism only")
+    if e.pipeline_parallel_size > 1:
+        raise ConfigError("pipeline_parallel_size: its memory is modelled (capacity memory), its step cost is not: "
+                          "simulate and plan take tensor, data and expert parallelism (docs/parallelism.md)")
     b = em.budget(dep.card, dep.gpu, dep.engine)
     spec = e.speculative
     if spec is not None:
@@ -136,6 +136,7 @@ def prepare(dep: Deployment) -> Prepared:
                           allow_mismatch=dep.allow_profile_mismatch,
                           step_overhead_s=0.0 if overlaps and dep.profile is None else em.step_overhead_s(dep.engine),
                           overhead_given=dep.engine.step_overhead_ms is not None)
+    cost = wrap(cost, dep.card, b.tp, e.data_parallel_size, e.enable_expert_parallel, dep.profile)  # MoE EP/DP
     per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
@@ -366,7 +367,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         if disagg.decode.card.name != dep.card.name:
             raise ConfigError("disaggregation: the prefill and decode pools must serve the same model")
         dg = disagg.spec(dep, prepare(disagg.decode))
-    cfg = SimConfig(replicas=dep.replicas, router=dep.router, router_max_ongoing=dep.router_max_ongoing,
+    cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
                     autoscale=dep.autoscale, disagg=dg)
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
@@ -432,7 +433,7 @@ def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared,
     and at most 10,000 requests of its own (fewer than the run when the run is longer: the estimate settles by
     then), or None and why not: a loop of four requests per user over `CAPACITY_LOOP_MAX_REQUESTS` (hundreds of
     replicas, each with a big batch) is not run."""
-    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dep.replicas)
+    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dp_ranks(dep))
     users, n = capacity_loop_size(*size)
     if n > CAPACITY_LOOP_MAX_REQUESTS:
         return None, (f"capacity not measured: its closed loop ({users:,} users over {dep.replicas:,} replicas, "

@@ -88,6 +88,6 @@ def test_a_setting_the_release_or_model_cannot_take_is_one_line(args, msg):
 def test_simulate_refuses_what_only_the_memory_model_knows():
     from capacity.pipeline import Deployment, prepare
 
-    cfg = EngineConfig(max_model_len=8192, pipeline_parallel_size=2)
-    with pytest.raises(ConfigError, match="their step costs are not"):
+    cfg = EngineConfig(max_model_len=8192, pipeline_parallel_size=2)  # data and expert parallelism are simulated
+    with pytest.raises(ConfigError, match="pipeline_parallel_size: .* its step cost is not"):
         prepare(Deployment(QWEN_MOE, get_gpu("h100-sxm"), cfg))

@@ -33,6 +33,10 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model card YAML, HF config.json, or bundled card name")]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="GPU catalogue name (see `capacity gpus`) or GPU YAML")]
 TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size")]
+DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler "
+                                    "and KV (vLLM --data-parallel-size; docs/parallelism.md)")]
+EpOpt = Annotated[bool, typer.Option("--enable-expert-parallel",
+                                     help="MoE experts split whole over tp x dp ranks (vLLM --enable-expert-parallel)")]
 KvOpt = Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")]
 WOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Override weight format: bf16, fp16, fp8, int8, int4")]
 ReserveOpt = Annotated[Optional[str], typer.Option(

@@ -6,7 +6,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from capacity.cli.common import CompOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
+from capacity.cli.common import CompOpt, DpOpt, EpOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
 from capacity.errors import CapacityError
 from capacity.files import dumps
 
@@ -103,7 +103,13 @@ def calibrate(
 def step_cost(
     model: ModelOpt,
     gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default: the profile's device, or h100-sxm)")] = None,
-    tp: TpOpt = 1,
+    tp: TpOpt = 1, dp: DpOpt = 1, expert_parallel: EpOpt = False,
+    all2all_backend: Annotated[str, typer.Option(
+        "--all2all-backend", help="--dp with MoE: allgather_reducescatter (vLLM's default) or deepep_low_latency")
+    ] = "allgather_reducescatter",
+    expert_imbalance: Annotated[Optional[float], typer.Option(
+        "--expert-imbalance", help="Busiest expert-parallel rank's load / the mean (default 1.5, the conservative "
+                                   "end of the assumed 1.0-1.5)")] = None,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile JSON (default: roofline)")] = None,
     prefill: Annotated[Optional[list[str]], typer.Option("--prefill", help="NEW[:CACHED] tokens of a prefill chunk (repeat)")] = None,
     decode: Annotated[Optional[list[str]], typer.Option("--decode", help="BATCHxCONTEXT decoding sequences (repeat)")] = None,
@@ -150,7 +156,13 @@ def step_cost(
 
     if kv_dtype not in ("auto", "fp8", "int8"):
         raise CapacityError(f"--kv-dtype {kv_dtype!r}: use auto, fp8 or int8")
+    from capacity.cost.parallel import BACKENDS, EXPERT_IMBALANCE_RANGE, wrap
+
+    if all2all_backend not in BACKENDS:
+        raise CapacityError(f"--all2all-backend {all2all_backend!r}: use {', '.join(BACKENDS)}")
     cost = make_step_cost(card, gpu, tp, kv_dtype=kv_dtype, profile=profile, allow_mismatch=allow_profile_mismatch)
+    cost = wrap(cost, card, tp, dp, expert_parallel, profile, all2all_backend,
+                EXPERT_IMBALANCE_RANGE[1] if expert_imbalance is None else expert_imbalance)
     terms = cost.breakdown(plan_)
     total = sum(terms.values())
     if json_out:

@@ -93,6 +93,11 @@ def plan(
     price: Annotated[Optional[str], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour: 2.5, or per GPU: h100-sxm=2.5,h200=3.6")] = None,
     headroom: Annotated[Optional[float], typer.Option("--headroom", help="Share of the max rate a replica runs at (default 0.8)")] = None,
     tp: Annotated[Optional[int], typer.Option("--tp", help="Fix TP (default: searched)")] = None,
+    dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel ranks per replica (vLLM --data-parallel-size)")] = None,
+    expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="MoE experts whole over tp x dp ranks")] = False,
+    layouts: Annotated[Optional[str], typer.Option("--layouts", help="Compare layouts of --layout-gpus GPUs: tp,ep,dpN "
+                                                   "or auto (docs/parallelism.md)")] = None,
+    layout_gpus: Annotated[int, typer.Option("--layout-gpus", help="--layouts: GPUs of one replica")] = 8,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
     kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")] = None,
     weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
@@ -154,7 +159,8 @@ def plan(
     if wl:
         flags["workload"] = wl
     eng_flags = {k: v for k, v in (
-        ("tensor_parallel_size", tp), ("kv_cache_dtype", kv_dtype), ("gpu_memory_utilization", gpu_memory_utilization),
+        ("tensor_parallel_size", tp), ("data_parallel_size", dp), ("enable_expert_parallel", expert_parallel or None),
+        ("kv_cache_dtype", kv_dtype), ("gpu_memory_utilization", gpu_memory_utilization),
         ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
         ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
         ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
@@ -189,6 +195,10 @@ def plan(
     ex = make_executor("ray" if ray_address else executor, ray_address=ray_address, progress=not json_out,
                        cache=not no_cache)
     t0 = time.perf_counter()
+    if layouts:
+        from capacity.cli.layouts import plan_layouts
+
+        return plan_layouts(sc, card, ex, layouts, layout_gpus, json_out)
     try:
         p = make_plan(sc, card, ex)
     finally:

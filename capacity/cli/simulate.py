@@ -10,10 +10,12 @@ from capacity.cli.common import (
     AcceptOpt,
     BlockOpt,
     CompOpt,
+    DpOpt,
     DraftOpt,
     DraftVocabOpt,
     EagerOpt,
     EngineOpt,
+    EpOpt,
     GpuMemOpt,
     GroupOpt,
     JsonOpt,
@@ -49,7 +51,7 @@ from capacity.files import dumps
 @app.command()
 def simulate(
     model: ModelOpt, gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default h100-sxm, or the profile's)")] = None,
-    tp: TpOpt = 1,
+    tp: TpOpt = 1, dp: DpOpt = 1, expert_parallel: EpOpt = False,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated step-cost profile (default: roofline)")] = None,
     rate: Annotated[Optional[float], typer.Option("--rate", help="Arrival rate, requests/s (all replicas)")] = None,
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to simulate")] = 2000,
@@ -130,7 +132,8 @@ def simulate(
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
     cfg = engine_config(
-        tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
+        tensor_parallel_size=tp, data_parallel_size=dp, enable_expert_parallel=expert_parallel or None,
+        kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
         max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
         block_size=block_size, enable_chunked_prefill=False if no_chunked_prefill else None,
         enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,

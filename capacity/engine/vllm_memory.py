@@ -131,7 +131,8 @@ class VllmMemory:
             cap = rel.fused_moe_chunk(p.fused_moe_chunk_tokens)
             chunk = n if cap is None else min(n, cap)
             # expert parallelism keeps whole experts on a rank; otherwise TP splits each expert
-            mi = moe.moe_intermediate_size if eng.cfg.enable_expert_parallel else math.ceil(moe.moe_intermediate_size / tp)
+            mi = (moe.moe_intermediate_size if eng.cfg.enable_expert_parallel  # data parallel: split over tp x dp
+                  else math.ceil(moe.moe_intermediate_size / (tp * eng.cfg.data_parallel_size)))
             si = math.ceil(moe.shared_intermediate / tp)
             # wn: rows of the fused gate/up weight per rank (up alone for a non-gated MLP); kk: the width the
             # experts read (a latent MoE's latent size, else hidden)
@@ -294,7 +295,8 @@ class VllmMemory:
         # absent in 0.9.2, present in 0.10.2), kept nested before
         nested = rel.version < (0, 10, 0)
         ep = eng.tp * cfg.data_parallel_size if cfg.enable_expert_parallel else 1
-        weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep).values())
+        moe_tp = eng.tp * cfg.data_parallel_size  # without expert parallelism the experts split over tp x dp
+        weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep, moe_tp=moe_tp).values())
         # LoRA adapters' buffers are made while the model loads: inside "model weights"
         weights += lora_bytes_per_rank(card, eng.tp, cfg.max_loras, cfg.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats

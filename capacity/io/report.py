@@ -26,6 +26,10 @@ def simulation_table(out: dict, console) -> None:
     d = out.get("disaggregated")
     where = (f"{d['prefill_replicas']} prefill (tp={d['prefill_tp']}) + {d['decode_replicas']} decode "
              f"(tp={d['decode_tp']}) x {out['gpu']}" if d else f"{out['replicas']} x {out['gpu']} (tp={out['tp']})")
+    dp = (out.get("engine") or {}).get("data_parallel_size", 1)
+    if not d and dp > 1:  # data parallelism: replicas of dp ranks, each tp GPUs
+        ep = ", expert parallel" if out["engine"].get("enable_expert_parallel") else ""
+        where = f"{out['replicas']} x {dp} data-parallel ranks x {out['gpu']} (tp={out['tp']}{ep})"
     title = (f"Measured {out['model']} at {out['gpu']}, {s['n_requests']:,} requests" if measured else
              f"Simulated {out['model']} on {where}, {out['policy']} batching, {s['n_requests']:,} measured requests")
     t = Table(title=title, title_justify="left")
@@ -102,7 +106,8 @@ def plan_answer(p, console) -> None:
     """The answer in the first lines: GPUs, replicas x TP, cost, the verified P99s, the configuration and the
     launch commands (issue 48: a reader stops after a dozen lines)."""
     pct, v, b = p.slo.percentile, p.verification, p.budget
-    reps = f"{p.replicas} replica{'s' if p.replicas != 1 else ''} x tp={p.tp}"
+    dp = p.gpus // max(1, p.replicas * p.tp)  # data-parallel ranks per replica (docs/parallelism.md)
+    reps = f"{p.replicas} replica{'s' if p.replicas != 1 else ''} x tp={p.tp}" + (f" x dp={dp}" if dp > 1 else "")
     price = (p.scenario or {}).get("price_per_gpu_hour")
     cost = (f"; ${p.gpus * price:,.2f}/h, ${p.cost_per_million_tokens:,.3f} per 1M output tokens"
             if p.cost_per_million_tokens and price else "; cost: give --price-per-gpu-hour")

@@ -230,17 +230,19 @@ def _padded(t: TensorGroup, rows: int, cols: int, layout: ExpertLayout) -> tuple
 
 
 def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | None = None,
-                          bnb_nested_absmax: bool = False, ep: int = 1) -> dict[str, float]:
+                          bnb_nested_absmax: bool = False, ep: int = 1, moe_tp: int | None = None) -> dict[str, float]:
     """Bytes of every tensor group on one TP rank (the largest rank where splits are uneven). `layout`: the
     engine kernel's storage of MXFP4 experts (padding, scales kept twice); None counts the checkpoint's shapes.
     `bnb_nested_absmax`: a double-quantised bitsandbytes absmax stays nested (uint8) rather than dequantised
-    to fp32 at load. `ep` > 1: expert parallelism, each rank holding ceil(experts / ep) whole experts."""
+    to fp32 at load. `ep` > 1: expert parallelism, each rank holding ceil(experts / ep) whole experts. `moe_tp`: the
+    ranks the experts' intermediate dimension splits over when it is not tp (vLLM's data parallelism without
+    expert parallelism flattens tp x dp for the MoE layers: capacity/cost/parallel.py)."""
     nested = bnb_nested_absmax and card.bnb_double_quant
     cdt = card.dtype
     out: dict[str, float] = {}
     experts = card.moe.num_experts if card.moe is not None else 1
     for t in tensor_groups(card):
-        rows, cols = _elements_per_rank(t, card, tp)
+        rows, cols = _elements_per_rank(t, card, moe_tp if moe_tp and t.family == "experts" else tp)
         if ep > 1 and t.family == "experts" and t.name.startswith("experts_"):  # whole experts, split over ranks
             rows, cols = t.rows, t.cols
             t = TensorGroup(t.name, t.count // experts * -(-experts // ep), t.rows, t.cols, "replicated", t.family)

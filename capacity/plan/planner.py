@@ -191,8 +191,9 @@ class Planner:
 
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)
-        return self.ex.run(self._tasks(engine, None, range(1), closed_users=wl.arrivals.users,
-                                       requests=wl.num_requests))[0]
+        dp = engine.data_parallel_size  # a replica of dp ranks, each with its own scheduler: dp x the users
+        return self.ex.run(self._tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
+                                       requests=wl.num_requests * dp))[0]
 
     def rate_search(self, engine: EngineConfig, tp: int, max_num_seqs: int) -> RateSearch:
         sp = self.sc.search
@@ -232,13 +233,14 @@ class Planner:
         sc, card, gpu = self.sc, self.card, self.gpu
         sc.workload.check_context(*context_of(sc.engine, card))
         tps = tp_sizes(self)
+        dp = sc.engine.data_parallel_size  # GPUs of a replica: tp x dp
         searches: list[RateSearch] = []
         fit_errors: list[str] = []
         config_errors: set[str] = set()  # settings the engine refuses whatever the TP
         unfit: list[TpUnfit] = []
         for tp in tps:
             done = [r for r in searches if r.max_rate > 0]
-            if done and tp >= min(r.tp * replicas_for(sc, r.max_rate) for r in done):
+            if done and tp * dp >= min(r.tp * dp * replicas_for(sc, r.max_rate) for r in done):
                 self.notes.append(f"tp={tp} not searched: it cannot use fewer GPUs than the best found")
                 continue
             try:
@@ -263,7 +265,7 @@ class Planner:
                                 + "; ".join(f"tp={r.tp}: {r.why}" for r in searches))
 
         def gpus_for(r: RateSearch) -> int:
-            return r.tp * replicas_for(sc, r.max_rate)
+            return r.tp * dp * replicas_for(sc, r.max_rate)
 
         best = min(usable, key=lambda r: (gpus_for(r), r.tp))
         if gpus_for(best) > sc.max_gpus:
@@ -315,7 +317,7 @@ class Planner:
                 if verification.passed:
                     break
         rb = self.budget(rec_engine)
-        gpus = tp * replicas
+        gpus = tp * dp * replicas
         mean_out = sc.workload.mean_output_tokens
         cost = None
         if sc.price_per_gpu_hour:

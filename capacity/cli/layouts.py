@@ -1,0 +1,21 @@
+"""`capacity plan --layouts`: the CLI side of capacity.plan.layouts (kept out of cli/plan.py, at its size limit)."""
+from __future__ import annotations
+
+import typer
+
+from capacity.files import dumps
+
+
+def plan_layouts(sc, card, ex, spec: str, gpus: int, json_out: bool) -> None:
+    from capacity.plan.layouts import compare_layouts, layouts_report, parse_layouts
+
+    try:
+        res, best = compare_layouts(sc, card, ex, parse_layouts(spec, gpus, card.moe is not None))
+    finally:
+        ex.close()
+    if json_out:
+        typer.echo(dumps({"layouts": [r.row() for r in res], "winner": best.layout.label if best else None}))
+        return
+    from rich.console import Console
+
+    layouts_report(card, sc.gpu_name, res, best, Console())
