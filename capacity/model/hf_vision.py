@@ -8,6 +8,11 @@ from typing import Any
 from capacity.errors import ConfigError
 
 
+# Qwen2-VL / Qwen2.5-VL processors (preprocessor_config.json of the Qwen repositories; Qwen2VLImageProcessor's
+# min_pixels 56 x 56, max_pixels 16384 x 28 x 28)
+QWEN_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}
+
+
 # ---- vision towers --------------------------------------------------------------------------------
 def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     """The card's `vision` mapping from a config's vision_config (an error names any field it cannot size)."""
@@ -58,7 +63,8 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
         bias = cfg.get("multimodal_projector_bias", False)
         proj = h + h * h * merge * merge + h * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
         side = out["image_size"] // out["patch_size"] // merge
-        out.update(kind="pixtral", num_layers=layers, projector_params=proj, tokens_per_image=side * side + side)
+        out.update(kind="pixtral", num_layers=layers, projector_params=proj, tokens_per_image=side * side + side,
+                   merge_size=merge, longest_edge=out["image_size"])
     else:  # mllama
         ratios = v.get("supported_aspect_ratios") or []
         out_dim = need("vision_output_dim")
@@ -78,7 +84,9 @@ def _qwen25vl(v: dict, need) -> dict:
     return {"kind": "qwen2_5_vl", "num_layers": need("depth"), "hidden_size": h,
             "intermediate_size": need("intermediate_size"), "num_heads": need("num_heads"),
             "patch_size": need("patch_size", 14), "image_size": 14 * 256, "projector_params": h + m * m + m + m * out_h + out_h,
-            "tokens_per_image": 16384}  # the processor's default max_pixels (12,845,056) in merged tokens
+            "tokens_per_image": 16384,  # the processor's default max_pixels (12,845,056) in merged tokens
+            **QWEN_PIXELS, "merge_size": merge, "window_size": need("window_size", 112),
+            "full_attention_layers": len(v.get("fullatt_block_indexes") or [])}
 
 
 def _qwen_vit(v: dict, mt: str, need) -> dict:
@@ -99,4 +107,5 @@ def _qwen_vit(v: dict, mt: str, need) -> dict:
     return {"kind": "qwen2_vl" if mt == "qwen2_vl" else "qwen3_vl", "num_layers": need("depth"), "hidden_size": h,
             "intermediate_size": i, "num_heads": need("num_heads"), "patch_size": p, "image_size": p * 256,
             "projector_params": (1 + extra) * (m * out + out), "tokens_per_image": 16384, "position_embeddings": pos,
-            "extra_mergers": extra}
+            "extra_mergers": extra, "merge_size": merge,
+            **(QWEN_PIXELS if mt == "qwen2_vl" else {"min_pixels": 65536, "max_pixels": 16777216})}
