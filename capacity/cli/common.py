@@ -82,6 +82,9 @@ DraftOpt = Annotated[Optional[str], typer.Option("--draft-model", help="--specul
 DraftVocabOpt = Annotated[Optional[int], typer.Option(
     "--draft-vocab-size", help="--speculative eagle3: the head's own vocabulary (Llama 3.1's EAGLE-3: 32000)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+ImagesOpt = Annotated[Optional[str], typer.Option("--images-per-request", help="Images in a request with images (docs/vision.md): N, LOW-HIGH or lognormal:MEAN:CV")]
+ImageSizeOpt = Annotated[Optional[str], typer.Option("--image-size", help="Image resolution WxH, or several WxH[:WEIGHT],... drawn by weight (default 1024x768)")]
+ImageShareOpt = Annotated[Optional[float], typer.Option("--image-share", help="Share of requests with images, in [0, 1] (default 1 when an image flag is given)")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="table (default), json, csv or md")]
 
 

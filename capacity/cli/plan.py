@@ -16,6 +16,9 @@ from capacity.cli.common import (
     EngineOpt,
     GpuMemOpt,
     GroupOpt,
+    ImageShareOpt,
+    ImageSizeOpt,
+    ImagesOpt,
     JsonOpt,
     LargeOpt,
     MnbtOpt,
@@ -117,6 +120,7 @@ def plan(
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
+    images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
     emit: Annotated[Optional[tuple[str, str]], typer.Option("--emit", metavar="TARGET DIR", help="Also write manifests "
                     "that deploy the plan; TARGET: k8s, kserve, production-stack or llm-d (docs/deploy.md)")] = None,
@@ -151,6 +155,10 @@ def plan(
         wl["input_len"] = _lengths("--input-len", input_len).model_dump()
     if output_len:
         wl["output_len"] = _lengths("--output-len", output_len).model_dump()
+    from capacity.vision_requests import image_flags
+
+    if (img := image_flags(images_per_request, image_size, image_share, lambda f, v: _lengths(f, v).model_dump())):
+        wl["images"] = img
     if wl:
         flags["workload"] = wl
     eng_flags = {k: v for k, v in (

@@ -16,6 +16,9 @@ from capacity.cli.common import (
     EngineOpt,
     GpuMemOpt,
     GroupOpt,
+    ImageShareOpt,
+    ImageSizeOpt,
+    ImagesOpt,
     JsonOpt,
     KvOpt,
     LargeOpt,
@@ -117,6 +120,7 @@ def simulate(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --save-run file")] = False,
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
+    images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
@@ -125,6 +129,7 @@ def simulate(
     from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.workload import Arrivals, RequestClass, WorkloadSpec
+    from capacity.vision_requests import ImageRequests, image_flags
 
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
@@ -188,6 +193,8 @@ def simulate(
                                        "input_len": _lengths("--input-len", input_len),
                                        "output_len": _lengths("--output-len", output_len), "num_requests": requests,
                                        "classes": [cls], "sessions": sess}, "--requests")
+    if (img := image_flags(images_per_request, image_size, image_share, _lengths)) is not None:
+        spec = spec.model_copy(update={"images": validate(ImageRequests, img, "images")})
     if frontend_ms < 0:
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
