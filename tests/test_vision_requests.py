@@ -1,0 +1,179 @@
+"""Vision-language serving (issue 47 item 1): image -> tokens per model (counts worked out by hand from each
+processor's rule, docs/vision.md), images in workloads, the vision encoder's roofline in the step, and bad input
+refused in one line."""
+import json
+
+import numpy as np
+import pytest
+
+from capacity.cost.encoder import EncoderRoofline
+from capacity.engine.config import EngineConfig
+from capacity.model.card import VisionTower, load_named_card
+from capacity.model.gpus import get_gpu
+from capacity.model.hf import from_hf_config
+from capacity.model.vision_tokens import glm4v, image_tokens, llava_next, mllama_tiles, pixtral, qwen_vl
+from capacity.pipeline import Deployment, RunOptions, run
+from capacity.workload import WorkloadSpec, generate
+from tests.conftest import ROOT, run_cli
+
+QWEN_CFG = ROOT / "tests/data/startup_v3/hf/qwen2.5-vl-7b.json"
+QWEN = from_hf_config(json.loads(QWEN_CFG.read_text()), "qwen2.5-vl-7b")
+MISTRAL3 = from_hf_config(json.loads((ROOT / "tests/data/hf/mistral-small-3.1-24b.json").read_text()), "mistral-3.1")
+# LLaVA-1.5-7B's tower as vLLM builds it: CLIP ViT-L/14 at 336 px, 23 of 24 layers (vision_feature_layer -2)
+LLAVA15 = VisionTower(kind="clip", num_layers=23, hidden_size=1024, intermediate_size=4096, num_heads=16,
+                      patch_size=14, image_size=336, post_layernorm=False, tokens_per_image=576)
+
+
+# ---- image -> tokens, by hand ------------------------------------------------------------------------------------
+def test_qwen25vl_1024x768_is_999_tokens():
+    # smart_resize: round(768 / 28) = 27 -> 756, round(1024 / 28) = 37 -> 1036; 756 x 1036 = 783,216 pixels is
+    # inside [3136, 12,845,056]; patches 54 x 74 = 3996, merged 2 x 2: 999 tokens
+    t = image_tokens(QWEN.vision, 1024, 768)
+    assert (t.tokens, t.encoder_seqs, t.cross) == (999, (3996,), False)
+
+
+def test_qwen_resize_bounds():
+    # 4000 x 3000: 2996 x 4004 = 11,995,984 pixels (under max): 214 x 286 patches / 4 = 15,301
+    assert qwen_vl(4000, 3000).tokens == 15301
+    # 8000 x 6000 = 48e6 pixels: beta = sqrt(48e6 / 12,845,056) = 1.93309; floor(6000 / beta / 28) = 110 -> 3080,
+    # floor(8000 / beta / 28) = 147 -> 4116; 220 x 294 / 4 = 16,170
+    assert qwen_vl(8000, 6000).tokens == 16170
+    # 20 x 20: rounds to 28 x 28 = 784 < 3136; beta = sqrt(3136 / 400) = 2.8, ceil(20 x 2.8 / 28) = 2 -> 56 x 56:
+    # 4 x 4 patches, 4 tokens
+    assert qwen_vl(20, 20) == (4, (16,), False)
+
+
+def test_glm45v_counts_two_frames_against_its_bounds():
+    # 3000 x 2000 rounds to 2996 x 1988; Qwen: 5,956,048 pixels, under its max: 214 x 142 / 4 = 7597 tokens
+    assert qwen_vl(3000, 2000).tokens == 7597
+    # GLM-4.5V compares 2 x 2996 x 1988 = 11,912,096 with 28 x 28 x 15000 = 11,760,000: beta = sqrt(12e6 /
+    # 11.76e6) = 1.010153; floor(2000 / beta / 28) = 70 -> 1960, floor(3000 / beta / 28) = 106 -> 2968;
+    # 140 x 212 / 4 = 7420
+    assert glm4v(3000, 2000).tokens == 7420
+    assert glm4v(1024, 768).tokens == 999  # small images: as Qwen2-VL
+
+
+def test_llava15_is_576_tokens_at_any_size():
+    for w, h in ((1024, 768), (336, 336), (4000, 100)):
+        assert image_tokens(LLAVA15, w, h) == (576, (577,), False)  # 24 x 24 patches; the encoder adds CLS
+
+
+def test_llava_next_anyres():
+    # 1024 x 768: pinpoint 672 x 672 keeps the most (672 x 504 after scaling) -> 2 x 2 tiles; 48 x 48 features
+    # unpadded to the 4:3 aspect: round(768 x 48 / 1024) = 36 rows; 36 x 48 + 36 newlines + 576 base = 2340
+    assert llava_next(1024, 768) == (2340, (577,) * 5, False)
+    # 336 x 336: first best pinpoint 336 x 672 (1 x 2 tiles); 24 x 48 unpadded to square: 24 x 24 + 24 + 576
+    assert llava_next(336, 336) == (1176, (577,) * 3, False)
+
+
+def test_pixtral_and_mistral3_row_breaks():
+    # Pixtral-12B, 16-px patches, no merge: 64 columns x 48 rows, one [IMG_BREAK]/[IMG_END] per row: 65 x 48
+    assert pixtral(1024, 768) == (3120, (3072,), False)
+    # Mistral-3.1: 14-px patches merged 2 x 2 (28 px), longest edge 1540: 37 x 28 grid, (37 + 1) x 28 = 1064
+    assert MISTRAL3.vision.merge_size == 2 and MISTRAL3.vision.longest_edge == 1540
+    assert image_tokens(MISTRAL3.vision, 1024, 768) == (1064, (37 * 28 * 4,), False)
+    # 3080 x 1540 is scaled to 1540 x 770: 55 x 28 -> 56 x 28 = 1568
+    assert image_tokens(MISTRAL3.vision, 3080, 1540).tokens == 1568
+
+
+def test_gemma3_and_mllama():
+    gemma = load_named_card("gemma-3-27b")
+    assert image_tokens(gemma.vision, 1024, 768) == (256, (4096,), False)  # 896 / 14 = 64, 64^2 pooled to 256
+    mllama = load_named_card("llama-3.2-11b-vision")
+    # 1024 x 768: only the 2 x 2 canvas (1120 x 1120) needs no downscaling -> 4 tiles of 40^2 + 1 = 1601
+    assert mllama_tiles(1024, 768) == 4 and mllama_tiles(560, 560) == 1
+    assert image_tokens(mllama.vision, 1024, 768) == (1, (1601,) * 4, True)
+
+
+# ---- the encoder roofline ----------------------------------------------------------------------------------------
+def test_encoder_roofline_by_hand():
+    # Qwen2.5-VL-7B ViT, 3996 patches: per token per layer 4 x 1280^2 + 3 x 1280 x 3420 = 19,686,400, x 32 layers,
+    # + patch embedding 3 x 2 x 14^2 x 1280 = 1,505,280; merger 44,574,464 params over 999 tokens;
+    # attention: 4 full layers x 3996^2 + 28 window layers x 3996 x 64 pairs, x 4 x 1280 FLOPs
+    linear = 2 * 3996 * (32 * 19_686_400 + 1_505_280) + 2 * 999 * 44_574_464
+    attn = 4 * (4 * 3996 ** 2 + 28 * 3996 * 64) * 1280
+    peak = 989.4e12  # H100 SXM dense BF16
+    want = linear / (peak * 0.70) + attn / (peak * 0.50) + 32 * 8 * 4e-6  # + a launch per op per layer
+    enc = EncoderRoofline(QWEN.vision, get_gpu("h100-sxm"))
+    assert enc.weight_bytes / (3.35e12 * 0.8) < want / 5  # compute bound: the weights' read is not the term
+    assert enc.images_s([(3996, 1)]) == pytest.approx(want, rel=1e-9)
+    assert 8e-3 < want < 10e-3
+
+
+# ---- workloads ---------------------------------------------------------------------------------------------------
+def _spec(images, n=40, prompt=200, rate=0.5, **kw):
+    return WorkloadSpec.model_validate({"arrivals": {"kind": "constant", "rate_per_s": rate},
+                                        "input_len": {"kind": "fixed", "value": prompt},
+                                        "output_len": {"kind": "fixed", "value": 50}, "num_requests": n,
+                                        "images": images, **kw})
+
+
+def test_images_add_to_the_prompt_after_the_prefix():
+    from capacity.sim.vision import image_shape
+
+    spec = _spec({"per_request": {"kind": "fixed", "value": 2}, "sizes": ["1024x768", "20x20"], "share": 0.5},
+                 n=400, prefix={"tokens": 100})
+    spec = spec.model_copy(update={"images": spec.images.bind(image_shape(QWEN))})
+    reqs = generate(spec, np.random.default_rng(1))
+    with_img = [r for r in reqs if r.images]
+    assert 150 < len(with_img) < 250  # share 0.5 of 400
+    for r in with_img:
+        assert len(r.images) == 2 and r.images[0][0] == 100  # right after the shared prefix
+        assert {i[1] for i in r.images} <= {999, 4}
+        assert r.images[1][0] == 100 + r.images[0][1]
+        assert r.prompt_tokens == 200 + sum(i[1] for i in r.images)
+    assert all(r.prompt_tokens == 200 for r in reqs if not r.images)
+
+
+def test_images_raise_ttft_by_the_encoder_and_the_longer_prefill():
+    """One request at a time (0.5/s, each done in well under 2 s): TTFT with a 1024 x 768 image minus text-only
+    TTFT = (TTFT of a 200 + 999-token text prompt - TTFT at 200) + the encoder's time, hand-computed above."""
+    dep = Deployment(QWEN, get_gpu("h100-sxm"), EngineConfig())
+    opts = RunOptions(seed=0, capacity_check=False)
+    ttft = {k: run(dep, _spec(img, prompt=p), opts).summary.ttft_s.p50
+            for k, img, p in (("text", None, 200), ("long", None, 1199), ("image", {"sizes": ["1024x768"]}, 200))}
+    linear = 2 * 3996 * (32 * 19_686_400 + 1_505_280) + 2 * 999 * 44_574_464
+    encoder = linear / (989.4e12 * 0.7) + 4 * (4 * 3996 ** 2 + 28 * 3996 * 64) * 1280 / (989.4e12 * 0.5) + 32 * 8 * 4e-6
+    assert ttft["image"] - ttft["text"] == pytest.approx(ttft["long"] - ttft["text"] + encoder, rel=0.01)
+    assert ttft["image"] > ttft["long"] > ttft["text"]
+
+
+# ---- bad input: one line naming the field, exit 1 ----------------------------------------------------------------
+@pytest.mark.parametrize("flags, says", [
+    (["--images-per-request", "-1"], "--images-per-request '-1'"),
+    (["--images-per-request", "0"], "--images-per-request '0'"),
+    (["--image-size", "0x0"], "--image-size: '0x0'"),
+    (["--image-size", "1024"], "--image-size: '1024' is not WxH"),
+    (["--image-share", "1.5"], "--image-share 1.5"),
+    (["--image-share", "-0.1"], "--image-share -0.1"),
+])
+def test_bad_image_flags(flags, says):
+    r = run_cli("simulate", "-m", str(QWEN_CFG), "--rate", "1", "-n", "20", *flags)
+    assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_a_text_only_model_given_images():
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "20", "--image-size", "1024x768")
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
+    assert "images: llama-3.1-8b is a text-only model" in r.stderr
+
+
+@pytest.mark.parametrize("images, says", [
+    ({"share": 2}, "images.share"),
+    ({"sizes": ["0x0"]}, "images.sizes"),
+    ({"per_request": {"kind": "fixed", "value": -2}}, "images.per_request.value"),
+    ({"sizes": ["640x480"], "weights": [1, 2]}, "images.weights"),
+])
+def test_bad_image_yaml(tmp_path, images, says):
+    wl = tmp_path / "wl.json"
+    wl.write_text(json.dumps({"arrivals": {"kind": "poisson", "rate_per_s": 1}, "num_requests": 20, "images": images}))
+    r = run_cli("simulate", "-m", str(QWEN_CFG), "--workload", str(wl))
+    assert r.returncode == 1 and says in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_cli_images_run():
+    r = run_cli("simulate", "-m", str(QWEN_CFG), "--rate", "1", "-n", "40", "--input-len", "200", "--output-len", "20",
+                "--images-per-request", "1-3", "--image-size", "1024x768:3,640x480", "--image-share", "0.5", "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "vision encoder roofline" in out["step_cost_source"]
