@@ -128,8 +128,8 @@ def simulate(
     from capacity.files import read_mapping, validate
     from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.workload import Arrivals, RequestClass, WorkloadSpec
     from capacity.vision_requests import ImageRequests, image_flags
+    from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)

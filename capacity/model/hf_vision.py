@@ -7,7 +7,6 @@ from typing import Any
 
 from capacity.errors import ConfigError
 
-
 # Qwen2-VL / Qwen2.5-VL processors (preprocessor_config.json of the Qwen repositories; Qwen2VLImageProcessor's
 # min_pixels 56 x 56, max_pixels 16384 x 28 x 28)
 QWEN_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}

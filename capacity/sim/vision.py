@@ -22,13 +22,16 @@ is costed).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, TypeVar
 
 from capacity.cost.encoder import EncodedPlan, EncoderRoofline, EncoderStepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.vision_tokens import image_tokens
 from capacity.workload import WorkloadSpec
+
+P = TypeVar("P")
+W = TypeVar("W")
 
 
 class EncoderScheduling:
@@ -95,16 +98,21 @@ def with_encoder_cost(cost: Any) -> Any:
     return cost if isinstance(cost, EncoderStepCost) else EncoderStepCost(cost)
 
 
-def serve_images(prepared: Any, card: ModelCard, gpu: Any, workload: Any) -> tuple[Any, Any]:
+def serve_images(prepared: P, card: ModelCard, gpu: Any, workload: W) -> tuple[P, W]:
     """(prepared, workload) for a run (module docstring); `prepared` is a `capacity.pipeline.Prepared`."""
     if not isinstance(workload, WorkloadSpec) or workload.images is None:
         return prepared, workload
+    return _serve(prepared, card, gpu, workload)  # type: ignore[return-value]
+
+
+def _serve(prepared: Any, card: ModelCard, gpu: Any, workload: WorkloadSpec) -> tuple[Any, WorkloadSpec]:
+    from capacity.cost.overlap import CpuOverlapCost
+
+    assert workload.images is not None
     if workload.arrivals.kind == "trace":
         raise ConfigError("images: a trace's requests keep their own lengths; images apply to drawn requests")
     if not workload.images.bound:
         workload = workload.model_copy(update={"images": workload.images.bind(image_shape(card))})
-    from capacity.cost.overlap import CpuOverlapCost
-
     cost = prepared.cost
     while isinstance(cost, CpuOverlapCost):
         cost = cost.inner
