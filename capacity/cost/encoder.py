@@ -4,7 +4,7 @@ vLLM V1 runs the encoder inside the step that schedules an image, before the lan
 (`GPUModelRunner.execute_model` -> `_execute_mm_encoder`, vllm/v1/worker/gpu_model_runner.py), batching the
 step's images; the scheduler picks them (`Scheduler._try_schedule_encoder_inputs`, vllm/v1/core/sched/scheduler.py:
 an image whose placeholder range overlaps the chunk being prefilled and is not in the encoder cache). So the
-encoder's time adds to that step (`EncodedPlan.encoder_s`, added by `EncoderStepCost`).
+encoder's time adds to that step (`StepPlan.encoder_s`, added by `EncoderStepCost`).
 
 Per image of `seq` encoder tokens in `n` sequences (tiles), per layer: the linear layers 2 x seq x n x (4 h^2 +
 2 or 3 x h x i) FLOPs (3 for a gated MLP: Qwen2.5-VL, Pixtral), attention 4 x seq x keys x h x n with keys = seq
@@ -28,14 +28,6 @@ from capacity.model.gpus import GPU
 from capacity.units import DTYPE_BYTES
 
 OPS_PER_LAYER = 8  # norms, qkv, attention, o, MLP up/gate, act, down, residual: kernel launches per layer
-
-
-@dataclass(frozen=True)
-class EncodedPlan(StepPlan):
-    """A step plan whose step also runs the vision encoder for `encoder_s` seconds (capacity.sched.vision)."""
-
-    encoder_s: float = 0.0
-    images: int = 0  # images encoded in the step
 
 
 @dataclass
@@ -90,7 +82,7 @@ class EncoderRoofline:
 
 
 class EncoderStepCost:
-    """A step cost plus the vision encoder's time of the step (`EncodedPlan.encoder_s`); everything else is the
+    """A step cost plus the vision encoder's time of the step (`StepPlan.encoder_s`); everything else is the
     wrapped cost's (decode-only steps never encode, so its exact decode runs stay)."""
 
     def __init__(self, inner) -> None:
@@ -103,11 +95,11 @@ class EncoderStepCost:
         return getattr(self.inner, name)
 
     def step_s(self, plan: StepPlan) -> float:
-        return math.fsum((self.inner.step_s(plan), getattr(plan, "encoder_s", 0.0)))
+        return math.fsum((self.inner.step_s(plan), plan.encoder_s))
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         out = dict(self.inner.breakdown(plan))
-        enc = getattr(plan, "encoder_s", 0.0)
+        enc = plan.encoder_s
         if enc:
             out["vision encoder"] = enc
         return out

@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from capacity.cost.encoder import EncodedPlan, EncoderRoofline, EncoderStepCost
+from capacity.cost.encoder import EncoderRoofline, EncoderStepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.vision_tokens import image_tokens
@@ -70,8 +70,7 @@ class EncoderScheduling:
                 self.encoded.pop(seq, None)
         if work:
             p = out.plan
-            out.plan = EncodedPlan(p.prefills, p.decode_contexts, p.decode_queries,
-                                   encoder_s=self.encoder.images_s(work), images=len(work))
+            out.plan = dataclasses.replace(p, encoder_s=p.encoder_s + self.encoder.images_s(work))
         return out
 
 
