@@ -6,9 +6,12 @@ at what resolution (`sizes`, WxH, drawn by `weights`). What an image becomes dep
 `capacity.sim.vision.serve_images` when a run starts); the bound spec adds each image's placeholder tokens to
 the request's prompt, right after its shared prefix (a system prompt), and records each image on the request
 (`Request.images`: start in the prompt, placeholder tokens, the encoder's sequence length and sequences) for the
-vision encoder's cost. Each image is a distinct image: its tokens are never shared by the prefix cache (vLLM
+vision encoder's cost. Images are distinct by default: their tokens are never shared by the prefix cache (vLLM
 keys a block holding image tokens by the image's hash, `_gen_mm_extra_hash_keys` in vllm/v1/core/kv_cache_utils.py,
-so only an identical image would hit).
+so only an identical image hits). With `identical: true` every request's images are the same picture(s) (a
+benchmark resending one image): they extend the request's shared prefix (its prefix group's, or a group of their
+own), so the prefix cache shares their blocks, and the encoder cache (keyed by the same hash,
+`EncoderCacheManager.check_and_update_cache`) shares their encoder output.
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ from capacity.workload import Lengths, Request, _Strict, fixed
 SIZE = re.compile(r"^\s*(\d{1,7})\s*[xX]\s*(\d{1,7})\s*$")
 MAX_SIDE = 1 << 16  # pixels (capacity.model.vision_tokens.MAX_SIDE)
 MAX_IMAGES = 64  # per request (vLLM's --limit-mm-per-prompt is per deployment; none takes more in practice)
+IMAGE_GROUP = 1 << 30  # the prefix group of identical images in requests without a shared prefix of their own
 # what one image is for the model: (placeholder tokens in the prompt, encoder sequence length, encoder sequences)
 ImageShape = tuple[int, int, int]
 
@@ -48,6 +52,7 @@ class ImageRequests(_Strict):
     per_request: Lengths = fixed(1)  # images in a request that has images (fixed, uniform, lognormal, empirical)
     sizes: Annotated[list[str], Field(min_length=1, max_length=64)] = ["1024x768"]  # image resolutions, WxH pixels
     weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None  # relative weight of each size (none: equal)
+    identical: bool = False  # every request's images are the same picture(s): shared by the prefix and encoder caches (needs a fixed per_request and one size)
     _shapes: list[ImageShape] | None = PrivateAttr(default=None)
 
     @field_validator("sizes")
@@ -61,6 +66,9 @@ class ImageRequests(_Strict):
     def _check(self) -> ImageRequests:
         if self.weights is not None and len(self.weights) != len(self.sizes):
             raise ValueError(f"images.weights: {len(self.weights)} weights for {len(self.sizes)} sizes")
+        if self.identical and (self.per_request.kind != "fixed" or len(self.sizes) != 1):
+            raise ValueError("images.identical: the same picture(s) in every request need a fixed per_request and "
+                             f"one size (got {self.per_request.kind} per_request, {len(self.sizes)} sizes)")
         high = self.per_request.high or max(self.per_request.values or [self.per_request.value or 1])
         if self.per_request.kind in ("fixed", "uniform", "empirical") and high > MAX_IMAGES:
             raise ValueError(f"images.per_request: up to {high} images per request; at most {MAX_IMAGES}")
@@ -106,12 +114,15 @@ class ImageRequests(_Strict):
             r = reqs[int(i)]
             pos = r.prefix_tokens
             imgs = []
-            for j in which[at: at + int(c)]:
+            for k, j in enumerate(which[at: at + int(c)]):
                 tokens, seq, seqs = self._shapes[int(j)]
-                imgs.append((pos, tokens, seq, seqs))
+                imgs.append((pos, tokens, seq, seqs, k if self.identical else -1))
                 pos += tokens
             at += int(c)
             r.prompt_tokens += pos - r.prefix_tokens
+            if self.identical:  # the images extend the shared prefix (a group of their own without one)
+                r.prefix_group = r.prefix_group if r.prefix_group >= 0 else IMAGE_GROUP
+                r.prefix_tokens = pos
             r.images = tuple(imgs)
         return reqs
 

@@ -46,7 +46,7 @@ class Request:
     block_keys: tuple[int, ...] = ()  # a trace's prefix identity: each `block_key_tokens` chunk's id (Mooncake hash_ids)
     block_key_tokens: int = 0
     session: int = -1  # a multi-turn session's id (capacity.sessions; -1: none): its keys cover its output too
-    images: tuple[tuple[int, int, int, int], ...] = ()  # (start, tokens, encoder seq, seqs) each (capacity.vision_requests)
+    images: tuple[tuple[int, int, int, int, int], ...] = ()  # (start, tokens, encoder seq, seqs, key) (capacity.vision_requests)
 
 
 class _Strict(BaseModel):

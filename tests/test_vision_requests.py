@@ -138,6 +138,31 @@ def test_images_raise_ttft_by_the_encoder_and_the_longer_prefill():
     assert ttft["image"] > ttft["long"] > ttft["text"]
 
 
+def test_prefix_cache_shares_only_identical_images():
+    """A 512-token system prompt, one 1024 x 768 image (999 tokens) right after it, 16-token blocks: distinct images
+    leave the 32 prompt blocks shared (512 tokens); the same picture in every request extends the shared prefix to
+    512 + 999 = 1511 tokens, 94 full blocks = 1504 tokens, and its encoder output is cached: a later request
+    computes 2023 - 1504 = 519 tokens and runs no encoder."""
+    dep = Deployment(QWEN, get_gpu("h100-sxm"), EngineConfig(enable_prefix_caching=True, block_size=16))
+    opts = RunOptions(seed=0, capacity_check=False, warmup_fraction=0.0)
+    got = {}
+    for identical in (False, True):
+        spec = _spec({"sizes": ["1024x768"], "identical": identical}, n=10, prompt=1024, prefix={"tokens": 512})
+        res = run(dep, spec, opts)
+        rec = res.sim.records
+        assert set(rec.prompt_tokens) == {1024 + 999}
+        got[identical] = (sorted(set(rec.cached_tokens[1:])), res.summary.ttft_s.p50)
+    assert got[False][0] == [512] and got[True][0] == [1504]
+    assert got[True][1] < got[False][1] / 2
+
+
+@pytest.mark.parametrize("images", [{"identical": True, "sizes": ["640x480", "1024x768"]},
+                                    {"identical": True, "per_request": {"kind": "uniform", "low": 1, "high": 3}}])
+def test_identical_images_need_one_fixed_set(images):
+    with pytest.raises(ValueError, match="images.identical"):
+        _spec(images)
+
+
 # ---- bad input: one line naming the field, exit 1 ----------------------------------------------------------------
 @pytest.mark.parametrize("flags, says", [
     (["--images-per-request", "-1"], "--images-per-request '-1'"),
@@ -177,3 +202,16 @@ def test_cli_images_run():
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert "vision encoder roofline" in out["step_cost_source"]
+
+
+def test_flags_override_the_workload_files_images():
+    base = ["simulate", "-m", str(QWEN_CFG), "--workload", str(ROOT / "examples/vision-chat.yaml"), "-n", "200",
+            "--json"]
+    ttft = {}
+    for name, flags in (("file", []), ("none", ["--image-share", "0"]), ("small", ["--image-size", "640x480"])):
+        r = run_cli(*base, *flags)
+        assert r.returncode == 0, r.stderr
+        ttft[name] = json.loads(r.stdout)["summary"]["ttft_s"]["p50"]
+    # 640 x 480 -> 644 x 476 -> 46 x 34 patches = 23 x 17 = 391 merged tokens, under half of 1024 x 768's 999
+    assert qwen_vl(640, 480).tokens == 23 * 17
+    assert ttft["none"] < ttft["small"] < ttft["file"]

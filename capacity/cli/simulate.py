@@ -194,6 +194,8 @@ def simulate(
                                        "output_len": _lengths("--output-len", output_len), "num_requests": requests,
                                        "classes": [cls], "sessions": sess}, "--requests")
     if (img := image_flags(images_per_request, image_size, image_share, _lengths)) is not None:
+        base = spec.images.model_dump(exclude={"weights"} if "sizes" in img else set()) if spec.images else {}
+        img = base | img  # the flags over the file's `images:` (new sizes drop its weights)
         spec = spec.model_copy(update={"images": validate(ImageRequests, img, "images")})
     if frontend_ms < 0:
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")

@@ -10,7 +10,9 @@ pieces and workload unchanged for a workload without images; with images it
   chunk [computed, computed + new) and that is not in the encoder cache yet. An image is encoded once per
   request: its encoder output stays cached until its tokens are all prefilled (`EncoderCacheManager`,
   vllm/v1/core/encoder_cache_manager.py: freed when the request no longer needs it, evicted only when space is
-  needed, so a preempted request that resumes finds it unless it was evicted, which is not modelled);
+  needed, so a preempted request that resumes finds it unless it was evicted, which is not modelled); an
+  identical image (`images.identical`) is encoded once for the whole run (the cache is keyed by the image's
+  hash; its eviction is not modelled either);
 - wraps the step cost in `EncoderStepCost` (the GPU's part: under a CPU-overlap wrapper), which adds the
   encoder roofline (`capacity.cost.encoder`) of the step's images to its time.
 Not modelled: the encoder compute budget and the encoder cache's size (`max_num_batched_encoder_embeds`, by
@@ -42,9 +44,10 @@ class EncoderScheduling:
         self.inner = inner
         self.encoder = encoder
         self.encoded: dict[Any, set[int]] = {}  # sequence -> its images encoded (and cached) so far
+        self.shared: set[int] = set()  # keys of identical images in the encoder cache (every request's same picture)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "encoded", "encoder"):
+        if name in ("inner", "encoded", "encoder", "shared"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -59,12 +62,14 @@ class EncoderScheduling:
                 continue
             lo, hi = seq.computed, seq.computed + n
             done = self.encoded.setdefault(seq, set())
-            for k, (start, tokens, enc_seq, enc_n) in enumerate(imgs):
+            for k, (start, tokens, enc_seq, enc_n, key) in enumerate(imgs):
                 if start >= hi:
                     break
-                if start + tokens <= lo or k in done:
+                if start + tokens <= lo or k in done or key in self.shared:
                     continue
                 done.add(k)
+                if key >= 0:
+                    self.shared.add(key)
                 work.append((enc_seq, enc_n))
             if hi >= imgs[-1][0] + imgs[-1][1]:  # every image's tokens prefilled: its cache entries are released
                 self.encoded.pop(seq, None)
