@@ -9,10 +9,12 @@ pieces and workload unchanged for a workload without images; with images it
   vllm/v1/core/sched/scheduler.py): an image whose placeholder range [start, start + tokens) overlaps the
   chunk [computed, computed + new) and that is not in the encoder cache yet. An image is encoded once per
   request: its encoder output stays cached until its tokens are all prefilled (`EncoderCacheManager`,
-  vllm/v1/core/encoder_cache_manager.py: freed when the request no longer needs it, evicted only when space is
-  needed, so a preempted request that resumes finds it unless it was evicted, which is not modelled); an
-  identical image (`images.identical`) is encoded once for the whole run (the cache is keyed by the image's
-  hash; its eviction is not modelled either);
+  vllm/v1/core/encoder_cache_manager.py). A preempted request that recomputes an image's tokens encodes it
+  again: vLLM frees the request's references on preemption (`Scheduler._preempt_request`) and the entry
+  survives only until the cache needs its space, which at the default size (max(max_num_batched_tokens, the
+  largest image's tokens)) is soon under the load that preempts. An identical image (`images.identical`) is
+  encoded once for the whole run (the cache is keyed by the image's hash and other requests hold it; its
+  eviction is not modelled);
 - wraps the step cost in `EncoderStepCost` (the GPU's part: under a CPU-overlap wrapper), which adds the
   encoder roofline (`capacity.cost.encoder`) of the step's images to its time.
 Not modelled: the encoder compute budget and the encoder cache's size (`max_num_batched_encoder_embeds`, by
@@ -43,7 +45,7 @@ class EncoderScheduling:
     def __init__(self, inner: Any, encoder: EncoderRoofline) -> None:
         self.inner = inner
         self.encoder = encoder
-        self.encoded: dict[Any, set[int]] = {}  # sequence -> its images encoded (and cached) so far
+        self.encoded: dict[Any, tuple[set[int], int]] = {}  # sequence -> (its images in the cache, its chunk's end)
         self.shared: set[int] = set()  # keys of identical images in the encoder cache (every request's same picture)
 
     def __getattr__(self, name: str) -> Any:
@@ -61,7 +63,10 @@ class EncoderScheduling:
             if not imgs or seq.generated > 0 and seq.computed >= seq.prompt:
                 continue
             lo, hi = seq.computed, seq.computed + n
-            done = self.encoded.setdefault(seq, set())
+            done, end = self.encoded.get(seq, (set(), 0))
+            if lo < end:  # preempted since its last chunk: its references were freed, its images are encoded again
+                done = set()
+            self.encoded[seq] = (done, hi)
             for k, (start, tokens, enc_seq, enc_n, key) in enumerate(imgs):
                 if start >= hi:
                     break
