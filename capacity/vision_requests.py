@@ -46,7 +46,7 @@ def parse_size(text: str, field: str = "images.sizes") -> tuple[int, int]:
 
 class ImageRequests(_Strict):
     """Images per request: a request has images with probability `share`; it then has `per_request` of them
-    (drawn), each of a size drawn from `sizes` with `weights` (module docstring)."""
+    (drawn, at most 64), each of a size drawn from `sizes` with `weights` (capacity.vision_requests)."""
 
     share: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 1.0  # share of requests with images
     per_request: Lengths = fixed(1)  # images in a request that has images (fixed, uniform, lognormal, empirical)
