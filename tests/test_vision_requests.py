@@ -8,6 +8,7 @@ import pytest
 
 from capacity.cost.encoder import EncoderRoofline
 from capacity.engine.config import EngineConfig
+from capacity.errors import ConfigError
 from capacity.model.card import VisionTower, load_named_card
 from capacity.model.gpus import get_gpu
 from capacity.model.hf import from_hf_config
@@ -269,3 +270,29 @@ def test_plan_with_images():
         assert r.returncode == 0, r.stderr
         got[name] = json.loads(r.stdout)["recommended"]["stats"]["ttft"]["p50"]
     assert got["images"] > got["text"] + 0.009  # at least the encoder's 9.2 ms more
+
+
+# LLaVA-NeXT (llava-v1.6-mistral-7b-hf's shape, written for this test): Mistral-7B-Instruct-v0.2 text, CLIP ViT-L/14
+# at 336 px, the five default pinpoints
+LLAVA_NEXT_CFG = {
+    "model_type": "llava_next", "image_grid_pinpoints": [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]],
+    "vision_feature_layer": -2, "vision_feature_select_strategy": "default", "torch_dtype": "bfloat16",
+    "text_config": {"model_type": "mistral", "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+                    "num_attention_heads": 32, "num_key_value_heads": 8, "vocab_size": 32064,
+                    "max_position_embeddings": 32768, "rope_theta": 1000000.0, "rms_norm_eps": 1e-05},
+    "vision_config": {"model_type": "clip_vision_model", "hidden_size": 1024, "intermediate_size": 4096,
+                      "num_attention_heads": 16, "num_hidden_layers": 24, "patch_size": 14, "image_size": 336}}
+
+
+def test_llava_next_loads_from_its_config():
+    card = from_hf_config(LLAVA_NEXT_CFG, "llava-next-test")
+    v = card.vision
+    assert v.grid_pinpoints == [(336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008)]
+    # the largest: 672 x 672, 2 x 2 tiles, 48 x 48 features (square: nothing unpadded) + 48 newlines + 576 base
+    assert v.tokens_per_image == 48 * 48 + 48 + 576
+    assert v.max_num_tiles == 5 and v.encoder_tokens_per_image == 5 * 577  # 4 tiles + the base image
+    assert v.num_layers == 23  # vision_feature_layer -2
+    assert image_tokens(v, 1024, 768) == (2340, (577,) * 5, False)
+    bad = {**LLAVA_NEXT_CFG, "image_grid_pinpoints": [[336, 0]]}
+    with pytest.raises(ConfigError, match="image_grid_pinpoints"):
+        from_hf_config(bad, "bad")

@@ -113,7 +113,7 @@ class VisionTower(_Frozen):
     patch_size: PosInt
     image_size: PosInt
     num_global_layers: NonNegInt = 0  # Mllama: gated global layers after the local ones
-    max_num_tiles: PosInt = 1  # Mllama: an image is up to this many image_size x image_size tiles
+    max_num_tiles: PosInt = 1  # Mllama: an image is up to this many image_size x image_size tiles (LLaVA-NeXT: tiles + base)
     num_aspect_ratios: PosInt = 1  # Mllama: rows of the aspect-ratio embeddings (supported ratios + 1)
     post_layernorm: bool = True
     kept_layer_outputs: NonNegInt = 0  # intermediate layer outputs the encoder keeps for its output (Mllama: 5)
@@ -129,6 +129,7 @@ class VisionTower(_Frozen):
     longest_edge: NonNegInt = 0  # Pixtral / Mistral-3: an image is scaled down to this longest side (0: image_size)
     window_size: NonNegInt = 0  # Qwen2.5-VL: window attention over window_size-pixel squares (0: full attention)
     full_attention_layers: NonNegInt = 0  # Qwen2.5-VL: layers with full attention (fullatt_block_indexes)
+    grid_pinpoints: list[tuple[PosInt, PosInt]] = []  # LLaVA-NeXT anyres: image_grid_pinpoints, (height, width) pixels
 
     @property
     def patches_per_tile(self) -> int:

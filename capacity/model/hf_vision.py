@@ -19,7 +19,7 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     if not isinstance(v, dict):
         raise ConfigError(f"{source}: vision_config is missing (model_type {mt})")
     vmt = v.get("model_type")
-    expected = {"llava": ("clip_vision_model", "siglip_vision_model"), "gemma3": ("siglip_vision_model",),
+    expected = {"llava": ("clip_vision_model", "siglip_vision_model"), "llava_next": ("clip_vision_model",), "gemma3": ("siglip_vision_model",),
                 "mistral3": ("pixtral",), "mllama": ("mllama_vision_model",), "qwen2_5_vl": ("qwen2_5_vl", None),
                 "qwen2_vl": ("qwen2_vl", None), "qwen3_5": ("qwen3_5", "qwen3_vl", None)}[mt]
     if vmt not in expected:
@@ -44,7 +44,7 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
                            "patch_size": need("patch_size"), "image_size": need("image_size"),
                            "config_layers": config_layers}
     layers = need("num_hidden_layers")
-    if mt == "llava":
+    if mt in ("llava", "llava_next"):
         feature = cfg.get("vision_feature_layer", -2)
         if not isinstance(feature, int) or isinstance(feature, bool):
             raise ConfigError(f"{source}: vision_feature_layer {feature!r}: a list of layers is not supported")
@@ -54,6 +54,8 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
         kind = "clip" if vmt == "clip_vision_model" else "siglip"
         n = (out["image_size"] // out["patch_size"]) ** 2
         out.update(kind=kind, num_layers=used, post_layernorm=False, projector_params=proj, tokens_per_image=n)
+        if mt == "llava_next":
+            out.update(_anyres(cfg, out, text_hidden, source))
     elif mt == "gemma3":
         per_image = cfg.get("mm_tokens_per_image", 256)
         out.update(kind="siglip", num_layers=layers, projector_params=h * text_hidden + h, tokens_per_image=per_image)
@@ -74,6 +76,24 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
                    projector_params=out_dim * text_hidden + text_hidden,
                    tokens_per_image=need("max_num_tiles", 4) * ((out["image_size"] // out["patch_size"]) ** 2 + 1))
     return out
+
+
+def _anyres(cfg: dict, out: dict, text_hidden: int, source: str) -> dict:
+    """LLaVA-NeXT: its `image_grid_pinpoints` (height, width), the image_newline row (a projector parameter), the
+    tokens of its largest image (capacity.model.vision_tokens.llava_next) and its most tiles plus the base image
+    (what the encoder runs: `max_num_tiles`)."""
+    from capacity.model.vision_tokens import llava_next
+
+    pins = cfg.get("image_grid_pinpoints")
+    tile = out["image_size"]
+    if (not isinstance(pins, list) or not pins or len(pins) > 64 or
+            not all(isinstance(p, list) and len(p) == 2 and all(type(x) is int and 0 < x <= 16 * tile for x in p)
+                    for p in pins)):
+        raise ConfigError(f"{source}: image_grid_pinpoints {str(pins)[:80]}: expected [[height, width], ...] in pixels")
+    grid = [(p[0], p[1]) for p in pins]
+    most = max(llava_next(w, h, tile, out["patch_size"], tuple(grid)).tokens for h, w in grid)
+    return {"grid_pinpoints": grid, "projector_params": out["projector_params"] + text_hidden, "tokens_per_image": most,
+            "max_num_tiles": 1 + max((h // tile) * (w // tile) for h, w in grid)}
 
 
 def _qwen25vl(v: dict, need) -> dict:

@@ -130,6 +130,8 @@ def image_tokens(v: VisionTower, w: int, h: int) -> ImageTokens:
         return qwen_vl(w, h, v.patch_size, v.merge_size, v.min_pixels or 3136, v.max_pixels or 12845056)
     if v.kind == "pixtral":
         return pixtral(w, h, v.patch_size, v.merge_size, v.longest_edge or v.image_size)
+    if v.grid_pinpoints:  # LLaVA-NeXT
+        return llava_next(w, h, v.image_size, v.patch_size, tuple(v.grid_pinpoints))
     if v.kind == "mllama":
         per_tile = v.patches_per_tile + 1
         return ImageTokens(1, (per_tile,) * mllama_tiles(w, h, v.image_size, v.max_num_tiles), cross=True)
