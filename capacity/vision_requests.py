@@ -69,9 +69,11 @@ class ImageRequests(_Strict):
         if self.identical and (self.per_request.kind != "fixed" or len(self.sizes) != 1):
             raise ValueError("images.identical: the same picture(s) in every request need a fixed per_request and "
                              f"one size (got {self.per_request.kind} per_request, {len(self.sizes)} sizes)")
-        high = self.per_request.high or max(self.per_request.values or [self.per_request.value or 1])
-        if self.per_request.kind in ("fixed", "uniform", "empirical") and high > MAX_IMAGES:
-            raise ValueError(f"images.per_request: up to {high} images per request; at most {MAX_IMAGES}")
+        pr = self.per_request
+        high = {"fixed": pr.value, "empirical": max(pr.values or [1])}.get(pr.kind, pr.high)
+        if high is None or high > MAX_IMAGES:
+            raise ValueError(f"images.per_request: up to {'any number of' if high is None else high} images per "
+                             f"request; at most {MAX_IMAGES} (a lognormal needs `high`)")
         return self
 
     @property
@@ -83,13 +85,6 @@ class ImageRequests(_Strict):
         out = self.model_copy()
         out._shapes = [shape(*parse_size(s)) for s in self.sizes]
         return out
-
-    def mean_tokens(self) -> float:
-        """Expected placeholder tokens per request (bound specs only)."""
-        if self._shapes is None:
-            return 0.0
-        p = self._probs()
-        return self.share * self.per_request.expected * float(sum(pi * s[0] for pi, s in zip(p, self._shapes)))
 
     def _probs(self) -> np.ndarray:
         w = np.asarray(self.weights or [1.0] * len(self.sizes), dtype=float)
@@ -105,7 +100,7 @@ class ImageRequests(_Strict):
             return reqs
         has = np.ones(n, dtype=bool) if self.share == 1 else rng.random(n) < self.share
         idx = np.flatnonzero(has)
-        counts = np.minimum(self.per_request.draw(rng, idx.size), MAX_IMAGES)
+        counts = self.per_request.draw(rng, idx.size)
         total = int(counts.sum())
         k = len(self._shapes)
         which = np.zeros(total, dtype=np.int64) if k == 1 else rng.choice(k, size=total, p=self._probs())

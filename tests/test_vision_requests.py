@@ -164,6 +164,13 @@ def test_identical_images_need_one_fixed_set(images):
         _spec(images)
 
 
+@pytest.mark.parametrize("per_request", [{"kind": "fixed", "value": 65}, {"kind": "lognormal", "mean": 2, "cv": 1},
+                                         {"kind": "uniform", "low": 1, "high": 100}])
+def test_at_most_64_images(per_request):
+    with pytest.raises(ValueError, match="images.per_request: up to"):
+        _spec({"per_request": per_request})
+
+
 # ---- bad input: one line naming the field, exit 1 ----------------------------------------------------------------
 @pytest.mark.parametrize("flags, says", [
     (["--images-per-request", "-1"], "--images-per-request '-1'"),
