@@ -210,6 +210,14 @@ def _lengths(flag: str, value: str):
 
 
 
+def image_section(per_request: str | None, sizes: str | None, share: float | None) -> dict:
+    """--images-per-request, --image-size and --image-share as a workload's `images:` ({}: none given)."""
+    from capacity.vision_requests import image_flags
+
+    img = image_flags(per_request, sizes, share, lambda f, v: _lengths(f, v).model_dump())
+    return {"images": img} if img else {}
+
+
 def speculative_fields(spec: str | None, acceptance: str | None, draft: str | None = None,
                        draft_vocab: int | None = None) -> dict:
     """EngineConfig's `speculative` from --speculative METHOD:K and --acceptance (a rate, a comma list of

@@ -35,6 +35,7 @@ from capacity.cli.common import (
     _prices,
     app,
     engine_fields,
+    image_section,
     output_kind,
     speculative_fields,
 )
@@ -155,10 +156,7 @@ def plan(
         wl["input_len"] = _lengths("--input-len", input_len).model_dump()
     if output_len:
         wl["output_len"] = _lengths("--output-len", output_len).model_dump()
-    from capacity.vision_requests import image_flags
-
-    if (img := image_flags(images_per_request, image_size, image_share, lambda f, v: _lengths(f, v).model_dump())):
-        wl["images"] = img
+    wl |= image_section(images_per_request, image_size, image_share)
     if wl:
         flags["workload"] = wl
     eng_flags = {k: v for k, v in (
