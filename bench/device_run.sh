@@ -6,6 +6,8 @@
 #      (time-boxed per model; an
 #      interrupted one leaves <profile>.partial.json, which a rerun resumes)
 #   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>[-paged]-<gpu>.json
+#   5. a ViT-sized encoder block (Qwen2.5-VL-7B's shape) against the vision encoder roofline
+#      -> bench/results/vision_encoder-<gpu>.json (bench/vision_encoder.py; docs/vision.md)
 # Attention (ATTN, default auto): one FlashAttention varlen call per layer over a paged KV pool, as vLLM runs it,
 #   where the GPU's torch passes the start-up probe (calibrate/paged.py), else padded SDPA; ATTN=sdpa forces the
 #   padded layout the committed H200 profiles used; ATTN=paged on a CPU rehearses the paged path (reference kernel).
@@ -36,7 +38,7 @@ SUFFIX=-paged; [ "$ATTN" = sdpa ] && SUFFIX=""  # the committed step shapes are 
 COMPILE=${COMPILE:-}  # COMPILE=1: torch.compile each layer's work around attention (calibrate/fusion.py), as vLLM
 CARG=(); PSUFFIX=""
 if [ -n "$COMPILE" ]; then CARG=(--compile); SUFFIX="$SUFFIX-compiled"; PSUFFIX=-compiled; fi
-STAGES=${STAGES:-peaks tests calibrate shapes}  # a rerun can name fewer
+STAGES=${STAGES:-peaks tests calibrate shapes vision}  # a rerun can name fewer
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT" capacity/data/profiles bench/results
 exec > >(tee -a "$OUT/device_run.log") 2>&1
@@ -118,4 +120,11 @@ for m in $SHAPES_MODELS; do
     "$PY" bench/step_shapes.py compare "$base" "bench/results/step_shapes-$m$SUFFIX-$TAG.json"
   fi
 done
+if has vision; then
+  stamp "5/5 vision encoder"
+  VARG=(); [ -n "$QUICK" ] && VARG=(--layers 1 --patches 256 1024 --repeats 3)
+  timeout --signal=INT --kill-after=10 90 "$PY" bench/vision_encoder.py --device "$DEVICE" \
+    --out "bench/results/vision_encoder-$TAG.json" "${VARG[@]}"
+  pack
+fi
 stamp done

@@ -360,7 +360,9 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         prepared: Prepared | None = None, disagg: Disagg | None = None) -> RunResult:
     """The whole path (see module docstring). With `disagg`, `dep` is the prefill pool."""
     check_policy(dep.engine, workload)
-    p = prepared or prepare(dep)
+    from capacity.sim.vision import serve_images  # images in requests: sized for the model, the encoder in the steps
+
+    p, workload = serve_images(prepared or prepare(dep), dep.card, dep.gpu, workload)
     rng = np.random.default_rng(opts.seed)
     dg = None
     if disagg is not None:

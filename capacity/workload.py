@@ -43,11 +43,10 @@ class Request:
     prefix_group: int = -1  # -1: no shared prefix
     prefix_tokens: int = 0  # leading prompt tokens shared with the group
     service: int = 0  # which model serves it, in a simulation of several (capacity.sim.simulator.Service)
-    # a replayed trace's prefix identity (Mooncake's hash_ids): the id of each `block_key_tokens` chunk of the
-    # prompt, equal ids meaning an equal prompt up to the end of that chunk (capacity.sched.prefix_cache)
-    block_keys: tuple[int, ...] = ()
+    block_keys: tuple[int, ...] = ()  # a trace's prefix identity: each `block_key_tokens` chunk's id (Mooncake hash_ids)
     block_key_tokens: int = 0
     session: int = -1  # a multi-turn session's id (capacity.sessions; -1: none): its keys cover its output too
+    images: tuple[tuple[int, int, int, int, int], ...] = ()  # (start, tokens, encoder seq, seqs, key) (capacity.vision_requests)
 
 
 class _Strict(BaseModel):
@@ -210,6 +209,7 @@ class WorkloadSpec(_Strict):
     prefix: PrefixGroups | None = None  # shared prefixes, for prefix caching
     trace: str | None = None  # JSONL/CSV path for kind=trace or empirical replay
     sessions: Sessions | None = None  # multi-turn sessions (capacity.sessions): arrivals then start sessions
+    images: ImageRequests | None = None  # images in requests (capacity.vision_requests): vision-language serving
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:
@@ -321,8 +321,8 @@ def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_
         prompt[has] = np.maximum(prompt[has], spec.prefix.tokens + 1)  # a prefix leaves >= 1 token to compute
         ptoks[has] = spec.prefix.tokens
     arr = np.zeros(n) if arrivals is None else arrivals
-    return [Request(start_id + i, float(arr[i]), int(prompt[i]), int(out[i]), int(cls[i]),
-                    spec.classes[int(cls[i])].priority, int(group[i]), int(ptoks[i])) for i in range(n)]
+    return with_images(spec, rng, [Request(start_id + i, float(arr[i]), int(prompt[i]), int(out[i]), int(cls[i]),
+                       spec.classes[int(cls[i])].priority, int(group[i]), int(ptoks[i])) for i in range(n)])
 
 
 def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
@@ -447,3 +447,4 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
     return out
 
 from capacity.sessions import Sessions  # noqa: E402  (it builds on Lengths and Request above; pydantic resolves the field)
+from capacity.vision_requests import ImageRequests, with_images  # noqa: E402  (the same)

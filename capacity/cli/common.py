@@ -86,6 +86,9 @@ DraftOpt = Annotated[Optional[str], typer.Option("--draft-model", help="--specul
 DraftVocabOpt = Annotated[Optional[int], typer.Option(
     "--draft-vocab-size", help="--speculative eagle3: the head's own vocabulary (Llama 3.1's EAGLE-3: 32000)")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")]
+ImagesOpt = Annotated[Optional[str], typer.Option("--images-per-request", help="Images in a request with images (docs/vision.md): N, LOW-HIGH or lognormal:MEAN:CV")]
+ImageSizeOpt = Annotated[Optional[str], typer.Option("--image-size", help="Image resolution WxH, or several WxH[:WEIGHT],... drawn by weight (default 1024x768)")]
+ImageShareOpt = Annotated[Optional[float], typer.Option("--image-share", help="Share of requests with images, in [0, 1] (default 1 when an image flag is given)")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="table (default), json, csv or md")]
 
 
@@ -209,6 +212,14 @@ def _lengths(flag: str, value: str):
         raise CapacityError(f"{flag} {value!r}: expected N, LOW-HIGH or lognormal:MEAN:CV[:MIN:MAX]") from None
     return validate(Lengths, data, flag)
 
+
+
+def image_section(per_request: str | None, sizes: str | None, share: float | None) -> dict:
+    """--images-per-request, --image-size and --image-share as a workload's `images:` ({}: none given)."""
+    from capacity.vision_requests import image_flags
+
+    img = image_flags(per_request, sizes, share, lambda f, v: _lengths(f, v).model_dump())
+    return {"images": img} if img else {}
 
 
 def speculative_fields(spec: str | None, acceptance: str | None, draft: str | None = None,

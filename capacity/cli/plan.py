@@ -16,6 +16,9 @@ from capacity.cli.common import (
     EngineOpt,
     GpuMemOpt,
     GroupOpt,
+    ImageShareOpt,
+    ImageSizeOpt,
+    ImagesOpt,
     JsonOpt,
     LargeOpt,
     MnbtOpt,
@@ -32,6 +35,7 @@ from capacity.cli.common import (
     _prices,
     app,
     engine_fields,
+    image_section,
     output_kind,
     speculative_fields,
 )
@@ -122,6 +126,7 @@ def plan(
     usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
+    images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
     emit: Annotated[Optional[tuple[str, str]], typer.Option("--emit", metavar="TARGET DIR", help="Also write manifests "
                     "that deploy the plan; TARGET: k8s, kserve, production-stack or llm-d (docs/deploy.md)")] = None,
@@ -156,6 +161,7 @@ def plan(
         wl["input_len"] = _lengths("--input-len", input_len).model_dump()
     if output_len:
         wl["output_len"] = _lengths("--output-len", output_len).model_dump()
+    wl |= image_section(images_per_request, image_size, image_share)
     if wl:
         flags["workload"] = wl
     eng_flags = {k: v for k, v in (

@@ -18,6 +18,9 @@ from capacity.cli.common import (
     EpOpt,
     GpuMemOpt,
     GroupOpt,
+    ImageShareOpt,
+    ImageSizeOpt,
+    ImagesOpt,
     JsonOpt,
     KvOpt,
     LargeOpt,
@@ -119,6 +122,7 @@ def simulate(
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --save-run file")] = False,
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
+    images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
@@ -126,6 +130,7 @@ def simulate(
     from capacity.files import read_mapping, validate
     from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.vision_requests import ImageRequests, image_flags
     from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
     kind = output_kind(output, json_out)
@@ -191,6 +196,10 @@ def simulate(
                                        "input_len": _lengths("--input-len", input_len),
                                        "output_len": _lengths("--output-len", output_len), "num_requests": requests,
                                        "classes": [cls], "sessions": sess}, "--requests")
+    if (img := image_flags(images_per_request, image_size, image_share, _lengths)) is not None:
+        base = spec.images.model_dump(exclude={"weights"} if "sizes" in img else set()) if spec.images else {}
+        img = base | img  # the flags over the file's `images:` (new sizes drop its weights)
+        spec = spec.model_copy(update={"images": validate(ImageRequests, img, "images")})
     if frontend_ms < 0:
         raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,

@@ -26,6 +26,7 @@ class StepPlan:
     # query tokens per decoding sequence: 1, or k + 1 in a speculative verify step (the last token and k drafts,
     # each with its logits; capacity.cost.speculative)
     decode_queries: int = 1
+    encoder_s: float = 0.0  # the vision encoder's time in this step (images it encodes: capacity.cost.encoder)
 
     @property
     def num_tokens(self) -> int:

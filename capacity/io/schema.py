@@ -18,19 +18,21 @@ UNITS = "SI units throughout: seconds (`_s`), bytes (`_bytes`), requests/s (`_pe
 def _models() -> list[tuple[str, type[BaseModel]]]:
     from capacity.curves import RateCurve
     from capacity.engine.config import EngineConfig, MemoryModelParams
-    from capacity.model.card import MLA, ModelCard, MoE
+    from capacity.model.card import MLA, ModelCard, MoE, VisionTower
     from capacity.model.gpus import GPU
     from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
     from capacity.sessions import Sessions
+    from capacity.vision_requests import ImageRequests
     from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
 
     return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", EngineConfig),
             ("engine.memory_params", MemoryModelParams), ("workload (also `simulate --workload`)", WorkloadSpec),
             ("workload.arrivals", Arrivals), ("workload.arrivals.curve", RateCurve), ("lengths (input_len, output_len)", Lengths),
             ("workload.classes[]", RequestClass), ("workload.prefix", PrefixGroups),
-            ("workload.sessions (docs/sessions.md)", Sessions), ("slo", SLOSpec),
+            ("workload.sessions (docs/sessions.md)", Sessions), ("workload.images (docs/vision.md)", ImageRequests),
+            ("slo", SLOSpec),
             ("search", SearchSpec), ("Model card (`models/*.yaml`)", ModelCard), ("model card: moe", MoE),
-            ("model card: mla", MLA), ("GPU (a catalogue entry or your own GPU YAML)", GPU)]
+            ("model card: mla", MLA), ("model card: vision (docs/vision.md)", VisionTower), ("GPU (a catalogue entry or your own GPU YAML)", GPU)]
 
 
 def _comments(cls: type) -> dict[str, str]:

@@ -17,6 +17,7 @@ from capacity.files import read_mapping, validate
 
 PosInt = Annotated[int, Field(gt=0, le=10**7)]  # 1e7 is far past any real shape; stops 1e12 layers
 NonNegInt = Annotated[int, Field(ge=0, le=10**7)]
+Pixels = Annotated[int, Field(ge=0, le=1 << 32)]  # an image's pixel count (a processor's bound)
 Name = Annotated[str, Field(min_length=1, max_length=200)]  # names and ids: echoed in every output
 ComputeDtype = Literal["bf16", "fp16"]
 WeightDtype = Literal["bf16", "fp16", "fp8", "int8", "int4", "mxfp4", "nvfp4", "nf4"]
@@ -112,7 +113,7 @@ class VisionTower(_Frozen):
     patch_size: PosInt
     image_size: PosInt
     num_global_layers: NonNegInt = 0  # Mllama: gated global layers after the local ones
-    max_num_tiles: PosInt = 1  # Mllama: an image is up to this many image_size x image_size tiles
+    max_num_tiles: PosInt = 1  # Mllama: an image is up to this many image_size x image_size tiles (LLaVA-NeXT: tiles + base)
     num_aspect_ratios: PosInt = 1  # Mllama: rows of the aspect-ratio embeddings (supported ratios + 1)
     post_layernorm: bool = True
     kept_layer_outputs: NonNegInt = 0  # intermediate layer outputs the encoder keeps for its output (Mllama: 5)
@@ -121,6 +122,14 @@ class VisionTower(_Frozen):
     config_layers: NonNegInt = 0  # vision_config.num_hidden_layers as the config states it (0: absent)
     position_embeddings: NonNegInt = 0  # Qwen3-VL / Qwen3.5: learned position embeddings of the patches
     extra_mergers: NonNegInt = 0  # Qwen3-VL: deepstack mergers beside the final one
+    # image -> tokens rules (capacity.model.vision_tokens; docs/vision.md names the processor each comes from)
+    merge_size: PosInt = 1  # Qwen-VL / Mistral-3: merge x merge patches become one language-model token
+    min_pixels: Pixels = 0  # Qwen-VL: the processor resizes an image to at least this many pixels (0: none)
+    max_pixels: Pixels = 0  # Qwen-VL: ... and at most this many (0: none)
+    longest_edge: NonNegInt = 0  # Pixtral / Mistral-3: an image is scaled down to this longest side (0: image_size)
+    window_size: NonNegInt = 0  # Qwen2.5-VL: window attention over window_size-pixel squares (0: full attention)
+    full_attention_layers: NonNegInt = 0  # Qwen2.5-VL: layers with full attention (fullatt_block_indexes)
+    grid_pinpoints: list[tuple[PosInt, PosInt]] = []  # LLaVA-NeXT anyres: image_grid_pinpoints, (height, width) pixels
 
     @property
     def patches_per_tile(self) -> int:

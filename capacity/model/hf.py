@@ -25,7 +25,7 @@ _TORCH_DTYPES = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32
 TEXT_TYPES = {"llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral", "deepseek_v3", "deepseek_v2", "phi3",
               "gemma2", "gemma3_text", "gpt_oss", "mllama_text_model", "nemotron_h", "qwen3_next", "qwen3_5_text",
               "seed_oss", "glm4_moe", "granitemoehybrid"}
-VISION_TYPES = {"llava", "mistral3", "gemma3", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5"}
+VISION_TYPES = {"llava", "llava_next", "mistral3", "gemma3", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_5"}
 SUPPORTED = sorted(TEXT_TYPES | VISION_TYPES)
 # transformers' config-class defaults for fields real configs leave out
 _DEFAULTS: dict[str, dict[str, Any]] = {
@@ -103,7 +103,7 @@ def from_hf_config(cfg: dict[str, Any], name: str, source: str = "config.json") 
     tmt = {"gemma3": "gemma3_text", "mllama": "mllama_text_model"}.get(mt, text.get("model_type") or "llama")
     if notes:
         tmt = "generic"
-    if mt in ("llava", "mistral3") and tmt not in ("llama", "mistral", "qwen2"):
+    if mt in ("llava", "llava_next", "mistral3") and tmt not in ("llama", "mistral", "qwen2"):
         raise ConfigError(f"{source}: text_config.model_type {tmt!r} is not supported for {mt}")
     if mt in ("qwen2_5_vl", "qwen2_vl"):
         tmt = "qwen2"

@@ -7,6 +7,10 @@ from typing import Any
 
 from capacity.errors import ConfigError
 
+# Qwen2-VL / Qwen2.5-VL processors (preprocessor_config.json of the Qwen repositories; Qwen2VLImageProcessor's
+# min_pixels 56 x 56, max_pixels 16384 x 28 x 28)
+QWEN_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}
+
 
 # ---- vision towers --------------------------------------------------------------------------------
 def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
@@ -15,7 +19,7 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     if not isinstance(v, dict):
         raise ConfigError(f"{source}: vision_config is missing (model_type {mt})")
     vmt = v.get("model_type")
-    expected = {"llava": ("clip_vision_model", "siglip_vision_model"), "gemma3": ("siglip_vision_model",),
+    expected = {"llava": ("clip_vision_model", "siglip_vision_model"), "llava_next": ("clip_vision_model",), "gemma3": ("siglip_vision_model",),
                 "mistral3": ("pixtral",), "mllama": ("mllama_vision_model",), "qwen2_5_vl": ("qwen2_5_vl", None),
                 "qwen2_vl": ("qwen2_vl", None), "qwen3_5": ("qwen3_5", "qwen3_vl", None)}[mt]
     if vmt not in expected:
@@ -40,7 +44,7 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
                            "patch_size": need("patch_size"), "image_size": need("image_size"),
                            "config_layers": config_layers}
     layers = need("num_hidden_layers")
-    if mt == "llava":
+    if mt in ("llava", "llava_next"):
         feature = cfg.get("vision_feature_layer", -2)
         if not isinstance(feature, int) or isinstance(feature, bool):
             raise ConfigError(f"{source}: vision_feature_layer {feature!r}: a list of layers is not supported")
@@ -50,6 +54,8 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
         kind = "clip" if vmt == "clip_vision_model" else "siglip"
         n = (out["image_size"] // out["patch_size"]) ** 2
         out.update(kind=kind, num_layers=used, post_layernorm=False, projector_params=proj, tokens_per_image=n)
+        if mt == "llava_next":
+            out.update(_anyres(cfg, out, text_hidden, source))
     elif mt == "gemma3":
         per_image = cfg.get("mm_tokens_per_image", 256)
         out.update(kind="siglip", num_layers=layers, projector_params=h * text_hidden + h, tokens_per_image=per_image)
@@ -58,7 +64,8 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
         bias = cfg.get("multimodal_projector_bias", False)
         proj = h + h * h * merge * merge + h * text_hidden + text_hidden * text_hidden + (2 * text_hidden if bias else 0)
         side = out["image_size"] // out["patch_size"] // merge
-        out.update(kind="pixtral", num_layers=layers, projector_params=proj, tokens_per_image=side * side + side)
+        out.update(kind="pixtral", num_layers=layers, projector_params=proj, tokens_per_image=side * side + side,
+                   merge_size=merge, longest_edge=out["image_size"])
     else:  # mllama
         ratios = v.get("supported_aspect_ratios") or []
         out_dim = need("vision_output_dim")
@@ -71,6 +78,24 @@ def vision_tower(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     return out
 
 
+def _anyres(cfg: dict, out: dict, text_hidden: int, source: str) -> dict:
+    """LLaVA-NeXT: its `image_grid_pinpoints` (height, width), the image_newline row (a projector parameter), the
+    tokens of its largest image (capacity.model.vision_tokens.llava_next) and its most tiles plus the base image
+    (what the encoder runs: `max_num_tiles`)."""
+    from capacity.model.vision_tokens import llava_next
+
+    pins = cfg.get("image_grid_pinpoints")
+    tile = out["image_size"]
+    if (not isinstance(pins, list) or not pins or len(pins) > 64 or
+            not all(isinstance(p, list) and len(p) == 2 and all(type(x) is int and 0 < x <= 16 * tile for x in p)
+                    for p in pins)):
+        raise ConfigError(f"{source}: image_grid_pinpoints {str(pins)[:80]}: expected [[height, width], ...] in pixels")
+    grid = [(p[0], p[1]) for p in pins]
+    most = max(llava_next(w, h, tile, out["patch_size"], tuple(grid)).tokens for h, w in grid)
+    return {"grid_pinpoints": grid, "projector_params": out["projector_params"] + text_hidden, "tokens_per_image": most,
+            "max_num_tiles": 1 + max((h // tile) * (w // tile) for h, w in grid)}
+
+
 def _qwen25vl(v: dict, need) -> dict:
     """Qwen2.5-VL's window-attention ViT; its merger (two linears over merge x merge patches) is the projector."""
     h, out_h, merge = need("hidden_size"), need("out_hidden_size"), need("spatial_merge_size", 2)
@@ -78,7 +103,9 @@ def _qwen25vl(v: dict, need) -> dict:
     return {"kind": "qwen2_5_vl", "num_layers": need("depth"), "hidden_size": h,
             "intermediate_size": need("intermediate_size"), "num_heads": need("num_heads"),
             "patch_size": need("patch_size", 14), "image_size": 14 * 256, "projector_params": h + m * m + m + m * out_h + out_h,
-            "tokens_per_image": 16384}  # the processor's default max_pixels (12,845,056) in merged tokens
+            "tokens_per_image": 16384,  # the processor's default max_pixels (12,845,056) in merged tokens
+            **QWEN_PIXELS, "merge_size": merge, "window_size": need("window_size", 112),
+            "full_attention_layers": len(v.get("fullatt_block_indexes") or [])}
 
 
 def _qwen_vit(v: dict, mt: str, need) -> dict:
@@ -99,4 +126,5 @@ def _qwen_vit(v: dict, mt: str, need) -> dict:
     return {"kind": "qwen2_vl" if mt == "qwen2_vl" else "qwen3_vl", "num_layers": need("depth"), "hidden_size": h,
             "intermediate_size": i, "num_heads": need("num_heads"), "patch_size": p, "image_size": p * 256,
             "projector_params": (1 + extra) * (m * out + out), "tokens_per_image": 16384, "position_embeddings": pos,
-            "extra_mergers": extra}
+            "extra_mergers": extra, "merge_size": merge,
+            **(QWEN_PIXELS if mt == "qwen2_vl" else {"min_pixels": 65536, "max_pixels": 16777216})}

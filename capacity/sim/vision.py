@@ -1,0 +1,134 @@
+"""Vision-language serving in a run: the workload's images sized for the model, and the vision encoder in the steps.
+
+`serve_images(prepared, card, gpu, workload)` (called by `capacity.pipeline.run`) returns the run's prepared
+pieces and workload unchanged for a workload without images; with images it
+- binds the workload's `images:` to the model's processor rules (`capacity.model.vision_tokens`), refusing a
+  text-only model in one line;
+- wraps each replica's scheduler in `EncoderScheduling`, which, after the engine's own scheduling decision, finds
+  the images to encode in the step as vLLM V1 does (`Scheduler._try_schedule_encoder_inputs`,
+  vllm/v1/core/sched/scheduler.py): an image whose placeholder range [start, start + tokens) overlaps the
+  chunk [computed, computed + new) and that is not in the encoder cache yet. An image is encoded once per
+  request: its encoder output stays cached until its tokens are all prefilled (`EncoderCacheManager`,
+  vllm/v1/core/encoder_cache_manager.py). A preempted request that recomputes an image's tokens encodes it
+  again: vLLM frees the request's references on preemption (`Scheduler._preempt_request`) and the entry
+  survives only until the cache needs its space, which at the default size (max(max_num_batched_tokens, the
+  largest image's tokens)) is soon under the load that preempts. An identical image (`images.identical`) is
+  encoded once for the whole run (the cache is keyed by the image's hash and other requests hold it; its
+  eviction is not modelled);
+- wraps the step cost in `EncoderStepCost` (the GPU's part: under a CPU-overlap wrapper), which adds the
+  encoder roofline (`capacity.cost.encoder`) of the step's images to its time.
+Not modelled: the encoder compute budget and the encoder cache's size (`max_num_batched_encoder_embeds`, by
+default max(max_num_batched_tokens, the largest image's tokens): when it binds, vLLM stops the chunk before
+the image and encodes it in a later step; here every image in a chunk is encoded in that step), and
+Llama-3.2-Vision's cross-attention over the encoder output (its image is one prompt token here; the encoder
+is costed).
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, TypeVar
+
+from capacity.cost.encoder import EncoderRoofline, EncoderStepCost
+from capacity.errors import ConfigError
+from capacity.model.card import ModelCard
+from capacity.model.vision_tokens import image_tokens
+from capacity.workload import WorkloadSpec
+
+P = TypeVar("P")
+W = TypeVar("W")
+
+
+class EncoderScheduling:
+    """A scheduler whose steps also encode the images their prefill chunks reach (module docstring); every other
+    attribute is the wrapped scheduler's."""
+
+    def __init__(self, inner: Any, encoder: EncoderRoofline) -> None:
+        self.inner = inner
+        self.encoder = encoder
+        self.encoded: dict[Any, tuple[set[int], int]] = {}  # sequence -> (its images in the cache, its chunk's end)
+        self.shared: set[int] = set()  # keys of identical images in the encoder cache (every request's same picture)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("inner", "encoded", "encoder", "shared"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    def schedule(self, now: float):
+        out = self.inner.schedule(now)
+        if isinstance(out, float) or not out.scheduled:
+            return out
+        work: list[tuple[int, int]] = []
+        for seq, n in out.scheduled:
+            imgs = seq.req.images
+            if not imgs or seq.generated > 0 and seq.computed >= seq.prompt:
+                continue
+            lo, hi = seq.computed, seq.computed + n
+            done, end = self.encoded.get(seq, (set(), 0))
+            if lo < end:  # preempted since its last chunk: its references were freed, its images are encoded again
+                done = set()
+            self.encoded[seq] = (done, hi)
+            for k, (start, tokens, enc_seq, enc_n, key) in enumerate(imgs):
+                if start >= hi:
+                    break
+                if start + tokens <= lo or k in done or key in self.shared:
+                    continue
+                done.add(k)
+                if key >= 0:
+                    self.shared.add(key)
+                work.append((enc_seq, enc_n))
+            if hi >= imgs[-1][0] + imgs[-1][1]:  # every image's tokens prefilled: its cache entries are released
+                self.encoded.pop(seq, None)
+        if work:
+            p = out.plan
+            out.plan = dataclasses.replace(p, encoder_s=p.encoder_s + self.encoder.images_s(work))
+        return out
+
+
+def image_shape(card: ModelCard):
+    """(w, h) -> (placeholder tokens, encoder sequence length, sequences) for this model's images."""
+    v = card.vision
+    if v is None:
+        raise ConfigError(f"images: {card.name} is a text-only model (no vision tower); it takes no images")
+
+    def shape(w: int, h: int) -> tuple[int, int, int]:
+        t = image_tokens(v, w, h)
+        return t.tokens, t.encoder_seqs[0], len(t.encoder_seqs)
+    return shape
+
+
+def with_encoder_cost(cost: Any) -> Any:
+    """`cost` with the encoder's time added to the GPU's part of a step (under a CPU-overlap wrapper)."""
+    from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
+
+    if isinstance(cost, OutputPacedCost):
+        return OutputPacedCost(with_encoder_cost(cost.inner), cost.per_token_s)
+    if isinstance(cost, CpuOverlapCost):
+        return CpuOverlapCost(with_encoder_cost(cost.inner), cost.per_token_s, cost.per_step_s)
+    return cost if isinstance(cost, EncoderStepCost) else EncoderStepCost(cost)
+
+
+def serve_images(prepared: P, card: ModelCard, gpu: Any, workload: W) -> tuple[P, W]:
+    """(prepared, workload) for a run (module docstring); `prepared` is a `capacity.pipeline.Prepared`."""
+    if not isinstance(workload, WorkloadSpec) or workload.images is None:
+        return prepared, workload
+    return _serve(prepared, card, gpu, workload)  # type: ignore[return-value]
+
+
+def _serve(prepared: Any, card: ModelCard, gpu: Any, workload: WorkloadSpec) -> tuple[Any, WorkloadSpec]:
+    from capacity.cost.overlap import CpuOverlapCost
+
+    assert workload.images is not None
+    if workload.arrivals.kind == "trace":
+        raise ConfigError("images: a trace's requests keep their own lengths; images apply to drawn requests")
+    if not workload.images.bound:
+        workload = workload.model_copy(update={"images": workload.images.bind(image_shape(card))})
+    cost = prepared.cost
+    while isinstance(cost, CpuOverlapCost):
+        cost = cost.inner
+    if isinstance(cost, EncoderStepCost):  # already wrapped (a capacity loop of the same run)
+        return prepared, workload
+    assert card.vision is not None  # image_shape refused a text-only model
+    enc = EncoderRoofline(card.vision, gpu, prepared.budget.tp)
+    factory = prepared.make_scheduler
+    return dataclasses.replace(prepared, cost=with_encoder_cost(prepared.cost),
+                               make_scheduler=lambda: EncoderScheduling(factory(), enc)), workload
