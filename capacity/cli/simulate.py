@@ -219,7 +219,7 @@ def simulate(
         raise CapacityError("--decode-set: needs --disagg (a decode pool of its own)")
     with stack:  # a converted --trace lives until the run has read it
         res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
-                                        capacity_check=True), disagg=dis)
+                                        capacity_check=True, timeseries=dis is not None), disagg=dis)
     if save_run:
         from capacity.files import write_atomic
 
