@@ -195,7 +195,7 @@ class Replica:
             prev = None
             if same + last.count(NAN) < len(last):
                 prev = [(s, t) for (s, _), t in zip(out.scheduled, last) if t != now and s.generated > 0]
-            yield env.timeout(cost.step_s(out.plan))
+            yield env.timeout(cost.step_s(out.plan) + out.load_s)
             sim.steps += 1
             end = env.now
             drafts = getattr(sched, "drafts_accepted", 0)
@@ -315,7 +315,7 @@ class Replica:
         sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
         sim.events += 1
         prev = [(s, s.last_token_s) for s, _ in out.scheduled if s.generated > 0]
-        yield env.timeout(self.cost.step_s(out.plan))
+        yield env.timeout(self.cost.step_s(out.plan) + out.load_s)
         sim.steps += 1
         end = env.now
         drafts = getattr(sched, "drafts_accepted", 0)
