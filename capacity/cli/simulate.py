@@ -271,7 +271,7 @@ def simulate(
     if "kv_offload" in out:
         from capacity.engine.offload import offload_line
 
-        con.print(offload_line(out["kv_offload"]), soft_wrap=True, markup=False, highlight=False)
+        con.print(offload_line(out["kv_offload"]), markup=False, highlight=False)
     d = out.get("disaggregated")
     if d:
         ms = lambda x: "-" if x is None else f"{x * 1e3:.2f} ms"

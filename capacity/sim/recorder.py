@@ -3,7 +3,8 @@ time series of queue, batch and KV use, the time-in-system integral (Little's la
 (saturation). Moved out of `capacity.sim.entities`, whose `Replica` fills it.
 
 Bounded per request: a long run (a replayed trace of a million requests) would otherwise hold every request's
-`Seq` and `Request` objects (about 0.5 kB each) and its ITL samples as Python floats (32 bytes each) to the end.
+`Seq` and `Request` objects and its ITL samples as Python floats (32 bytes each) to the end (with the time series,
+6.5 kB a request measured: docs/traces.md, "Memory").
 With `compact_at` set (`Simulation` sets it where nothing else reads the sequences back: one model, no autoscaling,
 no disaggregation, no client cap), once that many sequences are held the finished ones are folded into one row of
 `COLUMNS` float64s each (88 bytes a request), and once `compact_at` ITL sample groups are held they are folded into
