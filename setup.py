@@ -28,7 +28,7 @@ MODE = os.environ.get("CAPACITY_MYPYC", "")
 # __init__: compiled, a package in a group named inside the package gets a wrong __path__)
 COMPILED = sorted(set(glob("capacity/sched/*.py")) - {"capacity/sched/__init__.py"}) + [
     "capacity/cost/step.py", "capacity/cost/roofline.py", "capacity/sim/entities.py", "capacity/sim/simulator.py",
-    "capacity/sim/routing.py", "capacity/sim/sources.py", "capacity/sim/lag.py"]
+    "capacity/sim/routing.py", "capacity/sim/sources.py", "capacity/sim/lag.py", "capacity/sim/recorder.py"]
 
 
 def _pure(why: str) -> list:

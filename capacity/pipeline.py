@@ -141,6 +141,8 @@ def prepare(dep: Deployment) -> Prepared:
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
     factory = em.scheduler_factory(dep.engine, SchedLimits.of(b))
+    from capacity.engine.offload import offloading  # a host-memory KV tier (kv_offloading_size), or factory itself
+    factory = offloading(factory, dep, b)
     if spec is not None:  # the verify step and the draft's forwards; k drafts per decode, E - 1 accepted
         cost = speculative.wrap_cost(cost, dep.card, spec, dep.gpu, b.tp, b.kv_dtype, e.engine)
         factory = speculative.speculating(factory, spec)

@@ -9,11 +9,7 @@ a run is reproducible from its seed.
 """
 from __future__ import annotations
 
-import csv
-import json
-import math
 from dataclasses import dataclass
-from itertools import islice
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -22,9 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.curves import RateCurve, curve_arrivals, load_curve, sum_curves
 from capacity.errors import ConfigError
-from capacity.files import short
 from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S, check
-from capacity.traces import MAX_TRACE_ROWS, block_keys, trace_count, trace_line, trace_number
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Rate = Annotated[float, Field(ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, allow_inf_nan=False)]  # requests/s (capacity.limits)
@@ -384,67 +378,10 @@ def _bounded(name: str, value: int, what: str) -> None:
 def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> list[Request]:
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
     name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
-    otherwise); time is shifted so the first arrival is at 0."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"trace {p}: file not found")
-    # streamed: only the rows a simulation uses are read, each line bounded, so a huge trace costs no memory
-    want = max_rows if max_rows is not None else (spec.num_requests if spec is not None else MAX_TRACE_ROWS)
-    rows: list[dict] = []
-    try:
-        with p.open("rb") as fb:
-            if p.suffix == ".csv":
-                text = (trace_line(raw, p, i) for i, raw in enumerate(fb, 1))
-                rows.extend(islice(csv.DictReader(text), want))
-            else:
-                for i, raw in enumerate(fb, 1):
-                    line = trace_line(raw, p, i)
-                    if not line.strip():
-                        continue
-                    try:
-                        row = json.loads(line)
-                    except (json.JSONDecodeError, RecursionError) as exc:
-                        raise ConfigError(f"trace {p}: line {i}: not valid JSON ({getattr(exc, 'msg', 'too deep')})") from None
-                    if not isinstance(row, dict):
-                        raise ConfigError(f"trace {p}: line {i}: expected a JSON object, got {type(row).__name__}")
-                    rows.append(row)
-                    if len(rows) >= want:
-                        break
-    except OSError as exc:
-        raise ConfigError(f"trace {p}: cannot read it ({exc.strerror or exc})") from None
-    except csv.Error as exc:
-        raise ConfigError(f"trace {p}: not valid CSV ({exc})") from None
-    names = {k.name: i for i, k in enumerate(spec.classes)} if spec else {"default": 0}
-    out = []
-    prev = -math.inf
-    for i, r in enumerate(rows, 1):
-        try:
-            t = trace_number(r["timestamp"], p, i, "timestamp")
-            a = trace_count(r["input_tokens"], p, i, "input_tokens")
-            b = trace_count(r["output_tokens"], p, i, "output_tokens")
-        except KeyError as exc:
-            raise ConfigError(f"trace {p}: row {i}: needs numeric timestamp, input_tokens, output_tokens ({exc})") from None
-        if a <= 0 or b <= 0 or not np.isfinite(t):
-            raise ConfigError(f"trace {p}: row {i}: token counts must be > 0 and time finite (got {a}, {b}, {t})")
-        if t < 0:
-            raise ConfigError(f"trace {p}: row {i}: timestamp {t} is negative")
-        if t < prev:
-            raise ConfigError(f"trace {p}: row {i}: timestamp {t} is before the previous row's {prev} "
-                              "(a trace must be in time order)")
-        prev = t
-        cls = r.get("class", "default")
-        c = names.get(cls, None) if isinstance(cls, str) else None
-        if c is None:
-            raise ConfigError(f"trace {p}: row {i}: class {short(cls)} is not one of {sorted(names)}")
-        prio = spec.classes[c].priority if spec else 0
-        keys, key_tokens = block_keys(r, p, i, a)
-        out.append(Request(i - 1, t, a, b, c, prio, block_keys=keys, block_key_tokens=key_tokens))
-    if not out:
-        raise ConfigError(f"trace {p}: no rows")
-    t0 = out[0].arrival_s
-    for q in out:  # ids are already row order
-        q.arrival_s -= t0
-    return out
+    otherwise); time is shifted so the first arrival is at 0. The list of `capacity.replay.iter_trace`'s stream."""
+    from capacity.replay import iter_trace
+
+    return list(iter_trace(path, spec, max_rows))
 
 from capacity.sessions import Sessions  # noqa: E402  (it builds on Lengths and Request above; pydantic resolves the field)
 from capacity.vision_requests import ImageRequests, with_images  # noqa: E402  (the same)

@@ -90,6 +90,11 @@ def simulate(
     max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Static batching: batching window")] = 0.0,
     prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching",
                                                  help="Reuse shared-prefix KV blocks")] = False,
+    kv_offload_gb: Annotated[Optional[float], typer.Option(
+        "--kv-offload-gb", help="KV offloading to host memory, GiB summed over the TP ranks (vLLM's "
+                                "--kv-offloading-size; needs --prefix-caching; docs/kv-offload.md)")] = None,
+    host_link_gbps: Annotated[Optional[float], typer.Option(
+        "--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory (default: its PCIe x16 rate)")] = None,
     async_scheduling: Annotated[Optional[bool], typer.Option(
         "--async-scheduling/--no-async-scheduling",
         help="vLLM schedules the next step while one runs (default: the release's GPU default)")] = None,
@@ -144,7 +149,8 @@ def simulate(
         enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
         policy=policy, static_max_batch=max_batch,
         static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
-        output_cpu_us_per_token=output_cpu_us, **engine_fields(engine, optimistic, usage_context, large_gpu_defaults),
+        output_cpu_us_per_token=output_cpu_us, kv_offloading_size=kv_offload_gb, host_link_gbps=host_link_gbps,
+        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults),
         **speculative_fields(speculative, acceptance, draft_model, draft_vocab_size))
     import contextlib
     import tempfile
@@ -229,15 +235,24 @@ def simulate(
                      link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)
     elif decode_set:
         raise CapacityError("--decode-set: needs --disagg (a decode pool of its own)")
+    prep = None
+    if cfg.kv_offloading_size is not None:  # prepared here, so that its tier's counters can be read after the run
+        from capacity.pipeline import prepare
+
+        if dis is not None:
+            raise CapacityError("--kv-offload-gb: not modelled with --disagg")
+        prep = prepare(dep)
     with stack:  # a converted --trace lives until the run has read it
         res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
-                                        capacity_check=True), disagg=dis)
+                                        capacity_check=True, timeseries=dis is not None), prepared=prep, disagg=dis)
     if save_run:
         from capacity.files import write_atomic
 
         write_atomic(save_run, dumps(run_file(res), indent=None) + "\n", "--save-run")
     out = res.as_dict()
     out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
+    if prep is not None:
+        out["kv_offload"] = prep.make_scheduler.report(dep.replicas)  # type: ignore[attr-defined]
     if dis is not None:
         from capacity.pipeline import disagg_report
 
@@ -265,6 +280,10 @@ def simulate(
 
     con = Console()
     simulation_table(out, con)
+    if "kv_offload" in out:
+        from capacity.engine.offload import offload_line
+
+        con.print(offload_line(out["kv_offload"]), markup=False, highlight=False)
     d = out.get("disaggregated")
     if d:
         ms = lambda x: "-" if x is None else f"{x * 1e3:.2f} ms"

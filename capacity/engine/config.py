@@ -124,6 +124,11 @@ class EngineConfig(BaseModel):
     # Speculative decoding (vLLM's --speculative-config, SGLang's --speculative-algorithm ...): method, drafts per
     # step, the acceptance assumed; None: off. See capacity/engine/speculative.py and docs/speculative.md.
     speculative: SpeculativeConfig | None = None
+    # KV offloading to host memory (vLLM's --kv-offloading-size, native backend: GiB, summed over the TP ranks): a
+    # write-through LRU tier under the prefix cache (capacity/sched/offload.py, docs/kv-offload.md). None: off.
+    kv_offloading_size: Annotated[float, Field(gt=0, le=1 << 20, allow_inf_nan=False)] | None = None
+    # GB/s from one GPU to host memory for those loads; None: the GPU's host link at its nominal x16 rate
+    host_link_gbps: Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)] | None = None
 
     @field_validator("policy")
     @classmethod

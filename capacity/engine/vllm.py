@@ -182,6 +182,8 @@ class Vllm(VllmMemory):
         elif chunked and rel.runner == "v0":
             parts.append("--enable-chunked-prefill")
         parts.append("--enable-prefix-caching" if self.prefix_caching(cfg) else "--no-enable-prefix-caching")
+        if cfg.kv_offloading_size is not None:  # the native OffloadingConnector (capacity/engine/offload.py)
+            parts.append(f"--kv-offloading-size {cfg.kv_offloading_size:g} --kv-offloading-backend native")
         if cfg.async_scheduling is not None or rel.default_async_scheduling:  # the flag exists in the releases read
             parts.append("--async-scheduling" if self.async_scheduling(cfg) else "--no-async-scheduling")
         if cfg.enforce_eager:

@@ -119,6 +119,7 @@ class Step:
     scheduled: list[tuple[Seq, int]] = field(default_factory=list)  # (sequence, new tokens this step)
     preempted: list[Seq] = field(default_factory=list)
     loads: list[Seq] = field(default_factory=list)  # admitted to load their prompt's KV from a prefill replica
+    load_s: float = 0.0  # host-memory KV loads the step waits for (capacity.sched.offload), s
 
 
 class Scheduler(Protocol):

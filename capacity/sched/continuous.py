@@ -314,6 +314,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
         # async scheduling: finished sequences left with their blocks after this call decided; if it scheduled
         # nothing, vLLM's engine loop (it has requests) schedules again at once, and the queue's head may fit now
         self.retired_after = freed
+        step.load_s = kv.take_load_s()  # a host-memory tier's loads for the requests admitted (sched.offload)
         return step
 
     def _process_output(self) -> None:

@@ -156,6 +156,10 @@ class KVCacheManager:
     def drop_computed_blocks(self, seq: Seq) -> None:
         """Undo `get_computed_blocks` for a sequence that could not be admitted after all."""
 
+    def take_load_s(self) -> float:
+        """Seconds of KV loads from host memory admitted since the last call (capacity.sched.offload; none here)."""
+        return 0.0
+
     tracks_inflight = False  # whether allocation reads `Seq.inflight` (async scheduling's unprocessed tokens)
 
     def cache_processed(self, seq: Seq) -> None:

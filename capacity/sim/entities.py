@@ -1,11 +1,10 @@
 """The simulator's entities. Each owns its state and, where it has one, its SimPy process (`run()`):
 
-- `Recorder`: per-request timelines, ITL samples (single steps and whole decode runs), time series of queue,
-  batch and KV use, the time-in-system integral (Little's law) and the finished count (saturation);
 - `Replica`: one engine instance: its scheduler, its step loop, the exact decode fast path.
 
 `capacity.sim.routing` holds the Router, the front end's Delay and the KV transfer of disaggregated serving;
-`capacity.sim.sources` the open-loop source and the closed-loop users.
+`capacity.sim.sources` the open-loop source and the closed-loop users; `capacity.sim.recorder` the `Recorder`
+(per-request timelines, ITL samples, time series, the time-in-system integral) that a Replica fills.
 
 `capacity.sim.simulator.Simulation` wires them together and holds what they share (the clock, the stop
 event, the time of the next arrival that the fast path must not run past).
@@ -22,7 +21,6 @@ import simpy
 from capacity.cost.step import decode_run_s, first_step_ending_at
 from capacity.sched.base import NAN
 from capacity.sim.lag import SCHED_CALL, InputLag
-from capacity.sim.metrics import Records
 from capacity.workload import Request
 
 if TYPE_CHECKING:
@@ -34,98 +32,6 @@ if TYPE_CHECKING:
 def lags_input(sched: Any) -> bool:
     """Does the engine take requests a step late (`Replica._take_lagged`): async scheduling or an overlap one?"""
     return bool(getattr(getattr(sched, "cfg", None), "async_scheduling", False) or getattr(sched, "overlap", False))
-
-
-class Recorder:
-    """Everything measured during a run (see module docstring); `records()` and `itl()` build the arrays once."""
-
-    def __init__(self, env: simpy.Environment, timeseries: bool) -> None:
-        self.env = env
-        self.timeseries = timeseries
-        self.seqs: list[Seq] = []
-        self.n_sys = 0
-        self.area = 0.0  # integral of requests in system over time
-        self.t_last = 0.0
-        self.finished_total = 0
-        self.tokens_total = 0  # output tokens emitted (the capacity estimate of an overloaded run counts them)
-        # (start, finished, tokens, in flight) at the start of the queue's backlog
-        self.backlog_since: tuple[float, int, int, int] | None = None
-        self.gap_v: list[float] = []  # ITL samples of single steps
-        self.gap_t: list[float] = []
-        self.gap_w: list[int] = []  # how many tokens saw each (those that emitted at the step's start share one)
-        self.stretches: list[tuple[np.ndarray, np.ndarray, int, int]] = []  # durations, ends, first weight, rest
-        # decode runs whose step j lasts f0 + g x j (a linear cost): (start, f0, g, steps, first weight, rest)
-        self.lines: list[tuple[float, float, float, int, int, int]] = []
-        self.ts: list[tuple[float, int, int, int, int]] = []
-
-    def count(self, delta: int) -> None:
-        now = self.env.now
-        self.area += self.n_sys * (now - self.t_last)
-        self.t_last = now
-        self.n_sys += delta
-
-    def admitted(self, seq: Seq, counted: bool = False) -> None:
-        self.seqs.append(seq)
-        if not counted:
-            self.count(+1)
-
-    def finished(self, seq: Seq) -> None:
-        self.count(-1)
-        self.finished_total += 1
-
-    def gaps(self, prev: list[tuple[Seq, float]], end: float) -> None:
-        """ITL samples of a step that ended at `end`: each sequence of (sequence, its previous token time) that
-        emitted a token in it."""
-        for s, t in prev:
-            if s.last_token_s == end:
-                self.gap_v.append(end - t)
-                self.gap_t.append(end)
-                self.gap_w.append(1)
-
-    def sample(self, rep: Replica) -> None:
-        """One time-series row (callers check `timeseries` first: this runs at every engine event)."""
-        s = rep.sched
-        self.ts.append((self.env.now, rep.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
-
-    def records(self) -> Records:
-        seqs = sorted(self.seqs, key=lambda s: (s.req.arrival_s, s.req.id))
-
-        def f(attr: str, dtype: type = float, req: bool = False) -> np.ndarray:
-            return np.array([getattr(s.req if req else s, attr) for s in seqs], dtype=dtype)
-
-        return Records(arrival=f("arrival_s", req=True), first_scheduled=f("first_scheduled_s"),
-                       first_token=f("first_token_s"), finish=f("finish_s"),
-                       prompt_tokens=f("prompt_tokens", np.int64, True), output_tokens=f("output_tokens", np.int64, True),
-                       cls=f("cls", np.int64, True), preemptions=f("preemptions", np.int64),
-                       replica=f("replica", np.int64), cached_tokens=f("cached_tokens", np.int64))
-
-    def itl(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(values, weights, emission times) of every ITL sample; a decode run's step counts once per sequence."""
-        vs, ws, ts = [np.array(self.gap_v, dtype=float)], [np.array(self.gap_w, dtype=float)], [np.array(self.gap_t, dtype=float)]
-        for durs, ends, first_w, rest_w in self.stretches:
-            w = np.full(len(durs), float(rest_w))
-            w[0] = first_w
-            vs.append(durs)
-            ws.append(w)
-            ts.append(ends)
-        if self.lines:  # expanded at once: step j of a run lasts f0 + g j and ends f0 (j + 1) + g j (j + 1) / 2 in
-            # (first_ws, rest_ws: arrays, not the loop's ints above: mypyc keeps one type per local)
-            start, f0, g, k, first_ws, rest_ws = np.array(self.lines, dtype=float).T
-            steps = k.astype(np.int64)
-            heads = np.cumsum(steps) - steps
-            j = np.arange(int(steps.sum())) - np.repeat(heads, steps)
-            f0r, gr = np.repeat(f0, steps), np.repeat(g, steps)
-            vs.append(f0r + gr * j)
-            ts.append(np.repeat(start, steps) + (f0r * (j + 1) + gr * (j * (j + 1) // 2)))
-            w = np.repeat(rest_ws, steps)
-            w[heads] = first_ws
-            ws.append(w)
-        v, w, t = np.concatenate(vs), np.concatenate(ws), np.concatenate(ts)
-        keep = w > 0
-        return v[keep], w[keep], t[keep]
-
-    def timeseries_array(self) -> np.ndarray:
-        return np.array(self.ts, dtype=float) if self.ts else np.empty((0, 5))
 
 
 class Replica:
@@ -289,7 +195,7 @@ class Replica:
             prev = None
             if same + last.count(NAN) < len(last):
                 prev = [(s, t) for (s, _), t in zip(out.scheduled, last) if t != now and s.generated > 0]
-            yield env.timeout(cost.step_s(out.plan))
+            yield env.timeout(cost.step_s(out.plan) + out.load_s)
             sim.steps += 1
             end = env.now
             drafts = getattr(sched, "drafts_accepted", 0)
@@ -409,7 +315,7 @@ class Replica:
         sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
         sim.events += 1
         prev = [(s, s.last_token_s) for s, _ in out.scheduled if s.generated > 0]
-        yield env.timeout(self.cost.step_s(out.plan))
+        yield env.timeout(self.cost.step_s(out.plan) + out.load_s)
         sim.steps += 1
         end = env.now
         drafts = getattr(sched, "drafts_accepted", 0)

@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 PCTS = (50, 90, 95, 99)
+BOOTSTRAP_CELLS = 8_000_000  # resampled values held at once by the P99 interval (64 MB)
 DEFINITIONS = "vllm bench serve conventions: TTFT includes queueing; TPOT excludes the first token; ITL per token"
 
 
@@ -110,7 +111,10 @@ def p99_ci(x: np.ndarray, rng: np.random.Generator, confidence: float = 0.95, re
     x = x[~np.isnan(x)]
     if x.size < 100:
         return (float("nan"), float("nan"))
-    res = bootstrap((x,), lambda a, axis: np.percentile(a, 99, axis=axis), vectorized=True,
+    # a million samples x 400 resamples would be 3.2 GB at once: past BOOTSTRAP_CELLS, in batches (the same
+    # draws from the same generator, so the same interval: scipy 1.17, tests/test_trace_stream.py)
+    batch = None if x.size * resamples <= BOOTSTRAP_CELLS else max(1, BOOTSTRAP_CELLS // x.size)
+    res = bootstrap((x,), lambda a, axis: np.percentile(a, 99, axis=axis), vectorized=True, batch=batch,
                     n_resamples=resamples, confidence_level=confidence, method="percentile", random_state=rng)
     return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 

@@ -21,7 +21,7 @@ A run never goes forever: `max_sim_s` bounds simulated time.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -29,10 +29,12 @@ import numpy as np
 import simpy
 
 from capacity.errors import CapacityError
+from capacity.replay import iter_trace
 from capacity.sched.base import Scheduler, Seq
 from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
-from capacity.sim.entities import Recorder, Replica
+from capacity.sim.entities import Replica
 from capacity.sim.metrics import Records
+from capacity.sim.recorder import COMPACT_AT, Recorder
 from capacity.sim.routing import Delay, KVTransfer, Router
 from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers
 from capacity.workload import Request, WorkloadSpec, generate
@@ -212,6 +214,8 @@ class Simulation:
             self.replicas = [Replica(self, i, make_scheduler()) for i in range(n)]
             self.router = Router(self, list(self.replicas), cfg.router, cfg.router_max_ongoing)
         self.queue_routers = [r for r in (self.routers or [self.router]) if r.policy == "queue"]
+        if d is None and cfg.autoscale is None and cfg.services is None:  # nothing reads the sequences back
+            self.recorder.compact_at = COMPACT_AT  # a long run folds finished ones (capacity.sim.recorder)
         # each pool that autoscales has its controller; a disaggregated pool holds only part of each request's
         # time in the system, so its concurrency is its own (sampled), not the system's integral
         self.autoscaler = (Autoscaler(self, cfg.autoscale, self.router, whole=d is None)
@@ -281,11 +285,10 @@ class Simulation:
         """Requests/s served over [t0, t1] while the queue was never empty: output tokens emitted per second
         divided by the mean output length of the requests admitted so far. Tokens, not finishes: a request
         admitted at the start of a short backlog has not finished by its end, but its tokens were served."""
-        seqs = self.recorder.seqs
-        if t1 <= t0 or tokens <= 0 or not seqs:
+        rec = self.recorder
+        if t1 <= t0 or tokens <= 0 or not rec.admitted_total:
             return None
-        mean_out = sum(s.output for s in seqs) / len(seqs)
-        return tokens / (t1 - t0) / mean_out
+        return tokens / (t1 - t0) / rec.mean_output
 
     def check_saturation(self, rep: Replica) -> bool:
         rec, res = self.recorder, self.result
@@ -355,7 +358,7 @@ class Simulation:
                           f"(t={t_last:.1f} s); the deployment served about {cap:.3g} req/s {how}")
 
     # ---- the run --------------------------------------------------------------------------------------
-    def run(self, workload: WorkloadSpec | list[Request]) -> SimResult:
+    def run(self, workload: WorkloadSpec | Iterable[Request]) -> SimResult:
         env, cfg, res = self.env, self.cfg, self.result
         closed = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "closed"
         capped = isinstance(workload, WorkloadSpec) and workload.arrivals.max_concurrency is not None
@@ -366,11 +369,14 @@ class Simulation:
             self.users = ClosedLoopUsers(self, workload)  # type: ignore[arg-type]
             self.users.start()
         elif capped:
+            self.recorder.compact_at = 0  # its waits are matched to the sequences at the end
             self.users = CappedOpenLoop(self, workload, generate(workload, self.rng))  # type: ignore[arg-type]
             self.users.start()
         else:
             self.offline = isinstance(workload, WorkloadSpec) and workload.arrivals.kind == "offline"
-            reqs = generate(workload, self.rng) if isinstance(workload, WorkloadSpec) else list(workload)
+            reqs: Iterable[Request] = workload if not isinstance(workload, WorkloadSpec) else (
+                iter_trace(workload.trace, workload) if workload.arrivals.kind == "trace" and workload.trace
+                else generate(workload, self.rng))  # a trace streams (capacity.replay)
             env.process(OpenLoopSource(self, reqs).run())
         for rep in self.replicas:
             rep.proc = env.process(rep.run())
@@ -386,7 +392,8 @@ class Simulation:
         rec = self.recorder
         rec.count(0)
         for r in self.queue_routers:  # still queued at the router when the run stopped: never scheduled
-            rec.seqs.extend(Seq(req) for req in r.queue)
+            for req in r.queue:
+                rec.admitted(Seq(req), counted=True)
         if self.overload is not None:
             self._overload_capacity()
         res.end_s = env.now
@@ -412,7 +419,7 @@ class Simulation:
         return res
 
 
-def simulate(workload: WorkloadSpec | list[Request], cost, make_scheduler: Callable[[], Scheduler],
+def simulate(workload: WorkloadSpec | Iterable[Request], cost, make_scheduler: Callable[[], Scheduler],
              rng: np.random.Generator, cfg: SimConfig | None = None) -> SimResult:
     """Run the simulation to completion (or saturation). `make_scheduler()` builds one replica's policy."""
     return Simulation(cost, make_scheduler, rng, cfg or SimConfig()).run(workload)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Generator
+from collections.abc import Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 from capacity.sessions import first_turn, next_turn, session_starts
@@ -18,21 +18,30 @@ if TYPE_CHECKING:
 
 
 class OpenLoopSource:
-    """Requests at their generated (or traced) arrival times; at the end, the overload check of short runs."""
+    """Requests at their generated (or traced) arrival times; at the end, the overload check of short runs.
+    `requests` may be a stream (a replayed trace, `capacity.replay.iter_trace`): each is pulled when the clock
+    reaches the one before it (the next arrival is the fast path's horizon), so only one waits in memory."""
 
-    def __init__(self, sim: Simulation, requests: list[Request]) -> None:
-        self.sim, self.requests = sim, requests
-        if requests:
-            sim.next_arrival_s = requests[0].arrival_s
+    def __init__(self, sim: Simulation, requests: Iterable[Request]) -> None:
+        self.sim = sim
+        self.requests: Iterator[Request] = iter(requests)
+        self.head: Request | None = next(self.requests, None)
+        if self.head is not None:
+            sim.next_arrival_s = self.head.arrival_s
 
     def run(self) -> Generator:
         sim, env, reqs = self.sim, self.sim.env, self.requests
-        for i, req in enumerate(reqs):
+        req, n = self.head, 0
+        self.head = None
+        while req is not None:
             if req.arrival_s > env.now:
                 yield env.timeout(req.arrival_s - env.now)
-            sim.next_arrival_s = reqs[i + 1].arrival_s if i + 1 < len(reqs) else math.inf
+            nxt = next(reqs, None)
+            sim.next_arrival_s = nxt.arrival_s if nxt is not None else math.inf
             sim.enter(req)
-        sim.check_overload(len(reqs))
+            n += 1
+            req = nxt
+        sim.check_overload(n)
 
 
 class ClosedLoopUsers:
