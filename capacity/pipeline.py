@@ -23,8 +23,9 @@ import numpy as np
 
 from capacity import steady as steady_notes
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
-from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine
+from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine, speculative
 from capacity.engine.config import EngineConfig
+from capacity.engine.offload import offloading
 from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -126,8 +127,6 @@ def prepare(dep: Deployment) -> Prepared:
     b = em.budget(dep.card, dep.gpu, dep.engine)
     spec = e.speculative
     if spec is not None:
-        from capacity.engine import speculative
-
         b = speculative.with_draft(b, dep.card, spec, engine=em.name)
     overlaps = em.overhead_overlaps(dep.engine)
     # An engine whose CPU work per step runs beside the GPU: the step cost is the GPU's alone, and the overlap
@@ -140,9 +139,7 @@ def prepare(dep: Deployment) -> Prepared:
     per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
-    factory = em.scheduler_factory(dep.engine, SchedLimits.of(b))
-    from capacity.engine.offload import offloading  # a host-memory KV tier (kv_offloading_size), or factory itself
-    factory = offloading(factory, dep, b)
+    factory = offloading(em.scheduler_factory(dep.engine, SchedLimits.of(b)), dep, b)  # a host KV tier, if any
     if spec is not None:  # the verify step and the draft's forwards; k drafts per decode, E - 1 accepted
         cost = speculative.wrap_cost(cost, dep.card, spec, dep.gpu, b.tp, b.kv_dtype, e.engine)
         factory = speculative.speculating(factory, spec)
