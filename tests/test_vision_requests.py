@@ -191,6 +191,18 @@ def test_a_text_only_model_given_images():
     assert "images: llama-3.1-8b is a text-only model" in r.stderr
 
 
+def test_images_that_push_every_request_past_max_model_len_are_one_line():
+    """Qwen2.5-VL at 1024x768: 999 image tokens (hand count above); 100 + 999 + 10 = 1,109 > 1,024, so no request
+    could be served; at share 0.5 half of them can, and the run goes ahead."""
+    args = ("simulate", "-m", str(QWEN_CFG), "--rate", "1", "-n", "20", "--input-len", "100", "--output-len", "10",
+            "--max-model-len", "1024", "--image-size", "1024x768")
+    r = run_cli(*args)
+    assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "max_model_len 1,024: every request of the workload is longer with its images (at least 1,109 tokens: " \
+           "prompt + 999 image tokens + output)" in r.stderr
+    assert run_cli(*args, "--image-share", "0.5").returncode == 0
+
+
 @pytest.mark.parametrize("images, says", [
     ({"share": 2}, "images.share"),
     ({"sizes": ["0x0"]}, "images.sizes"),

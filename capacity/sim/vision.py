@@ -32,7 +32,7 @@ from capacity.cost.encoder import EncoderRoofline, EncoderStepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.vision_tokens import image_tokens
-from capacity.workload import WorkloadSpec
+from capacity.workload import WorkloadSpec, least_tokens
 
 P = TypeVar("P")
 W = TypeVar("W")
@@ -114,6 +114,26 @@ def serve_images(prepared: P, card: ModelCard, gpu: Any, workload: W) -> tuple[P
     return _serve(prepared, card, gpu, workload)  # type: ignore[return-value]
 
 
+def _check_context(workload: WorkloadSpec, max_model_len: int) -> None:
+    """WorkloadSpec.check_context with the image tokens: when every request carries images, its fewest images at
+    the smallest size count too (else each request would be rejected one by one, and a search blames the SLO)."""
+    im = workload.images
+    assert im is not None and im._shapes is not None
+    if im.share < 1 or workload.arrivals.kind == "trace":
+        return
+    pr = im.per_request
+    fewest = least_tokens(pr) if pr.kind in ("fixed", "empirical", "uniform") else 0
+    img = fewest * min(s[0] for s in im._shapes)
+    for c, k in enumerate(workload.classes):
+        li, lo = workload.class_lengths(c)
+        least = least_tokens(li) + least_tokens(lo) + img
+        if img and least > max_model_len:
+            who = f"class {k.name!r}" if len(workload.classes) > 1 else "the workload"
+            raise ConfigError(f"max_model_len {max_model_len:,}: every request of {who} is longer with its images "
+                              f"(at least {least:,} tokens: prompt + {img:,} image tokens + output), so none could "
+                              "be served: raise it, or use fewer or smaller images")
+
+
 def _serve(prepared: Any, card: ModelCard, gpu: Any, workload: WorkloadSpec) -> tuple[Any, WorkloadSpec]:
     from capacity.cost.overlap import CpuOverlapCost
 
@@ -122,6 +142,7 @@ def _serve(prepared: Any, card: ModelCard, gpu: Any, workload: WorkloadSpec) -> 
         raise ConfigError("images: a trace's requests keep their own lengths; images apply to drawn requests")
     if not workload.images.bound:
         workload = workload.model_copy(update={"images": workload.images.bind(image_shape(card))})
+    _check_context(workload, prepared.budget.max_model_len)
     cost = prepared.cost
     while isinstance(cost, CpuOverlapCost):
         cost = cost.inner
