@@ -113,8 +113,10 @@ def _whole(v, where: str, name: str) -> int:
         if not v.is_integer():
             raise ConfigError(f"{where}: {name} {short(v)} is not a whole number of tokens")
         v = int(v)
-    if not isinstance(v, int) or v < 0:
+    if not isinstance(v, int):
         raise ConfigError(f"{where}: {name} {short(v)} is not a whole number of tokens")
+    if v < 0:
+        raise ConfigError(f"{where}: {name} {v} is negative (a token count is a whole number >= 0)")
     return v
 
 

@@ -66,6 +66,7 @@ def test_window_and_time_scale(tmp_path):
      '{"timestamp": 5, "input_length": 5, "output_length": 1, "hash_ids": []}\n', "line 2: timestamp goes back in time"),
     ('{"timestamp": 0, "input_length": 10.7, "output_length": 1, "hash_ids": []}\n', "line 1: input_length 10.7"),
     ('{"timestamp": 0, "input_length": true, "output_length": 1, "hash_ids": []}\n', "line 1: input_length True"),
+    ('{"timestamp": 0, "input_length": 5, "output_length": -2, "hash_ids": []}\n', "line 1: output_length -2 is negative"),
     ('{"timestamp": -1, "input_length": 5, "output_length": 1, "hash_ids": []}\n', "line 1: timestamp -1"),
     ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [-3]}\n', "line 1: hash_ids"),
     ("TIMESTAMP,ContextTokens,GeneratedTokens\nyesterday,4,5\n", "row 2: TIMESTAMP 'yesterday'"),
