@@ -111,3 +111,19 @@ def test_refusal_is_one_line_naming_the_pool():
     assert r.returncode == 1
     err = r.stderr.strip().splitlines()
     assert len(err) == 1 and "no KV pool" in err[0] and "Traceback" not in r.stderr
+
+
+def test_launch_command_undoes_the_runners_cut_for_old_releases():
+    """Before 0.4.9 SGLang cuts a given --mem-fraction-static of a multimodal model again (x0.90 in 0.4.8), so the
+    command asks for F / 0.90 for the F the budget used; from 0.4.9 the flag is F itself."""
+    from capacity.engine import get_engine
+    from capacity.engine.config import EngineConfig
+
+    card, gpu = load_model_card(HF / "llama-3.2-11b-vision-instruct.json"), get_gpu("h100-sxm")
+    for rel, cut in (("0.4.8.post1", 0.90), ("0.4.9", 1.0)):
+        em = get_engine(f"sglang@{rel}")
+        cfg = EngineConfig(engine=f"sglang@{rel}", max_model_len=4096)
+        b = em.budget(card, gpu, cfg)
+        f_budget = 1 - b.activation_bytes / (b.total_bytes - b.non_torch_bytes)
+        flag = float(em.launch_command(card, cfg, b).split("--mem-fraction-static ")[1].split()[0])
+        assert flag * cut == pytest.approx(f_budget, abs=2e-4) and flag * cut >= f_budget - 1e-4
