@@ -40,8 +40,15 @@ def test_gemma3_awq_refusal_follows_from_the_model_runners_multimodal_cut():
     The model runner of 0.4.4.post2/post3 lists Gemma3ForConditionalGeneration as multimodal and lowers F by x0.95
     (model_runner.py ModelRunner.__init__): F 0.836, rest = 3.64 - 22.46 x 0.164 = -0.0434 GiB, no pool:
     'Not enough memory. Please try to increase --mem-fraction-static.' (init_memory_pool), the issue's title."""
+    from capacity.engine.sglang_memory import MiB, default_chunked_prefill_size, default_mem_fraction_static
+
     case = DEV["sglang4895-gemma3-27b-awq-4090-fail"]
     fig = case["figures"]
+    # server_args.py of 0.4.3.post2-0.4.5 (wheels): F by TP (0.88 at TP 1), chunk 2048 under 25,000 MiB (4090)
+    rel = parse_release(INPUTS[case["id"]]["engine"])
+    gpu_mib = get_gpu("rtx-4090").usable_memory_bytes / MiB
+    assert default_mem_fraction_static(gpu_mib, 1, rel) == fig["mem_fraction_static"] == 0.88
+    assert default_chunked_prefill_size(gpu_mib, rel) == fig["chunked_prefill_size"] == 2048
     t0, avail = fig["avail_after_weights_gib"] + fig["weights_gib"], fig["avail_after_weights_gib"]
     assert t0 == pytest.approx(22.46)
     card = load_model_card(HF / "gemma-3-27b-it.json")
