@@ -24,7 +24,9 @@ KNOWN = {
     "gh9630-llama32-11b-vision-h100-96gb-v0-mns128": "128 Mllama images take 60 of the GH200's 85.5 GiB in the "
         "profile: a 5% error in the encoder's peak is the whole 5.5 GiB KV cache (the safe side: predicted low)",
     "sglang4895-gemma3-27b-awq-4090-fail": "an unnamed AWQ checkpoint that loads 18.82 GiB where a plain AWQ g128 "
-        "count gives 16.1: its quantization_config is not known",
+        "count gives 16.1 (its quantization_config is not known), and T0 22.46 GiB (a desktop card) against 23.13: "
+        "with the log's own T0 and A the model runner's x0.95 multimodal cut leaves no pool, as SGLang refused "
+        "(tests/test_sglang_startup_v3.py), but from the card the pool stays positive",
     "gh11587-llama32-11b-vision-bnb4-rtx4090": "Unsloth's bnb-4bit checkpoint loads 6.72 GiB where a bf16 vision "
         "tower gives 7.8: it quantises part of the tower, and its skip list is not in the config copies here (the "
         "activation, 2.03 GiB against the log's 1.92, is right)",

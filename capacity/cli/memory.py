@@ -178,7 +178,7 @@ def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max
         for n in b.notes:
             con.print(f"note: {n}")
     if not b.fits:
-        raise CapacityError(f"does not fit: {b.notes[0]}")
+        raise CapacityError("does not fit: " + next(n for n in b.notes if n.startswith(("no KV pool", "the pool holds"))))
 
 
 @app.command()

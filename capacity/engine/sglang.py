@@ -245,9 +245,15 @@ class Sglang(SglangMemory):
         SGLang keeps the smaller of it and what it profiles), FCFS. The radix cache stays on (SGLang's default):
         with it, SGLang admits every request by the new_token_ratio rule modelled here (with it off, requests
         sent with ignore_eos take a stricter path)."""
-        t0 = b.total_bytes - b.non_torch_bytes
-        f = round(1 - b.activation_bytes / t0, 4)  # the reserve is T0 x (1 - F)
         from capacity.engine.launch import model_reference, with_comment
+        from capacity.engine.sglang_memory import version_key
+        from capacity.engine.sglang_mm import runner_mm_factor
+
+        t0 = b.total_bytes - b.non_torch_bytes
+        # the reserve is T0 x (1 - F); before 0.4.9 the model runner cuts a multimodal model's flag again (sglang_mm),
+        # so the flag is F / cut, rounded up so that the pool SGLang profiles is not below the one pinned
+        cut = runner_mm_factor(card, version_key(self.release))
+        f = round(1 - b.activation_bytes / t0, 4) if cut == 1.0 else math.ceil((1 - b.activation_bytes / t0) / cut * 1e4) / 1e4
 
         chunk = b.max_num_batched_tokens if b.chunked_prefill else -1
         ref = model_reference(card, "sglang")

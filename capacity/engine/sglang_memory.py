@@ -38,6 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, ResolvedEngine
+from capacity.engine.sglang_mm import runner_mm_factor
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -51,7 +52,7 @@ LOAD_EXTRA_HIGH_GIB = 0.25
 # The release lines whose memory defaults differ (server_args.py, from 0.5.20 arg_groups/memory_hook.py), each
 # named by its first release; a release takes the rules of the latest line at or before it. Read from the PyPI
 # wheels of 0.3.6.post3, every 0.4.x patch from 0.4.5 and 0.5.1 to 0.5.23 (docs/sglang.md has the table).
-RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
+RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.5", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
             "0.4.9.post3", "0.5.3", "0.5.5", "0.5.10", "0.5.20")
 NEWEST_READ = "0.5.23"
 CURRENT = "0.5.20"  # `sglang` without a version: the rules of the newest release read
@@ -293,6 +294,10 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         mla=card.mla is not None, vlm_factor=vlm, amd=amd)
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
+    runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang_mm)
+    if runner != 1.0:
+        f *= runner
+        notes.append(f"a multimodal model: the model runner (sglang@{release} rules) lowers F by x{runner:.2f} to {f:.3f}")
     kv_bytes = DTYPE_BYTES["fp8" if kv_cache_dtype == "fp8" else card.dtype] if kv_cache_dtype in ("auto", "fp8") else None
     if kv_bytes is None:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: SGLang's are auto and fp8 here")
