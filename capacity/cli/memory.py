@@ -337,14 +337,16 @@ def engines(json_out: JsonOpt = False) -> None:
                      "checked_against_logs": rel.checked, "current": rel.version == CURRENT})
     from capacity.engine.sglang import CURRENT as SG_CURRENT
     from capacity.engine.sglang import RELEASES as SG_RELEASES
-    from capacity.engine.trtllm import RELEASE as TRT_RELEASE
+    from capacity.engine.trtllm_release import CURRENT as TRT_CURRENT
+    from capacity.engine.trtllm_release import DEFAULT_BACKEND as TRT_BACKEND
 
     others: list[dict[str, Any]] = [
         {"engine": f"sglang@{r}", "release": r, "runner": "pytorch", "accounting": "F x free memory at start",
          "graphs_in_budget": False, "checked_against_logs": True, "current": r == SG_CURRENT} for r in SG_RELEASES]
-    others.append({"engine": "trtllm", "release": TRT_RELEASE, "runner": "pytorch backend",
-                   "accounting": "0.9 x free after its profile", "graphs_in_budget": True,
-                   "checked_against_logs": False, "current": True})
+    others += [{"engine": f"trtllm@{r}", "release": r, "runner": f"{b} backend",
+                "accounting": "0.9 x free after its profile" if b == "pytorch" else
+                "as the PyTorch profile (engine's own: not modelled)", "graphs_in_budget": True,
+                "checked_against_logs": False, "current": r == TRT_CURRENT} for r, b in TRT_BACKEND.items()]
     rows += others
     if json_out:
         typer.echo(dumps(rows))
@@ -360,12 +362,14 @@ def engines(json_out: JsonOpt = False) -> None:
         t.add_row(r["engine"] + (" *" if r["current"] else ""), r["release"], r["runner"], r["accounting"],
                   "in budget" if r["graphs_in_budget"] else "outside", "checked" if r["checked_against_logs"] else "")
     Console().print(t)
-    o = Table(title="Other engines (--engine sglang\\[@X.Y], --engine trtllm; * = what the bare name means)",
+    o = Table(title="Other engines (--engine sglang\\[@X.Y], --engine trtllm\\[@X.Y\\[:pytorch|:tensorrt]]; * = what the "
+              "bare name means)",
               title_justify="left")
     for col in ("engine", "KV pool", "logs"):
         o.add_column(col)
     for r in others:
-        o.add_row(r["engine"] + (" *" if r["current"] and r["engine"].startswith("sglang") else ""), r["accounting"],
+        o.add_row(r["engine"] + (" *" if r["current"] else ""), r["accounting"] + (
+                      f" ({r['runner']})" if r["engine"].startswith("trtllm") else ""),
                   "checked" if r["checked_against_logs"] else "formula only (docs/trtllm.md)")
     Console().print(o)
 

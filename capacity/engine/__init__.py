@@ -2,7 +2,8 @@
 scheduling behaviour and its launch command (`EngineModel`). vLLM is the first (`vllm.py`, every release from
 0.4: `vllm@0.11`; its start-up memory in `vllm_memory.py`); SGLang the second (`sglang.py`: `sglang`,
 `sglang@0.4.6`, scheduling of v0.5.5; memory by release in `sglang_memory.py`); TensorRT-LLM the third
-(`trtllm.py`: `trtllm`, the PyTorch backend of 1.x, its capacity scheduler's no-evict admission); another engine is a new module
+(`trtllm.py`: `trtllm`, the PyTorch backend of 1.x, its capacity scheduler's no-evict admission;
+`trtllm@0.20`, `trtllm@1.1:tensorrt`: each release's trtllm-serve defaults, `trtllm_release.py`); another engine is a new module
 with the same methods and one line in `ENGINES`.
 
 `EngineConfig` (config.py) is the one typed configuration every door uses; `MemoryBudget` (budget.py) the
@@ -71,6 +72,13 @@ def get_engine(spec: str) -> EngineModel:
         if len(_BY_SPEC) < 256:
             _BY_SPEC[spec] = sg
         return sg
+    if spec.startswith("trtllm@") or spec.startswith("trtllm:"):
+        from capacity.engine.trtllm_release import parse_trtllm
+
+        trt = Trtllm(parse_trtllm(spec))
+        if len(_BY_SPEC) < 256:
+            _BY_SPEC[spec] = trt
+        return trt
     name, version, runner = parse_engine(spec)
     if name not in ENGINES:
         raise ConfigError(f"unknown engine {spec!r}: use {', '.join(ENGINES)} (optionally with @VERSION)")

@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.trtllm_release import TrtllmRelease, parse_trtllm
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -103,11 +104,14 @@ class Trtllm:
     """The TensorRT-LLM engine model (PyTorch backend; see the module docstring)."""
 
     name = "trtllm"
-    release = RELEASE
+
+    def __init__(self, rel: TrtllmRelease | None = None) -> None:
+        self.rel = rel or parse_trtllm("trtllm")
+        self.release = self.rel.version
 
     @property
     def label(self) -> str:
-        return f"trtllm@{self.release}"
+        return self.rel.label
 
     # ---- configuration -------------------------------------------------------------------------------
     def _check(self, cfg: EngineConfig) -> None:
@@ -129,6 +133,10 @@ class Trtllm:
             other.append("usage_context")
         if other:
             raise ConfigError(f"{', '.join(other)}: vLLM settings with no TensorRT-LLM meaning (engine {self.label})")
+        if self.rel.engine_backend and cfg.async_scheduling:
+            raise ConfigError(f"async_scheduling {cfg.async_scheduling}: the overlap scheduler is the PyTorch "
+                              f"backend's; {self.label} runs the TensorRT engine backend (use "
+                              f"trtllm@{self.rel.version}:pytorch)")
         if cfg.kv_cache_dtype == "int8":
             raise ConfigError(f"kv_cache_dtype {cfg.kv_cache_dtype}: the TensorRT-LLM model's are auto and fp8")
 
@@ -157,13 +165,13 @@ class Trtllm:
             used.append("enable_chunked_prefill")
         seqs = cfg.max_num_seqs
         if seqs is None:
-            seqs = MAX_BATCH_SIZE
+            seqs = self.rel.max_batch_size
             used.append("max_num_seqs")
         mnbt = cfg.max_num_batched_tokens
         if mnbt is None:
-            mnbt = MAX_NUM_TOKENS
+            mnbt = self.rel.max_num_tokens
             used.append("max_num_batched_tokens")
-        block: int = TOKENS_PER_BLOCK if cfg.block_size is None else cfg.block_size
+        block: int = self.rel.tokens_per_block if cfg.block_size is None else cfg.block_size
         if cfg.block_size is None:
             used.append("block_size")
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
@@ -171,7 +179,7 @@ class Trtllm:
                               cuda_graphs_in_budget=not cfg.enforce_eager, release=self.label)
 
     def default_max_num_batched_tokens(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> int:
-        return MAX_NUM_TOKENS
+        return self.rel.max_num_tokens
 
     # ---- start-up memory -----------------------------------------------------------------------------
     def peak(self, card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> TrtllmPeak:
@@ -233,6 +241,10 @@ class Trtllm:
         blocks, blocks_lo, blocks_hi = tok_mid // block, tok_lo // block, tok_hi // block
         planning = blocks_lo if cfg.kv_estimate == "conservative" else blocks
         warnings: list[str] = list(card.notes)
+        if self.rel.engine_backend:
+            warnings.append(f"{self.label}: the TensorRT engine backend's memory is taken as the PyTorch backend's "
+                            "profile (not modelled); its runtime batch size follows the KV capacity (dynamic batch "
+                            "size tuning, simulated)")
         ctx = eng.max_model_len
         plan_tokens = planning * block
         if 0 < plan_tokens < ctx:
@@ -293,12 +305,23 @@ class Trtllm:
                   block_size=limits.block_size, num_blocks=limits.num_blocks, chunked_prefill=chunked,
                   prefix_caching=cfg.enable_prefix_caching, max_model_len=limits.max_model_len,
                   reserve_output=not max_util, reserve_full_input=not chunked, async_scheduling=overlap)
+        if self.rel.dynamic_batch_tuning:  # the engine backend: the runtime batch size follows the KV capacity
+            from capacity.sched.continuous import ContinuousConfig
+            from capacity.sched.trt_dynamic import TrtDynamicBatchScheduler
+
+            TrtDynamicBatchScheduler(ContinuousConfig(**kw))  # type: ignore[arg-type]
+            return lambda: TrtDynamicBatchScheduler(ContinuousConfig(**kw))  # type: ignore[arg-type]
         make_scheduler("continuous", **kw)
         return lambda: make_scheduler("continuous", **kw)
 
     def async_scheduling(self, cfg: EngineConfig) -> bool:
-        """The overlap scheduler (on unless disable_overlap_scheduler)."""
-        return cfg.async_scheduling is not False
+        """The overlap scheduler (PyTorch backend: on unless disable_overlap_scheduler; the engine backend has
+        none)."""
+        if self.rel.engine_backend:
+            return False
+        if cfg.async_scheduling is None:
+            return self.rel.overlap_scheduler_default
+        return cfg.async_scheduling
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """The configured figure, else vLLM's STEP_OVERHEAD_S (2 ms): not measured for TensorRT-LLM."""
@@ -321,8 +344,9 @@ class Trtllm:
         extra = [f"kv_cache_config: {{max_tokens: {b.planning_tokens}, tokens_per_block: {b.block_size}, "
                  f"enable_block_reuse: {str(cfg.enable_prefix_caching).lower()}"
                  + (", dtype: fp8" if cfg.kv_cache_dtype == "fp8" else "") + "}",
-                 f"enable_chunked_prefill: {str(b.chunked_prefill).lower()}",
-                 f"disable_overlap_scheduler: {str(not self.async_scheduling(cfg)).lower()}"]
+                 f"enable_chunked_prefill: {str(b.chunked_prefill).lower()}"]
+        if not self.rel.engine_backend:
+            extra.append(f"disable_overlap_scheduler: {str(not self.async_scheduling(cfg)).lower()}")
         if cfg.kv_reservation == "prompt":
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:
@@ -330,7 +354,7 @@ class Trtllm:
         from capacity.engine.launch import model_reference, with_comment
 
         ref = model_reference(card, "trtllm")
-        cmd = " ".join([f"trtllm-serve {ref.model}", "--backend pytorch", f"--tp_size {b.tp}",
+        cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {self.rel.backend}", f"--tp_size {b.tp}",
                         f"--max_batch_size {b.max_num_seqs}", f"--max_num_tokens {b.max_num_batched_tokens}",
                         f"--max_seq_len {b.max_model_len}",
                         f"--kv_cache_free_gpu_memory_fraction {FREE_GPU_MEMORY_FRACTION}",
@@ -338,9 +362,13 @@ class Trtllm:
         return with_comment(ref, "echo '{" + ", ".join(extra) + "}' > extra.yaml && " + cmd)
 
     def launch_notes(self, cfg: EngineConfig) -> list[str]:
-        return [f"memory and defaults modelled on TensorRT-LLM {self.release} (PyTorch backend), read from its code; "
-                "the profile's terms are estimates not yet checked on a TensorRT-LLM log of this GPU: the plan "
-                "uses the conservative end"]
+        notes = [f"memory and defaults modelled on TensorRT-LLM {self.release} ({self.rel.backend} backend), read "
+                 "from its code; the profile's terms are estimates not yet checked on a TensorRT-LLM log of this "
+                 "GPU: the plan uses the conservative end"]
+        if self.rel.engine_backend:
+            notes.append("TensorRT engine backend: its memory is taken as the PyTorch backend's profile (the engine "
+                         "backend's own accounting is not modelled); its dynamic batch size tuning is simulated")
+        return notes
 
 
 __all__ = ["CUDA_GRAPH_SIZES", "FREE_GPU_MEMORY_FRACTION", "MAX_BATCH_SIZE", "MAX_NUM_TOKENS", "TOKENS_PER_BLOCK",

@@ -1,0 +1,114 @@
+"""What changes between TensorRT-LLM releases for `trtllm-serve MODEL` with no flags: which backend runs (the
+TensorRT engine backend or the PyTorch backend), its batch and token limits, the KV block size, and whether the
+engine backend's dynamic batch size tuning is on. docs/trtllm.md ("Defaults by release") has each term's file,
+function and where it was read.
+
+An engine string is `trtllm` (the current release, 1.1, its default PyTorch backend), `trtllm@0.20` (that
+release with the backend `trtllm-serve` picks by default) or `trtllm@VERSION:tensorrt` / `:pytorch` (the other
+backend, `--backend`).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Literal
+
+from capacity.errors import ConfigError
+
+Backend = Literal["pytorch", "tensorrt"]
+
+# Release lines modelled, oldest first, with the backend `trtllm-serve` runs when `--backend` is not given:
+# 0.17-0.20: `--backend` is click.Choice(["pytorch"]), default None, "Set to 'pytorch' for pytorch path. Default is
+#   cpp path." (tensorrt_llm/commands/serve.py; the 0.18.2 docs page commands/trtllm-serve.html prints it) -> the
+#   TensorRT engine backend; the PyTorch backend exists from 0.17 ("available in version 0.17 and later", torch.md).
+# 1.0, 1.1: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch".
+DEFAULT_BACKEND: dict[str, Backend] = {"0.17": "tensorrt", "0.18": "tensorrt", "0.19": "tensorrt",
+                                       "0.20": "tensorrt", "1.0": "pytorch", "1.1": "pytorch"}
+CURRENT = "1.1"
+# BuildConfig.max_batch_size / max_num_tokens: trtllm-serve's `--max_batch_size` / `--max_num_tokens` defaults are
+# BuildConfig's (`default=BuildConfig.max_batch_size`, later `BuildConfig.model_fields["max_batch_size"].default`),
+# 2048 and 8192 in every release line modelled (2048 from 0.14; 256 before, docs/trtllm.md)
+MAX_BATCH_SIZE = 2048
+MAX_NUM_TOKENS = 8192
+
+
+@dataclass(frozen=True)
+class TrtllmRelease:
+    """One release line and the backend it runs."""
+
+    version: str
+    backend: Backend
+
+    @property
+    def label(self) -> str:
+        base = f"trtllm@{self.version}"
+        return base if self.backend == DEFAULT_BACKEND[self.version] else f"{base}:{self.backend}"
+
+    @property
+    def engine_backend(self) -> bool:
+        return self.backend == "tensorrt"
+
+    @property
+    def max_batch_size(self) -> int:
+        return MAX_BATCH_SIZE
+
+    @property
+    def max_num_tokens(self) -> int:
+        return MAX_NUM_TOKENS
+
+    @property
+    def tokens_per_block(self) -> int:
+        """KvCacheConfig/engine tokens_per_block: 32 in the PyTorch backend; the engine backend's build default is
+        64 through 0.18 and 32 from 0.19 (paged context FMHA; docs/trtllm.md, the TensorRT engine backend)."""
+        if self.engine_backend and self.version in ("0.17", "0.18"):
+            return 64
+        return 32
+
+    @property
+    def _early(self) -> bool:
+        """0.17-0.18: trtllm-serve's `main` builds the LLM from LlmArgs.from_kwargs(build_config, kv_cache_config,
+        ...) with no SchedulerConfig and no PyTorchConfig (the LLM API's defaults)."""
+        return self.version in ("0.17", "0.18")
+
+    @property
+    def dynamic_batch_tuning(self) -> bool:
+        """From 0.19 trtllm-serve's `get_llm_args` passes SchedulerConfig(GUARANTEED_NO_EVICT, DynamicBatchConfig(
+        enable_batch_size_tuning=True, ...)); the tuner runs in the C++ executor (executorImpl.cpp forwardAsync),
+        i.e. the engine backend only."""
+        return self.engine_backend and not self._early
+
+    @property
+    def overlap_scheduler_default(self) -> bool:
+        """The PyTorch backend's overlap scheduler: off by default in 0.17-0.18 (PyTorchConfig's
+        enable_overlap_scheduler, which trtllm-serve does not set), set on by trtllm-serve from 0.19
+        (`PyTorchConfig(enable_overlap_scheduler=True) if backend == "pytorch"`), on by default in 1.x
+        (disable_overlap_scheduler False); the engine backend has none."""
+        return not self.engine_backend and not self._early
+
+
+def parse_trtllm(spec: str) -> TrtllmRelease:
+    """'trtllm', 'trtllm@0.20', 'trtllm@0.20.0', 'trtllm@1.1.0rc3', 'trtllm@1.0:tensorrt' -> a TrtllmRelease;
+    anything else is a one-line ConfigError naming it."""
+    m = re.fullmatch(r"trtllm(?:@(?P<ver>[^:]+))?(?::(?P<backend>[a-z_]+))?", spec.strip().lower())
+    if not m:
+        raise ConfigError(f"engine {spec!r}: expected trtllm, trtllm@X.Y or trtllm@X.Y:pytorch|tensorrt")
+    ver = m["ver"]
+    if ver in (None, "current", "latest"):
+        line = CURRENT
+    else:
+        v = re.fullmatch(r"v?(\d{1,3})\.(\d{1,3})(?:\.\d{1,3})?(?:rc\d+|\.post\d+)?", ver)
+        line = f"{int(v[1])}.{int(v[2])}" if v else ver
+        if line not in DEFAULT_BACKEND:
+            raise ConfigError(f"engine trtllm@{ver}: not modelled; known releases are "
+                              f"{', '.join(DEFAULT_BACKEND)} (use e.g. trtllm@0.20, or trtllm for {CURRENT})")
+    backend = m["backend"] or DEFAULT_BACKEND[line]
+    if backend == "trt":
+        backend = "tensorrt"
+    if backend not in ("pytorch", "tensorrt"):
+        raise ConfigError(f"engine {spec!r}: backend {backend!r}: use pytorch or tensorrt")
+    return TrtllmRelease(line, backend)  # type: ignore[arg-type]
+
+
+RELEASES = tuple(DEFAULT_BACKEND)
+
+__all__ = ["CURRENT", "DEFAULT_BACKEND", "RELEASES", "TrtllmRelease", "parse_trtllm"]
