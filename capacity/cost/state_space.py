@@ -1,0 +1,171 @@
+"""Step cost of a hybrid model's state layers (Mamba-2, Mamba, gated DeltaNet, short convolutions) on one TP rank.
+
+The roofline (capacity/cost/roofline.py) costs attention only on a hybrid's attention layers and calls this for
+the rest: per state layer, every op is max(flops / (peak x efficiency), bytes / (bandwidth x mem_bw_eff)) +
+a kernel launch, as the roofline's own ops. Terms, and the vLLM code each comes from (docs/hybrid.md):
+
+- in_proj / out_proj GEMMs (mamba_mixer2.py MambaMixer2.forward; gdn_linear_attn.py / qwen3_next.py
+  Qwen3NextGatedDeltaNet): 2 FLOPs per weight element per token, weights read once, the attention family's
+  dtype and efficiency (the loader files these tensors under "attention": capacity/model/weights.py).
+- the causal depthwise conv1d (ops/causal_conv1d.py causal_conv1d_fn on prefill, causal_conv1d_update on
+  decode): 2 x kernel FLOPs per channel per token; decode reads and writes the conv state (kernel - 1 columns).
+- prefill, Mamba-2: the SSD chunked scan (ops/ssd_combined.py _mamba_chunk_scan_combined_fwd) in chunks of the
+  config's chunk_size: _bmm_chunk_fwd (C B^T, 2 x groups x l^2 x N per chunk of l tokens), _chunk_state_fwd
+  (B^T x, 2 x heads x P x N per token), _state_passing_fwd (elementwise), _chunk_scan_fwd (C x states,
+  2 x heads x P x N per token, and the causal intra-chunk product, 2 x heads x P x l(l+1)/2 per chunk).
+- prefill, gated DeltaNet: fla/ops/chunk.py chunk_gated_delta_rule_fwd in chunks of 64, per value head and chunk
+  of l: chunk_scaled_dot_kkt_fwd (2 l^2 dk), solve_tril (l^3 / 3), recompute_w_u_fwd (2 l^2 (dk + dv)),
+  chunk_gated_delta_rule_fwd_h (4 l dk dv), chunk_fwd_o (2 l dk dv + 2 l^2 (dk + dv)).
+- prefill, Mamba (Jamba): ops/mamba_ssm.py selective_scan_fn, ~9 FLOPs per (channel, state) per token.
+- decode: the state update reads and writes the whole per-sequence state once per token (ops/mamba_ssm.py
+  selective_state_update; fla/ops/fused_recurrent.py fused_recurrent_gated_delta_rule): memory-bound.
+
+The scan kernels are Triton kernels whose achieved fraction of the tensor-core peak is not measured here:
+`RooflineParams.state_scan_flops_eff` is an assumption (0.3, plausible 0.15-0.6); decode is bandwidth-bound and
+does not depend on it. Plain typed Python (called from the compiled roofline; no pydantic, no third-party base).
+"""
+from __future__ import annotations
+
+from capacity.cost.roofline_params import RooflineParams
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU
+from capacity.model.weights import weight_bytes_per_rank
+from capacity.units import DTYPE_BYTES
+
+GDN_CHUNK = 64  # fla/ops/chunk.py chunk_gated_delta_rule_fwd: chunk_local_cumsum(g, chunk_size=64)
+
+
+class StateSpaceCost:
+    """The state layers of one hybrid model on one GPU at one TP size (all of them together, per rank)."""
+
+    def __init__(self, card: ModelCard, gpu: GPU, tp: int, params: RooflineParams, gemm_peak: float,
+                 gemm_eff: float, gemm_format: str) -> None:
+        st = card.state
+        assert st is not None
+        self.card = card
+        self.tp = tp
+        self.params = params
+        self.layers = st.num_layers
+        self.kind = st.kind
+        self._bw = gpu.mem_bw_bytes_per_s * params.mem_bw_eff
+        self._peak = gpu.peak_flops(card.dtype)
+        self._gemm_peak = gemm_peak
+        self._gemm_eff = gemm_eff
+        self._b = DTYPE_BYTES[card.dtype]  # activations and the conv state (vLLM's mamba_cache_dtype auto)
+        self.ssm_b = DTYPE_BYTES[st.ssm_dtype] if st.ssm_dtype else self._b  # the SSM / recurrent state
+        w = weight_bytes_per_rank(card, tp)
+        n = max(1, st.num_layers)
+        self._proj_w = (w.get("state_in_proj", 0.0) + w.get("state_x_proj", 0.0) + w.get("state_dt_proj", 0.0)
+                        + w.get("state_out_proj", 0.0)) / n
+        self._proj_elems = self._proj_w / DTYPE_BYTES[gemm_format]
+        conv_el, ssm_el = st.state_elements(tp)
+        k = st.conv_kernel - 1
+        self.conv_dim = conv_el // k if k else st.inner // tp  # channels of the depthwise conv on this rank
+        self.conv_state_bytes = float(conv_el) * self._b
+        self.ssm_state_bytes = float(ssm_el) * self.ssm_b
+        h = card.hidden_size
+        if st.kind == "mamba2":
+            self._heads, self._p, self._n = st.heads // tp, st.head_dim, st.state_size
+            ng = st.groups + (0 if st.groups % tp == 0 else tp - st.groups)
+            self._groups = ng // tp
+            self._inner = self._heads * self._p
+            self._proj_act = h + (2 * self._inner + 2 * self._groups * self._n + self._heads) + self._inner + h
+            self._chunk = st.chunk_size
+        elif st.kind == "gated_deltanet":
+            self._heads, self._p, self._n = st.heads // tp, st.head_dim, st.state_size  # value heads, dv, dk
+            self._groups = st.groups // tp
+            self._inner = self._heads * self._p
+            qk = self._groups * self._n
+            self._proj_act = h + (2 * qk + 2 * self._inner + 2 * self._heads) + self._inner + h
+            self._chunk = GDN_CHUNK
+        else:  # mamba (Mamba1), short_conv
+            self._heads, self._p, self._n = 1, st.inner // tp, st.state_size if st.kind == "mamba" else 0
+            self._groups = 0
+            self._inner = st.inner // tp
+            self._proj_act = h + 3 * self._inner + h
+            self._chunk = 1
+        self._prefill_memo: dict[int, float] = {}
+
+    # ---- primitives -------------------------------------------------------------------------------
+    def _op(self, flops: float, bytes_: float, peak: float, eff: float) -> float:
+        return max(flops / (peak * eff), bytes_ / self._bw) + self.params.kernel_launch_s
+
+    # ---- per layer ----------------------------------------------------------------------------------
+    def gemm_s(self, tokens: int) -> float:
+        """The projections of one state layer over `tokens` rows."""
+        if not tokens or not self._proj_w:
+            return 0.0
+        return self._op(2.0 * tokens * self._proj_elems, self._proj_w + tokens * self._proj_act * self._b,
+                        self._gemm_peak, self._gemm_eff)
+
+    def scan_flops(self, new: int) -> float:
+        """FLOPs of the chunked scan (and conv) of one sequence's `new` prefill tokens in one state layer."""
+        if new <= 0:
+            return 0.0
+        conv = 2.0 * (self.card.state.conv_kernel if self.card.state else 0) * self.conv_dim * new
+        H, P, N, G, Q = self._heads, self._p, self._n, self._groups, self._chunk
+        full, rest = divmod(new, Q)
+        lengths = [Q] * full + ([rest] if rest else [])
+        scan = 0.0
+        if self.kind == "mamba2":
+            for ln in lengths:
+                scan += 2.0 * G * ln * ln * N + 4.0 * H * P * N * ln + 2.0 * H * P * ln * (ln + 1) / 2
+        elif self.kind == "gated_deltanet":
+            for ln in lengths:
+                scan += H * (6.0 * ln * ln * N + 4.0 * ln * ln * P + ln ** 3 / 3 + 6.0 * ln * N * P)
+        elif self.kind == "mamba":
+            scan = 9.0 * self._inner * N * new
+        return conv + scan
+
+    def scan_bytes(self, new: int, cached: int) -> float:
+        """Bytes the conv and scan of one prefill chunk move: the conv's input and output, the scan's inputs (x, B,
+        C, dt / q, k, v, g, beta), its output, the per-chunk states (fp32, written and read back) and the final
+        state (read first where the sequence has cached tokens)."""
+        chunks = -(-new // self._chunk)
+        act = new * (2 * self.conv_dim + self.conv_dim + self._inner + self._heads) * self._b
+        inter = 2.0 * chunks * self._heads * self._p * self._n * 4 if self.kind != "short_conv" else 0.0
+        state = (self.ssm_state_bytes + self.conv_state_bytes) * (2 if cached else 1)
+        return act + inter + state
+
+    def prefill_s(self, new: int, cached: int) -> float:
+        """One state layer's conv + scan of one prefill chunk (kernels: conv, scan, gated norm)."""
+        key = new * 2 + (1 if cached else 0)
+        got = self._prefill_memo.get(key)
+        if got is None:
+            launches = 3.0 * self.params.kernel_launch_s
+            got = max(self.scan_flops(new) / (self._peak * self.params.state_scan_flops_eff),
+                      self.scan_bytes(new, cached) / self._bw) + launches
+            self._prefill_memo[key] = got
+        return got
+
+    def decode_state_bytes(self) -> float:
+        """Bytes one decoding sequence moves in one state layer: the SSM state and conv state each read and written
+        once, plus the token's activations (conv in/out, scan inputs and output)."""
+        act = (2 * self.conv_dim + self.conv_dim + self._inner + self._heads) * self._b
+        return 2.0 * (self.ssm_state_bytes + self.conv_state_bytes) + act
+
+    def decode_flops(self) -> float:
+        """FLOPs of one decoding sequence in one state layer: ~5 per SSM state element (decay, B x, C h), 7 for
+        gated DeltaNet (decay, k^T h, the rank-1 update, q h), 2 x kernel per conv channel."""
+        k = self.card.state.conv_kernel if self.card.state else 0
+        per_el = 7.0 if self.kind == "gated_deltanet" else 5.0
+        return per_el * self.ssm_state_bytes / self.ssm_b + 2.0 * k * self.conv_dim
+
+    def decode_s(self, seqs: int, queries: int = 1) -> float:
+        """One state layer's conv update + state update for `seqs` decoding sequences (one batched kernel each)."""
+        if seqs <= 0:
+            return 0.0
+        return self._op(seqs * queries * self.decode_flops(), seqs * self.decode_state_bytes(), self._peak,
+                        self.params.attn_flops_eff) + self.params.kernel_launch_s
+
+    # ---- the step -----------------------------------------------------------------------------------
+    def scan_step_s(self, prefills: list[tuple[int, int]], decodes: int, queries: int = 1) -> float:
+        """All state layers' conv + scan for a step's prefill chunks ((new, cached) each) and decoding sequences."""
+        t = 0.0
+        for new, cached in prefills:
+            t += self.prefill_s(new, cached)
+        t += self.decode_s(decodes, queries)
+        return self.layers * t
+
+    def gemm_step_s(self, tokens: int) -> float:
+        return self.layers * self.gemm_s(tokens)
