@@ -91,11 +91,15 @@ class StateSpaceCost:
         return max(flops / (peak * eff), bytes_ / self._bw) + self.params.kernel_launch_s
 
     # ---- per layer ----------------------------------------------------------------------------------
+    def gemm_flops(self, tokens: int) -> float:
+        """FLOPs of one state layer's projections over `tokens` rows (2 per weight element per token)."""
+        return 2.0 * tokens * self._proj_elems
+
     def gemm_s(self, tokens: int) -> float:
         """The projections of one state layer over `tokens` rows."""
         if not tokens or not self._proj_w:
             return 0.0
-        return self._op(2.0 * tokens * self._proj_elems, self._proj_w + tokens * self._proj_act * self._b,
+        return self._op(self.gemm_flops(tokens), self._proj_w + tokens * self._proj_act * self._b,
                         self._gemm_peak, self._gemm_eff)
 
     def scan_flops(self, new: int) -> float:
@@ -169,3 +173,14 @@ class StateSpaceCost:
 
     def gemm_step_s(self, tokens: int) -> float:
         return self.layers * self.gemm_s(tokens)
+
+
+def state_note(card: ModelCard, profile: str | None = None) -> list[str]:
+    """What a roofline run of a hybrid assumes about its state layers (printed with every simulation of one)."""
+    st = card.state
+    if st is None or profile is not None:
+        return []
+    eff = RooflineParams().state_scan_flops_eff
+    return [f"hybrid: {st.num_layers} {st.kind} state layers costed as docs/hybrid.md derives from vLLM's kernels "
+            f"(prefill scan at {eff:g} of the GPU's peak, an assumption: 0.15-0.6 plausible; decode reads and writes "
+            f"each sequence's state, bandwidth-bound); attention on {card.num_kv_layers} layers only"]
