@@ -48,7 +48,6 @@ class RooflineCost:
         self._fam_eff = {f: self._gemm_eff(d) for f, d in self.gemm_dtypes.items()}
         self.source = f"roofline ({self.gpu.name} datasheet x efficiencies, {describe(self.card, self.gpu)})"
         w = weight_bytes_per_rank(self.card, self.tp)
-        L = self.card.num_layers
         self._La = self.card.num_kv_layers  # attention layers: all of them but a hybrid's state layers
         # Per-layer weight bytes of each GEMM family on this rank.
         attn_names = ("q_proj", "kv_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")

@@ -84,7 +84,7 @@ class StateSpaceCost:
             self._inner = st.inner // tp
             self._proj_act = h + 3 * self._inner + h
             self._chunk = 1
-        self._prefill_memo: dict[int, float] = {}
+        self._prefill_memo: dict[int, tuple[float, float]] = {}
 
     # ---- primitives -------------------------------------------------------------------------------
     def _op(self, flops: float, bytes_: float, peak: float, eff: float) -> float:
@@ -123,24 +123,38 @@ class StateSpaceCost:
 
     def scan_bytes(self, new: int, cached: int) -> float:
         """Bytes the conv and scan of one prefill chunk move: the conv's input and output, the scan's inputs (x, B,
-        C, dt / q, k, v, g, beta), its output, the per-chunk states (fp32, written and read back) and the final
-        state (read first where the sequence has cached tokens)."""
+        C, dt / q, k, v, g, beta), its output, the per-chunk intermediates and the final state (read first where the
+        sequence has cached tokens). Mamba-2: the chunk states in fp32, written by _chunk_state_fwd, read and
+        written by _state_passing_fwd, read by _chunk_scan_fwd (4 passes), and C B^T in fp32 (_bmm_chunk_fwd writes,
+        _chunk_scan_fwd reads). Gated DeltaNet: h per chunk in the activation dtype, written by
+        chunk_gated_delta_rule_fwd_h and read by chunk_fwd_o. Mamba-1's selective_scan_fn keeps its states on chip."""
         chunks = -(-new // self._chunk)
         act = new * (2 * self.conv_dim + self.conv_dim + self._inner + self._heads) * self._b
-        inter = 2.0 * chunks * self._heads * self._p * self._n * 4 if self.kind != "short_conv" else 0.0
+        states = float(chunks * self._heads * self._p * self._n)
+        inter = 0.0
+        if self.kind == "mamba2":
+            inter = 4 * states * 4 + 2.0 * chunks * self._groups * self._chunk * self._chunk * 4
+        elif self.kind == "gated_deltanet":
+            inter = 2 * states * self._b
         state = (self.ssm_state_bytes + self.conv_state_bytes) * (2 if cached else 1)
         return act + inter + state
 
-    def prefill_s(self, new: int, cached: int) -> float:
-        """One state layer's conv + scan of one prefill chunk (kernels: conv, scan, gated norm)."""
-        key = new * 2 + (1 if cached else 0)
-        got = self._prefill_memo.get(key)
-        if got is None:
-            launches = 3.0 * self.params.kernel_launch_s
-            got = max(self.scan_flops(new) / (self._peak * self.params.state_scan_flops_eff),
-                      self.scan_bytes(new, cached) / self._bw) + launches
-            self._prefill_memo[key] = got
-        return got
+    def prefill_s(self, chunks: list[tuple[int, int]]) -> float:
+        """One state layer's conv + scan of a step's prefill chunks ((new, cached) each): vLLM runs each kernel once
+        over all of them (varlen, cu_seqlens), so FLOPs and bytes add up and the launches (conv, scan, gated
+        norm) are paid once."""
+        if not chunks:
+            return 0.0
+        flops = bytes_ = 0.0
+        for new, cached in chunks:
+            key = new * 2 + (1 if cached else 0)
+            got = self._prefill_memo.get(key)
+            if got is None:
+                got = self._prefill_memo[key] = (self.scan_flops(new), self.scan_bytes(new, cached))
+            flops += got[0]
+            bytes_ += got[1]
+        return (max(flops / (self._peak * self.params.state_scan_flops_eff), bytes_ / self._bw)
+                + 3.0 * self.params.kernel_launch_s)
 
     def decode_state_bytes(self) -> float:
         """Bytes one decoding sequence moves in one state layer: the SSM state and conv state each read and written
@@ -165,11 +179,7 @@ class StateSpaceCost:
     # ---- the step -----------------------------------------------------------------------------------
     def scan_step_s(self, prefills: list[tuple[int, int]], decodes: int, queries: int = 1) -> float:
         """All state layers' conv + scan for a step's prefill chunks ((new, cached) each) and decoding sequences."""
-        t = 0.0
-        for new, cached in prefills:
-            t += self.prefill_s(new, cached)
-        t += self.decode_s(decodes, queries)
-        return self.layers * t
+        return self.layers * (self.prefill_s(prefills) + self.decode_s(decodes, queries))
 
     def gemm_step_s(self, tokens: int) -> float:
         return self.layers * self.gemm_s(tokens)
