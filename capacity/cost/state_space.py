@@ -107,19 +107,22 @@ class StateSpaceCost:
         if new <= 0:
             return 0.0
         conv = 2.0 * (self.card.state.conv_kernel if self.card.state else 0) * self.conv_dim * new
-        H, P, N, G, Q = self._heads, self._p, self._n, self._groups, self._chunk
-        full, rest = divmod(new, Q)
-        lengths = [Q] * full + ([rest] if rest else [])
-        scan = 0.0
-        if self.kind == "mamba2":
-            for ln in lengths:
-                scan += 2.0 * G * ln * ln * N + 4.0 * H * P * N * ln + 2.0 * H * P * ln * (ln + 1) / 2
-        elif self.kind == "gated_deltanet":
-            for ln in lengths:
-                scan += H * (6.0 * ln * ln * N + 4.0 * ln * ln * P + ln ** 3 / 3 + 6.0 * ln * N * P)
-        elif self.kind == "mamba":
-            scan = 9.0 * self._inner * N * new
+        full, rest = divmod(new, self._chunk)
+        scan = full * self._chunk_flops(self._chunk) + self._chunk_flops(rest)
+        if self.kind == "mamba":
+            scan = 9.0 * self._inner * self._n * new
         return conv + scan
+
+    def _chunk_flops(self, ln: int) -> float:
+        """The chunked scan's FLOPs for one chunk of `ln` tokens (module docstring; 0 for Mamba-1 and short convs)."""
+        H, P, N, G = self._heads, self._p, self._n, self._groups
+        if ln <= 0:
+            return 0.0
+        if self.kind == "mamba2":
+            return 2.0 * G * ln * ln * N + 4.0 * H * P * N * ln + 2.0 * H * P * ln * (ln + 1) / 2
+        if self.kind == "gated_deltanet":
+            return H * (6.0 * ln * ln * N + 4.0 * ln * ln * P + ln ** 3 / 3 + 6.0 * ln * N * P)
+        return 0.0
 
     def scan_bytes(self, new: int, cached: int) -> float:
         """Bytes the conv and scan of one prefill chunk move: the conv's input and output, the scan's inputs (x, B,
