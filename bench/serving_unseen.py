@@ -223,7 +223,7 @@ def main() -> None:
         "data": str((DATA / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group,
         "host": {"cpu": host_cpu(), "machine": platform.machine(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **res}, indent=1) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out}")
 
 
 if __name__ == "__main__":
