@@ -8,8 +8,8 @@ main engineer (`--group heldout`). No constant of the model was tuned to either.
 For each run the bench builds the `capacity simulate` command a user would type from the published settings
 (`simulate_args`) and runs it as its own process with `--json`:
 
-- model: the run's `card` (a bundled card name or an HF config.json under tests/data/hf) and `weight_dtype` where
-  the checkpoint is a quantised one of the card's shapes, GPU, TP, the engine release (`engine_arg`; an
+- model: the run's `card` (a bundled card name or an HF config.json under tests/data) and `weight_dtype` where
+  the checkpoint is a quantised one of the card's shapes (`kv_dtype`: the server's --kv-cache-dtype), GPU, TP, the engine release (`engine_arg`; an
   assumption where the source states none, see each run's notes);
 - DP > 1: that many replicas behind a least-outstanding router (vLLM's data-parallel load balancer);
 - lengths: fixed at the published input and output lengths (`vllm bench serve` / `sglang.bench_serving` random
@@ -104,6 +104,8 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
         a += ["--engine", str(run["engine_arg"])]
     if run.get("weight_dtype"):  # a quantised checkpoint of a card's shapes (AWQ: int4, groups of 128)
         a += ["--weight-dtype", str(run["weight_dtype"])]
+    if run.get("kv_dtype"):  # the server's --kv-cache-dtype, where the source states one
+        a += ["--kv-dtype", str(run["kv_dtype"])]
     if int(run.get("dp") or 1) > 1:
         a += ["--replicas", str(run["dp"]), "--router", "least_outstanding"]
     rate, conc = run.get("request_rate"), run.get("max_concurrency")
@@ -221,7 +223,7 @@ def main() -> None:
         "data": str((DATA / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group,
         "host": {"cpu": host_cpu(), "machine": platform.machine(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **res}, indent=1) + "\n")
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out}")
 
 
 if __name__ == "__main__":

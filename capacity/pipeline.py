@@ -23,6 +23,7 @@ import numpy as np
 
 from capacity import steady as steady_notes
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
+from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, get_engine, speculative
 from capacity.engine.config import EngineConfig
 from capacity.engine.offload import offloading
@@ -390,7 +391,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     b = p.budget
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
-    notes += p.engine_model.launch_notes(dep.engine)
+    notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
     if dep.engine.speculative is not None:
         from capacity.engine.speculative import run_notes
 

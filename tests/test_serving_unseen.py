@@ -101,7 +101,11 @@ def test_commands_follow_the_published_settings():
     assert c[c.index("--arrival") + 1] == "poisson" and c[c.index("--rate") + 1] == "2"
     assert c[c.index("--max-concurrency") + 1] == "16"
     with pytest.raises(ValueError, match="not expressible"):
-        su.simulate_args(_run("recipe-nemotron-3-nano-30b-a3b-fp8-h200-c1024"))
+        su.simulate_args(_run("recipe-seed-oss-36b-rtx3090-tp8-rate2"))
+    # the hybrid run: the BF16 config's shapes as the FP8 checkpoint, with the server's FP8 KV cache
+    n = su.simulate_args(_run("recipe-nemotron-3-nano-30b-a3b-fp8-h200-c1024"))
+    assert n[n.index("--weight-dtype") + 1] == "fp8" and n[n.index("--kv-dtype") + 1] == "fp8"
+    assert n[n.index("--users") + 1] == "1024" and n[n.index("-g") + 1] == "h200"
 
 
 @pytest.mark.parametrize("group", su.GROUPS)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capacity.cost.roofline_params import RooflineParams
+from capacity.cost.state_space import StateSpaceCost
 from capacity.cost.step import StepPlan
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -47,13 +48,13 @@ class RooflineCost:
         self._fam_eff = {f: self._gemm_eff(d) for f, d in self.gemm_dtypes.items()}
         self.source = f"roofline ({self.gpu.name} datasheet x efficiencies, {describe(self.card, self.gpu)})"
         w = weight_bytes_per_rank(self.card, self.tp)
-        L = self.card.num_layers
+        self._La = self.card.num_kv_layers  # attention layers: all of them but a hybrid's state layers
         # Per-layer weight bytes of each GEMM family on this rank.
         attn_names = ("q_proj", "kv_proj", "o_proj", "q_a_proj", "q_b_proj", "kv_a_proj", "kv_b_proj")
         attn_w = 0.0  # a loop, not sum(): sum() of floats is compensated from Python 3.12 on, a compiled loop not
         for n in attn_names:
             attn_w += w.get(n, 0.0)
-        self._attn_w = attn_w / L
+        self._attn_w = attn_w / max(1, self._La)
         self._dense_w = (w.get("mlp_gate_up", 0.0) + w.get("mlp_down", 0.0)) / max(1, self.card.num_dense_layers)
         moe_layers = max(1, self.card.num_moe_layers)
         self._shared_w = (w.get("shared_gate_up", 0.0) + w.get("shared_down", 0.0)) / moe_layers
@@ -80,6 +81,10 @@ class RooflineCost:
         # ideal decode attention of one layer = keys x this + launch (both roofline terms scale with keys)
         self._decode_s_per_key = max(self._per_key_flops / (self._attn_peak * p.attn_flops_eff),
                                      self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
+        self._state: StateSpaceCost | None = None  # a hybrid's state layers (capacity/cost/state_space.py)
+        if c.state is not None:
+            self._state = StateSpaceCost(c, self.gpu, self.tp, p, self._fam_peak["attention"],
+                                         self._fam_eff["attention"], c.format_of("attention"))
 
     def _gemm_eff(self, dtype: str) -> float:
         """gemm_flops_eff, capped by what this GPU's engine kernels were measured to reach in `dtype`."""
@@ -98,7 +103,7 @@ class RooflineCost:
 
         c = self.card
         h = c.hidden_size
-        L = c.num_layers
+        L = self._La
         groups: dict[str, list[tuple[str, float, bool]]] = {  # (tensor, layers, input is the hidden state)
             "dense_mlp": [("mlp_gate_up", c.num_dense_layers, True), ("mlp_down", c.num_dense_layers, False)],
             "shared_experts": [("shared_gate_up", c.num_moe_layers, True), ("shared_down", c.num_moe_layers, False)]}
@@ -242,7 +247,9 @@ class RooflineCost:
     def decode_step_s(self, batch: int, keys: int) -> float:
         """A decode-only step of `batch` sequences reading `keys` keys in total (sum of context + 1)."""
         gemm, norms, comm, samp = self._terms(batch, batch)
-        attn = self.card.num_layers * (keys * self._decode_s_per_key + self.params.kernel_launch_s)
+        attn = self._La * (keys * self._decode_s_per_key + self.params.kernel_launch_s)
+        if self._state is not None:
+            attn += self._state.scan_step_s([], batch)
         return gemm + norms + comm + samp + attn + self.params.step_overhead_s
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
@@ -258,27 +265,39 @@ class RooflineCost:
         if plan.decode_contexts:
             keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
             attn += keys * self._decode_key_s(plan.decode_queries) + self.params.kernel_launch_s
-        return {"gemm": gemm, "attention": self.card.num_layers * attn, "norms": norms, "communication": comm,
-                "sampling": samp, "overhead": self.params.step_overhead_s}
+        out = {"gemm": gemm, "attention": self._La * attn, "norms": norms, "communication": comm,
+               "sampling": samp, "overhead": self.params.step_overhead_s}
+        if self._state is not None:
+            out["state"] = self._state_scan_s(plan)
+        return out
+
+    def _state_scan_s(self, plan: StepPlan) -> float:
+        assert self._state is not None
+        chunks = [(p.new_tokens, p.cached_tokens) for p in plan.prefills]
+        return self._state.scan_step_s(chunks, len(plan.decode_contexts), plan.decode_queries)
 
     def _breakdown_full(self, plan: StepPlan, n: int, s: int) -> dict[str, float]:
         c = self.card
         h = c.hidden_size
-        gemm_attn = self._gemm(n, self._attn_w, 4 * h, "attention")
+        gemm_attn = self._gemm(n, self._attn_w, 4 * h, "attention") if self._La else 0.0
         attn = self._attention_s(plan)
         norms = self._op(0.0, 6 * n * h * self._b, 1.0) * 2  # two RMSNorms (+rope) of read/write passes
         mlp = (c.num_dense_layers * self._mlp_s(n, False) if c.num_dense_layers else 0.0) + (
             c.num_moe_layers * self._mlp_s(n, True) if c.num_moe_layers else 0.0)
         lm = self._gemm(s, self._lm_w, h + c.vocab_size / self.tp) if s else 0.0
         sampler = self._op(0.0, s * c.vocab_size * self.params.sampler_bytes_per_logit, 1.0) if s else 0.0
-        return {
-            "gemm": c.num_layers * gemm_attn + mlp + lm,
-            "attention": c.num_layers * attn,
+        out = {
+            "gemm": self._La * gemm_attn + mlp + lm,
+            "attention": self._La * attn,
             "norms": c.num_layers * norms,
             "communication": c.num_layers * self._allreduce_s(n),
             "sampling": sampler,
             "overhead": self.params.step_overhead_s,
         }
+        if self._state is not None:  # the state layers' projections (GEMMs) and their conv + scan
+            out["gemm"] += self._state.gemm_step_s(n)
+            out["state"] = self._state_scan_s(plan)
+        return out
 
     def step_s(self, plan: StepPlan) -> float:
         return math.fsum(self.breakdown(plan).values())
@@ -291,7 +310,7 @@ class RooflineCost:
         b = len(contexts)
         if self.params.attention == "ideal":
             return (self.decode_step_s(b, sum(contexts) + b),
-                    self.card.num_layers * self._decode_s_per_key * b)
+                    self._La * self._decode_s_per_key * b)
         f0 = self.step_s(StepPlan(decode_contexts=tuple(contexts)))
         f1 = self.step_s(StepPlan(decode_contexts=tuple(c + 1 for c in contexts)))
         return f0, f1 - f0

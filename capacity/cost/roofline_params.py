@@ -29,6 +29,9 @@ class RooflineParams(BaseModel):
     allreduce_latency_s: Secs = 8e-6  # per all-reduce, on top of the bandwidth term
     step_overhead_s: Secs = 2e-3  # scheduler, input preparation, detokenisation per step
     sampler_bytes_per_logit: NonNeg = 12.0  # fp32 logits, softmax, noise: read+write passes per logit
+    # A hybrid's chunked state-space / linear-attention scans (Triton SSD and FLA kernels; capacity/cost/state_space.py):
+    # an assumption, not measured (plausible 0.15-0.6); decode's state update is bandwidth-bound and ignores it
+    state_scan_flops_eff: Eff = 0.30
     attention: Literal["ideal", "dense_packed"] = "ideal"
     # FP8 KV on Hopper/Blackwell: attention multiplies in FP8 (FlashAttention-3 and TRT-LLM's FMHA quantise q too)
     fp8_attention: bool = True

@@ -84,6 +84,7 @@ class StateLayers(_Frozen):
     head_dim: PosInt = 1  # mamba2 head dim; gated_deltanet value head dim
     dt_rank: NonNegInt = 0  # mamba (Mamba1): the rank of the time-step projection
     ssm_dtype: Literal["bf16", "fp16", "fp32"] | None = None  # the checkpoint config's state dtype, where it names one
+    chunk_size: PosInt = 256  # mamba2: the SSD scan's chunk (vLLM get_mamba_chunk_size: mamba_chunk_size or chunk_size)
     parallel: bool = False  # Falcon-H1: every layer holds attention and a state layer side by side
 
     def state_elements(self, tp: int = 1) -> tuple[int, int]:

@@ -230,6 +230,7 @@ def _hybrid(text: dict, tmt: str, card: dict, need, source: str) -> None:
         card["state"] = {"kind": "mamba2", "num_layers": pattern.count("M"), "conv_kernel": need("conv_kernel"),
                          "inner": heads * hd, "groups": text.get("n_groups") or need("mamba_n_groups"),
                          "state_size": need("ssm_state_size"), "heads": heads, "head_dim": hd,
+                         "chunk_size": text.get("mamba_chunk_size") or text.get("chunk_size") or 256,
                          "ssm_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(ssm)}
         card.update(attention_layers=pattern.count("*"), dense_mlp_layers=pattern.count("-"),
                     moe_layers=pattern.count("E"), gated_mlp=False, norms_per_layer=1)
@@ -250,7 +251,7 @@ def _hybrid(text: dict, tmt: str, card: dict, need, source: str) -> None:
         card["state"] = {"kind": "mamba2", "num_layers": types.count("mamba"), "conv_kernel": need("mamba_d_conv"),
                          "inner": need("mamba_expand") * card["hidden_size"], "groups": need("mamba_n_groups"),
                          "state_size": need("mamba_d_state"), "heads": need("mamba_n_heads"),
-                         "head_dim": need("mamba_d_head"),
+                         "head_dim": need("mamba_d_head"), "chunk_size": text.get("mamba_chunk_size") or 256,
                          "ssm_dtype": {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}.get(ssm)}
         card["attention_layers"] = types.count("attention")
         shared = text.get("shared_intermediate_size")
