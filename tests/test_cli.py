@@ -61,6 +61,8 @@ def test_fleet_runs_on_bundled_card():
     (["--model", "models/llama-3.1-8b.yaml", "--gpu", "a10g"], "largest max_model_len sure to fit"),
     (["--model", "models/llama-3.1-8b.yaml", "--activation-gib", "nan"], "--activation-gib"),
     (["--model", "nope.yaml"], "no such file or bundled card"),
+    (["--model", "configs/missing.json"], "model 'configs/missing.json': no such file or bundled card"),
+    (["--model", "org/missing-model-7b"], "no bundled card carries this Hugging Face id"),
     (["--model", "models/llama-3.1-8b.yaml", "--tp", "two"], "Invalid value for '--tp'"),
 ])
 def test_bad_input_is_one_line_exit_1(args, needle):
