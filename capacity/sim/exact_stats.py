@@ -15,6 +15,7 @@ either shows there first.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,8 @@ def linregress_greater(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     n = len(x)
     if n < 2 or np.amax(x) == np.amin(x):
         raise ValueError("linregress needs two or more points with distinct x")
-    ssxm, ssxym, _, ssym = np.cov(x, y, bias=1).flat
+    ssxm, ssxym, _, ssym = np.cov(x, y, bias=True).flat  # scipy passes bias=1: the same (ddof 0)
+    r: Any
     if ssxm == 0.0 or ssym == 0.0:
         r = np.asarray(np.nan if ssxym == 0 else 0.0)[()]
     else:
