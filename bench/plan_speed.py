@@ -10,7 +10,8 @@ from this checkout (`PYTHONPATH` = its root, so the build is this tree's: compil
 to the sources, pure Python otherwise): the README's default plan, the README's 70B plan, a 3-GPU comparison and
 a 3-engine comparison of the default question. Target (issue 53): a single plan under 5 s, a comparison under
 30 s, on 2 idle cores. The machine may be shared: each row records the load average before and after it, and
-the wall time is as measured (compare rows of one run, not runs on differently loaded machines). Each row also
+the wall time is as measured (compare rows of one run, not runs on differently loaded machines); the CPU time
+(the command and its pool workers) moves less with the load. Each row also
 records the answer's digest (the `--json` output less its timing fields), so two runs, before and after a change,
 show whether any answer moved.
 
@@ -23,6 +24,7 @@ import argparse
 import hashlib
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -61,9 +63,12 @@ def question(name: str, args: list[str], target: float) -> dict:
     cmd = [sys.executable, "-c", "from capacity.cli import main; main()", "plan", *args, "--no-cache", "--json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     load0 = os.getloadavg()[0]
+    ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     wall = time.perf_counter() - t0
+    ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)  # the command and its pool workers, once reaped
+    cpu = (ru1.ru_utime - ru0.ru_utime) + (ru1.ru_stime - ru0.ru_stime)
     if p.returncode:
         raise SystemExit(f"{name}: exit {p.returncode}: {p.stderr.strip()[-400:]}")
     out = json.loads(p.stdout)
@@ -72,7 +77,7 @@ def question(name: str, args: list[str], target: float) -> dict:
         said = f"{best['gpus']} x {best['gpu']}" + (f" ({best['engine']})" if best.get("engine") else "")
     else:
         said = f"{out['gpus']} x {out['gpu']} (tp={out['tp']})"
-    return {"run": name, "command": "capacity plan " + " ".join(args) + " --no-cache --json", "wall_s": wall,
+    return {"run": name, "command": "capacity plan " + " ".join(args) + " --no-cache --json", "wall_s": wall, "cpu_s": cpu,
             "plan_wall_s": out["wall_s"], "simulations": out["simulations"], "answer": said,
             "answer_digest": answer_digest(out), "target_s": target, "met": wall < target,
             "load_before": round(load0, 2), "load_after": round(os.getloadavg()[0], 2)}
@@ -119,7 +124,7 @@ def main() -> int:
     from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = Console(width=max(Console().width, 150))
     cores = os.cpu_count() or 1
     res: dict = {"cores": cores, "cpu": host_cpu(), "build": build(), "date": time.strftime("%Y-%m-%d %H:%M %Z"),
                  "load_average_start": [round(x, 2) for x in os.getloadavg()]}
@@ -128,10 +133,11 @@ def main() -> int:
         res["questions"] = rows
         t = Table(title=f"capacity plan, 4 questions ({res['build']}, {cores} cores, {res['cpu']}; fresh process, "
                         "cache off)", title_justify="left")
-        for c in ("question", "simulations", "wall s", "target s", "load before/after", "answer", "answer digest"):
+        for c in ("question", "simulations", "wall s", "CPU s", "target s", "load before/after", "answer",
+                  "answer digest"):
             t.add_column(c, justify="left" if c in ("question", "answer") else "right")
         for r in rows:
-            t.add_row(r["run"], str(r["simulations"]), f"{r['wall_s']:.1f}", f"< {r['target_s']}",
+            t.add_row(r["run"], str(r["simulations"]), f"{r['wall_s']:.1f}", f"{r['cpu_s']:.1f}", f"< {r['target_s']}",
                       f"{r['load_before']:.1f}/{r['load_after']:.1f}", r["answer"], r["answer_digest"])
         con.print(t)
         res["met"] = all(r["met"] for r in rows)
