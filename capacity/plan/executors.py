@@ -212,6 +212,7 @@ class PoolExecutor(Executor):
         super().__init__(**kw)
         self.workers = workers or os.cpu_count() or 1
         self._pool = None
+        self._used = False  # whether a task went to the pool (a prestarted pool may have run none: cached)
 
     def _map(self, tasks, idx):
         from concurrent.futures import as_completed
@@ -221,6 +222,7 @@ class PoolExecutor(Executor):
             return
         if self._pool is None:
             self._pool = worker_pool(self.workers)
+        self._used = True
         futs: dict = {}
         try:
             with _bar(len(tasks), self.progress, self.phases.label) as bar:
@@ -248,7 +250,7 @@ class PoolExecutor(Executor):
     def close(self, wait: bool = True) -> None:
         self.phases.end()
         if self._pool is not None:
-            stop_pool(self._pool, wait)
+            stop_pool(self._pool, wait and self._used)  # workers that never got a task: end them, do not wait
             self._pool = None
 
 
