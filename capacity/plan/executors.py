@@ -94,6 +94,9 @@ class Executor:
     def _map(self, tasks: list[SimTask], idx: list[int]) -> Iterable[tuple[int, TaskResult]]:
         raise NotImplementedError
 
+    def prestart(self) -> None:
+        """Get ready for simulations soon to come (the pool starts its workers); nothing to do here."""
+
     def close(self) -> None:
         self.phases.end()
 
@@ -142,13 +145,44 @@ def _worker_init() -> None:
         pass
 
 
-def worker_pool(workers: int):
+def _warm_worker_init() -> None:
+    """`_worker_init`, then the imports a simulation needs (the run pipeline, scipy.special's t distribution:
+    the parent has the first, `PoolExecutor.prestart`), so that a worker started early pays them while the
+    parent is still busy."""
+    _worker_init()
+    try:
+        import scipy.special  # noqa: F401
+
+        import capacity.pipeline  # noqa: F401
+    except ImportError:  # the first task will say what is missing
+        pass
+
+
+def _noop() -> None:
+    return None
+
+
+def worker_pool(workers: int, warm: bool = False):
     """The one way this tool starts a process pool (the sweep's, the planner's, fleet-day's): workers that die
     with the command (see _worker_init). End it with `stop_pool` on an error or Ctrl-C, not a `with` block,
-    which would wait for the running tasks."""
+    which would wait for the running tasks. `warm`: the workers start now and import what a simulation needs
+    while the caller goes on (`_warm_worker_init`)."""
     from concurrent.futures import ProcessPoolExecutor
 
-    return ProcessPoolExecutor(workers, initializer=_worker_init)
+    pool = ProcessPoolExecutor(workers, initializer=_warm_worker_init if warm else _worker_init)
+    if warm:
+        pool.submit(_noop)  # a pool starts its workers at the first submission (all of them, under fork)
+    return pool
+
+
+def by_size(tasks: list[SimTask], idx: list[int]) -> list[tuple[int, SimTask]]:
+    """The tasks largest first (requests x replicas, the longest simulations: a frontier's closed loops of
+    a thousand users), so that the last task to finish is a short one and no core idles through a long tail.
+    The order tasks run in changes no result: each is its own seeded simulation, returned by index."""
+    def size(t: SimTask) -> int:
+        return int(t.workload.get("num_requests") or 0) * max(1, t.replicas)
+
+    return sorted(zip(idx, tasks), key=lambda it: -size(it[1]))  # stable: equal sizes keep their order
 
 
 def stop_pool(pool, wait: bool = False) -> None:
@@ -178,6 +212,7 @@ class PoolExecutor(Executor):
         super().__init__(**kw)
         self.workers = workers or os.cpu_count() or 1
         self._pool = None
+        self._used = False  # whether a task went to the pool (a prestarted pool may have run none: cached)
 
     def _map(self, tasks, idx):
         from concurrent.futures import as_completed
@@ -187,11 +222,12 @@ class PoolExecutor(Executor):
             return
         if self._pool is None:
             self._pool = worker_pool(self.workers)
+        self._used = True
         futs: dict = {}
         try:
             with _bar(len(tasks), self.progress, self.phases.label) as bar:
                 t = bar.add_task("", total=len(tasks)) if bar else None
-                futs = {self._pool.submit(run_task, task): i for i, task in zip(idx, tasks)}
+                futs = {self._pool.submit(run_task, task): i for i, task in by_size(tasks, idx)}
                 for f in as_completed(futs):
                     yield futs[f], f.result()  # re-raises the task's own error
                     if bar:
@@ -202,10 +238,19 @@ class PoolExecutor(Executor):
             self.close(wait=False)
             raise
 
+    def prestart(self) -> None:
+        """Start the workers now, importing what a simulation needs while the caller sets up its first tasks
+        (a plan's budgets, its first capacity loop, which runs here): the pool's start-up, a second or more of
+        CPU per worker, is then off the plan's critical path."""
+        if self._pool is None and self.workers > 1:
+            import capacity.pipeline  # noqa: F401  (the parent runs single tasks itself: forked workers inherit it)
+
+            self._pool = worker_pool(self.workers, warm=True)
+
     def close(self, wait: bool = True) -> None:
         self.phases.end()
         if self._pool is not None:
-            stop_pool(self._pool, wait)
+            stop_pool(self._pool, wait and self._used)  # workers that never got a task: end them, do not wait
             self._pool = None
 
 

@@ -232,6 +232,7 @@ class Planner:
     def make(self) -> Plan:
         sc, card, gpu = self.sc, self.card, self.gpu
         sc.workload.check_context(*context_of(sc.engine, card))
+        getattr(self.ex, "prestart", lambda: None)()  # a pool's workers start while the first budgets are worked out
         tps = tp_sizes(self)
         dp = sc.engine.data_parallel_size  # GPUs of a replica: tp x dp
         searches: list[RateSearch] = []
