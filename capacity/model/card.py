@@ -404,7 +404,7 @@ def resolve_model_path(name_or_path: str) -> Path:
     for cand in (MODELS_DIR / f"{name_or_path}.yaml", MODELS_DIR / name_or_path):
         if cand.is_file():
             return cand
-    if name_or_path.count("/") == 1 and not name_or_path.startswith((".", "/")) \
+    if "/" in name_or_path and not name_or_path.startswith((".", "/")) \
             and not name_or_path.lower().endswith((".json", ".yaml", ".yml")):  # org/name, not a missing file
         hit = bundled_by_hf_id().get(name_or_path.strip().lower())
         if hit is not None:
