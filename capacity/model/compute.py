@@ -22,9 +22,16 @@ on the safe side.
 """
 from __future__ import annotations
 
+import json
+import math
+import re
+from pathlib import Path
+
+import yaml
+
 from capacity.errors import ConfigError
-from capacity.model.card import ModelCard
-from capacity.model.gpus import GPU
+from capacity.model.gpus import GPU, get_gpu
+from capacity.model.schema import ModelCard
 
 # weight storage format -> the dtype engines multiply in when the GPU has that rate ("act": the activation dtype)
 NATIVE = {"bf16": "act", "fp16": "act", "fp8": "fp8", "int8": "int8", "int4": "act", "nvfp4": "fp4", "mxfp4": "act", "nf4": "act"}
@@ -76,10 +83,6 @@ def measured_gemm_efficiency(gpu: GPU, dtype: str, block_scaled: bool = False) -
     (Hopper: the H100 SXM's, Blackwell: the B200's) only where its compute capability is the measured part's: a
     consumer or workstation Blackwell (sm120) does not inherit the B200's (sm100) figures. FP8 with block scales
     has its own figure."""
-    import re
-
-    from capacity.model.gpus import get_gpu
-
     data = _gemm_efficiency_data()
     key = gpu.name if gpu.name in data["gpus"] else data["architectures"].get((gpu.arch or "").split(" ")[0])
     if key and key != gpu.name:
@@ -98,10 +101,6 @@ _GEMM_EFF: dict = {}
 
 def _gemm_efficiency_data() -> dict:
     if not _GEMM_EFF:
-        from pathlib import Path
-
-        import yaml
-
         _GEMM_EFF.update(yaml.safe_load((Path(__file__).resolve().parent.parent / "data" /
                                          "gemm_efficiency.yaml").read_text(encoding="utf-8")))
     return _GEMM_EFF
@@ -118,9 +117,6 @@ LATENCY_DTYPES = ("bf16", "fp8", "fp8_block", "fp4")
 
 def _gemm_latency_data() -> dict:
     if not _GEMM_LAT:
-        import json
-        from pathlib import Path
-
         _GEMM_LAT.update(json.loads((Path(__file__).resolve().parent.parent / "data" / "gemm_latency.json")
                                     .read_text(encoding="utf-8")))
     return _GEMM_LAT
@@ -128,8 +124,6 @@ def _gemm_latency_data() -> dict:
 
 def gemm_latency_table(gpu: GPU, dtype: str) -> list | None:
     """The measured [m][n][k] latency table (us) that bounds `gpu`'s GEMMs in `dtype` from below, or None."""
-    from capacity.model.gpus import get_gpu
-
     data = _gemm_latency_data()
     if dtype not in LATENCY_DTYPES:
         return None
@@ -153,8 +147,6 @@ def gemm_floor_curve(table: list, n: int, k: int) -> list[float] | None:
     """Measured latency (seconds) of an (m x k) @ (k x n) GEMM at each m of the grid, for this n and k:
     interpolated bilinearly in (log n, log k) on log latency; n or k past the grid's largest scales the edge's
     latency in proportion; None where n or k is below the grid or a corner was not measured."""
-    import math
-
     data = _gemm_latency_data()
     nk = data["nk"]
     if n < nk[0] or k < nk[0]:
@@ -185,8 +177,6 @@ def gemm_floor_curve(table: list, n: int, k: int) -> list[float] | None:
 def gemm_floor_s(curve: list[float], m: int) -> float:
     """The curve of gemm_floor_curve at m tokens: log-log interpolation between the grid's powers of 2, and in
     proportion to m past its largest (compute-bound there)."""
-    import math
-
     if m <= 0:
         return 0.0
     top = len(curve) - 1

@@ -7,6 +7,7 @@ fields (`capacity memory --gpu my-gpu.yaml`).
 """
 from __future__ import annotations
 
+import math
 from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Literal
@@ -86,8 +87,6 @@ def with_memory(gpu: GPU, gib: float | None) -> GPU:
     """The GPU with the total memory the engine sees set to `gib` GiB (--gpu-memory-gib), or unchanged."""
     if gib is None:
         return gpu
-    import math
-
     if not math.isfinite(gib) or not 0.5 <= gib <= 4096:
         raise ConfigError(f"--gpu-memory-gib {gib}: expected the GiB the engine sees, 0.5 to 4096")
     return gpu.model_copy(update={"usable_memory_bytes": gib * 1024**3, "usable_memory_basis": "given",

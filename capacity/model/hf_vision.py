@@ -6,10 +6,19 @@ from __future__ import annotations
 from typing import Any
 
 from capacity.errors import ConfigError
+from capacity.model.vision_tokens import llava_next
 
 # Qwen2-VL / Qwen2.5-VL processors (preprocessor_config.json of the Qwen repositories; Qwen2VLImageProcessor's
 # min_pixels 56 x 56, max_pixels 16384 x 28 x 28)
 QWEN_PIXELS = {"min_pixels": 3136, "max_pixels": 12845056}
+
+
+def text_config(cfg: dict, mt: str, source: str) -> dict:
+    """A vision-language config's language model: its text_config (an error where it has none)."""
+    sub = cfg.get("text_config")
+    if not isinstance(sub, dict):
+        raise ConfigError(f"{source}: text_config is missing (model_type {mt})")
+    return sub
 
 
 # ---- vision towers --------------------------------------------------------------------------------
@@ -82,8 +91,6 @@ def _anyres(cfg: dict, out: dict, text_hidden: int, source: str) -> dict:
     """LLaVA-NeXT: its `image_grid_pinpoints` (height, width), the image_newline row (a projector parameter), the
     tokens of its largest image (capacity.model.vision_tokens.llava_next) and its most tiles plus the base image
     (what the encoder runs: `max_num_tiles`)."""
-    from capacity.model.vision_tokens import llava_next
-
     pins = cfg.get("image_grid_pinpoints")
     tile = out["image_size"]
     if (not isinstance(pins, list) or not pins or len(pins) > 64 or

@@ -12,7 +12,7 @@ import math
 from typing import NamedTuple
 
 from capacity.errors import ConfigError
-from capacity.model.card import VisionTower
+from capacity.model.schema import VisionTower
 
 # LLaVA-NeXT (llava-hf/llava-v1.6-*): image_grid_pinpoints of its config.json, (height, width)
 LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))

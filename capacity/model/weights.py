@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from capacity.model.card import ModelCard
+from capacity.model.families.registry import family
+from capacity.model.schema import ModelCard
 from capacity.units import DTYPE_BYTES
 
 Shard = Literal["column", "row", "kv", "vocab", "replicated"]
@@ -143,7 +144,8 @@ def tensor_groups(card: ModelCard) -> list[TensorGroup]:
             ]
     if card.vision is not None:  # the encoder and projector, in the compute dtype, split across ranks
         g.append(TensorGroup("vision_tower", 1, card.vision.params(), 1, "column", None))
-    return g
+    fam = family(card.architecture)  # tensors a family stores beyond this layout (capacity.model.families)
+    return fam.weights(card, g) if fam is not None and fam.weights is not None else g
 
 
 def _state_groups(card: ModelCard) -> list[TensorGroup]:

@@ -1,0 +1,48 @@
+"""Gemma-2 and Gemma-3 (vLLM gemma2.py, gemma3.py, gemma3_mm.py): four RMSNorms a layer (input, post-attention,
+pre- and post-feedforward), tied embeddings, a final logit soft-cap (Gemma-2); sliding-window layers (Gemma-2:
+every other layer from the first; Gemma-3: all but every sliding_window_pattern-th), Gemma-3's q/k norm and its
+sliding layers' own unscaled rotary cache. Gemma-3 with images wraps gemma3_text with a SigLIP tower."""
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from capacity.model.families.registry import Family, Need, register
+from capacity.model.hf_vision import text_config, vision_tower
+
+
+def _norms(text: dict, card: dict, need: Need, source: str) -> None:
+    card["norms_per_layer"] = 4  # input, post-attention, pre- and post-feedforward
+    tie = text.get("tie_word_embeddings")
+    card["tie_word_embeddings"] = True if tie is None else bool(tie)
+    if text.get("final_logit_softcapping"):
+        card["final_logit_softcap"] = text["final_logit_softcapping"]
+
+
+def _gemma3(text: dict, card: dict, need: Need, source: str) -> None:
+    card["qk_norm"] = True
+    _norms(text, card, need, source)
+
+
+def _gemma2_sliding(text: dict, layers: int, window: Any, defaults: Mapping[str, Any]) -> int:
+    return (layers + 1) // 2  # even layers (0, 2, ...) slide
+
+
+def _gemma3_sliding(text: dict, layers: int, window: Any, defaults: Mapping[str, Any]) -> int:
+    pattern = text.get("sliding_window_pattern") or defaults["sliding_window_pattern"]
+    return layers - layers // pattern  # every pattern-th layer is global
+
+
+def _gemma3_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
+    return text_config(cfg, mt, source), "gemma3_text"
+
+
+register(Family("gemma2", ("gemma2",), "vllm/model_executor/models/gemma2.py",
+                defaults={"tie_word_embeddings": True}, shape=_norms, sliding=_gemma2_sliding),
+         Family("gemma3_text", ("gemma3_text",), "vllm/model_executor/models/gemma3.py",
+                defaults={"vocab_size": 262208, "max_position_embeddings": 131072, "head_dim": 256,
+                          "sliding_window": 4096, "num_attention_heads": 8, "num_key_value_heads": 4,
+                          "tie_word_embeddings": True, "sliding_window_pattern": 6},
+                shape=_gemma3, sliding=_gemma3_sliding, local_rope=True),
+         Family("gemma3", ("gemma3",), "vllm/model_executor/models/gemma3_mm.py", text=_gemma3_text,
+                vision=vision_tower))
