@@ -4,11 +4,9 @@ The fields every decoder shares (layers, hidden size, heads, KV heads, MLP width
 embeddings, dtype, head_dim, sliding layers, linear rope scaling, quantisation) are read here; everything a family
 does differently is its module's business in `capacity.model.families` (one module per family: its model types,
 the transformers defaults its configs rely on, its MoE / MLA / state layers / cross-attention / vision tower and
-any weights the generic layout does not describe), found through the family registry by `model_type`. The families
-today: Llama, Mistral, Phi-3/Phi-4, Seed-OSS, Qwen2/3, Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V2/V3, GLM-4.5,
-Gemma-2/3, Llama-3.2-Vision (Mllama), Nemotron-H, Granite-4.0-H, Qwen3-Next/Qwen3.5, ERNIE-4.5 (dense and MoE),
-and the vision-language wrappers LLaVA, LLaVA-NeXT, Mistral-3, Gemma-3 and Qwen2/2.5-VL, Qwen3.5 (hf_vision.py
-sizes their towers). Quantised checkpoints: capacity.model.hf_quant.
+any weights the generic layout does not describe), found through the family registry by `model_type` (the
+families and their model types: docs/model-families.md, `registry.supported()`; vision towers: hf_vision.py).
+Quantised checkpoints: capacity.model.hf_quant.
 
 Where a config leaves a field to the `transformers` config class, the class's default is used (Gemma-3's
 vocabulary, Gemma's tied embeddings ...). A model type no family claims is read as a standard decoder where its

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from capacity.model.families.registry import Family, Need, register
-from capacity.model.hf_vision import text_config, vision_tower
+from capacity.model.hf_vision import text_config, vision_config, vit_fields
 
 
 def _norms(text: dict, card: dict, need: Need, source: str) -> None:
@@ -37,6 +37,16 @@ def _gemma3_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
     return text_config(cfg, mt, source), "gemma3_text"
 
 
+def _siglip(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
+    """Gemma-3's SigLIP tower; its projector (an RMSNorm and one linear) pools to mm_tokens_per_image tokens."""
+    v, need = vision_config(cfg, mt, ("siglip_vision_model",), source)
+    out = vit_fields(v, need)
+    h = out["hidden_size"]
+    out.update(kind="siglip", num_layers=need("num_hidden_layers"), projector_params=h * text_hidden + h,
+               tokens_per_image=cfg.get("mm_tokens_per_image", 256))
+    return out
+
+
 register(Family("gemma2", ("gemma2",), "vllm/model_executor/models/gemma2.py",
                 defaults={"tie_word_embeddings": True}, shape=_norms, sliding=_gemma2_sliding),
          Family("gemma3_text", ("gemma3_text",), "vllm/model_executor/models/gemma3.py",
@@ -45,4 +55,4 @@ register(Family("gemma2", ("gemma2",), "vllm/model_executor/models/gemma2.py",
                           "tie_word_embeddings": True, "sliding_window_pattern": 6},
                 shape=_gemma3, sliding=_gemma3_sliding, local_rope=True),
          Family("gemma3", ("gemma3",), "vllm/model_executor/models/gemma3_mm.py", text=_gemma3_text,
-                vision=vision_tower))
+                vision=_siglip))
