@@ -43,10 +43,8 @@ class EncoderRoofline:
     def __post_init__(self) -> None:
         v = self.vision
         self.layers = v.num_layers + v.num_global_layers
-        gated = v.kind in ("qwen2_5_vl", "pixtral")
-        self.linear_per_token = 4 * v.hidden_size ** 2 + (3 if gated else 2) * v.hidden_size * v.intermediate_size
-        frames = 2 if v.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") else 1
-        self.embed_per_token = 3 * frames * v.patch_size ** 2 * v.hidden_size
+        self.linear_per_token = 4 * v.hidden_size ** 2 + (3 if v.gated_mlp else 2) * v.hidden_size * v.intermediate_size
+        self.embed_per_token = 3 * v.patch_frames * v.patch_size ** 2 * v.hidden_size
         self.window = (v.window_size // v.patch_size) ** 2 if v.window_size else 0
         self.weight_bytes = v.params() * DTYPE_BYTES.get(self.dtype, 2)
         self.peak = self.gpu.peak_flops(self.dtype)

@@ -129,6 +129,16 @@ class VisionTower(_Frozen):
     grid_pinpoints: list[tuple[PosInt, PosInt]] = []  # LLaVA-NeXT anyres: image_grid_pinpoints, (height, width) pixels
 
     @property
+    def gated_mlp(self) -> bool:
+        """The encoder's MLP has gate and up projections (Qwen2.5-VL, Pixtral); the others one up projection."""
+        return self.kind in ("qwen2_5_vl", "pixtral")
+
+    @property
+    def patch_frames(self) -> int:
+        """Frames one patch embedding spans: the Qwen ViTs' 3D patches cover temporal_patch_size 2 frames."""
+        return 2 if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") else 1
+
+    @property
     def patches_per_tile(self) -> int:
         return (self.image_size // self.patch_size) ** 2
 
