@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -56,6 +57,7 @@ PLAIN = Family("plain", ())  # a text config of a model type no family claims, i
 _BY_TYPE: dict[str, Family] = {}
 _FALLBACK: list[Family] = []
 _LOADED: list[bool] = []
+_LOCK = threading.RLock()
 
 
 def register(*families: Family) -> None:
@@ -71,11 +73,14 @@ def register(*families: Family) -> None:
 def _load() -> None:
     if _LOADED:
         return
-    _LOADED.append(True)
-    package = __name__.rsplit(".", 1)[0]
-    for mod in pkgutil.iter_modules(importlib.import_module(package).__path__):
-        if mod.name != "registry":
-            importlib.import_module(f"{package}.{mod.name}")
+    with _LOCK:  # threads asking at once wait for the whole package, not a half-registered one
+        if _LOADED:
+            return
+        package = __name__.rsplit(".", 1)[0]
+        for mod in pkgutil.iter_modules(importlib.import_module(package).__path__):
+            if mod.name != "registry":
+                importlib.import_module(f"{package}.{mod.name}")
+        _LOADED.append(True)
 
 
 def family(model_type: Any) -> Family | None:
