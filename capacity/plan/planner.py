@@ -37,14 +37,12 @@ from capacity.plan.progress import phase
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.roofline_level import output_handling_notes, roofline_notes
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
+from capacity.plan.sizing import mean as _mean
+from capacity.plan.sizing import replicas_for
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
-
-
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
 
 
 class Planner:
@@ -61,7 +59,7 @@ class Planner:
                                       else self.gpu.model_dump())
         self.notes: list[str] = []
         self.sources: dict[int, str] = {}  # tp -> step-cost source
-        self._frontier_tp = 1
+        self.frontier_tp = 1
         self.search_engines: dict[int, EngineConfig] = {}
 
     # ---- one engine configuration per question ---------------------------------------------------------
@@ -95,7 +93,7 @@ class Planner:
             first = exc
         if self.sc.engine.max_model_len is not None:
             raise first
-        longest = self._longest_request()
+        longest = self.longest_request()
         for m in sorted((x for x in self.sc.search.max_model_len if x < self.card.max_position_embeddings), reverse=True):
             if m < longest:
                 break
@@ -136,7 +134,7 @@ class Planner:
         return self.sources[tp]
 
     # one probe = `seeds` simulations at one rate
-    def _tasks(self, engine: EngineConfig, rate: float | None, seeds: range, replicas: int = 1,
+    def tasks(self, engine: EngineConfig, rate: float | None, seeds: range, replicas: int = 1,
                closed_users: int | None = None, requests: int | None = None, ci: bool = False,
                router: str = "round_robin", workload: WorkloadSpec | None = None) -> list[SimTask]:
         wl = workload or self.sc.workload
@@ -152,7 +150,7 @@ class Planner:
         return [SimTask(self.card_dict, self._task_gpu, e, w, s, replicas, router, self.sc.profile,
                         self.sc.search.warmup_fraction, ci) for s in seeds]
 
-    def _judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
+    def judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
         """Pass when no run saturated, no run's TTFT was still rising (its percentiles are a transient's, lower
         than a longer run would give: `pipeline.RunResult.rising`), and the SLO percentile (mean over seeds) meets
         the SLOs. When request classes carry SLOs of their own, each such class is held to its own and classes
@@ -192,7 +190,7 @@ class Planner:
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)
         dp = engine.data_parallel_size  # a replica of dp ranks, each with its own scheduler: dp x the users
-        return self.ex.run(self._tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
+        return self.ex.run(self.tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
                                        requests=wl.num_requests * dp))[0]
 
     def rate_search(self, engine: EngineConfig, tp: int, max_num_seqs: int) -> RateSearch:
@@ -203,7 +201,7 @@ class Planner:
         if not cap_rate or not math.isfinite(cap_rate):
             raise CapacityError(f"could not measure a capacity at tp={tp} (no request finished)")
         lo_rate = cap_rate * 0.02
-        ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, lo_rate, seeds)))
+        ok, pt, pp = self.judge(self.ex.run(self.tasks(engine, lo_rate, seeds)))
         b = self.budget(engine)
         rs = RateSearch(tp, 0.0, lo_rate, cap_rate, [(lo_rate, ok, pt, pp)], (pt, pp), cap.source,
                         b.max_num_seqs, b.max_num_batched_tokens)
@@ -223,7 +221,7 @@ class Planner:
             if mid >= cap_rate:  # at or above the capacity a backlog never drains, whatever a finite run shows
                 ok, pt, pp = False, math.inf, math.inf
             else:
-                ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, mid, seeds)))
+                ok, pt, pp = self.judge(self.ex.run(self.tasks(engine, mid, seeds)))
             rs.probes.append((mid, ok, pt, pp))
             lo, hi = (mid, hi) if ok else (lo, mid)
         rs.max_rate, rs.failed_rate = lo, hi
@@ -371,7 +369,7 @@ class Planner:
     def sensitivity(self, engine: EngineConfig, rate: float) -> list[str]:
         return frontier.sensitivity(self, engine, rate)
 
-    def _longest_request(self) -> int:
+    def longest_request(self) -> int:
         wl = self.sc.workload
         out = 0
         for c in range(len(wl.classes)):
@@ -382,15 +380,10 @@ class Planner:
     def verify(self, engine: EngineConfig, replicas: int) -> Verification:
         sp = self.sc.search
         seeds = range(1000, 1000 + sp.seeds)
-        res = self.ex.run(self._tasks(engine, self.sc.target_rate_per_s, seeds, replicas=replicas,
+        res = self.ex.run(self.tasks(engine, self.sc.target_rate_per_s, seeds, replicas=replicas,
                                       requests=max(sp.requests, 200 * replicas), router="least_outstanding"))
-        ok, pt, pp = self._judge(res)
+        ok, pt, pp = self.judge(res)
         return Verification(ok, replicas, pt, pp, list(seeds), self.sc.target_rate_per_s)
-
-def replicas_for(sc: Scenario, max_rate: float) -> int:
-    """Replicas to serve the target with each at `headroom` x its max sustainable rate."""
-    return max(1, math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9))  # a trickle still needs one
-
 
 def _max_len(lengths: Lengths) -> int:
     if lengths.kind == "fixed":
