@@ -161,3 +161,16 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     return {"layout": layout, "gpus": gpus, "gpu": gpu.name, "saturated": res.saturated, **extra,
             "saturation": res.saturation, "models": models, "meets_slo": all(x["meets_slo"] for x in models)}
 
+
+def colocate(fleet: Fleet, seed: int = 0) -> dict[str, Any]:
+    """Every layout of the fleet (`capacity colocate --json`): {layout: simulate_fleet's answer}, and the units."""
+    out: dict[str, Any] = {lay: simulate_fleet(fleet, lay, seed) for lay in LAYOUTS}
+    out["units"] = "seconds"
+    return out
+
+
+def best_layout(out: dict[str, Any]) -> str | None:
+    """The layout that meets every SLO on the fewest GPUs (on a tie the more isolated one: LAYOUTS' order), or
+    None where each misses an SLO."""
+    ok = [lay for lay in LAYOUTS if out[lay]["meets_slo"]]
+    return min(ok, key=lambda lay: (out[lay]["gpus"], LAYOUTS.index(lay))) if ok else None
