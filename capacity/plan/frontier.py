@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from capacity.cost.profile import load_profile, profile_label
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.plan.results import Cell, ContextCell, MetricStats
@@ -328,8 +329,6 @@ def tp_sizes(pl: Planner) -> list[int]:
     tps = [sc.fixed_tp] if sc.fixed_tp else list(sc.search.tp)
     if sc.profile is None:
         return tps
-    from capacity.cost.profile import load_profile, profile_label
-
     ptp = load_profile(sc.profile).tp
     if sc.fixed_tp and sc.fixed_tp != ptp:
         raise ConfigError(f"profile {profile_label(sc.profile)} was measured at tp={ptp}, the scenario fixes "

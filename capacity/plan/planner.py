@@ -29,8 +29,18 @@ from __future__ import annotations
 
 import math
 
+from capacity import __version__
+from capacity.cost.factory import make_step_cost
+from capacity.cost.overlap import overlapped_source, paced_source
+from capacity.cost.profile import load_profile
+from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
+from capacity.engine.memory import batch_context_table, default_batches, default_contexts
+from capacity.engine.memory import budget as memory_budget
+from capacity.engine.sglang import launch_command as sglang_command
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
+from capacity.model.gpus import catalogue, get_gpu, with_memory
+from capacity.pipeline import check_policy, overlapped_cpu_s
 from capacity.plan import frontier
 from capacity.plan.frontier import tp_sizes, tune_budget
 from capacity.plan.progress import phase
@@ -40,6 +50,9 @@ from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
 from capacity.plan.sizing import mean as _mean
 from capacity.plan.sizing import replicas_for
 from capacity.plan.tasks import SimTask, TaskResult, run_task
+from capacity.plan.why import infeasible_reason
+from capacity.steady import capacity_loop
+from capacity.steady import full_batch as steady_full_batch
 from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
@@ -47,8 +60,6 @@ __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "m
 
 class Planner:
     def __init__(self, sc: Scenario, card, executor) -> None:
-        from capacity.model.gpus import catalogue, get_gpu, with_memory
-        from capacity.pipeline import check_policy
 
         check_policy(sc.engine, sc.workload)
         self.sc, self.card, self.ex = sc, card, executor
@@ -74,7 +85,6 @@ class Planner:
         when that is larger (vLLM refuses a token budget below the batch cap)."""
         e = self.engine(tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
         if max_num_seqs is not None:
-            from capacity.engine import get_engine
 
             mnbt = e.max_num_batched_tokens or get_engine(e.engine).default_max_num_batched_tokens(e, self.card, self.gpu)
             if mnbt < max_num_seqs:
@@ -108,22 +118,14 @@ class Planner:
         raise first
 
     def budget(self, engine: EngineConfig):
-        from capacity.engine.memory import budget
-
-        return budget(self.card, self.gpu, engine)
+        return memory_budget(self.card, self.gpu, engine)
 
     def check_source(self, tp: int) -> str:
         """Build the step cost once for this TP: a profile that cannot serve it is refused here, in one line."""
         if tp not in self.sources:
-            from capacity.cost.factory import make_step_cost
-
             kv = self.sc.engine.kv_cache_dtype
             cost = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile)
             src = cost.source
-            from capacity.cost.overlap import overlapped_source, paced_source
-            from capacity.engine import get_engine
-            from capacity.pipeline import overlapped_cpu_s
-
             # as capacity.pipeline.prepare wraps the cost
             per_step = overlapped_cpu_s(get_engine(self.sc.engine.engine), self.sc.engine, self.sc.profile, cost)
             if per_step:
@@ -179,14 +181,10 @@ class Planner:
 
     def full_batch(self, engine: EngineConfig, max_num_seqs: int) -> int:
         """The most sequences the engine can run at once on this workload (`capacity.steady.full_batch`)."""
-        from capacity.steady import full_batch
-
-        return full_batch(engine, self.budget(engine), self.sc.workload, max_num_seqs)
+        return steady_full_batch(engine, self.budget(engine), self.sc.workload, max_num_seqs)
 
     def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
         """Throughput with the queue never empty (`capacity.steady.capacity_loop`, as `capacity simulate` measures it)."""
-        from capacity.steady import capacity_loop
-
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)
         dp = engine.data_parallel_size  # a replica of dp ranks, each with its own scheduler: dp x the users
@@ -206,8 +204,6 @@ class Planner:
         rs = RateSearch(tp, 0.0, lo_rate, cap_rate, [(lo_rate, ok, pt, pp)], (pt, pp), cap.source,
                         b.max_num_seqs, b.max_num_batched_tokens)
         if not ok:  # even a trickle misses the SLO: infeasible, and why
-            from capacity.plan.why import infeasible_reason
-
             rs.why = infeasible_reason(self, engine, rs)
             return rs
         lo, hi = lo_rate, cap_rate * 1.05
@@ -321,9 +317,6 @@ class Planner:
         cost = None
         if sc.price_per_gpu_hour:
             cost = gpus * sc.price_per_gpu_hour / (sc.target_rate_per_s * mean_out * 3600) * 1e6
-        from capacity.engine import get_engine
-        from capacity.engine.sglang import launch_command as sglang_command
-
         em = get_engine(rec_engine.engine)
         vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
@@ -331,13 +324,8 @@ class Planner:
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
         eng = em.resolve(base_cfg, card, gpu)
-        from capacity import __version__
-        from capacity.engine.memory import batch_context_table, default_batches, default_contexts
-
         prov = None
         if sc.profile:
-            from capacity.cost.profile import load_profile
-
             prov = load_profile(sc.profile).provenance.model_dump()
         if not sc.profile:  # the roofline's level against published runs (bench/published.py, bench/mlperf.py)
             self.notes += roofline_notes(card, gpu, sc.headroom)
