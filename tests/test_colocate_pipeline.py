@@ -37,3 +37,4 @@ def test_an_overloaded_model_on_gpus_of_its_own_does_not_fail_another():
     assert not big["meets_slo"]
     assert small["requests"] == 100 and small["meets_slo"] and small["p99_ttft_s"] < 2.0
     assert not out["meets_slo"] and out["gpus"] == 2
+
