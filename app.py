@@ -1,7 +1,7 @@
 """What-if dashboard: `streamlit run app.py`.
 
 Thin on purpose: widgets -> a scenario -> the same functions the CLI uses (memory.budget, run_task /
-run_scenario, make_plan, fleet.autoscale_report, export.write_review), cached by their inputs -> plotly figures. No formulas here.
+run_scenario, make_plan, plan.autoscale.autoscale_report, export.write_review), cached by their inputs -> plotly figures. No formulas here.
 """
 from __future__ import annotations
 
@@ -631,12 +631,12 @@ def fit_curve_to_run(curve: dict, minutes: float, peak: float) -> tuple[dict, fl
 def autoscale_run(card: dict, gpu: str, engine: dict, workload: dict, autoscale: dict, static: int | None,
                   window_s: float, slo_ttft_s: float | None, slo_tpot_s: float | None, price: float | None, seed: int,
                   profile: str | None) -> dict:
-    """capacity.io.fleet.autoscale_report (what `capacity autoscale --json` prints) for these plain inputs."""
+    """capacity.plan.autoscale.autoscale_report (what `capacity autoscale --json` prints) for these plain inputs."""
     from capacity.engine.config import EngineConfig
     from capacity.files import validate
-    from capacity.io.fleet import autoscale_report
     from capacity.model.card import ModelCard
     from capacity.model.gpus import get_gpu
+    from capacity.plan.autoscale import autoscale_report
     from capacity.sim.autoscale import AutoscaleConfig
     from capacity.workload import WorkloadSpec
 
@@ -884,7 +884,7 @@ def autoscale_view(card, gpu, engine, workload, slo, profile, price):
                  column_config={"GPU-hours": fmt(format="%.3f"), "cost (USD)": fmt(format="%.2f"),
                                 "SLO-miss minutes": fmt(format="%.1f"), "P99 TTFT (ms)": fmt(format="%.0f"),
                                 "P99 TPOT (ms)": fmt(format="%.1f")})
-    with st.expander("Inputs behind these numbers (capacity.io.fleet.autoscale_report's arguments)"):
+    with st.expander("Inputs behind these numbers (capacity.plan.autoscale.autoscale_report's arguments)"):
         st.code(json.dumps({"autoscale": args}, indent=1), language="json")
     from capacity.io.export import write_review
 

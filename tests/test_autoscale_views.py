@@ -1,4 +1,4 @@
-"""The autoscale report (capacity.io.fleet.autoscale_report) where people read it: `capacity autoscale --json` prints
+"""The autoscale report (capacity.plan.autoscale.autoscale_report) where people read it: `capacity autoscale --json` prints
 it, the dashboard's Autoscale tab shows it, `capacity export --autoscale` writes it as a workbook sheet. Expected
 numbers come from the library for the inputs each view says it used; bad input is one error line, not a trace."""
 import json
@@ -18,9 +18,9 @@ WORKLOAD = {"arrivals": {"kind": "curve", "curve": {"points": [[0, 2], [120, 30]
 def library(card: dict | str, gpu: str, engine: dict, workload: dict, autoscale: dict, static=None, *,
             window_s: float, slo_ttft_s=None, slo_tpot_s=None, price=None, seed: int = 0, profile=None) -> dict:
     from capacity.engine.config import EngineConfig
-    from capacity.io.fleet import autoscale_report
     from capacity.model.card import ModelCard, load_model_card, resolve_model_path
     from capacity.model.gpus import get_gpu
+    from capacity.plan.autoscale import autoscale_report
     from capacity.sim.autoscale import AutoscaleConfig
     from capacity.workload import WorkloadSpec
 
@@ -245,9 +245,10 @@ def test_a_disaggregated_report_exports_each_pool(tmp_path):
 
     from capacity.engine.config import EngineConfig
     from capacity.io.export import write_review
-    from capacity.io.fleet import DECODE_HEAD, autoscale_report
+    from capacity.io.fleet import DECODE_HEAD
     from capacity.model.card import load_model_card, resolve_model_path
     from capacity.model.gpus import get_gpu
+    from capacity.plan.autoscale import autoscale_report
     from capacity.sim.autoscale import AutoscaleConfig
     from capacity.workload import WorkloadSpec
 

@@ -152,7 +152,7 @@ def test_prefix_caching_and_policy_reach_the_planners_tasks(tmp_path):
     classes = [{"name": "chat", "priority": 0}, {"name": "batch", "priority": 1}]
     s = Scenario.model_validate({"model": "llama-3.1-8b", "workload": {"classes": classes},
                                  "engine": {"policy": "priority", "enable_prefix_caching": True}})
-    task = Planner(s, CARD, None)._tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
+    task = Planner(s, CARD, None).tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
     assert task.engine["policy"] == "priority" and task.engine["enable_prefix_caching"] is True
 
 
@@ -379,7 +379,7 @@ def test_async_scheduling_reaches_the_scheduler_the_launch_command_and_the_plann
         cmd = p.engine_model.launch_command(CARD, cfg, p.budget)
         assert (flag in cmd.split()) if flag else "async-scheduling" not in cmd
     s = Scenario.model_validate({"model": "llama-3.1-8b", "engine": {"async_scheduling": False}})
-    task = Planner(s, CARD, None)._tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
+    task = Planner(s, CARD, None).tasks(Planner(s, CARD, None).engine(1), 1.0, range(1))[0]
     assert task.engine["async_scheduling"] is False
 
 

@@ -13,9 +13,9 @@ from pydantic import ValidationError
 
 from capacity.cli import autoscale, costs, disagg, fleet, memory, plan, simulate, trace, truth  # noqa: F401  (registers the commands)
 from capacity.cli.common import app
-from capacity.cli.plan import load_scenario
 from capacity.errors import CapacityError
 from capacity.files import format_validation_error
+from capacity.plan.scenario import load_scenario
 
 __all__ = ["app", "load_scenario", "main"]
 

@@ -78,8 +78,8 @@ def autoscale(
     """Autoscaling over a load curve: replicas over time, P99 TTFT/TPOT per window against the SLO (violation
     minutes), GPU-hours and cost, against static provisioning for the peak. With --decode-tp, a prefill pool and
     a decode pool, each with its own controller."""
-    from capacity.io.fleet import autoscale_report
     from capacity.model.gpus import get_gpu, with_memory
+    from capacity.plan.autoscale import autoscale_report
     from capacity.sim.autoscale import AutoscaleConfig
 
     if startup_s < 0:

@@ -10,6 +10,7 @@ import typer
 from capacity.cli.common import JsonOpt, ModelOpt, app, engine_config, load_card
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.plan.disagg_commands import settings_text, simulate_command
 
 
 @app.command()
@@ -109,21 +110,10 @@ def _print_tuned(con, out: dict, args: str, link: str, decode_set: list[str]) ->
     for r in (out["best_aggregated"], out["best_disaggregated"]):
         if r is None or "settings" not in r:
             continue
-        st = r["settings"]
-        text = "; ".join(f"{role} " + ", ".join(f"{k}={v}" for k, v in kv.items()) for role, kv in st.items() if kv)
-        t.add_row(r["layout"], text or "as given", f"{r['max_rate_as_given']:.2f} -> {r['max_rate']:.2f}",
-                  f"{r['p99_ttft_s'] * 1e3:.0f}", f"{r['p99_tpot_s'] * 1e3:.1f}")
-        flags = {"max_num_seqs": "--max-num-seqs", "max_num_batched_tokens": "--max-num-batched-tokens"}
-        own = "".join(f" {flags[k]} {v}" for k, v in st.get("engine", st.get("prefill", {})).items())
-        n, tp = r["prefill"]
-        if r["aggregated"]:
-            lines.append(f"capacity simulate {args} --tp {tp} --replicas {n}{own} --rate {r['max_rate']:.2f}")
-        else:
-            d, tp_d = r["decode"]
-            given = {k.strip(): v.strip() for k, v in (x.split("=", 1) for x in decode_set)}  # checked: KEY=VALUE
-            dec = "".join(f" --decode-set {k}={v}" for k, v in {**given, **st["decode"]}.items())
-            lines.append(f"capacity simulate {args} --tp {tp} --disagg {n}:{d} --decode-tp {tp_d} --link {link}"
-                         f"{own}{dec} --rate {r['max_rate']:.2f}")
+        t.add_row(r["layout"], settings_text(r["settings"]) or "as given",
+                  f"{r['max_rate_as_given']:.2f} -> {r['max_rate']:.2f}", f"{r['p99_ttft_s'] * 1e3:.0f}",
+                  f"{r['p99_tpot_s'] * 1e3:.1f}")
+        lines.append(simulate_command(r, args, link, decode_set))
     con.print(t)
     con.print("The same, one run each:")
     for line in lines:

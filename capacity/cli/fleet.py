@@ -2,7 +2,7 @@
 is in capacity.cli.autoscale)."""
 from __future__ import annotations
 
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -22,11 +22,11 @@ def colocate(
     swapped in and out of GPUs (one resident at a time, vLLM sleep mode): GPUs, each model's KV blocks and P99
     TTFT/TPOT against its SLO, in each layout."""
     from capacity.files import read_mapping, validate
-    from capacity.plan.colocate import LAYOUTS, Fleet, simulate_fleet
+    from capacity.plan.colocate import LAYOUTS, Fleet, best_layout
+    from capacity.plan.colocate import colocate as run_layouts
 
     f = validate(Fleet, read_mapping(fleet), fleet)
-    out: dict[str, Any] = {lay: simulate_fleet(f, lay, seed) for lay in LAYOUTS}
-    out["units"] = "seconds"
+    out = run_layouts(f, seed)
     if json_out:
         typer.echo(dumps(out))
         return
@@ -47,8 +47,7 @@ def colocate(
                       ms(m["p99_tpot_s"]), "met" if m["meets_slo"] else "[red]missed[/]")
         t.rows[-1].end_section = True
     con.print(t)
-    ok = [lay for lay in LAYOUTS if out[lay]["meets_slo"]]
-    verdict = min(ok, key=lambda lay: (out[lay]["gpus"], LAYOUTS.index(lay))) if ok else "none (each misses an SLO)"
+    verdict = best_layout(out) or "none (each misses an SLO)"
     def said(lay: str) -> str:
         n = out[lay]["gpus"]
         return f"{lay}: {n} GPU{'s' if n != 1 else ''}, {'every SLO met' if out[lay]['meets_slo'] else 'an SLO missed'}"

@@ -37,6 +37,7 @@ from capacity.cli.common import (
 )
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.plan.memory import memory_answer, sglang_json, sglang_memory_answer, sglang_misfit
 
 
 @app.command()
@@ -65,8 +66,6 @@ def memory(
     """VRAM budget per rank (weights, activations, non-torch, CUDA graphs, KV), blocks, concurrency, and
     the batch x context table, as vLLM would reserve it at start-up (`--engine sglang[@X.Y]`: as SGLang sizes its
     KV pool)."""
-    from capacity.engine import memory as mem
-
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
         if max_loras or pp != 1 or dp != 1 or expert_parallel:
             raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang")
@@ -87,44 +86,17 @@ def memory(
         cfg = validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "max_loras": max_loras,
                                       "max_lora_rank": max_lora_rank, "pipeline_parallel_size": pp,
                                       "data_parallel_size": dp, "enable_expert_parallel": expert_parallel}, "options")
-    b = mem.budget(card, g, cfg, check_fit=False)
-    if not b.fits and b.paged_kv and b.num_blocks > 0 and b.weights_bytes < b.usable_bytes:
-        from capacity.engine.budget import fit_problem
-
-        try:  # one answer for the longest length: the inverse solver's, the budget re-derived at each length
-            largest = mem.max_model_len_for(card, g, cfg, 1)
-        except CapacityError:
-            largest = 0
-        b.reason = fit_problem(b, card, g, largest=largest) or b.reason
-    table = mem.batch_context_table(b, mem.default_batches(b.max_num_seqs), mem.default_contexts(b.max_model_len))
-    inverse: dict[str, Any] | None = None
-    if target_concurrency is not None:  # solved whether or not this configuration fits: it says what would
-        if target_concurrency <= 0 or at_context <= 0:
-            raise CapacityError(f"--target-concurrency and --at-context must be > 0 (got {target_concurrency}, {at_context})")
-        inverse = {"concurrency": target_concurrency, "context": at_context}
-        for key, fn in (("min_gpu_memory_utilization", lambda: mem.min_gpu_memory_utilization(card, g, cfg, target_concurrency, at_context)),
-                        ("min_tp", lambda: mem.min_tp(card, g, cfg, target_concurrency, at_context)),
-                        ("max_model_len", lambda: mem.max_model_len_for(card, g, cfg, target_concurrency))):
-            try:
-                inverse[key] = fn()
-            except CapacityError as exc:  # an answer of "impossible" is a result here, shown with its reason
-                inverse[key] = None
-                inverse[key + "_why"] = str(exc)
+    ans = memory_answer(card, g, cfg, target_concurrency, at_context)
+    b, inverse = ans.budget, ans.inverse
     if json_out:
-        out: dict[str, Any] = {"fits": b.fits}
-        if not b.fits:
-            out["reason"] = b.reason
-        out.update({"budget": b.as_dict(), "batch_context_table": table, "units": "bytes, tokens"})
-        if inverse:
-            out["inverse"] = inverse
-        typer.echo(dumps(out))
+        typer.echo(dumps(ans.as_dict()))
     else:
         from rich.console import Console
 
         from capacity.io.memory_report import memory_tables
 
         console = Console()  # the numbers are the answer, fitting or not: stdout; the verdict is the error below
-        memory_tables(b, table, console, verdict=False)
+        memory_tables(b, ans.table, console, verdict=False)
         if inverse:
             for key in ("min_gpu_memory_utilization", "min_tp", "max_model_len"):
                 val = inverse[key]
@@ -139,17 +111,16 @@ def memory(
 def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
                    max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out) -> None:
     """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
-    from capacity.engine.sglang import parse_release, sglang_budget
     from capacity.model.gpus import get_gpu, with_memory
     from capacity.units import GiB
 
     card = load_card(model, weight_dtype, quant_group_size)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
-    b = sglang_budget(card, g, tp, release=parse_release(engine), mem_fraction_static=mem_fraction_static,
-                      context_len=max_model_len, kv_cache_dtype=kv_dtype, chunked_prefill_size=max_num_batched_tokens,
-                      max_running=max_num_seqs)
+    b = sglang_memory_answer(card, g, tp, engine, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
+                             kv_cache_dtype=kv_dtype, chunked_prefill_size=max_num_batched_tokens,
+                             max_running=max_num_seqs)
     if json_out:
-        typer.echo(dumps({"fits": b.fits, "budget": b.as_dict(), "units": "bytes, tokens"}))
+        typer.echo(dumps(sglang_json(b)))
     else:
         from rich.console import Console
         from rich.table import Table
@@ -178,7 +149,7 @@ def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max
         for n in b.notes:
             con.print(f"note: {n}")
     if not b.fits:
-        raise CapacityError("does not fit: " + next(n for n in b.notes if n.startswith(("no KV pool", "the pool holds"))))
+        raise CapacityError("does not fit: " + sglang_misfit(b))
 
 
 @app.command()

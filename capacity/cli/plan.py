@@ -1,7 +1,6 @@
 """`capacity plan`, `capacity sweep` and `capacity export`: scenario files, the planner, sweeps, the review workbook."""
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -41,44 +40,10 @@ from capacity.cli.common import (
 )
 from capacity.errors import CapacityError
 from capacity.files import dumps
-
-
-def load_scenario(path: str, flags: dict):
-    """A scenario file (has `model:`) or a model card (then flags fill the scenario)."""
-    from capacity.files import read_mapping, validate
-    from capacity.model.card import load_named_card, resolve_model_path
-    from capacity.plan.scenario import Scenario
-
-    p = resolve_model_path(path)
-    data = read_mapping(p)
-    if "model" in data and "num_layers" not in data:
-        sc = validate(Scenario, data, str(p))
-        model = sc.model
-        if isinstance(model, dict):
-            from capacity.model.card import ModelCard
-
-            card = validate(ModelCard, model, f"{p}: model")
-        else:
-            mp = (p.parent / model) if not Path(model).is_absolute() and (p.parent / model).is_file() else model
-            card = load_named_card(str(mp))
-        over = {k: v for k, v in flags.items() if v is not None}
-        if over:  # only what the file set, so that the engine's "not given" (e.g. a searched TP) survives
-            sc = validate(Scenario, _merge(sc.model_dump(exclude_unset=True), over), str(p) + " + flags")
-        return sc, card
-    card = load_named_card(path)
-    data = _merge({"model": str(p)}, {k: v for k, v in flags.items() if v is not None})
-    return validate(Scenario, data, "options"), card
-
+from capacity.plan.scenario import load_scenario
 
 TablesOpt = Annotated[bool, typer.Option(
     "--tables", help="With --xlsx: also write its JSON and each table as CSV beside the workbook")]
-
-
-def _merge(a: dict, b: dict) -> dict:
-    out = dict(a)
-    for k, v in b.items():
-        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
-    return out
 
 
 @app.command()

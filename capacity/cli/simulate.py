@@ -134,7 +134,8 @@ def simulate(
     from capacity.cost.factory import DEFAULT_GPU, profile_gpu
     from capacity.files import read_mapping, validate
     from capacity.model.gpus import get_gpu, with_memory
-    from capacity.pipeline import Deployment, RunOptions, run
+    from capacity.pipeline import Deployment, RunOptions
+    from capacity.plan.simulate import simulation_report
     from capacity.vision_requests import ImageRequests, image_flags
     from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
@@ -235,29 +236,14 @@ def simulate(
                      link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)
     elif decode_set:
         raise CapacityError("--decode-set: needs --disagg (a decode pool of its own)")
-    prep = None
-    if cfg.kv_offloading_size is not None:  # prepared here, so that its tier's counters can be read after the run
-        from capacity.pipeline import prepare
-
-        if dis is not None:
-            raise CapacityError("--kv-offload-gb: not modelled with --disagg")
-        prep = prepare(dep)
     with stack:  # a converted --trace lives until the run has read it
-        res = run(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup, fast_forward=not no_fast_forward,
-                                        capacity_check=True, timeseries=dis is not None), prepared=prep, disagg=dis)
+        res, out = simulation_report(dep, spec, RunOptions(seed=seed, warmup_fraction=warmup,
+                                                           fast_forward=not no_fast_forward, capacity_check=True,
+                                                           timeseries=dis is not None), dis)
     if save_run:
         from capacity.files import write_atomic
 
         write_atomic(save_run, dumps(run_file(res), indent=None) + "\n", "--save-run")
-    out = res.as_dict()
-    out.update(model=card.name, gpu=g.name, tp=tp, replicas=replicas, requests=spec.num_requests)
-    if prep is not None:
-        out["kv_offload"] = prep.make_scheduler.report(dep.replicas)  # type: ignore[attr-defined]
-    if dis is not None:
-        from capacity.pipeline import disagg_report
-
-        out["replicas"] = dep.replicas + dis.decode.replicas
-        out["disaggregated"] = disagg_report(res, dep, dis)
     if kind == "json":
         typer.echo(dumps(out))
         return

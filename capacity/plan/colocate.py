@@ -1,7 +1,9 @@
-"""Several models: each on GPUs of its own, or all of them sharing GPUs, simulated together on the run pipeline
-(one engine configuration, one cost factory per model), with each model's P99s against its SLO.
+"""Several models: each on GPUs of its own, or all of them sharing GPUs (one engine configuration, one cost factory
+per model, each prepared by capacity.pipeline.prepare), with each model's P99s against its SLO; every layout sees
+the same requests per model (`stream_seed`).
 
-- separate: model i runs `replicas` replicas on GPUs of its own (GPUs = the sum);
+- separate: model i runs `replicas` replicas on GPUs of its own (GPUs = the sum): its own deployment through the
+  run pipeline (capacity.pipeline.run), measured as `capacity simulate` measures it;
 - shared: `gpus` GPUs each host one replica of every model; each engine gets `share` of the GPU's memory
   (vLLM's gpu_memory_utilization, so the KV cache of each is smaller), and their steps take turns on the GPU
   (capacity.sim.simulator.Service: one step at a time holds the device). Sharing packs models with little load
@@ -25,6 +27,11 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
+from capacity.model.card import ModelCard, load_named_card
+from capacity.model.gpus import GPU, get_gpu
+from capacity.pipeline import Deployment, RunOptions, prepare, run, warmup_requests
+from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Summary, summarize, ttft_trend
+from capacity.sim.simulator import Service, SimConfig, simulate
 from capacity.workload import WorkloadSpec, context_of, generate
 
 MAX_MODELS = 16
@@ -79,27 +86,19 @@ class Fleet(_Strict):
 
 def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     """One layout of the fleet, simulated: per model its GPUs' share, KV blocks, P99 TTFT/TPOT and whether its
-    SLO holds; the layout's GPU count."""
-    from capacity.model.card import load_named_card
-    from capacity.model.gpus import get_gpu
-    from capacity.pipeline import Deployment, prepare
-    from capacity.sim.metrics import SLO, STEADY_ARRIVALS, summarize, ttft_trend
-    from capacity.sim.simulator import Service, SimConfig, simulate
-
+    SLO holds; the layout's GPU count. The separate layout is each model's own deployment on the run pipeline
+    (capacity.pipeline.run); the shared and swapped layouts put every model's
+    engine on the same GPUs, one simulation of several services (capacity.sim.simulator.Service), which the
+    pipeline's one deployment does not express."""
     if layout not in LAYOUTS:
         raise ConfigError(f"layout {layout!r}: use {', '.join(LAYOUTS)}")
     gpu = get_gpu(fleet.gpu)
+    if layout == "separate":
+        return _separate(fleet, gpu, seed)
     n = len(fleet.models)
     services, reqs, cards, budgets, services_util = [], [], [], [], []
-    gpus = 0
     for i, m in enumerate(fleet.models):
-        card = load_named_card(m.model)
-        eng = m.engine
-        limit, what = context_of(eng, card)
-        m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")
-        if layout != "separate" and eng.tensor_parallel_size != 1:
-            raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the {layout} layout puts one replica of "
-                              "every model on each GPU (TP 1)")
+        card, eng = _model(m, i, layout)
         if layout == "shared":
             eng = eng.model_copy(update={"gpu_memory_utilization": m.share or 0.9 / n})
         try:
@@ -108,22 +107,17 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
             raise ConfigError(f"models[{i}] ({card.name}), {layout} layout: {exc}") from None
         if layout == "shared":
             sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)))  # type: ignore[arg-type]
-        elif layout == "swapped":
+        else:
             copy_s = p.budget.weights_bytes / (fleet.host_link_gbps * 1e9)
             sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)),  # type: ignore[arg-type]
                          swap_s=copy_s + fleet.swap_overhead_s, sleep_s=copy_s)
-        else:
-            sv = Service(card.name, p.cost, p.make_scheduler, m.replicas, None)  # type: ignore[arg-type]
-            gpus += m.replicas * eng.tensor_parallel_size
         services.append(sv)
         services_util.append(eng.gpu_memory_utilization)
         cards.append(card)
         budgets.append(p.budget)
-        for r in generate(m.workload, np.random.default_rng([seed, i])):
+        for r in generate(m.workload, np.random.default_rng(stream_seed(seed, i))):
             r.service = i
             reqs.append(r)
-    if layout != "separate":
-        gpus = fleet.gpus
     reqs.sort(key=lambda r: (r.arrival_s, r.service, r.id))
     for k, r in enumerate(reqs):
         r.id = k
@@ -135,29 +129,82 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
     models = []
     for i, m in enumerate(fleet.models):
         mine = rec.subset((rec.replica >= bounds[i]) & (rec.replica < bounds[i + 1]))
-        order = np.arange(len(mine))
-        n_warm = int(len(mine) * fleet.warmup_fraction)
-        measured = mine.subset(order >= n_warm)
+        measured = mine.subset(np.arange(len(mine)) >= warmup_requests(len(mine), fleet.warmup_fraction, m.workload))
         s = summarize(measured, np.zeros(0), np.zeros(0), np.random.default_rng(seed), ci=False,
                       slos=[SLO(m.slo_ttft_s, m.slo_tpot_s)])
-        p99_t, p99_p = s.ttft_s.p99, s.tpot_s.p99
         # a TTFT still rising through the run fails, as the planner's probe does (capacity.sim.metrics.Trend)
         tr = (ttft_trend(measured.arrival, measured.first_token)
               if m.workload.arrivals.kind in STEADY_ARRIVALS and not res.saturation else None)
-        rising = bool(tr is not None and tr.rising)
-        ok = not res.saturated and not rising and (m.slo_ttft_s is None or (p99_t is not None and p99_t <= m.slo_ttft_s)) and (
-            m.slo_tpot_s is None or (p99_p is not None and p99_p <= m.slo_tpot_s))
-        b = budgets[i]
-        models.append({"model": cards[i].name, "replicas": services[i].replicas,
-                       "gpu_memory_utilization": services_util[i],
-                       "kv_blocks": b.planning_blocks, "requests": len(mine), "p99_ttft_s": p99_t, "p99_tpot_s": p99_p,
-                       "p50_ttft_s": s.ttft_s.p50, "p50_tpot_s": s.tpot_s.p50,
-                       "slo_ttft_s": m.slo_ttft_s, "slo_tpot_s": m.slo_tpot_s, "ttft_rising": rising,
-                       "meets_slo": bool(ok)})
+        models.append(_row(m, cards[i].name, services[i].replicas, services_util[i], budgets[i].planning_blocks,
+                           len(mine), s, res.saturated, bool(tr is not None and tr.rising)))
     extra = {}
     if layout == "swapped":
         extra = {"swaps": len(res.swaps), "swap_s": [s.swap_s for s in services],
                  "swaps_per_hour": len(res.swaps) / max(res.end_s, 1e-9) * 3600}
-    return {"layout": layout, "gpus": gpus, "gpu": gpu.name, "saturated": res.saturated, **extra,
+    return {"layout": layout, "gpus": fleet.gpus, "gpu": gpu.name, "saturated": res.saturated, **extra,
             "saturation": res.saturation, "models": models, "meets_slo": all(x["meets_slo"] for x in models)}
 
+
+def stream_seed(seed: int, i: int) -> int:
+    """Model i's requests in every layout (common random numbers across layouts): the seed whose generator is
+    numpy's `default_rng([seed, i])`, as one integer for the run pipeline (numpy's SeedSequence reads an integer
+    as its 32-bit words, least significant first, and pads the pool with zeros, so for seed < 2^32 the integer
+    seed + i * 2^32 is the entropy [seed, i]; tests/test_colocate_pipeline.py checks it)."""
+    return seed + (i << 32) if seed < 2**32 else int(np.random.SeedSequence([seed, i]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def _model(m: FleetModel, i: int, layout: str) -> tuple[ModelCard, EngineConfig]:
+    card = load_named_card(m.model)
+    limit, what = context_of(m.engine, card)
+    m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")
+    if layout != "separate" and m.engine.tensor_parallel_size != 1:
+        raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the {layout} layout puts one replica of "
+                          "every model on each GPU (TP 1)")
+    return card, m.engine
+
+
+def _separate(fleet: Fleet, gpu: GPU, seed: int) -> dict[str, Any]:
+    """Each model on GPUs of its own: its own deployment through the run pipeline (warm-up, summary, TTFT trend
+    as `capacity simulate` measures them)."""
+    models, gpus, sat = [], 0, []
+    for i, m in enumerate(fleet.models):
+        card, eng = _model(m, i, "separate")
+        opts = RunOptions(seed=stream_seed(seed, i), warmup_fraction=fleet.warmup_fraction, ci=False, timeseries=False)
+        try:
+            res = run(Deployment(card, gpu, eng, replicas=m.replicas), m.workload, opts)
+        except ConfigError as exc:
+            raise ConfigError(f"models[{i}] ({card.name}), separate layout: {exc}") from None
+        gpus += m.replicas * eng.tensor_parallel_size
+        if res.sim.saturated:
+            sat.append(f"{card.name}: {res.sim.saturation}")
+        models.append(_row(m, card.name, m.replicas, eng.gpu_memory_utilization, res.budget.planning_blocks,
+                           len(res.sim.records), res.summary, res.sim.saturated, res.rising))
+    return {"layout": "separate", "gpus": gpus, "gpu": gpu.name, "saturated": bool(sat), "saturation": "; ".join(sat),
+            "models": models, "meets_slo": all(x["meets_slo"] for x in models)}
+
+
+def _row(m: FleetModel, name: str, replicas: int, util: float, kv_blocks: int, requests: int, s: Summary,
+         saturated: bool, rising: bool) -> dict[str, Any]:
+    """One model's line of a layout: its share, KV blocks, P50/P99 TTFT and TPOT, and whether it meets its SLO
+    (not saturated, TTFT not still rising, each P99 within its objective)."""
+    p99_t, p99_p = s.ttft_s.p99, s.tpot_s.p99
+    ok = not saturated and not rising and (m.slo_ttft_s is None or (p99_t is not None and p99_t <= m.slo_ttft_s)) and (
+        m.slo_tpot_s is None or (p99_p is not None and p99_p <= m.slo_tpot_s))
+    return {"model": name, "replicas": replicas, "gpu_memory_utilization": util, "kv_blocks": kv_blocks,
+            "requests": requests, "p99_ttft_s": p99_t, "p99_tpot_s": p99_p, "p50_ttft_s": s.ttft_s.p50,
+            "p50_tpot_s": s.tpot_s.p50, "slo_ttft_s": m.slo_ttft_s, "slo_tpot_s": m.slo_tpot_s, "ttft_rising": rising,
+            "meets_slo": bool(ok)}
+
+
+def colocate(fleet: Fleet, seed: int = 0) -> dict[str, Any]:
+    """Every layout of the fleet (`capacity colocate --json`): {layout: simulate_fleet's answer}, and the units."""
+    out: dict[str, Any] = {lay: simulate_fleet(fleet, lay, seed) for lay in LAYOUTS}
+    out["units"] = "seconds"
+    return out
+
+
+def best_layout(out: dict[str, Any]) -> str | None:
+    """The layout that meets every SLO on the fewest GPUs (on a tie the more isolated one: LAYOUTS' order), or
+    None where each misses an SLO."""
+    ok = [lay for lay in LAYOUTS if out[lay]["meets_slo"]]
+    return min(ok, key=lambda lay: (out[lay]["gpus"], LAYOUTS.index(lay))) if ok else None

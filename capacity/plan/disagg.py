@@ -81,7 +81,7 @@ def _probe(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workloa
         t, p = s.ttft_s.p99, s.tpot_s.p99 or 0.0
         pt.append(t if t is not None else math.inf)
         pp.append(p)
-        ok = ok and not res.sim.saturated and not res.rising and pt[-1] <= slo[0] and p <= slo[1]  # as Planner._judge
+        ok = ok and not res.sim.saturated and not res.rising and pt[-1] <= slo[0] and p <= slo[1]  # as Planner.judge
     return ok, sum(pt) / len(pt), sum(pp) / len(pp)
 
 

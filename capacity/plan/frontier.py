@@ -11,9 +11,12 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from capacity.cost.profile import load_profile, profile_label
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.plan.results import Cell, ContextCell, MetricStats
+from capacity.plan.sizing import mean as _mean
+from capacity.plan.sizing import replicas_for
 from capacity.steady import CAPACITY_LOOP_ROUNDS
 from capacity.workload import Lengths, WorkloadSpec
 
@@ -26,14 +29,10 @@ TOKEN_BUDGETS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens tried (vLLM'
 GROUP_BLOCKS = 0.005  # frontier cells whose KV blocks differ by at most this share share one simulation
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
     sc = pl.sc
-    pl._frontier_tp = tp
-    longest = pl._longest_request()
+    pl.frontier_tp = tp
+    longest = pl.longest_request()
     # a knob the scenario fixes is not searched: the frontier is that value only
     seqs = [sc.engine.max_num_seqs] if sc.engine.max_num_seqs else sorted(set(sc.search.max_num_seqs))
     lens = ([sc.engine.max_model_len] if sc.engine.max_model_len else
@@ -70,11 +69,11 @@ def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
         eng = pl.cell_engine(tp, s, max(ms))
         if pl.budget(eng).planning_blocks != key[1]:
             eng = eng.model_copy(update={"num_gpu_blocks_override": key[1]})
-        load = pl._tasks(eng, rate, range(sc.search.seeds), ci=True)
+        load = pl.tasks(eng, rate, range(sc.search.seeds), ci=True)
         # peak tokens/s, averaged over the same seeds: one closed loop is noisy enough to make a bigger batch
         # cap look slower than a smaller one
         full = pl.full_batch(eng, s)
-        cap = pl._tasks(eng, None, range(sc.search.seeds), closed_users=max(2, 2 * full),
+        cap = pl.tasks(eng, None, range(sc.search.seeds), closed_users=max(2, 2 * full),
                           requests=max(sc.search.requests, CAPACITY_LOOP_ROUNDS * max(2, 2 * full)))
         sims[key] = (load, cap)
     flat = [t for load, cap in sims.values() for t in (*load, *cap)]
@@ -83,7 +82,7 @@ def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
     for key, (load, capt) in sims.items():
         res = [next(out) for _ in load]
         caps = [next(out) for _ in capt]
-        ok, pt, pp = pl._judge(res)
+        ok, pt, pp = pl.judge(res)
         band_t = band_p = None
         if not any(r.saturated or not r.ttft.n for r in res):  # nothing finished (all too long): no band
             # the band: union of the seeds' bootstrap 95% intervals for P99, or the spread across seeds
@@ -146,7 +145,7 @@ def context_frontier(pl: Planner, tp: int) -> list[ContextCell]:
                 continue
             cell.kv_concurrency = b.concurrency_at(ctx)
             users = max(2, 2 * min(s, cell.kv_concurrency))  # more only queue behind a full batch
-            cap = pl._tasks(e, None, range(1), closed_users=users, workload=wl,
+            cap = pl.tasks(e, None, range(1), closed_users=users, workload=wl,
                               requests=max(CONTEXT_REQUESTS, CAPACITY_LOOP_ROUNDS * users))[0]
             runs.append((cell, e, wl, cap))
     if not runs:
@@ -157,7 +156,7 @@ def context_frontier(pl: Planner, tp: int) -> list[ContextCell]:
         cell.capacity_tokens_per_s = capr.capacity_rates[1]
         rate = capr.capacity_rates[0] * sc.headroom
         # one seed of CONTEXT_REQUESTS: a map of where the trade-off turns, not the plan's verified answer
-        loads.append(pl._tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
+        loads.append(pl.tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
     res = iter(pl.ex.run([t for load in loads for t in load]))
     k = sc.slo.key
     for (cell, *_), load in zip(runs, loads):
@@ -165,7 +164,7 @@ def context_frontier(pl: Planner, tp: int) -> list[ContextCell]:
         if not rs:
             cell.saturated = True
             continue
-        ok, pt, pp = pl._judge(rs)
+        ok, pt, pp = pl.judge(rs)
         cell.saturated = any(r.saturated for r in rs)
         if not cell.saturated:
             cell.p_ttft, cell.p_tpot = pt, pp
@@ -228,7 +227,7 @@ def _context_tradeoff(pl: Planner, frontier: list[Cell], rec: Cell) -> list[str]
     row = [c for c in frontier if c.max_num_seqs == rec.max_num_seqs and c.feasible and c.kv_tokens]
     if len(row) < 2:
         return []
-    bs = pl.budget(pl.cell_engine(pl._frontier_tp, rec.max_num_seqs, rec.max_model_len)).block_size
+    bs = pl.budget(pl.cell_engine(pl.frontier_tp, rec.max_num_seqs, rec.max_model_len)).block_size
 
     def full(c: Cell) -> int:
         return (c.kv_blocks or 0) // math.ceil(c.max_model_len / bs)
@@ -237,7 +236,7 @@ def _context_tradeoff(pl: Planner, frontier: list[Cell], rec: Cell) -> list[str]
     return [f"max_model_len {hi.max_model_len:,} admits requests up to that length at the same P{pl.sc.slo.percentile} "
             f"as {lo.max_model_len:,} at this load; its cost is concurrency at full length: {full(hi):,} requests "
             f"of {hi.max_model_len:,} tokens fit the KV cache at once vs {full(lo):,} of {lo.max_model_len:,} "
-            f"(the workload's longest request is {pl._longest_request():,} tokens)"]
+            f"(the workload's longest request is {pl.longest_request():,} tokens)"]
 
 def sensitivity(pl: Planner, engine: EngineConfig, rate: float) -> list[str]:
     """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
@@ -250,8 +249,8 @@ def sensitivity(pl: Planner, engine: EngineConfig, rate: float) -> list[str]:
         return []
     shorter = wl.model_copy(update={"input_len": li.model_copy(update={"value": li.value - d})})
     seeds = range(pl.sc.search.seeds)
-    a = pl.ex.run(pl._tasks(engine, rate, seeds))
-    b = pl.ex.run(pl._tasks(engine, rate, seeds, workload=shorter))
+    a = pl.ex.run(pl.tasks(engine, rate, seeds))
+    b = pl.ex.run(pl.tasks(engine, rate, seeds, workload=shorter))
     k = pl.sc.slo.key
     if any(r.saturated for r in a + b):
         return []
@@ -290,8 +289,6 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
     budget must hold a whole prompt) and where the scenario does not set the budget; for vLLM a budget below
     the batch cap (vLLM refuses it), and any budget without room for KV, is not tried. Returns (engine, search,
     replicas), unchanged when no budget does better."""
-    from capacity.plan.planner import replicas_for
-
     sc = pl.sc
     kind = engine.engine.split("@")[0]  # vllm@0.11, sglang@0.4.6: the engine, whatever its release
     if replicas <= 1 or kind not in ("vllm", "sglang") or sc.engine.max_num_batched_tokens is not None:
@@ -310,7 +307,7 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
             pl.budget(e)
         except (DoesNotFit, ConfigError):
             continue
-        if not pl._judge(pl.ex.run(pl._tasks(e, need, seeds)))[0]:
+        if not pl.judge(pl.ex.run(pl.tasks(e, need, seeds)))[0]:
             continue
         s = pl.rate_search(e, tp, max_num_seqs)
         if s.max_rate > 0 and replicas_for(sc, s.max_rate) < replicas and (replicas_for(sc, s.max_rate),
@@ -332,8 +329,6 @@ def tp_sizes(pl: Planner) -> list[int]:
     tps = [sc.fixed_tp] if sc.fixed_tp else list(sc.search.tp)
     if sc.profile is None:
         return tps
-    from capacity.cost.profile import load_profile, profile_label
-
     ptp = load_profile(sc.profile).tp
     if sc.fixed_tp and sc.fixed_tp != ptp:
         raise ConfigError(f"profile {profile_label(sc.profile)} was measured at tp={ptp}, the scenario fixes "

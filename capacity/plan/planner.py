@@ -29,28 +29,37 @@ from __future__ import annotations
 
 import math
 
+from capacity import __version__
+from capacity.cost.factory import make_step_cost
+from capacity.cost.overlap import overlapped_source, paced_source
+from capacity.cost.profile import load_profile
+from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
+from capacity.engine.memory import batch_context_table, default_batches, default_contexts
+from capacity.engine.memory import budget as memory_budget
+from capacity.engine.sglang import launch_command as sglang_command
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
+from capacity.model.gpus import catalogue, get_gpu, with_memory
+from capacity.pipeline import check_policy, overlapped_cpu_s
 from capacity.plan import frontier
 from capacity.plan.frontier import tp_sizes, tune_budget
 from capacity.plan.progress import phase
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
 from capacity.plan.roofline_level import output_handling_notes, roofline_notes
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
+from capacity.plan.sizing import mean as _mean
+from capacity.plan.sizing import replicas_for
 from capacity.plan.tasks import SimTask, TaskResult, run_task
+from capacity.plan.why import infeasible_reason
+from capacity.steady import capacity_loop
+from capacity.steady import full_batch as steady_full_batch
 from capacity.workload import Arrivals, Lengths, WorkloadSpec, context_of
 
 __all__ = ["Plan", "Planner", "Scenario", "SearchSpec", "SLOSpec", "SimTask", "make_plan", "run_task"]
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
 class Planner:
     def __init__(self, sc: Scenario, card, executor) -> None:
-        from capacity.model.gpus import catalogue, get_gpu, with_memory
-        from capacity.pipeline import check_policy
 
         check_policy(sc.engine, sc.workload)
         self.sc, self.card, self.ex = sc, card, executor
@@ -61,7 +70,7 @@ class Planner:
                                       else self.gpu.model_dump())
         self.notes: list[str] = []
         self.sources: dict[int, str] = {}  # tp -> step-cost source
-        self._frontier_tp = 1
+        self.frontier_tp = 1
         self.search_engines: dict[int, EngineConfig] = {}
 
     # ---- one engine configuration per question ---------------------------------------------------------
@@ -76,7 +85,6 @@ class Planner:
         when that is larger (vLLM refuses a token budget below the batch cap)."""
         e = self.engine(tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
         if max_num_seqs is not None:
-            from capacity.engine import get_engine
 
             mnbt = e.max_num_batched_tokens or get_engine(e.engine).default_max_num_batched_tokens(e, self.card, self.gpu)
             if mnbt < max_num_seqs:
@@ -95,7 +103,7 @@ class Planner:
             first = exc
         if self.sc.engine.max_model_len is not None:
             raise first
-        longest = self._longest_request()
+        longest = self.longest_request()
         for m in sorted((x for x in self.sc.search.max_model_len if x < self.card.max_position_embeddings), reverse=True):
             if m < longest:
                 break
@@ -110,22 +118,14 @@ class Planner:
         raise first
 
     def budget(self, engine: EngineConfig):
-        from capacity.engine.memory import budget
-
-        return budget(self.card, self.gpu, engine)
+        return memory_budget(self.card, self.gpu, engine)
 
     def check_source(self, tp: int) -> str:
         """Build the step cost once for this TP: a profile that cannot serve it is refused here, in one line."""
         if tp not in self.sources:
-            from capacity.cost.factory import make_step_cost
-
             kv = self.sc.engine.kv_cache_dtype
             cost = make_step_cost(self.card, self.gpu, tp, kv_dtype=kv, profile=self.sc.profile)
             src = cost.source
-            from capacity.cost.overlap import overlapped_source, paced_source
-            from capacity.engine import get_engine
-            from capacity.pipeline import overlapped_cpu_s
-
             # as capacity.pipeline.prepare wraps the cost
             per_step = overlapped_cpu_s(get_engine(self.sc.engine.engine), self.sc.engine, self.sc.profile, cost)
             if per_step:
@@ -136,7 +136,7 @@ class Planner:
         return self.sources[tp]
 
     # one probe = `seeds` simulations at one rate
-    def _tasks(self, engine: EngineConfig, rate: float | None, seeds: range, replicas: int = 1,
+    def tasks(self, engine: EngineConfig, rate: float | None, seeds: range, replicas: int = 1,
                closed_users: int | None = None, requests: int | None = None, ci: bool = False,
                router: str = "round_robin", workload: WorkloadSpec | None = None) -> list[SimTask]:
         wl = workload or self.sc.workload
@@ -152,7 +152,7 @@ class Planner:
         return [SimTask(self.card_dict, self._task_gpu, e, w, s, replicas, router, self.sc.profile,
                         self.sc.search.warmup_fraction, ci) for s in seeds]
 
-    def _judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
+    def judge(self, results: list[TaskResult]) -> tuple[bool, float, float]:
         """Pass when no run saturated, no run's TTFT was still rising (its percentiles are a transient's, lower
         than a longer run would give: `pipeline.RunResult.rising`), and the SLO percentile (mean over seeds) meets
         the SLOs. When request classes carry SLOs of their own, each such class is held to its own and classes
@@ -181,18 +181,14 @@ class Planner:
 
     def full_batch(self, engine: EngineConfig, max_num_seqs: int) -> int:
         """The most sequences the engine can run at once on this workload (`capacity.steady.full_batch`)."""
-        from capacity.steady import full_batch
-
-        return full_batch(engine, self.budget(engine), self.sc.workload, max_num_seqs)
+        return steady_full_batch(engine, self.budget(engine), self.sc.workload, max_num_seqs)
 
     def capacity(self, engine: EngineConfig, max_num_seqs: int) -> TaskResult:
         """Throughput with the queue never empty (`capacity.steady.capacity_loop`, as `capacity simulate` measures it)."""
-        from capacity.steady import capacity_loop
-
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)
         dp = engine.data_parallel_size  # a replica of dp ranks, each with its own scheduler: dp x the users
-        return self.ex.run(self._tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
+        return self.ex.run(self.tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
                                        requests=wl.num_requests * dp))[0]
 
     def rate_search(self, engine: EngineConfig, tp: int, max_num_seqs: int) -> RateSearch:
@@ -203,13 +199,11 @@ class Planner:
         if not cap_rate or not math.isfinite(cap_rate):
             raise CapacityError(f"could not measure a capacity at tp={tp} (no request finished)")
         lo_rate = cap_rate * 0.02
-        ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, lo_rate, seeds)))
+        ok, pt, pp = self.judge(self.ex.run(self.tasks(engine, lo_rate, seeds)))
         b = self.budget(engine)
         rs = RateSearch(tp, 0.0, lo_rate, cap_rate, [(lo_rate, ok, pt, pp)], (pt, pp), cap.source,
                         b.max_num_seqs, b.max_num_batched_tokens)
         if not ok:  # even a trickle misses the SLO: infeasible, and why
-            from capacity.plan.why import infeasible_reason
-
             rs.why = infeasible_reason(self, engine, rs)
             return rs
         lo, hi = lo_rate, cap_rate * 1.05
@@ -223,7 +217,7 @@ class Planner:
             if mid >= cap_rate:  # at or above the capacity a backlog never drains, whatever a finite run shows
                 ok, pt, pp = False, math.inf, math.inf
             else:
-                ok, pt, pp = self._judge(self.ex.run(self._tasks(engine, mid, seeds)))
+                ok, pt, pp = self.judge(self.ex.run(self.tasks(engine, mid, seeds)))
             rs.probes.append((mid, ok, pt, pp))
             lo, hi = (mid, hi) if ok else (lo, mid)
         rs.max_rate, rs.failed_rate = lo, hi
@@ -323,9 +317,6 @@ class Planner:
         cost = None
         if sc.price_per_gpu_hour:
             cost = gpus * sc.price_per_gpu_hour / (sc.target_rate_per_s * mean_out * 3600) * 1e6
-        from capacity.engine import get_engine
-        from capacity.engine.sglang import launch_command as sglang_command
-
         em = get_engine(rec_engine.engine)
         vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
@@ -333,13 +324,8 @@ class Planner:
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
         eng = em.resolve(base_cfg, card, gpu)
-        from capacity import __version__
-        from capacity.engine.memory import batch_context_table, default_batches, default_contexts
-
         prov = None
         if sc.profile:
-            from capacity.cost.profile import load_profile
-
             prov = load_profile(sc.profile).provenance.model_dump()
         if not sc.profile:  # the roofline's level against published runs (bench/published.py, bench/mlperf.py)
             self.notes += roofline_notes(card, gpu, sc.headroom)
@@ -371,7 +357,7 @@ class Planner:
     def sensitivity(self, engine: EngineConfig, rate: float) -> list[str]:
         return frontier.sensitivity(self, engine, rate)
 
-    def _longest_request(self) -> int:
+    def longest_request(self) -> int:
         wl = self.sc.workload
         out = 0
         for c in range(len(wl.classes)):
@@ -382,15 +368,10 @@ class Planner:
     def verify(self, engine: EngineConfig, replicas: int) -> Verification:
         sp = self.sc.search
         seeds = range(1000, 1000 + sp.seeds)
-        res = self.ex.run(self._tasks(engine, self.sc.target_rate_per_s, seeds, replicas=replicas,
+        res = self.ex.run(self.tasks(engine, self.sc.target_rate_per_s, seeds, replicas=replicas,
                                       requests=max(sp.requests, 200 * replicas), router="least_outstanding"))
-        ok, pt, pp = self._judge(res)
+        ok, pt, pp = self.judge(res)
         return Verification(ok, replicas, pt, pp, list(seeds), self.sc.target_rate_per_s)
-
-def replicas_for(sc: Scenario, max_rate: float) -> int:
-    """Replicas to serve the target with each at `headroom` x its max sustainable rate."""
-    return max(1, math.ceil(sc.target_rate_per_s / (max_rate * sc.headroom) - 1e-9))  # a trickle still needs one
-
 
 def _max_len(lengths: Lengths) -> int:
     if lengths.kind == "fixed":

@@ -23,7 +23,7 @@ def _check(res, names: list[str], slo: dict[str, float]) -> tuple[bool, dict[str
     s = res.summary
     per = s.per_class if len(names) > 1 else {names[0]: s}
     out: dict[str, Any] = {"saturated": res.sim.saturated, "ttft_rising": res.rising}
-    ok = not res.sim.saturated and not res.rising  # a TTFT still rising: a queue that grows (as Planner._judge)
+    ok = not res.sim.saturated and not res.rising  # a TTFT still rising: a queue that grows (as Planner.judge)
     for name in names:
         c = per[name]
         out[name] = {"p99_ttft_s": c.ttft_s.p99, "p99_tpot_s": c.tpot_s.p99, "p99_e2e_s": c.e2e_s.p99,

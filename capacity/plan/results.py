@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
+
 from capacity.engine.budget import MemoryBudget
 from capacity.plan.scenario import SLOSpec
 
@@ -133,7 +135,5 @@ class Plan:
     @classmethod
     def from_dict(cls, d: dict) -> Plan:
         """A plan read back from its JSON form; a file that is not one raises ValueError/TypeError/KeyError."""
-        from pydantic import TypeAdapter
-
         data = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         return TypeAdapter(cls).validate_python(data)

@@ -2,12 +2,15 @@
 SLOs, target rate, price) and how hard it searches. One strict pydantic model, from YAML or CLI flags."""
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
+from capacity.files import read_mapping, validate
+from capacity.model.card import ModelCard, load_named_card, resolve_model_path
 from capacity.workload import Rate, WorkloadSpec
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
@@ -117,3 +120,33 @@ class Scenario(_Strict):
         from capacity.cost.factory import DEFAULT_GPU
 
         return DEFAULT_GPU
+
+
+def load_scenario(path: str, flags: dict) -> tuple[Scenario, ModelCard]:
+    """A scenario file (has `model:`) or a model card (then flags fill the scenario): the scenario and its card.
+    `flags` (None: not given) override what the file sets; what the file leaves unset stays unset. Shared by the
+    CLI (`capacity plan`, `sweep`, `export`) and any other surface that reads scenario files."""
+    p = resolve_model_path(path)
+    data = read_mapping(p)
+    if "model" in data and "num_layers" not in data:
+        sc = validate(Scenario, data, str(p))
+        model = sc.model
+        if isinstance(model, dict):
+            card = validate(ModelCard, model, f"{p}: model")
+        else:
+            mp = (p.parent / model) if not Path(model).is_absolute() and (p.parent / model).is_file() else model
+            card = load_named_card(str(mp))
+        over = {k: v for k, v in flags.items() if v is not None}
+        if over:  # only what the file set, so that the engine's "not given" (e.g. a searched TP) survives
+            sc = validate(Scenario, _merge(sc.model_dump(exclude_unset=True), over), str(p) + " + flags")
+        return sc, card
+    card = load_named_card(path)
+    data = _merge({"model": str(p)}, {k: v for k, v in flags.items() if v is not None})
+    return validate(Scenario, data, "options"), card
+
+
+def _merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

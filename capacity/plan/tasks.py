@@ -5,9 +5,11 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, field
 
+from pydantic import TypeAdapter
+
 from capacity.sim.metrics import Dist
 
-RESULT_SCHEMA = 5  # bump when TaskResult changes shape: older cache entries are then recomputed
+RESULT_SCHEMA = 6  # bump when TaskResult changes shape: older cache entries are then recomputed (6: the JSON generated)
 
 
 @dataclass(frozen=True)
@@ -92,27 +94,21 @@ class TaskResult:
         return {"ttft": self.ttft, "tpot": self.tpot, "itl": self.itl, "e2e": self.e2e}[name]
 
     def to_json(self) -> dict:
-        return {"schema": RESULT_SCHEMA, "ttft": self.ttft.as_dict(), "tpot": self.tpot.as_dict(),
-                "itl": self.itl.as_dict(), "e2e": self.e2e.as_dict(), "tokens_per_s": self.tokens_per_s,
-                "requests_per_s": self.requests_per_s, "saturated": self.saturated, "capacity": self.capacity,
-                "source": self.source, "rejected": self.rejected, "preemptions": self.preemptions,
-                "kv_blocks": self.kv_blocks, "p99_ci": {k: list(v) for k, v in self.p99_ci.items()},
-                "per_class": {k: [a.as_dict(), b.as_dict()] for k, (a, b) in self.per_class.items()},
-                "queue_wait": self.queue_wait.as_dict(), "rising": self.rising,
-                "backlogged": None if self.backlogged is None else list(self.backlogged)}
+        """The cache's JSON form, generated from the fields (capacity.plan.executors writes it with
+        `json.dumps(..., default=float)`, which also takes a numpy scalar a run may leave in a field)."""
+        return {"schema": RESULT_SCHEMA, **_adapter().dump_python(self, warnings=False)}
 
     @classmethod
     def from_json(cls, d: dict) -> TaskResult:
+        """Read back from `to_json`'s form; another schema or a malformed entry raises ValueError."""
         if not isinstance(d, dict) or d.get("schema") != RESULT_SCHEMA:
             raise ValueError("not a task result of this schema")
-        return cls(Dist.from_dict(d["ttft"]), Dist.from_dict(d["tpot"]), Dist.from_dict(d["itl"]),
-                   Dist.from_dict(d["e2e"]), float(d["tokens_per_s"]), float(d["requests_per_s"]),
-                   bool(d["saturated"]), None if d["capacity"] is None else float(d["capacity"]), str(d["source"]),
-                   int(d["rejected"]), int(d["preemptions"]), int(d["kv_blocks"]),
-                   {str(k): (float(v[0]), float(v[1])) for k, v in d["p99_ci"].items()},
-                   {str(k): (Dist.from_dict(v[0]), Dist.from_dict(v[1])) for k, v in d["per_class"].items()},
-                   Dist.from_dict(d["queue_wait"]), bool(d["rising"]),
-                   None if d["backlogged"] is None else (float(d["backlogged"][0]), float(d["backlogged"][1])))
+        return _adapter().validate_python({k: v for k, v in d.items() if k != "schema"})
+
+
+@functools.cache
+def _adapter() -> TypeAdapter[TaskResult]:
+    return TypeAdapter(TaskResult)
 
 
 def run_task(task: SimTask) -> TaskResult:
