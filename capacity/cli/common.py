@@ -154,39 +154,18 @@ def role_engine(cfg, tp: int, over: dict, flag: str):
 
 def engine_config(source: str = "options", **fields):
     """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
-    from capacity.engine.config import EngineConfig
+    from capacity.engine.config import settings_class
     from capacity.files import validate
 
-    return validate(EngineConfig, {k: v for k, v in fields.items() if v is not None}, source)
+    return validate(settings_class(), {k: v for k, v in fields.items() if v is not None}, source)
 
 
-def _scenario(model, gpu, tp, kv_dtype, weight_dtype, group, util, max_model_len, max_num_seqs, mnbt, block,
-              eager, no_chunk, contiguous, graphs_in, act_gib, nt_gib, cg_gib, engine=None, optimistic=False,
-              gpu_memory_gib=None, usage_context=None, large_gpu_defaults=None):
+def _scenario(model, gpu, settings: dict, weight_dtype=None, group=None, gpu_memory_gib=None):
+    """The card, the GPU and the EngineConfig of a command's options (`settings`: the engine fields given)."""
     from capacity.model.gpus import get_gpu, with_memory
-    from capacity.units import GiB
 
     card = load_card(model, weight_dtype, group)
-    for name, val in (("--activation-gib", act_gib), ("--non-torch-gib", nt_gib), ("--cuda-graph-gib", cg_gib)):
-        if val is not None and (val < 0 or not math.isfinite(val)):
-            raise CapacityError(f"{name}: must be a finite number >= 0 (got {val})")
-    cfg = engine_config(
-        tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=util,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-        block_size=block, enforce_eager=eager, enable_chunked_prefill=False if no_chunk else None,
-        paged_kv=not contiguous, cuda_graphs_in_budget=graphs_in,
-        activation_bytes=None if act_gib is None else act_gib * GiB,
-        non_torch_bytes=None if nt_gib is None else nt_gib * GiB,
-        cuda_graph_bytes=None if cg_gib is None else cg_gib * GiB,
-        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
-    return card, with_memory(get_gpu(gpu), gpu_memory_gib), cfg
-
-
-def engine_fields(engine=None, optimistic=False, usage_context=None, large_gpu_defaults=None) -> dict:
-    """EngineConfig fields of the release options every command shares (None: not given)."""
-    return {k: v for k, v in (("engine", engine), ("kv_estimate", "middle" if optimistic else None),
-                              ("usage_context", usage_context), ("large_gpu_defaults", large_gpu_defaults))
-            if v is not None}
+    return card, with_memory(get_gpu(gpu), gpu_memory_gib), engine_config(**settings)
 
 
 def _lengths(flag: str, value: str):
@@ -255,7 +234,6 @@ def speculative_fields(spec: str | None, acceptance: str | None, draft: str | No
 
 def _prices(spec: str | None, gpus: list) -> dict[str, float]:
     """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
-    import math
 
     from capacity.errors import CapacityError
 
