@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from capacity.engine.settings import meta
+from capacity.engine.settings import bounds, meta
 
 UNITS = "SI units throughout: seconds (`_s`), bytes (`_bytes`), requests/s (`_per_s`), FLOP/s (`_flops`)."
 
@@ -96,13 +96,9 @@ def _default(f) -> str:
 
 
 def _bounds(f) -> str:
-    """'> 0', '0 <= x <= 1' ... from the field's constraints."""
-    out = []
-    for m in f.metadata:
-        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-            v = getattr(m, attr, None)
-            if v is not None:
-                out.append(f"{sym} {v}")
+    """'> 0', '0 <= x <= 1' ... from the field's constraints (an optional field's too)."""
+    b = bounds(f)
+    out = [f"{sym} {v}" for sym, v in ((">", b.gt), (">=", b.ge), ("<", b.lt), ("<=", b.le)) if v is not None]
     return f" ({', '.join(out)})" if out else ""
 
 
