@@ -43,6 +43,8 @@ def command_options(command: str, optional: bool = False, help: dict[str, str] |
         if not in_command(cli, command):
             continue
         flag, set_to = cli["flag"], cli.get("set_to")
+        ann: Any
+        default: Any
         if set_to is not None:  # a one-sided switch
             ann, default = bool, False
         elif "/" in flag:  # a boolean pair
