@@ -84,8 +84,8 @@ def test_a_new_setting_is_in_the_schema_reference(prefill_boost):
 
 
 def test_every_declared_flag_is_in_its_commands_help():
-    """The declarations' flags and help are what the commands show (fleet takes a named subset)."""
-    for command in (*ENGINE_COMMANDS, "fleet"):
+    """The declarations' flags and help are what the commands show (fleet, autoscale, pools and disagg take a named subset)."""
+    for command in (*ENGINE_COMMANDS, "fleet", "autoscale", "pools", "disagg"):
         text = " ".join(run_cli(command, "--help").stdout.split())
         for name, (_f, cli) in declared(EngineConfig, "cli").items():
             if in_command(cli, command):

@@ -35,9 +35,11 @@ class EngineOption:
     scale: float | None = None
 
 
-def command_options(command: str, optional: bool = False, help: dict[str, str] | None = None) -> list[EngineOption]:
+def command_options(command: str, optional: bool = False, help: dict[str, str] | None = None,
+                    defaults: dict[str, Any] | None = None) -> list[EngineOption]:
     """The options of `command`, in the declaration's order. optional: every default is None ("not given": a
-    scenario file's value stands), as `capacity plan` needs."""
+    scenario file's value stands), as `capacity plan` needs; `help` and `defaults` (field -> value) are the
+    command's own wording and defaults where they differ from the declaration's."""
     out = []
     for name, (f, cli) in declared(settings_class(), "cli").items():
         if not in_command(cli, command):
@@ -51,7 +53,7 @@ def command_options(command: str, optional: bool = False, help: dict[str, str] |
             ann, default = Optional[bool], None if optional else cli.get("default")
         else:
             base = float if cli.get("scale") else value_type(f)[0]
-            default = None if optional else cli.get("default")
+            default = None if optional else (defaults or {}).get(name, cli.get("default"))
             ann = Optional[base] if default is None else base
         out.append(EngineOption(name, flag, (help or {}).get(name, cli["help"]), ann, default, set_to,
                                 cli.get("scale")))
@@ -81,22 +83,24 @@ class EngineCommand:
     """A command with generated engine options. Its signature (what typer reads when it builds the command) is
     computed from the declarations each time, so a setting declared after import appears too."""
 
-    def __init__(self, fn: Callable[..., Any], command: str, optional: bool, help: dict[str, str] | None) -> None:
+    def __init__(self, fn: Callable[..., Any], command: str, optional: bool, help: dict[str, str] | None,
+                 defaults: dict[str, Any] | None, param: str) -> None:
         functools.update_wrapper(self, fn)
-        self._fn, self._command, self._optional, self._help = fn, command, optional, help
+        self._fn, self._command, self._optional, self._help, self._defaults = fn, command, optional, help, defaults
+        self._param = param
         self._sig = inspect.signature(fn, eval_str=True)
-        if "settings" not in self._sig.parameters:
-            raise TypeError(f"{fn.__name__}: an engine command takes a `settings` parameter")
+        if param not in self._sig.parameters:
+            raise TypeError(f"{fn.__name__}: an engine command takes a `{param}` parameter")
 
     def options(self) -> list[EngineOption]:
-        return command_options(self._command, self._optional, self._help)
+        return command_options(self._command, self._optional, self._help, self._defaults)
 
     @property
     def __signature__(self) -> inspect.Signature:
         params = []
         own = set(self._sig.parameters)
         for p in self._sig.parameters.values():
-            if p.name != "settings":
+            if p.name != self._param:
                 params.append(p)
                 continue
             for o in self.options():
@@ -112,15 +116,16 @@ class EngineCommand:
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         opts = self.options()
         values = {o.field: kwargs.pop(o.field, None) for o in opts}
-        return self._fn(*args, settings=given(opts, values), **kwargs)
+        return self._fn(*args, **{self._param: given(opts, values)}, **kwargs)
 
 
-def engine_options(command: str, *, optional: bool = False,
-                   help: dict[str, str] | None = None) -> Callable[[Callable[..., Any]], Any]:
+def engine_options(command: str, *, optional: bool = False, help: dict[str, str] | None = None,
+                   defaults: dict[str, Any] | None = None, param: str = "settings") -> Callable[[Callable[..., Any]], Any]:
     """Decorator (under `@app.command()`): the command's engine options from the declarations (see the module
-    docstring); `help` rewords a setting's help for this command (field -> text)."""
+    docstring), handed to the command as its `param` (a dict of the fields given); `help` and `defaults` are the
+    command's own wording and defaults of a setting (field -> text or value)."""
     def wrap(fn: Callable[..., Any]) -> Any:
-        return EngineCommand(fn, command, optional, help)
+        return EngineCommand(fn, command, optional, help, defaults, param)
     return wrap
 
 

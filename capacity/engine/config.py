@@ -64,7 +64,7 @@ class EngineConfig(BaseModel):
         commands=(*ENGINE_COMMANDS, "fleet"), ui={"label": "Engine", "kind": "selectbox"})
     tensor_parallel_size: PosInt = setting(
         1, description="GPUs per replica (heads must divide it, as vLLM requires)", flag="--tp",
-        help="Tensor-parallel size", cli_default=1, vllm="--tensor-parallel-size", sglang="--tp", trtllm="--tp_size",
+        help="Tensor-parallel size", cli_default=1, commands=(*ENGINE_COMMANDS, "autoscale", "pools"), vllm="--tensor-parallel-size", sglang="--tp", trtllm="--tp_size",
         ui={"label": "Tensor parallel size", "kind": "select_slider", "options": [1, 2, 4, 8]})
     pipeline_parallel_size: Annotated[int, Field(gt=0, le=64)] = setting(
         1, description="vLLM's --pipeline-parallel-size: the layers split into this many stages "
@@ -91,13 +91,14 @@ class EngineConfig(BaseModel):
         ui={"label": "gpu_memory_utilization", "kind": "slider", "min": 0.5, "max": 0.98, "step": 0.01})
     max_model_len: PosInt | None = setting(
         None, description="longest request (prompt + output) accepted; None: the model's max_position_embeddings",
-        flag="--max-model-len", help="Max context (default: the model's)", commands=(*ENGINE_COMMANDS, "fleet"),
+        flag="--max-model-len", help="Max context (default: the model's)",
+        commands=(*ENGINE_COMMANDS, "fleet", "autoscale", "pools", "disagg"),
         vllm="--max-model-len", sglang="--context-length", trtllm="--max_seq_len",
         ui={"label": "max_model_len", "kind": "select_slider", "value": 8192,
             "options": [2048, 4096, 8192, 16384, 32768, 65536, 131072]})
     max_num_seqs: PosInt | None = setting(
         None, description="batch cap; None: the release's default (see large_gpu_defaults)", flag="--max-num-seqs",
-        help="Max batch (default: vLLM's rule)", vllm="--max-num-seqs", sglang="--max-running-requests",
+        help="Max batch (default: vLLM's rule)", commands=(*ENGINE_COMMANDS, "autoscale"), vllm="--max-num-seqs", sglang="--max-running-requests",
         trtllm="--max_batch_size", ui={"label": "max_num_seqs (max batch)", "kind": "select_slider", "value": 256,
                                        "options": [8, 16, 32, 64, 128, 256, 512, 1024]})
     max_num_batched_tokens: PosInt | None = setting(
