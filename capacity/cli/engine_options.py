@@ -15,7 +15,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from capacity.engine.config import settings_class
-from capacity.engine.settings import declared, in_command, value_type
+from capacity.engine.settings import declared, in_command, meta, value_type
 from capacity.errors import CapacityError
 
 # The `settings` parameter's default in a command's own signature (it stands where the generated options go; the
@@ -79,6 +79,12 @@ def given(options: list[EngineOption], values: dict[str, Any]) -> dict[str, Any]
     return out
 
 
+def engine_option(name: str, help: str | None = None) -> Any:
+    """The typer option of one declared setting, for a signature written by hand (`Annotated[int, this]`)."""
+    cli = meta(settings_class().model_fields[name], "cli")
+    return typer.Option(cli["flag"], help=help or cli["help"])
+
+
 class EngineCommand:
     """A command with generated engine options. Its signature (what typer reads when it builds the command) is
     computed from the declarations each time, so a setting declared after import appears too."""
@@ -129,4 +135,4 @@ def engine_options(command: str, *, optional: bool = False, help: dict[str, str]
     return wrap
 
 
-__all__ = ["FROM_DECLARATIONS", "EngineCommand", "EngineOption", "command_options", "engine_options", "given"]
+__all__ = ["FROM_DECLARATIONS", "EngineCommand", "EngineOption", "command_options", "engine_option", "engine_options", "given"]
