@@ -74,7 +74,7 @@ def given(options: list[EngineOption], values: dict[str, Any]) -> dict[str, Any]
         if o.scale is not None:
             if v < 0 or not math.isfinite(v):
                 raise CapacityError(f"{o.flag}: must be a finite number >= 0 (got {v})")
-            v = v * o.scale
+            v = v * o.scale if o.scale >= 1 else v / (1 / o.scale)  # ms -> s as v / 1000, bit for bit
         out[o.field] = v
     return out
 
