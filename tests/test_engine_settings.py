@@ -101,3 +101,11 @@ def test_switches_and_units_map_to_the_fields():
                        "activation_bytes": 1.5, "enforce_eager": False, "max_num_seqs": None})
     assert got == {"enable_chunked_prefill": False, "paged_kv": False, "kv_estimate": "middle",
                    "activation_bytes": 1.5 * 2**30}
+
+
+def test_max_wait_ms_is_seconds_as_before():
+    """--max-wait-ms 7 is 7 / 1000 s exactly (what the command computed before it was generated)."""
+    from capacity.cli.engine_options import command_options, given
+
+    assert given(command_options("simulate"), {"static_max_wait_s": 7.0}) == {"static_max_wait_s": 7.0 / 1e3}
+    assert "static_max_wait_s" not in {o.field for o in command_options("memory")}  # simulate's own
