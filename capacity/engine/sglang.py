@@ -28,6 +28,7 @@ from collections.abc import Callable
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.sglang_memory import (  # re-exported: the accounting's names stay importable from here
     CURRENT,
     LOAD_EXTRA_HIGH_GIB,
@@ -83,14 +84,10 @@ def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig,
 def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget, gpu: GPU | None = None) -> str:
     """The plan's vLLM configuration as an SGLang command, memory translated by meaning: F such that SGLang's
     own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static)."""
-    from capacity.engine.launch import model_reference, with_comment
-
     frac, held = mem_fraction_static(b, card, cfg, gpu)
     ref = model_reference(card, "sglang")
     pool = min(held, b.planning_tokens)
-    from capacity.engine.launch import declared_flags
-    from capacity.engine.launch import engine_flag as f  # the flag names: EngineConfig's declarations
-
+    f = engine_flag  # the flag names: EngineConfig's declarations
     parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
              f"{f('sglang', 'tensor_parallel_size')} {b.tp}", f"{f('sglang', 'max_num_seqs')} {b.max_num_seqs}",
              f"{f('sglang', 'max_model_len')} {b.max_model_len}",
@@ -250,7 +247,6 @@ class Sglang(SglangMemory):
         SGLang keeps the smaller of it and what it profiles), FCFS. The radix cache stays on (SGLang's default):
         with it, SGLang admits every request by the new_token_ratio rule modelled here (with it off, requests
         sent with ignore_eos take a stricter path)."""
-        from capacity.engine.launch import model_reference, with_comment
         from capacity.engine.sglang_memory import version_key
         from capacity.engine.sglang_mm import runner_mm_factor
 
@@ -262,8 +258,6 @@ class Sglang(SglangMemory):
 
         chunk = b.max_num_batched_tokens if b.chunked_prefill else -1
         ref = model_reference(card, "sglang")
-        from capacity.engine.launch import declared_flags, engine_flag  # the flag names: EngineConfig's declarations
-
         parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
                  f"{engine_flag('sglang', 'tensor_parallel_size')} {b.tp}",
                  f"{engine_flag('sglang', 'max_model_len')} {b.max_model_len}",

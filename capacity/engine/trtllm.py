@@ -49,6 +49,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.trtllm_release import TrtllmRelease, parse_trtllm
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
@@ -351,9 +352,7 @@ class Trtllm:
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:
             extra.append("cuda_graph_config: null")
-        from capacity.engine.launch import declared_flags, model_reference, with_comment
-        from capacity.engine.launch import engine_flag as f  # the flag names: EngineConfig's declarations
-
+        f = engine_flag  # the flag names: EngineConfig's declarations
         ref = model_reference(card, "trtllm")
         cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {self.rel.backend}",
                         f"{f('trtllm', 'tensor_parallel_size')} {b.tp}", f"{f('trtllm', 'max_num_seqs')} {b.max_num_seqs}",

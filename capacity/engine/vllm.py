@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from capacity.engine.budget import MemoryBudget, SchedLimits
 from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.vllm_layout import hybrid_block_size, kv_groups
 from capacity.engine.vllm_memory import (  # re-exported: the accounting's names stay importable from here
     ACTIVATION_SLACK_GIB,
@@ -166,9 +167,7 @@ class Vllm(VllmMemory):
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`vllm serve` with every knob that decides the simulated configuration spelled out."""
-        from capacity.engine.launch import declared_flags, model_reference, with_comment
-        from capacity.engine.launch import engine_flag as f  # the flag names: EngineConfig's declarations
-
+        f = engine_flag  # the flag names: EngineConfig's declarations
         rel = self.release
         ref = model_reference(card, "vllm")
         parts = [f"vllm serve {ref.model}", *ref.flags, f"{f('vllm', 'tensor_parallel_size')} {b.tp}",
