@@ -61,7 +61,9 @@ class EngineConfig(BaseModel):
         "vllm", description="Which engine model resolves defaults, memory and scheduling: `vllm` (the current release), "
         "`vllm@0.11` (the last patch of a release), `vllm@0.9.2:v0` (the V0 engine of a release that has both).",
         flag="--engine", help="Engine release: vllm (current), vllm@0.11, vllm@0.9.2:v0 (see `capacity engines`)",
-        commands=(*ENGINE_COMMANDS, "fleet"), ui={"label": "Engine", "kind": "selectbox"})
+        commands=(*ENGINE_COMMANDS, "fleet"), ui={"label": "Engine", "kind": "selectbox", "help": "whose defaults, "
+        "start-up memory accounting and scheduler apply: vLLM (vllm = the current release), SGLang or TensorRT-LLM "
+        "(`capacity engines` lists them all)"})
     tensor_parallel_size: PosInt = setting(
         1, description="GPUs per replica (heads must divide it, as vLLM requires)", flag="--tp",
         help="Tensor-parallel size", cli_default=1, commands=(*ENGINE_COMMANDS, "autoscale", "pools"), vllm="--tensor-parallel-size", sglang="--tp", trtllm="--tp_size",
