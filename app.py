@@ -159,7 +159,7 @@ def sidebar():
     max_len = sb.select_slider("max_model_len", [2048, 4096, 8192, 16384, 32768, 65536, 131072], value=8192,
                                key="max_len")
     mnbt = sb.select_slider("max_num_batched_tokens", [1024, 2048, 4096, 8192, 16384], value=8192)
-    from capacity.engine.vllm_release import LAST_PATCH
+    from capacity.engine.vllm.release import LAST_PATCH
 
     releases = ["vllm"] + [f"vllm@{a}.{b}" for (a, b) in sorted(LAST_PATCH, reverse=True) if (a, b) >= (0, 10)]
     release = sb.selectbox("Engine", [*releases, "sglang", "trtllm"],

@@ -3,6 +3,7 @@ How the terms are computed is the engine model's business (`capacity.engine.vllm
 the answer and the arithmetic all engines share (KV bytes per token, blocks, does-not-fit messages)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 from capacity.engine.config import check_tp
@@ -10,6 +11,7 @@ from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.model.weights import weight_bytes_per_rank
+from capacity.sched.base import Scheduler
 from capacity.units import DTYPE_BYTES, GiB
 
 TP_CHOICES = (1, 2, 4, 8, 16)
@@ -149,6 +151,9 @@ class MemoryBudget:
         if self.planning_blocks < reserve:
             return 0
         return (self.planning_blocks - reserve) // held + 1
+
+
+SchedulerFactory = Callable[[], Scheduler]  # builds one replica's scheduler (EngineModel.scheduler_factory)
 
 
 @dataclass(frozen=True)

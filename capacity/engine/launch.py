@@ -208,7 +208,7 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
         card = card.with_overrides(weight_dtype="fp8")
     release = engine_release or spec.engine
     if spec.engine == "sglang":
-        from capacity.engine.sglang import parse_release, sglang_budget
+        from capacity.engine.sglang.memory import parse_release, sglang_budget
 
         s = spec.settings
         chunk = s.get("max_num_batched_tokens") if s.get("enable_chunked_prefill", True) else -1

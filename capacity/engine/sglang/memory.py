@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, ResolvedEngine
-from capacity.engine.sglang_mm import runner_mm_factor
+from capacity.engine.sglang.mm import runner_mm_factor
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -262,7 +262,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     GiB of distributed init at TP 8 on an H200). A is T0 less the weights of one rank. `kv_tokens_low` is the pool
     if the context takes the high end (1.0 GiB, and the high end of the NCCL term): what a plan may count on."""
     from capacity.engine.config import MemoryModelParams
-    from capacity.engine.vllm import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
+    from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
     from capacity.model.weights import weight_bytes_per_rank
 
     if context_bytes is None:
@@ -294,7 +294,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         mla=card.mla is not None, vlm_factor=vlm, amd=amd)
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
-    runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang_mm)
+    runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang/mm.py)
     if runner != 1.0:
         f *= runner
         notes.append(f"a multimodal model: the model runner (sglang@{release} rules) lowers F by x{runner:.2f} to {f:.3f}")
@@ -365,6 +365,15 @@ class SglangMemory:
 
     def _resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> tuple[ResolvedEngine, SglangBudget]:
         raise NotImplementedError  # Sglang._resolve
+
+    def startup_memory(self, card: ModelCard, gpu: GPU, tp: int, *, mem_fraction_static: float | None,
+                       context_len: int | None, kv_cache_dtype: str, chunked_prefill_size: int | None,
+                       max_running: int | None) -> SglangBudget:
+        """SGLang's own start-up accounting (T0, F, the reserve, the pool) under this release's rules, in SGLang's
+        terms (`capacity memory --engine sglang`): `sglang_budget` at SGLang's flags."""
+        return sglang_budget(card, gpu, tp, release=self.release, mem_fraction_static=mem_fraction_static,
+                             context_len=context_len, kv_cache_dtype=kv_cache_dtype,
+                             chunked_prefill_size=chunked_prefill_size, max_running=max_running)
 
     def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
         """SGLang's start-up memory as a MemoryBudget (see the module docstring for where each term goes). With

@@ -13,7 +13,7 @@ Read from the PyPI wheels, `python/sglang/srt/model_executor/model_runner.py`, `
   text-only unless `--enable-multimodal`, so they keep F (0.4.4.post2 to 0.4.5.post3 list Gemma-3 as multimodal;
   0.4.4.post1 and earlier cannot load it);
 - from 0.4.9 the reduction moved to `ServerArgs.__post_init__` and applies to the default F only
-  (`vlm_fraction_factor` in `capacity.engine.sglang_memory`); the runner no longer touches F.
+  (`vlm_fraction_factor` in `capacity.engine.sglang.memory`); the runner no longer touches F.
 
 The pool is then sized with the lowered F: rest = A - T0 x (1 - F x factor) (`profile_max_num_token`), and
 `init_memory_pool` raises "Not enough memory. Please try to increase --mem-fraction-static." when it is <= 0.

@@ -1,14 +1,14 @@
 """What vLLM lays out beside the activation peak, per release: how a kernel path stores quantised experts (MXFP4),
 how the KV cache is laid out (DeepSeek before MLA, sliding-window groups, a hybrid model's state layers and
 the attention block size they raise), and how pipeline stages split a model. Read from each release's code
-(docs/memory.md has the files and the checks); `capacity.engine.vllm_memory` puts them into the budget. It
+(docs/memory.md has the files and the checks); `capacity.engine.vllm.memory` puts them into the budget. It
 changes when a release changes one of these layouts."""
 from __future__ import annotations
 
 import re
 
 from capacity.engine.budget import KVGroups
-from capacity.engine.vllm_release import Release
+from capacity.engine.vllm.release import Release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU

@@ -1,7 +1,7 @@
 """The SGLang engine model (`Sglang`): its defaults, its scheduler (`capacity.sched.sglang`) and its launch
 command; and `launch_command`, the vLLM plan's configuration translated into an SGLang command. Its start-up
-memory accounting, read from SGLang's code and checked on its start-up logs, is `capacity.engine.sglang_memory`
-(`SglangMemory`, which `Sglang` mixes in; `sglang_budget` and the other names there are re-exported here);
+memory accounting, read from SGLang's code and checked on its start-up logs, is `capacity.engine.sglang.memory`
+(`SglangMemory`, which `Sglang` mixes in);
 docs/sglang.md has the hand checks.
 
 `Sglang` (`get_engine("sglang")`, `get_engine("sglang@0.4.6")`) maps the vLLM-named EngineConfig onto SGLang's
@@ -24,24 +24,16 @@ when the plan runs without prefix caching.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-from capacity.engine.budget import MemoryBudget, SchedLimits
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
-from capacity.engine.sglang_memory import (  # re-exported: the accounting's names stay importable from here
+from capacity.engine.sglang.memory import (
     CURRENT,
-    LOAD_EXTRA_HIGH_GIB,
     RELEASES,
     MiB,
     SglangBudget,
     SglangMemory,
     default_chunked_prefill_size,
-    default_cuda_graph_max_bs,
-    default_mem_fraction_static,
-    max_running_requests,
-    parse_release,
-    piecewise_graph_tokens,
-    pool_tokens,
     sglang_budget,
 )
 from capacity.errors import ConfigError
@@ -197,7 +189,7 @@ class Sglang(SglangMemory):
         return default_chunked_prefill_size(gpu.usable_memory_bytes / MiB, self.release)
 
     # ---- scheduling ----------------------------------------------------------------------------------
-    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
+    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> SchedulerFactory:
         """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
         field named and not inside a simulation."""
         from capacity.sched import make_scheduler
@@ -226,7 +218,7 @@ class Sglang(SglangMemory):
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """CPU time per step the GPU waits for: the configured figure, else vLLM's STEP_OVERHEAD_S (2 ms), which
         has not been measured for SGLang."""
-        from capacity.engine.vllm import STEP_OVERHEAD_S
+        from capacity.engine.vllm.engine import STEP_OVERHEAD_S
 
         return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
 
@@ -246,11 +238,11 @@ class Sglang(SglangMemory):
         with it, SGLang admits every request by the new_token_ratio rule modelled here (with it off, requests
         sent with ignore_eos take a stricter path)."""
         from capacity.engine.launch import model_reference, with_comment
-        from capacity.engine.sglang_memory import version_key
-        from capacity.engine.sglang_mm import runner_mm_factor
+        from capacity.engine.sglang.memory import version_key
+        from capacity.engine.sglang.mm import runner_mm_factor
 
         t0 = b.total_bytes - b.non_torch_bytes
-        # the reserve is T0 x (1 - F); before 0.4.9 the model runner cuts a multimodal model's flag again (sglang_mm),
+        # the reserve is T0 x (1 - F); before 0.4.9 the model runner cuts a multimodal model's flag again (sglang/mm.py),
         # so the flag is F / cut, rounded up so that the pool SGLang profiles is not below the one pinned
         cut = runner_mm_factor(card, version_key(self.release))
         f = round(1 - b.activation_bytes / t0, 4) if cut == 1.0 else math.ceil((1 - b.activation_bytes / t0) / cut * 1e4) / 1e4
@@ -297,9 +289,4 @@ class Sglang(SglangMemory):
         return notes
 
 
-__all__ = [
-    "CURRENT", "KV_DTYPE", "LOAD_EXTRA_HIGH_GIB", "RELEASES", "Sglang", "SglangBudget", "SglangMemory",
-    "default_chunked_prefill_size", "default_cuda_graph_max_bs", "default_mem_fraction_static", "launch_command",
-    "max_running_requests", "mem_fraction_static", "parse_release", "piecewise_graph_tokens", "pool_tokens",
-    "sglang_budget",
-]
+__all__ = ["KV_DTYPE", "Sglang", "launch_command", "mem_fraction_static"]
