@@ -14,7 +14,14 @@ from __future__ import annotations
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory
 from capacity.engine.config import EngineConfig, ResolvedEngine
-from capacity.engine.registry import ENGINES, EngineModel, get_engine
+from capacity.engine.registry import ENGINES, EngineModel, get_engine, register
+from capacity.engine.sglang.engine import Sglang
+from capacity.engine.trtllm.engine import Trtllm
+from capacity.engine.vllm.engine import Vllm
+
+register(Vllm(), Vllm.from_spec)
+register(Sglang(), Sglang.from_spec, "sglang@")
+register(Trtllm(), Trtllm.from_spec, "trtllm@", "trtllm:")
 
 __all__ = ["ENGINES", "EngineConfig", "EngineModel", "MemoryBudget", "ResolvedEngine", "SchedLimits", "SchedulerFactory",
            "get_engine"]

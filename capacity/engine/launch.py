@@ -218,7 +218,7 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
                            chunked_prefill_size=chunk, max_running=s.get("max_num_seqs"),  # type: ignore[arg-type]
                            max_total_tokens=spec.pinned_kv_tokens, page_size=int(s.get("block_size", 1)))  # type: ignore[call-overload]
         return LaunchFit(sb.fits, sb.kv_tokens_low, spec.pinned_kv_tokens, "" if sb.fits else "SGLang's pool")
-    from capacity.engine import get_engine
+    from capacity.engine.registry import get_engine
 
     settings = {k: v for k, v in spec.settings.items() if k != "mem_fraction_static"}
     cfg = EngineConfig(engine=release, tensor_parallel_size=spec.tp, **settings)  # type: ignore[arg-type]

@@ -29,7 +29,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from capacity.engine import get_engine
+from capacity.engine.vllm.memory import cudagraph_capture_sizes
 from capacity.errors import ConfigError
+from capacity.model.weights import weight_bytes_per_rank
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
@@ -46,10 +49,6 @@ LOAD_EFFICIENCY = (1.0, 0.5)  # share of the storage bandwidth achieved (low end
 
 def estimate_startup(card: ModelCard, gpu: GPU, engine: EngineConfig, storage_gbps: float) -> dict[str, Any]:
     """The start-up terms and their total, each (low, high) seconds, with what they assume."""
-    from capacity.engine import get_engine
-    from capacity.engine.vllm.memory import cudagraph_capture_sizes
-    from capacity.model.weights import weight_bytes_per_rank
-
     if not (math.isfinite(storage_gbps) and STORAGE_GBPS[0] <= storage_gbps <= STORAGE_GBPS[1]):
         raise ConfigError(f"--storage-gbps {storage_gbps:g}: expected {STORAGE_GBPS[0]:g} to {STORAGE_GBPS[1]:g} "
                           "GB/s (a download from a hub ~0.1-1, network storage ~1, local NVMe ~2-7)")

@@ -46,12 +46,17 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, kv_bytes_per_token
-from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
+from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
+from capacity.engine.launch import model_reference, with_comment
 from capacity.engine.trtllm.release import TrtllmRelease, parse_trtllm
+from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
+from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
+from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.model.weights import weight_bytes_per_rank
 from capacity.sched.continuous import ContinuousConfig, ContinuousScheduler
 from capacity.sched.trt_dynamic import TrtDynamicBatchScheduler
 from capacity.units import GiB, MiB
@@ -109,6 +114,11 @@ class Trtllm:
     def __init__(self, rel: TrtllmRelease | None = None) -> None:
         self.rel = rel or parse_trtllm("trtllm")
         self.release = self.rel.version
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Trtllm:
+        """The model of the release and backend a spec names (`trtllm@0.20`, `trtllm@1.1:tensorrt`)."""
+        return cls(parse_trtllm(spec))
 
     @property
     def label(self) -> str:
@@ -185,11 +195,6 @@ class Trtllm:
     # ---- start-up memory -----------------------------------------------------------------------------
     def peak(self, card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> TrtllmPeak:
         """The terms of the profile's peak on one rank (see the module docstring for what is estimated)."""
-        from capacity.engine.vllm.engine import Vllm
-        from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
-        from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
-        from capacity.model.weights import weight_bytes_per_rank
-
         cfg = eng.cfg
         w = sum(weight_bytes_per_rank(card, eng.tp).values())
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
@@ -326,8 +331,6 @@ class Trtllm:
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """The configured figure, else vLLM's STEP_OVERHEAD_S (2 ms): not measured for TensorRT-LLM."""
-        from capacity.engine.vllm.engine import STEP_OVERHEAD_S
-
         return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
 
     def overhead_overlaps(self, cfg: EngineConfig) -> bool:
@@ -352,7 +355,6 @@ class Trtllm:
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:
             extra.append("cuda_graph_config: null")
-        from capacity.engine.launch import model_reference, with_comment
 
         ref = model_reference(card, "trtllm")
         cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {self.rel.backend}", f"--tp_size {b.tp}",

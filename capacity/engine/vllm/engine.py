@@ -10,14 +10,17 @@ is the priority request queue.
 """
 from __future__ import annotations
 
-from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory
-from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
+from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_model_len
+from capacity.engine.launch import model_reference, with_comment
+from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.layout import hybrid_block_size
 from capacity.engine.vllm.memory import VllmMemory
-from capacity.engine.vllm.release import Release, release
+from capacity.engine.vllm.release import Release, parse_engine, release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.sched import make_scheduler
 from capacity.units import GiB
 
 LARGE_GPU_BYTES = 70 * GiB  # vLLM's threshold for its larger batching defaults
@@ -30,6 +33,12 @@ class Vllm(VllmMemory):
 
     def __init__(self, rel: Release | None = None) -> None:
         self.release = rel or release(None)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Vllm:
+        """The model of the release a spec names (`vllm@0.11`, `vllm@0.9.2:v0`: capacity.engine.vllm.release)."""
+        _, version, runner = parse_engine(spec)
+        return cls(release(version, runner))
 
     # ---- defaults ------------------------------------------------------------------------------------
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
@@ -114,8 +123,6 @@ class Vllm(VllmMemory):
     def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> SchedulerFactory:
         """A builder of one replica's scheduler for this configuration; checks the settings now, so a bad one
         fails with the field named and not inside a simulation."""
-        from capacity.sched import make_scheduler
-
         kw: dict
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
@@ -153,8 +160,6 @@ class Vllm(VllmMemory):
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`vllm serve` with every knob that decides the simulated configuration spelled out."""
-        from capacity.engine.launch import model_reference, with_comment
-
         rel = self.release
         ref = model_reference(card, "vllm")
         parts = [f"vllm serve {ref.model}", *ref.flags, f"--tensor-parallel-size {b.tp}",
@@ -187,7 +192,6 @@ class Vllm(VllmMemory):
             parts.append("--scheduling-policy priority")
         if cfg.num_gpu_blocks_override is not None:
             parts.append(f"--num-gpu-blocks-override {cfg.num_gpu_blocks_override}")
-        from capacity.engine.speculative import launch_flags
 
         parts += launch_flags("vllm", cfg.speculative)
         env = []

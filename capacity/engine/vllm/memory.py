@@ -41,6 +41,7 @@ from capacity.engine.vllm.layout import (
 )
 from capacity.engine.vllm.nontorch import Est, non_torch
 from capacity.engine.vllm.release import Release
+from capacity.errors import DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.model.weights import lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
@@ -278,8 +279,6 @@ class VllmMemory:
         b.warnings.append(f"pipeline parallel {pp}: stages of {sizes} layers hold {', '.join(f'{s.num_blocks:,}' for s in stages)} blocks; the engine keeps stage "
                           f"{worst}'s (each stage on {b.tp} GPU{'s' if b.tp > 1 else ''})")
         if check_fit and not b.fits:
-            from capacity.errors import DoesNotFit
-
             raise DoesNotFit(b.reason)
         return b
 
