@@ -15,6 +15,7 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from capacity.errors import CapacityError
+from capacity.io.controls import Control, engine_controls
 from capacity.io.dashboard import SharedStore, ab_rows, legend_below, load_levels, saturated_label
 
 ROOT = Path(__file__).resolve().parent
@@ -123,6 +124,25 @@ def matching_profiles(model: str, gpu: str) -> list[str]:
     return [name for name, _, _ in bundled_profiles(model, gpu)]
 
 
+def control(where, c: Control, **kw):
+    """One engine setting's widget, as its declaration (capacity/io/controls.py) describes it; its value."""
+    kw.setdefault("help", c.help)
+    if c.kind == "select_slider":
+        return where.select_slider(c.label, list(c.options or ()), value=c.value, **kw)
+    if c.kind == "slider":
+        return where.slider(c.label, c.min, c.max, c.value, c.step, **kw)
+    if c.kind == "checkbox":
+        return where.checkbox(c.label, value=bool(c.value), **kw)
+    if c.kind == "radio":
+        return where.radio(c.label, list(c.options or ()), index=list(c.options or ()).index(c.value), **kw)
+    if c.kind == "selectbox":
+        choices = kw.pop("options", None) or c.choices()
+        return c.to_value(where.selectbox(c.label, choices, **kw))
+    if c.kind == "number":
+        return where.number_input(c.label, c.min, c.max, value=c.value, step=c.step, **kw)
+    return where.text_input(c.label, value=c.value or "", **kw) or None
+
+
 def sidebar():
     from capacity.model.gpus import catalogue
 
@@ -145,7 +165,8 @@ def sidebar():
     sb.header("Hardware and engine")
     gpus = list(catalogue())
     gpu = sb.selectbox("GPU", gpus, index=gpus.index("h100-sxm"))
-    tp = sb.select_slider("Tensor parallel size", [1, 2, 4, 8], value=1)
+    ctl = engine_controls()  # labels, help, offered values and bounds: EngineConfig's declarations
+    tp = control(sb, ctl["tensor_parallel_size"])
     weight = sb.selectbox("Weight dtype", ["as card", "bf16", "fp8", "int4"])
     if weight != "as card":
         card = {**card, "weight_dtype": weight, "quant_group_size": 128 if weight == "int4" else None}
@@ -154,45 +175,31 @@ def sidebar():
                            "where the GPU has FP8 tensor cores); bf16: weight-only kernels (W8A16, W4A16)")
     if compute != "auto":
         card = {**card, "gemm_dtype": compute}
-    kv = sb.selectbox("KV cache dtype", ["auto", "fp8"])
-    seqs = sb.select_slider("max_num_seqs (max batch)", [8, 16, 32, 64, 128, 256, 512, 1024], value=256, key="seqs")
-    max_len = sb.select_slider("max_model_len", [2048, 4096, 8192, 16384, 32768, 65536, 131072], value=8192,
-                               key="max_len")
-    mnbt = sb.select_slider("max_num_batched_tokens", [1024, 2048, 4096, 8192, 16384], value=8192)
+    kv = control(sb, ctl["kv_cache_dtype"])
+    seqs = control(sb, ctl["max_num_seqs"], key="seqs")
+    max_len = control(sb, ctl["max_model_len"], key="max_len")
+    mnbt = control(sb, ctl["max_num_batched_tokens"])
     from capacity.engine.vllm.release import LAST_PATCH
 
     releases = ["vllm"] + [f"vllm@{a}.{b}" for (a, b) in sorted(LAST_PATCH, reverse=True) if (a, b) >= (0, 10)]
-    release = sb.selectbox("Engine", [*releases, "sglang", "trtllm"],
-                           help="whose defaults, start-up memory accounting and scheduler apply: vLLM (vllm = the "
-                           "current release), SGLang or TensorRT-LLM (`capacity engines` lists them all)")
+    release = control(sb, ctl["engine"], options=[*releases, "sglang", "trtllm"])
     vllm_engine = release.startswith("vllm")
     # SGLang and TensorRT-LLM size their pools by their own fractions (of free memory) and pick their own page
     # sizes: the engine model refuses a vLLM utilisation, so these two are vLLM's only
-    util = sb.slider("gpu_memory_utilization", 0.5, 0.98, 0.9, 0.01, disabled=not vllm_engine,
-                     help=None if vllm_engine else f"{release} sizes its KV pool by its own rule (capacity memory "
-                     f"--engine {release})")
-    block = sb.select_slider("block size", [16, 32, 64], value=16, disabled=not vllm_engine,
-                             help=None if vllm_engine else f"{release}'s own page size")
-    chunked = sb.checkbox("chunked prefill", value=True)
-    kv_end = sb.radio("plan KV on", ["conservative", "middle"], horizontal=True,
-                      help="the end of the predicted KV range the simulation uses")
+    util = control(sb, ctl["gpu_memory_utilization"], disabled=not vllm_engine,
+                   **({} if vllm_engine else {"help": f"{release} sizes its KV pool by its own rule (capacity memory "
+                                                      f"--engine {release})"}))
+    block = control(sb, ctl["block_size"], disabled=not vllm_engine,
+                    **({} if vllm_engine else {"help": f"{release}'s own page size"}))
+    chunked = control(sb, ctl["enable_chunked_prefill"])
+    kv_end = control(sb, ctl["kv_estimate"], horizontal=True)
     what_if: dict = {}
     with sb.expander("Engine what-ifs (as simulate/plan flags)"):
-        reserve = st.selectbox("KV reserved at admission", ["engine's own", "prompt", "prompt_and_output"],
-                               help="--kv-reservation: prompt (vLLM) or prompt_and_output (TensorRT-LLM's "
-                               "GUARANTEED_NO_EVICT: nothing is ever preempted)")
-        overhead = st.number_input("step overhead (ms)", 0.0, 1000.0, value=None, step=0.5,
-                                   help="--step-overhead-ms: CPU time per step the GPU waits for; empty: the "
-                                   "engine model's (2 ms)")
-        out_cpu = st.number_input("output handling (us per token)", 1.0, 100_000.0, value=None, step=5.0,
-                                  help="--output-cpu-us: the server's per-token output work beside the GPU; a step "
-                                  "lasts at least this x the tokens it emits; empty: not modelled")
-    if reserve != "engine's own":
-        what_if["kv_reservation"] = reserve
-    if overhead is not None:
-        what_if["step_overhead_ms"] = float(overhead)
-    if out_cpu is not None:
-        what_if["output_cpu_us_per_token"] = float(out_cpu)
+        # the what-ifs the declarations give a dashboard control, and any other declared with one (`ui`)
+        for c in [ctl[k] for k in WHAT_IFS] + [c for c in ctl.values() if c.placed and c.field not in PLACED]:
+            v = control(st, c)
+            if v is not None:
+                what_if[c.field] = float(v) if c.kind == "number" and isinstance(v, int | float) else v
     sb.header("Workload and SLOs")
     rate = sb.slider("arrival rate (req/s)", 0.5, 64.0, 8.0, 0.5, key="rate")
     arrival = sb.selectbox("arrival process", ["poisson", "gamma", "constant"])
@@ -415,7 +422,10 @@ AB_KNOBS = {  # engine setting -> the values the A/B tab offers for B
     "engine": ["vllm", "sglang", "trtllm"],
 }
 AB_DEFAULTS = {"max_num_seqs": 32}  # B's first offer: a smaller batch that still serves the default load (8 saturates)
-VLLM_ONLY = ("gpu_memory_utilization", "block_size")  # sidebar settings the other engines size by their own rules
+VLLM_ONLY = ("gpu_memory_utilization", "block_size")
+WHAT_IFS = ("kv_reservation", "step_overhead_ms", "output_cpu_us_per_token")  # the sidebar's what-ifs expander
+PLACED = ("tensor_parallel_size", "kv_cache_dtype", "max_num_seqs", "max_model_len", "max_num_batched_tokens", "engine",
+          "gpu_memory_utilization", "block_size", "enable_chunked_prefill", "kv_estimate", *WHAT_IFS)  # sidebar settings the other engines size by their own rules
 
 
 def _requests(sim: dict):

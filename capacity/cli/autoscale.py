@@ -8,18 +8,20 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.autoscale_inputs import AutoscaleInputs, minutes, print_bound, print_sweep
-from capacity.cli.common import GpuMemOpt, JsonOpt, ModelOpt, TpOpt, app, engine_config, load_card
+from capacity.cli.common import GpuMemOpt, JsonOpt, ModelOpt, app, engine_config, load_card
+from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 
 
 @app.command()
+@engine_options("autoscale", param="engine")
 def autoscale(
     model: ModelOpt,
     workload: Annotated[Optional[str], typer.Option(
         "--workload", help="Workload YAML/JSON with curve arrivals (a daily curve); or --trace")] = None,
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU")] = "h100-sxm",
-    tp: TpOpt = 1,
+    engine: dict = FROM_DECLARATIONS,  # --tp, --max-num-seqs, --max-model-len: EngineConfig's declarations
     policy: Annotated[str, typer.Option("--policy", help="concurrency, queue, kv, predictive or sla (Dynamo's SLA "
                                         "planner: throughput-based with its correction factor)")] = "concurrency",
     target: Annotated[float, typer.Option("--target", help="concurrency: requests per replica; queue: waiting per "
@@ -39,8 +41,6 @@ def autoscale(
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="SLO on P99 TTFT per window")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="SLO on P99 TPOT per window")] = None,
     price: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, or queue (one FIFO at "
                                         "the router: a new replica takes queued requests at once)")] = "round_robin",
@@ -88,7 +88,8 @@ def autoscale(
         raise CapacityError(f"--static: must be >= 1 (got {static})")
     card = load_card(model)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
-    cfg = engine_config(tensor_parallel_size=tp, max_num_seqs=max_num_seqs, max_model_len=max_model_len)
+    cfg = engine_config(**engine)
+    tp = cfg.tensor_parallel_size
     slo_t = slo_ttft_ms / 1e3 if slo_ttft_ms else None
     slo_p = slo_tpot_ms / 1e3 if slo_tpot_ms else None
     settings = {"min_replicas": min_replicas, "max_replicas": max_replicas, "target": target, "interval_s": interval_s,
@@ -112,8 +113,7 @@ def autoscale(
                                    interval_s=interval_s, startup_s=startup_s, cooldown_s=cooldown_s,
                                    window_s=metric_window_s, per_replica_rate=decode_rate,
                                    curve=inp.curve if d_policy == "predictive" else None)
-            decode = (engine_config(tensor_parallel_size=decode_tp, max_num_seqs=max_num_seqs,
-                                    max_model_len=max_model_len), dasc, link)
+            decode = (engine_config(**{**engine, "tensor_parallel_size": decode_tp}), dasc, link)
         elif any(x is not None for x in (decode_policy, decode_target, decode_min, decode_max, decode_rate)):
             raise CapacityError("--decode-policy/--decode-target/--decode-min/--decode-max/--decode-per-replica-rate: "
                                 "need --decode-tp (a decode pool of its own)")

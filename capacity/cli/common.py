@@ -7,6 +7,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from capacity.cli.engine_options import engine_option
 from capacity.errors import CapacityError
 
 
@@ -32,50 +33,18 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_print_ver
 
 ModelOpt = Annotated[str, typer.Option("--model", "-m", help="Model card YAML, HF config.json, or bundled card name")]
 GpuOpt = Annotated[str, typer.Option("--gpu", "-g", help="GPU catalogue name (see `capacity gpus`) or GPU YAML")]
-TpOpt = Annotated[int, typer.Option("--tp", help="Tensor-parallel size")]
-DpOpt = Annotated[int, typer.Option("--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler "
-                                    "and KV (vLLM --data-parallel-size; docs/parallelism.md)")]
-EpOpt = Annotated[bool, typer.Option("--enable-expert-parallel",
-                                     help="MoE experts split whole over tp x dp ranks (vLLM --enable-expert-parallel)")]
-KvOpt = Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")]
+# The engine settings' options are generated from EngineConfig's declarations (capacity/cli/engine_options.py);
+# these three, for the commands that take them without an EngineConfig (step-cost, calibrate), read it too
+TpOpt = Annotated[int, engine_option("tensor_parallel_size")]
+DpOpt = Annotated[int, engine_option("data_parallel_size")]
+EpOpt = Annotated[bool, engine_option("enable_expert_parallel")]
 WOpt = Annotated[Optional[str], typer.Option("--weight-dtype", help="Override weight format: bf16, fp16, fp8, int8, int4")]
-ReserveOpt = Annotated[Optional[str], typer.Option(
-    "--kv-reservation", help="KV reserved at admission: prompt (vLLM) or prompt_and_output (TensorRT-LLM's "
-    "GUARANTEED_NO_EVICT: never preempts)")]
-OverheadOpt = Annotated[Optional[float], typer.Option(
-    "--step-overhead-ms", help="CPU time per engine step the GPU waits for (default: the engine model's, 2 ms)")]
-OutputCpuOpt = Annotated[Optional[float], typer.Option(
-    "--output-cpu-us", help="CPU us per output token the server spends beside the GPU (detokenise, stream), "
-    "overlapped: caps output at 1/this; measure it (default: not modelled)")]
 CompOpt = Annotated[Optional[str], typer.Option(
     "--compute-dtype", help="Dtype quantised GEMMs multiply in: auto (what engines run for the weight format on the "
     "GPU: fp8 weights -> FP8 GEMMs where the GPU has FP8), bf16/fp16 (weight-only), fp8, int8, fp4")]
 GroupOpt = Annotated[Optional[int], typer.Option("--quant-group-size", help="int4: group size (default 128); fp8/int8: square blocks (128: DeepSeek/Qwen3 FP8)")]
-UtilOpt = Annotated[float, typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")]
-LenOpt = Annotated[Optional[int], typer.Option("--max-model-len", help="Max context (default: the model's)")]
-SeqOpt = Annotated[Optional[int], typer.Option("--max-num-seqs", help="Max batch (default: vLLM's rule)")]
-MnbtOpt = Annotated[Optional[int], typer.Option("--max-num-batched-tokens", help="Token budget per step")]
-BlockOpt = Annotated[Optional[int], typer.Option("--block-size", help="KV block size in tokens")]
-EagerOpt = Annotated[bool, typer.Option("--enforce-eager", help="No CUDA graphs")]
-NoChunkOpt = Annotated[bool, typer.Option("--no-chunked-prefill", help="Disable chunked prefill")]
-ContigOpt = Annotated[bool, typer.Option("--contiguous", help="Contiguous (non-paged) KV reservation")]
-GraphInOpt = Annotated[Optional[bool], typer.Option(
-    "--cuda-graphs-in-budget/--cuda-graphs-outside-budget",
-    help="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1/0 (default: the release's; on from vLLM 0.20)")]
-EngineOpt = Annotated[Optional[str], typer.Option(
-    "--engine", help="Engine release: vllm (current), vllm@0.11, vllm@0.9.2:v0 (see `capacity engines`)")]
-OptimisticOpt = Annotated[bool, typer.Option(
-    "--optimistic", help="Plan on the middle of the KV estimate, not its conservative end")]
 GpuMemOpt = Annotated[Optional[float], typer.Option(
     "--gpu-memory-gib", help="Total GPU memory the engine sees, GiB (overrides the catalogue's)")]
-UsageOpt = Annotated[Optional[str], typer.Option(
-    "--usage-context", help="serve (vllm serve, default) or llm (the offline LLM class): different defaults")]
-LargeOpt = Annotated[Optional[bool], typer.Option(
-    "--large-gpu-defaults/--small-gpu-defaults",
-    help="Force vLLM's large-GPU batching defaults on/off (default: the release's rule on memory and name)")]
-ActOpt = Annotated[Optional[float], typer.Option("--activation-gib", help="Measured activation peak, GiB")]
-NtOpt = Annotated[Optional[float], typer.Option("--non-torch-gib", help="Measured non-torch memory, GiB")]
-CgOpt = Annotated[Optional[float], typer.Option("--cuda-graph-gib", help="Measured CUDA-graph memory, GiB")]
 SpecOpt = Annotated[Optional[str], typer.Option(
     "--speculative", help="Speculative decoding METHOD:K (draft_model, eagle, eagle3, mtp; K drafts per step), "
     "e.g. eagle3:3 (docs/speculative.md)")]
@@ -125,7 +94,7 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
     parses (64, true, 0.85), else as text; the key an EngineConfig field, not the TP (its own option)."""
     import json
 
-    from capacity.engine.config import EngineConfig
+    from capacity.engine.config import settings_class
 
     out: dict = {}
     if len(specs or []) > 32:
@@ -134,7 +103,7 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
         if "=" not in spec or len(spec) > 200:
             raise CapacityError(f"{flag} {spec[:80]!r}: expected KEY=VALUE, e.g. max_num_seqs=64")
         key, raw = (x.strip() for x in spec.split("=", 1))
-        if key not in EngineConfig.model_fields or key == "tensor_parallel_size":
+        if key not in settings_class().model_fields or key == "tensor_parallel_size":
             raise CapacityError(f"{flag} {key!r}: not an engine setting of one role (see `capacity schema`; the "
                                 "TP has its own option)")
         try:
@@ -146,47 +115,26 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
 
 def role_engine(cfg, tp: int, over: dict, flag: str):
     """`cfg` at TP `tp` with a role's own settings, validated (one line naming the flag if one is wrong)."""
-    from capacity.engine.config import EngineConfig
+    from capacity.engine.config import settings_class
     from capacity.files import validate
 
-    return validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
+    return validate(settings_class(), {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
 
 
 def engine_config(source: str = "options", **fields):
     """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
-    from capacity.engine.config import EngineConfig
+    from capacity.engine.config import settings_class
     from capacity.files import validate
 
-    return validate(EngineConfig, {k: v for k, v in fields.items() if v is not None}, source)
+    return validate(settings_class(), {k: v for k, v in fields.items() if v is not None}, source)
 
 
-def _scenario(model, gpu, tp, kv_dtype, weight_dtype, group, util, max_model_len, max_num_seqs, mnbt, block,
-              eager, no_chunk, contiguous, graphs_in, act_gib, nt_gib, cg_gib, engine=None, optimistic=False,
-              gpu_memory_gib=None, usage_context=None, large_gpu_defaults=None):
+def _scenario(model, gpu, settings: dict, weight_dtype=None, group=None, gpu_memory_gib=None):
+    """The card, the GPU and the EngineConfig of a command's options (`settings`: the engine fields given)."""
     from capacity.model.gpus import get_gpu, with_memory
-    from capacity.units import GiB
 
     card = load_card(model, weight_dtype, group)
-    for name, val in (("--activation-gib", act_gib), ("--non-torch-gib", nt_gib), ("--cuda-graph-gib", cg_gib)):
-        if val is not None and (val < 0 or not math.isfinite(val)):
-            raise CapacityError(f"{name}: must be a finite number >= 0 (got {val})")
-    cfg = engine_config(
-        tensor_parallel_size=tp, kv_cache_dtype=kv_dtype, gpu_memory_utilization=util,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=mnbt,
-        block_size=block, enforce_eager=eager, enable_chunked_prefill=False if no_chunk else None,
-        paged_kv=not contiguous, cuda_graphs_in_budget=graphs_in,
-        activation_bytes=None if act_gib is None else act_gib * GiB,
-        non_torch_bytes=None if nt_gib is None else nt_gib * GiB,
-        cuda_graph_bytes=None if cg_gib is None else cg_gib * GiB,
-        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults))
-    return card, with_memory(get_gpu(gpu), gpu_memory_gib), cfg
-
-
-def engine_fields(engine=None, optimistic=False, usage_context=None, large_gpu_defaults=None) -> dict:
-    """EngineConfig fields of the release options every command shares (None: not given)."""
-    return {k: v for k, v in (("engine", engine), ("kv_estimate", "middle" if optimistic else None),
-                              ("usage_context", usage_context), ("large_gpu_defaults", large_gpu_defaults))
-            if v is not None}
+    return card, with_memory(get_gpu(gpu), gpu_memory_gib), engine_config(**settings)
 
 
 def _lengths(flag: str, value: str):
@@ -255,7 +203,6 @@ def speculative_fields(spec: str | None, acceptance: str | None, draft: str | No
 
 def _prices(spec: str | None, gpus: list) -> dict[str, float]:
     """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
-    import math
 
     from capacity.errors import CapacityError
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from capacity.cli.common import CompOpt, DpOpt, EpOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
+from capacity.cli.engine_options import engine_option
 from capacity.errors import CapacityError
 from capacity.files import dumps
 
@@ -113,7 +114,8 @@ def step_cost(
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile JSON (default: roofline)")] = None,
     prefill: Annotated[Optional[list[str]], typer.Option("--prefill", help="NEW[:CACHED] tokens of a prefill chunk (repeat)")] = None,
     decode: Annotated[Optional[list[str]], typer.Option("--decode", help="BATCHxCONTEXT decoding sequences (repeat)")] = None,
-    kv_dtype: Annotated[str, typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8 (attention reads its bytes)")] = "auto",
+    kv_dtype: Annotated[str, engine_option(
+        "kv_cache_dtype", help="KV cache dtype: auto, fp8, int8 (attention reads its bytes)")] = "auto",
     weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
     json_out: JsonOpt = False,

@@ -8,12 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.common import JsonOpt, ModelOpt, app, engine_config, load_card
+from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 from capacity.plan.disagg_commands import settings_text, simulate_command
 
 
 @app.command()
+@engine_options("disagg", help={"max_model_len": ""}, defaults={"max_model_len": 8192}, param="engine")
 def disagg(
     model: ModelOpt,
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU")] = "h100-sxm",
@@ -25,7 +27,7 @@ def disagg(
     target_rate: Annotated[Optional[float], typer.Option("--target-rate", help="req/s to serve: units and GPUs each layout needs")] = None,
     price: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour")] = None,
     weight_dtype: Annotated[Optional[str], typer.Option("--weight-dtype", help="bf16, fp8, ... (fp8 lets TP 2 hold a 70B)")] = None,
-    max_model_len: Annotated[int, typer.Option("--max-model-len")] = 8192,
+    engine: dict = FROM_DECLARATIONS,  # --max-model-len: EngineConfig's declarations
     link: Annotated[str, typer.Option("--link", help="KV link: nvlink, ib-400, roce-200, eth-100")] = "nvlink",
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per probe")] = 600,
     seeds: Annotated[int, typer.Option("--seeds", help="Simulations per probe")] = 1,
@@ -51,7 +53,8 @@ def disagg(
     g = get_gpu(gpu)
     spec = WorkloadSpec(input_len=_lengths("--input-len", input_len), output_len=_lengths("--output-len", output_len),
                         num_requests=requests)
-    eng = engine_config(max_model_len=max_model_len)
+    eng = engine_config(**engine)
+    max_model_len = eng.max_model_len
     from capacity.cli.common import engine_overrides, role_engine
 
     over = engine_overrides(decode_set, "--decode-set")

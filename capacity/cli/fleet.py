@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.common import JsonOpt, ModelOpt, TpOpt, app, engine_config, load_card
+from capacity.cli.common import JsonOpt, ModelOpt, app, engine_config, load_card
+from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 
@@ -60,12 +61,13 @@ def colocate(
 
 
 @app.command()
+@engine_options("pools", help={"max_model_len": ""}, defaults={"max_model_len": 8192}, param="engine")
 def pools(
     model: ModelOpt,
     interactive_rate: Annotated[float, typer.Option("--interactive-rate", help="Interactive requests/s")],
     batch_rate: Annotated[float, typer.Option("--batch-rate", help="Batch requests/s")],
     gpu: Annotated[str, typer.Option("--gpu", "-g", help="GPU")] = "h100-sxm",
-    tp: TpOpt = 1,
+    engine: dict = FROM_DECLARATIONS,  # --tp, --max-model-len: EngineConfig's declarations
     interactive_input: Annotated[str, typer.Option("--interactive-input-len")] = "1024",
     interactive_output: Annotated[str, typer.Option("--interactive-output-len")] = "256",
     batch_input: Annotated[str, typer.Option("--batch-input-len")] = "2048",
@@ -73,7 +75,6 @@ def pools(
     slo_ttft_ms: Annotated[float, typer.Option("--slo-ttft-ms", help="Interactive P99 TTFT")] = 500.0,
     slo_tpot_ms: Annotated[float, typer.Option("--slo-tpot-ms", help="Interactive P99 TPOT")] = 50.0,
     batch_deadline_s: Annotated[float, typer.Option("--batch-deadline-s", help="Batch P99 end-to-end")] = 600.0,
-    max_model_len: Annotated[int, typer.Option("--max-model-len")] = 8192,
     max_replicas: Annotated[int, typer.Option("--max-replicas")] = 32,
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests per simulation (at least)")] = 2000,
     price: Annotated[Optional[float], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour")] = None,
@@ -89,7 +90,8 @@ def pools(
         raise CapacityError(f"--requests: 100 to 100000 (got {requests})")
     card = load_card(model)
     g = get_gpu(gpu)
-    eng = engine_config(tensor_parallel_size=tp, max_model_len=max_model_len)
+    eng = engine_config(**engine)
+    tp = eng.tensor_parallel_size
     from rich.console import Console
 
     err = Console(stderr=True)

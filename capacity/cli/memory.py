@@ -7,85 +7,52 @@ from typing import Annotated, Any, Optional
 import typer
 
 from capacity.cli.common import (
-    ActOpt,
-    BlockOpt,
-    CgOpt,
-    ContigOpt,
-    EagerOpt,
-    EngineOpt,
     GpuMemOpt,
     GpuOpt,
-    GraphInOpt,
     GroupOpt,
     JsonOpt,
-    KvOpt,
-    LargeOpt,
-    LenOpt,
-    MnbtOpt,
     ModelOpt,
-    NoChunkOpt,
-    NtOpt,
-    OptimisticOpt,
-    SeqOpt,
-    TpOpt,
-    UsageOpt,
-    UtilOpt,
     WOpt,
     _scenario,
     app,
     load_card,
 )
+from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 from capacity.plan.memory import memory_answer, sglang_json, sglang_memory_answer, sglang_misfit
 
 
 @app.command()
+@engine_options("memory", help={"data_parallel_size": "Data-parallel ranks (vLLM --data-parallel-size)",
+                                "enable_expert_parallel": "Experts split whole over TP x DP ranks (vLLM)"})
 def memory(
-    model: ModelOpt, gpu: GpuOpt = "h100-sxm", tp: TpOpt = 1, kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None,
-    quant_group_size: GroupOpt = None, gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
-    max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
-    enforce_eager: EagerOpt = False, no_chunked_prefill: NoChunkOpt = False, contiguous: ContigOpt = False,
-    cuda_graphs_in_budget: GraphInOpt = None, activation_gib: ActOpt = None, non_torch_gib: NtOpt = None,
-    cuda_graph_gib: CgOpt = None, engine: EngineOpt = None, optimistic: OptimisticOpt = False,
-    gpu_memory_gib: GpuMemOpt = None, usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
+    model: ModelOpt, gpu: GpuOpt = "h100-sxm", weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
+    settings: dict = FROM_DECLARATIONS,  # the engine options, generated from EngineConfig's declarations
+    gpu_memory_gib: GpuMemOpt = None,
     target_concurrency: Annotated[Optional[int], typer.Option(
         "--target-concurrency", help="Also solve: smallest utilisation/TP and largest max_model_len for this many sequences")] = None,
     at_context: Annotated[int, typer.Option("--at-context", help="Context (tokens) for --target-concurrency")] = 4096,
     mem_fraction_static: Annotated[Optional[float], typer.Option(
         "--mem-fraction-static", help="--engine sglang: SGLang's F (default: the release's own rule)")] = None,
-    max_loras: Annotated[int, typer.Option(
-        "--max-loras", help="LoRA adapter slots (vLLM --enable-lora --max-loras); 0: LoRA off")] = 0,
-    max_lora_rank: Annotated[int, typer.Option("--max-lora-rank", help="vLLM --max-lora-rank (with --max-loras)")] = 16,
-    pp: Annotated[int, typer.Option("--pp", help="Pipeline-parallel stages (vLLM --pipeline-parallel-size)")] = 1,
-    dp: Annotated[int, typer.Option("--dp", help="Data-parallel ranks (vLLM --data-parallel-size)")] = 1,
-    expert_parallel: Annotated[bool, typer.Option(
-        "--enable-expert-parallel", help="Experts split whole over TP x DP ranks (vLLM)")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """VRAM budget per rank (weights, activations, non-torch, CUDA graphs, KV), blocks, concurrency, and
     the batch x context table, as vLLM would reserve it at start-up (`--engine sglang[@X.Y]`: as SGLang sizes its
     KV pool)."""
+    engine = settings.get("engine")
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
-        if max_loras or pp != 1 or dp != 1 or expert_parallel:
+        s = settings
+        if s["max_loras"] or s["pipeline_parallel_size"] != 1 or s["data_parallel_size"] != 1 or "enable_expert_parallel" in s:
             raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang")
-        _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
-                       max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out)
+        _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
+                       s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,
+                       mem_fraction_static, gpu_memory_gib, json_out)
         return
     if mem_fraction_static is not None:
         raise CapacityError("--mem-fraction-static: an SGLang setting (use it with --engine sglang)")
 
-    card, g, cfg = _scenario(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, gpu_memory_utilization,
-                             max_model_len, max_num_seqs, max_num_batched_tokens, block_size, enforce_eager,
-                             no_chunked_prefill, contiguous, cuda_graphs_in_budget, activation_gib, non_torch_gib,
-                             cuda_graph_gib, engine, optimistic, gpu_memory_gib, usage_context, large_gpu_defaults)
-    if max_loras or max_lora_rank != 16 or pp != 1 or dp != 1 or expert_parallel:
-        from capacity.engine.config import EngineConfig
-        from capacity.files import validate
-
-        cfg = validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "max_loras": max_loras,
-                                      "max_lora_rank": max_lora_rank, "pipeline_parallel_size": pp,
-                                      "data_parallel_size": dp, "enable_expert_parallel": expert_parallel}, "options")
+    card, g, cfg = _scenario(model, gpu, settings, weight_dtype, quant_group_size, gpu_memory_gib)
     ans = memory_answer(card, g, cfg, target_concurrency, at_context)
     b, inverse = ans.budget, ans.inverse
     if json_out:
@@ -153,13 +120,14 @@ def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max
 
 
 @app.command()
+@engine_options("fleet")
 def fleet(
     model: ModelOpt,
     gpu: Annotated[Optional[list[str]], typer.Option("--gpu", "-g", help="GPUs to compare (repeat); default all")] = None,
     context: Annotated[int, typer.Option("--context", help="Typical tokens per sequence (prompt + output)")] = 4096,
     concurrency: Annotated[int, typer.Option("--concurrency", help="Sequences that must be in flight at once")] = 256,
-    kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, gpu_memory_utilization: UtilOpt = 0.9,
-    max_model_len: LenOpt = None, engine: EngineOpt = None, optimistic: OptimisticOpt = False,
+    weight_dtype: WOpt = None,
+    settings: dict = FROM_DECLARATIONS,  # the engine options, generated from EngineConfig's declarations
     json_out: JsonOpt = False,
 ) -> None:
     """Memory-only fleet sizing across GPUs: for each GPU, the smallest TP that serves the model, its KV
@@ -174,9 +142,7 @@ def fleet(
     rows: list[dict[str, Any]] = []
     card = load_card(model, weight_dtype)
     for name in names:
-        card, g, cfg = _scenario(model, name, 1, kv_dtype, weight_dtype, None, gpu_memory_utilization,
-                                 max_model_len, None, None, None, False, False, False, None, None, None, None,
-                                 engine, optimistic)
+        card, g, cfg = _scenario(model, name, {**settings, "tensor_parallel_size": 1}, weight_dtype)
         row = {"gpu": g.name, "usable_memory_basis": g.usable_memory_basis}
         for tp in mem.TP_CHOICES:
             try:

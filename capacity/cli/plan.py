@@ -7,37 +7,26 @@ import typer
 
 from capacity.cli.common import (
     AcceptOpt,
-    BlockOpt,
     CompOpt,
     DraftOpt,
     DraftVocabOpt,
-    EagerOpt,
-    EngineOpt,
     GpuMemOpt,
     GroupOpt,
     ImageShareOpt,
     ImageSizeOpt,
     ImagesOpt,
     JsonOpt,
-    LargeOpt,
-    MnbtOpt,
-    NoChunkOpt,
-    OptimisticOpt,
-    OutputCpuOpt,
     OutputOpt,
-    OverheadOpt,
-    ReserveOpt,
     SpecOpt,
-    UsageOpt,
     WOpt,
     _lengths,
     _prices,
     app,
-    engine_fields,
     image_section,
     output_kind,
     speculative_fields,
 )
+from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 from capacity.plan.scenario import load_scenario
@@ -47,6 +36,12 @@ TablesOpt = Annotated[bool, typer.Option(
 
 
 @app.command()
+@engine_options("plan", optional=True, help={
+    "tensor_parallel_size": "Fix TP (default: searched)",
+    "data_parallel_size": "Data-parallel ranks per replica (vLLM --data-parallel-size)",
+    "enable_expert_parallel": "MoE experts whole over tp x dp ranks",
+    "max_model_len": "Fix max_model_len (default: the frontier searches it)",
+    "max_num_seqs": "Fix max_num_seqs (default: the frontier searches it)"})
 def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Scenario YAML (see examples/) or a model card")],
     gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU, or several to compare: h100-sxm,h200,l40s (default h100-sxm)")] = None,
@@ -61,24 +56,12 @@ def plan(
     percentile: Annotated[Optional[int], typer.Option("--percentile", help="SLO percentile: 90, 95 or 99")] = None,
     price: Annotated[Optional[str], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour: 2.5, or per GPU: h100-sxm=2.5,h200=3.6")] = None,
     headroom: Annotated[Optional[float], typer.Option("--headroom", help="Share of the max rate a replica runs at (default 0.8)")] = None,
-    tp: Annotated[Optional[int], typer.Option("--tp", help="Fix TP (default: searched)")] = None,
-    dp: Annotated[Optional[int], typer.Option("--dp", help="Data-parallel ranks per replica (vLLM --data-parallel-size)")] = None,
-    expert_parallel: Annotated[bool, typer.Option("--enable-expert-parallel", help="MoE experts whole over tp x dp ranks")] = False,
     layouts: Annotated[Optional[str], typer.Option("--layouts", help="Compare layouts of --layout-gpus GPUs: tp,ep,dpN "
                                                    "or auto (docs/parallelism.md)")] = None,
     layout_gpus: Annotated[int, typer.Option("--layout-gpus", help="--layouts: GPUs of one replica")] = 8,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
-    kv_dtype: Annotated[Optional[str], typer.Option("--kv-dtype", help="KV cache dtype: auto, fp8, int8")] = None,
     weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
-    kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None, output_cpu_us: OutputCpuOpt = None,
-    gpu_memory_utilization: Annotated[Optional[float], typer.Option("--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use")] = None,
-    max_model_len: Annotated[Optional[int], typer.Option("--max-model-len", help="Fix max_model_len (default: the frontier searches it)")] = None,
-    max_num_seqs: Annotated[Optional[int], typer.Option("--max-num-seqs", help="Fix max_num_seqs (default: the frontier searches it)")] = None,
-    max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
-    no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
-    prefix_caching: Annotated[Optional[bool], typer.Option("--prefix-caching/--no-prefix-caching", help="Reuse shared-prefix KV blocks")] = None,
-    async_scheduling: Annotated[Optional[bool], typer.Option("--async-scheduling/--no-async-scheduling", help="vLLM schedules the next step while one runs (default: the release's GPU default)")] = None,
-    policy: Annotated[Optional[str], typer.Option("--policy", help="continuous, priority, sjf or static")] = None,
+    settings: dict = FROM_DECLARATIONS,  # the engine options ("not given" by default), from EngineConfig's declarations
     seeds: Annotated[Optional[int], typer.Option("--seeds", help="Simulations per probe")] = None,
     requests: Annotated[Optional[int], typer.Option("--requests", help="Requests per simulation")] = None,
     executor: Annotated[str, typer.Option("--executor", help="pool, serial or ray")] = "pool",
@@ -87,8 +70,7 @@ def plan(
     xlsx: Annotated[Optional[str], typer.Option("--xlsx", help="Also write a capacity-review workbook")] = None,
     tables_too: TablesOpt = False,
     force: Annotated[bool, typer.Option("--force", help="Overwrite existing export files")] = False,
-    engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
-    usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
+    gpu_memory_gib: GpuMemOpt = None,
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
     images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
@@ -129,17 +111,11 @@ def plan(
     wl |= image_section(images_per_request, image_size, image_share)
     if wl:
         flags["workload"] = wl
-    eng_flags = {k: v for k, v in (
-        ("tensor_parallel_size", tp), ("data_parallel_size", dp), ("enable_expert_parallel", expert_parallel or None),
-        ("kv_cache_dtype", kv_dtype), ("gpu_memory_utilization", gpu_memory_utilization),
-        ("max_model_len", max_model_len), ("max_num_seqs", max_num_seqs),
-        ("max_num_batched_tokens", max_num_batched_tokens), ("block_size", block_size),
-        ("enable_chunked_prefill", False if no_chunked_prefill else None), ("enforce_eager", True if enforce_eager else None),
-        ("enable_prefix_caching", prefix_caching), ("async_scheduling", async_scheduling), ("policy", policy),
-        ("kv_reservation", kv_reservation),
-        ("step_overhead_ms", step_overhead_ms), ("output_cpu_us_per_token", output_cpu_us)) if v is not None}
+    eng_flags = dict(settings)
+    engine = eng_flags.pop("engine", None)
     engines = [e.strip() for e in engine.split(",") if e.strip()] if engine and "," in engine else None
-    eng_flags.update(engine_fields(None if engines else engine, optimistic, usage_context, large_gpu_defaults))
+    if engine is not None and not engines:
+        eng_flags["engine"] = engine
     eng_flags.update(speculative_fields(speculative, acceptance, draft_model, draft_vocab_size))
     if eng_flags:
         flags["engine"] = eng_flags

@@ -8,53 +8,35 @@ import typer
 
 from capacity.cli.common import (
     AcceptOpt,
-    BlockOpt,
     CompOpt,
-    DpOpt,
     DraftOpt,
     DraftVocabOpt,
-    EagerOpt,
-    EngineOpt,
-    EpOpt,
     GpuMemOpt,
     GroupOpt,
     ImageShareOpt,
     ImageSizeOpt,
     ImagesOpt,
     JsonOpt,
-    KvOpt,
-    LargeOpt,
-    LenOpt,
-    MnbtOpt,
     ModelOpt,
-    NoChunkOpt,
-    OptimisticOpt,
-    OutputCpuOpt,
     OutputOpt,
-    OverheadOpt,
-    ReserveOpt,
-    SeqOpt,
     SpecOpt,
-    TpOpt,
-    UsageOpt,
-    UtilOpt,
     WOpt,
     _lengths,
     app,
     engine_config,
-    engine_fields,
     load_card,
     output_kind,
     speculative_fields,
 )
+from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 
 
 @app.command()
+@engine_options("simulate")
 def simulate(
     model: ModelOpt, gpu: Annotated[Optional[str], typer.Option("--gpu", "-g", help="GPU (default h100-sxm, or the profile's)")] = None,
-    tp: TpOpt = 1, dp: DpOpt = 1, expert_parallel: EpOpt = False,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated step-cost profile (default: roofline)")] = None,
     rate: Annotated[Optional[float], typer.Option("--rate", help="Arrival rate, requests/s (all replicas)")] = None,
     requests: Annotated[int, typer.Option("--requests", "-n", help="Requests to simulate")] = 2000,
@@ -78,7 +60,6 @@ def simulate(
         "--time-scale", help="--trace: multiply arrival times (0.5: twice the rate)")] = 1.0,
     window: Annotated[Optional[str], typer.Option(
         "--window", help="--trace: START:END seconds from its first request")] = None,
-    policy: Annotated[str, typer.Option("--policy", help="continuous, priority, sjf or static")] = "continuous",
     replicas: Annotated[int, typer.Option("--replicas", help="Replicas behind the router")] = 1,
     router: Annotated[str, typer.Option("--router", help="round_robin, least_outstanding, affinity (a session's turns "
                                         "to its last replica unless the load is imbalanced), or queue (one FIFO at "
@@ -86,33 +67,16 @@ def simulate(
     router_max_ongoing: Annotated[Optional[int], typer.Option(
         "--router-max-ongoing", help="Router queue: requests per replica before the router holds them "
                                      "(default: max_num_seqs; Ray Serve max_ongoing_requests)")] = None,
-    max_batch: Annotated[Optional[int], typer.Option("--max-batch", help="Static batching: batch size")] = None,
-    max_wait_ms: Annotated[float, typer.Option("--max-wait-ms", help="Static batching: batching window")] = 0.0,
-    prefix_caching: Annotated[bool, typer.Option("--prefix-caching/--no-prefix-caching",
-                                                 help="Reuse shared-prefix KV blocks")] = False,
-    kv_offload_gb: Annotated[Optional[float], typer.Option(
-        "--kv-offload-gb", help="KV offloading to host memory, GiB summed over the TP ranks (vLLM's "
-                                "--kv-offloading-size; needs --prefix-caching; docs/kv-offload.md)")] = None,
-    host_link_gbps: Annotated[Optional[float], typer.Option(
-        "--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory (default: its PCIe x16 rate)")] = None,
-    async_scheduling: Annotated[Optional[bool], typer.Option(
-        "--async-scheduling/--no-async-scheduling",
-        help="vLLM schedules the next step while one runs (default: the release's GPU default)")] = None,
     frontend_ms: Annotated[float, typer.Option("--frontend-ms", help="Front-end latency before the engine (in TTFT)")] = 0.0,
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="SLO on TTFT for goodput")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="SLO on TPOT for goodput")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
     warmup: Annotated[float, typer.Option("--warmup", help="Fraction of first requests excluded from metrics (a closed loop: at least its first --users)")] = 0.1,
     no_fast_forward: Annotated[bool, typer.Option("--no-fast-forward", help="One event per step (slow; for checks)")] = False,
-    kv_dtype: KvOpt = "auto", weight_dtype: WOpt = None, quant_group_size: GroupOpt = None,
-    compute_dtype: CompOpt = None, kv_reservation: ReserveOpt = None, step_overhead_ms: OverheadOpt = None,
-    output_cpu_us: OutputCpuOpt = None,
-    gpu_memory_utilization: UtilOpt = 0.9, max_model_len: LenOpt = None,
-    max_num_seqs: SeqOpt = None, max_num_batched_tokens: MnbtOpt = None, block_size: BlockOpt = None,
-    no_chunked_prefill: NoChunkOpt = False, enforce_eager: EagerOpt = False,
+    settings: dict = FROM_DECLARATIONS,  # the engine options, generated from EngineConfig's declarations (cli/engine_options.py)
+    weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
-    engine: EngineOpt = None, optimistic: OptimisticOpt = False, gpu_memory_gib: GpuMemOpt = None,
-    usage_context: UsageOpt = None, large_gpu_defaults: LargeOpt = None,
+    gpu_memory_gib: GpuMemOpt = None,
     disagg: Annotated[Optional[str], typer.Option("--disagg", help="Disaggregated prefill/decode: P:D replicas "
                                                   "(P prefill, D decode; --replicas is then ignored)")] = None,
     decode_tp: Annotated[Optional[int], typer.Option("--decode-tp", help="--disagg: TP of a decode replica (default --tp)")] = None,
@@ -142,17 +106,8 @@ def simulate(
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
-    cfg = engine_config(
-        tensor_parallel_size=tp, data_parallel_size=dp, enable_expert_parallel=expert_parallel or None,
-        kv_cache_dtype=kv_dtype, gpu_memory_utilization=gpu_memory_utilization,
-        max_model_len=max_model_len, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
-        block_size=block_size, enable_chunked_prefill=False if no_chunked_prefill else None,
-        enforce_eager=enforce_eager, enable_prefix_caching=prefix_caching, async_scheduling=async_scheduling,
-        policy=policy, static_max_batch=max_batch,
-        static_max_wait_s=max_wait_ms / 1e3, kv_reservation=kv_reservation, step_overhead_ms=step_overhead_ms,
-        output_cpu_us_per_token=output_cpu_us, kv_offloading_size=kv_offload_gb, host_link_gbps=host_link_gbps,
-        **engine_fields(engine, optimistic, usage_context, large_gpu_defaults),
-        **speculative_fields(speculative, acceptance, draft_model, draft_vocab_size))
+    cfg = engine_config(**settings, **speculative_fields(speculative, acceptance, draft_model, draft_vocab_size))
+    tp = cfg.tensor_parallel_size
     import contextlib
     import tempfile
 

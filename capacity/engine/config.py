@@ -12,6 +12,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from capacity.engine.settings import ENGINE_COMMANDS, setting
 from capacity.engine.speculative import SpeculativeConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
@@ -53,82 +54,182 @@ class EngineConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    # Which engine model resolves defaults, memory and scheduling: `vllm` (the current release), `vllm@0.11` (the
-    # last patch of a release), `vllm@0.9.2:v0` (the V0 engine of a release that has both).
-    engine: str = "vllm"
-    tensor_parallel_size: PosInt = 1  # GPUs per replica (heads must divide it, as vLLM requires)
-    # vLLM's --pipeline-parallel-size: the layers split into this many stages (VLLM_PP_LAYER_PARTITION as
-    # pp_layer_partition), each on tensor_parallel_size GPUs; the engine keeps the blocks of its tightest stage.
-    pipeline_parallel_size: Annotated[int, Field(gt=0, le=64)] = 1
-    pp_layer_partition: Annotated[list[Annotated[int, Field(gt=0, le=10**4)]], Field(max_length=64)] | None = None
-    # vLLM's --data-parallel-size (engines of their own, attention replicated) and --enable-expert-parallel
-    # (experts split whole over tensor x data parallel ranks instead of sharded by TP)
-    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = 1
-    enable_expert_parallel: bool = False
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.9  # share of the GPU's memory vLLM may use for weights, activations and KV
-    max_model_len: PosInt | None = None  # longest request (prompt + output) accepted; None: the model's max_position_embeddings
-    max_num_seqs: PosInt | None = None  # batch cap; None: the release's default (see large_gpu_defaults)
-    max_num_batched_tokens: PosInt | None = None  # token budget per step; None: the release's default
-    # Split long prompts across steps. None: the release's default (V1: on; V0: on by itself above 32k tokens).
-    enable_chunked_prefill: bool | None = None
-    # Off unless asked (vLLM's own default is on): the launch command spells the choice out, so the engine runs
-    # what was simulated. On: vLLM's block-level cache, shared prefixes and a preempted request's own blocks.
-    enable_prefix_caching: bool = False
-    # The engine schedules the next step while the last one runs (vLLM's async scheduling, SGLang's overlap
-    # scheduler), so a finished request keeps its blocks and its batch slot one step longer (vLLM: sliding-window
-    # groups also reserve two batches in flight). None: the engine's default (vLLM: on from 0.32's code, where
-    # the CPU build turns it off; SGLang: on).
-    async_scheduling: bool | None = None
-    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = None  # tokens per KV block; None: 16 (64 for MLA models)
-    kv_cache_dtype: KVDtype = "auto"  # auto: the model's dtype; fp8/int8 halve KV memory and the bytes attention reads
-    enforce_eager: bool = False  # no CUDA graphs (no graph memory; steps are not replays)
-    # continuous = vLLM's fcfs; priority = vLLM's --scheduling-policy priority; sjf = continuous batching that
-    # serves the shortest prompt first (not a vLLM policy: a what-if); static = collect-a-batch serving.
-    policy: str = "continuous"  # one of capacity.sched.POLICIES
-    static_max_batch: PosInt | None = None  # static policy: batch size (default: max_num_seqs)
-    static_max_wait_s: NonNegFloat = 0.0  # static policy: how long the first request may wait for a batch
-    # KV reserved when a request is admitted. prompt: its input (vLLM; outputs take blocks as they grow, and a
-    # full cache preempts); prompt_and_output: input and every output token up front, so nothing is ever
-    # preempted (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler, its default). None: the engine's own.
-    kv_reservation: Literal["prompt", "prompt_and_output"] | None = None
-    # CPU time per engine step that the GPU waits for (scheduling, input preparation, output processing), ms.
-    # None: the engine model's figure (2 ms for vLLM, not yet checked against a measured run); a measured run
-    # fits it (see docs/fidelity.md). Applies to the roofline; a calibrated profile keeps its fitted overhead.
-    step_overhead_ms: Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)] | None = None
-    # CPU time the server spends per output token beside the engine (detokenising, streaming: vLLM's API server
-    # process, SGLang's detokenizer), overlapped with the GPU: a step lasts at least this x the tokens it emits,
-    # which caps output at 1/this tokens/s (capacity/cost/overlap.py), us. None: not modelled (the server's figure
-    # on its CPU is not known in advance; measure it).
-    output_cpu_us_per_token: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = None
-    usage_context: Literal["serve", "llm"] = "serve"  # `vllm serve` or the offline LLM class (different defaults)
-    # vLLM's larger batching defaults (1024 sequences; 8192 tokens for serve). None: the release's own test on
-    # the GPU (memory >= 70 GiB and, from 0.9, not an A100 by device name); True/False forces it.
-    large_gpu_defaults: bool | None = None
-    # VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: subtract the CUDA-graph estimate from the KV budget. None: the
-    # release's default (on from vLLM 0.20; before, graphs are captured outside gpu_memory_utilization).
-    cuda_graphs_in_budget: bool | None = None
-    # Which end of the predicted KV range the planner and the simulator use: conservative (the default: the
-    # blocks the engine will have even if every estimated term is at the high end of its range) or middle.
-    kv_estimate: Literal["conservative", "middle"] = "conservative"
-    paged_kv: bool = True  # False: contiguous per-sequence reservation of max_model_len slots
-    num_gpu_blocks_override: PosInt | None = None  # vLLM's --num-gpu-blocks-override: KV blocks as given
-    # LoRA adapters served beside the model (vLLM's --enable-lora --max-loras N --max-lora-rank R): their stacked
-    # A/B buffers are allocated while the model loads. 0: LoRA off.
-    max_loras: Annotated[int, Field(ge=0, le=256)] = 0
-    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = 16
-    # Measured overrides for the estimated terms (bytes); None = use the estimate.
-    activation_bytes: NonNegFloat | None = None
-    non_torch_bytes: NonNegFloat | None = None  # measured non-torch memory, bytes
-    cuda_graph_bytes: NonNegFloat | None = None  # measured CUDA-graph memory, bytes
+    # Each setting is declared once (capacity/engine/settings.py): its description, bounds (in the type), the CLI
+    # flag, the engines' own flags and the dashboard control; the commands, launch commands, dashboard and
+    # docs/schema.md are generated from it.
+    engine: str = setting(
+        "vllm", description="Which engine model resolves defaults, memory and scheduling: `vllm` (the current release), "
+        "`vllm@0.11` (the last patch of a release), `vllm@0.9.2:v0` (the V0 engine of a release that has both).",
+        flag="--engine", help="Engine release: vllm (current), vllm@0.11, vllm@0.9.2:v0 (see `capacity engines`)",
+        commands=(*ENGINE_COMMANDS, "fleet"), ui={"label": "Engine", "kind": "selectbox", "help": "whose defaults, "
+        "start-up memory accounting and scheduler apply: vLLM (vllm = the current release), SGLang or TensorRT-LLM "
+        "(`capacity engines` lists them all)"})
+    tensor_parallel_size: PosInt = setting(
+        1, description="GPUs per replica (heads must divide it, as vLLM requires)", flag="--tp",
+        help="Tensor-parallel size", cli_default=1, commands=(*ENGINE_COMMANDS, "autoscale", "pools"), vllm="--tensor-parallel-size", sglang="--tp", trtllm="--tp_size",
+        ui={"label": "Tensor parallel size", "kind": "select_slider", "options": [1, 2, 4, 8]})
+    pipeline_parallel_size: Annotated[int, Field(gt=0, le=64)] = setting(
+        1, description="vLLM's --pipeline-parallel-size: the layers split into this many stages "
+        "(VLLM_PP_LAYER_PARTITION as pp_layer_partition), each on tensor_parallel_size GPUs; the engine keeps the "
+        "blocks of its tightest stage.", flag="--pp", help="Pipeline-parallel stages (vLLM --pipeline-parallel-size)",
+        cli_default=1, commands=("memory",), vllm="--pipeline-parallel-size")
+    pp_layer_partition: Annotated[list[Annotated[int, Field(gt=0, le=10**4)]], Field(max_length=64)] | None = setting(
+        None, description="Layers per pipeline stage, first to last (vLLM's VLLM_PP_LAYER_PARTITION); None: as "
+        "vLLM's get_pp_indices splits them (even, the remainder one layer each to the stages before the last)")
+    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = setting(
+        1, description="vLLM's --data-parallel-size (engines of their own, attention replicated) and "
+        "--enable-expert-parallel (experts split whole over tensor x data parallel ranks instead of sharded by TP)",
+        flag="--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler and KV (vLLM "
+        "--data-parallel-size; docs/parallelism.md)", cli_default=1, vllm="--data-parallel-size")
+    enable_expert_parallel: bool = setting(
+        False, description="MoE experts split whole over tensor x data parallel ranks (vLLM's "
+        "--enable-expert-parallel) instead of sharded by TP", flag="--enable-expert-parallel", set_to=True,
+        help="MoE experts split whole over tp x dp ranks (vLLM --enable-expert-parallel)",
+        vllm="--enable-expert-parallel")
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = setting(
+        0.9, description="share of the GPU's memory vLLM may use for weights, activations and KV",
+        flag="--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use", cli_default=0.9,
+        vllm="--gpu-memory-utilization", commands=(*ENGINE_COMMANDS, "fleet"),
+        ui={"label": "gpu_memory_utilization", "kind": "slider", "min": 0.5, "max": 0.98, "step": 0.01})
+    max_model_len: PosInt | None = setting(
+        None, description="longest request (prompt + output) accepted; None: the model's max_position_embeddings",
+        flag="--max-model-len", help="Max context (default: the model's)",
+        commands=(*ENGINE_COMMANDS, "fleet", "autoscale", "pools", "disagg"),
+        vllm="--max-model-len", sglang="--context-length", trtllm="--max_seq_len",
+        ui={"label": "max_model_len", "kind": "select_slider", "value": 8192,
+            "options": [2048, 4096, 8192, 16384, 32768, 65536, 131072]})
+    max_num_seqs: PosInt | None = setting(
+        None, description="batch cap; None: the release's default (see large_gpu_defaults)", flag="--max-num-seqs",
+        help="Max batch (default: vLLM's rule)", commands=(*ENGINE_COMMANDS, "autoscale"), vllm="--max-num-seqs", sglang="--max-running-requests",
+        trtllm="--max_batch_size", ui={"label": "max_num_seqs (max batch)", "kind": "select_slider", "value": 256,
+                                       "options": [8, 16, 32, 64, 128, 256, 512, 1024]})
+    max_num_batched_tokens: PosInt | None = setting(
+        None, description="token budget per step; None: the release's default", flag="--max-num-batched-tokens",
+        help="Token budget per step", vllm="--max-num-batched-tokens", sglang="--chunked-prefill-size",
+        trtllm="--max_num_tokens", ui={"label": "max_num_batched_tokens", "kind": "select_slider", "value": 8192,
+                                       "options": [1024, 2048, 4096, 8192, 16384]})
+    enable_chunked_prefill: bool | None = setting(
+        None, description="Split long prompts across steps. None: the release's default (V1: on; V0: on by itself "
+        "above 32k tokens).", flag="--no-chunked-prefill", set_to=False, help="Disable chunked prefill",
+        vllm="--enable-chunked-prefill/--no-enable-chunked-prefill",
+        ui={"label": "chunked prefill", "kind": "checkbox", "value": True})
+    enable_prefix_caching: bool = setting(
+        False, description="Off unless asked (vLLM's own default is on): the launch command spells the choice out, "
+        "so the engine runs what was simulated. On: vLLM's block-level cache, shared prefixes and a preempted "
+        "request's own blocks.", flag="--prefix-caching/--no-prefix-caching", help="Reuse shared-prefix KV blocks",
+        cli_default=False, commands=("simulate", "plan"), vllm="--enable-prefix-caching/--no-enable-prefix-caching")
+    async_scheduling: bool | None = setting(
+        None, description="The engine schedules the next step while the last one runs (vLLM's async scheduling, "
+        "SGLang's overlap scheduler), so a finished request keeps its blocks and its batch slot one step longer "
+        "(vLLM: sliding-window groups also reserve two batches in flight). None: the engine's default (vLLM: on from "
+        "0.32's code, where the CPU build turns it off; SGLang: on).", flag="--async-scheduling/--no-async-scheduling",
+        help="vLLM schedules the next step while one runs (default: the release's GPU default)",
+        commands=("simulate", "plan"), vllm="--async-scheduling/--no-async-scheduling")
+    block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = setting(
+        None, description="tokens per KV block; None: 16 (64 for MLA models)", flag="--block-size",
+        help="KV block size in tokens", vllm="--block-size", sglang="--page-size",
+        ui={"label": "block size", "kind": "select_slider", "value": 16, "options": [16, 32, 64]})
+    kv_cache_dtype: KVDtype = setting(
+        "auto", description="auto: the model's dtype; fp8/int8 halve KV memory and the bytes attention reads",
+        flag="--kv-dtype", help="KV cache dtype: auto, fp8, int8", cli_default="auto",
+        commands=(*ENGINE_COMMANDS, "fleet"), vllm="--kv-cache-dtype", sglang="--kv-cache-dtype",
+        ui={"label": "KV cache dtype", "kind": "selectbox", "options": ["auto", "fp8"]})
+    enforce_eager: bool = setting(
+        False, description="no CUDA graphs (no graph memory; steps are not replays)", flag="--enforce-eager",
+        set_to=True, help="No CUDA graphs", vllm="--enforce-eager", sglang="--disable-cuda-graph")
+    policy: str = setting(
+        "continuous", description="continuous = vLLM's fcfs; priority = vLLM's --scheduling-policy priority; sjf = "
+        "continuous batching that serves the shortest prompt first (not a vLLM policy: a what-if); static = "
+        "collect-a-batch serving. one of capacity.sched.POLICIES", flag="--policy",
+        help="continuous, priority, sjf or static", cli_default="continuous", commands=("simulate", "plan"),
+        vllm="--scheduling-policy")
+    static_max_batch: PosInt | None = setting(
+        None, description="static policy: batch size (default: max_num_seqs)", flag="--max-batch",
+        help="Static batching: batch size", commands=("simulate",))
+    static_max_wait_s: NonNegFloat = setting(
+        0.0, description="static policy: how long the first request may wait for a batch", flag="--max-wait-ms",
+        help="Static batching: batching window", cli_default=0.0, scale=1e-3, commands=("simulate",))
+    kv_reservation: Literal["prompt", "prompt_and_output"] | None = setting(
+        None, description="KV reserved when a request is admitted. prompt: its input (vLLM; outputs take blocks as "
+        "they grow, and a full cache preempts); prompt_and_output: input and every output token up front, so nothing "
+        "is ever preempted (TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler, its default). None: the engine's "
+        "own.", flag="--kv-reservation", help="KV reserved at admission: prompt (vLLM) or prompt_and_output "
+        "(TensorRT-LLM's GUARANTEED_NO_EVICT: never preempts)", commands=("simulate", "plan"),
+        ui={"label": "KV reserved at admission", "kind": "selectbox", "none_label": "engine's own",
+            "options": ["prompt", "prompt_and_output"]})
+    step_overhead_ms: Annotated[float, Field(ge=0, le=1000, allow_inf_nan=False)] | None = setting(
+        None, description="CPU time per engine step that the GPU waits for (scheduling, input preparation, output "
+        "processing), ms. None: the engine model's figure (2 ms for vLLM, not yet checked against a measured run); a "
+        "measured run fits it (see docs/fidelity.md). Applies to the roofline; a calibrated profile keeps its fitted "
+        "overhead.", flag="--step-overhead-ms", help="CPU time per engine step the GPU waits for (default: the engine "
+        "model's, 2 ms)", commands=("simulate", "plan"), ui={"label": "step overhead (ms)", "kind": "number",
+                                                             "step": 0.5})
+    output_cpu_us_per_token: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = setting(
+        None, description="CPU time the server spends per output token beside the engine (detokenising, streaming: "
+        "vLLM's API server process, SGLang's detokenizer), overlapped with the GPU: a step lasts at least this x the "
+        "tokens it emits, which caps output at 1/this tokens/s (capacity/cost/overlap.py), us. None: not modelled "
+        "(the server's figure on its CPU is not known in advance; measure it).", flag="--output-cpu-us",
+        help="CPU us per output token the server spends beside the GPU (detokenise, stream), overlapped: caps output "
+        "at 1/this; measure it (default: not modelled)", commands=("simulate", "plan"),
+        ui={"label": "output handling (us per token)", "kind": "number", "min": 1.0, "step": 5.0})
+    usage_context: Literal["serve", "llm"] = setting(
+        "serve", description="`vllm serve` or the offline LLM class (different defaults)", flag="--usage-context",
+        help="serve (vllm serve, default) or llm (the offline LLM class): different defaults")
+    large_gpu_defaults: bool | None = setting(
+        None, description="vLLM's larger batching defaults (1024 sequences; 8192 tokens for serve). None: the "
+        "release's own test on the GPU (memory >= 70 GiB and, from 0.9, not an A100 by device name); True/False forces "
+        "it.", flag="--large-gpu-defaults/--small-gpu-defaults", help="Force vLLM's large-GPU batching defaults on/off "
+        "(default: the release's rule on memory and name)")
+    cuda_graphs_in_budget: bool | None = setting(
+        None, description="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: subtract the CUDA-graph estimate from the KV "
+        "budget. None: the release's default (on from vLLM 0.20; before, graphs are captured outside "
+        "gpu_memory_utilization).", flag="--cuda-graphs-in-budget/--cuda-graphs-outside-budget",
+        help="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1/0 (default: the release's; on from vLLM 0.20)",
+        commands=("memory",))
+    kv_estimate: Literal["conservative", "middle"] = setting(
+        "conservative", description="Which end of the predicted KV range the planner and the simulator use: "
+        "conservative (the default: the blocks the engine will have even if every estimated term is at the high end "
+        "of its range) or middle.", flag="--optimistic", set_to="middle",
+        help="Plan on the middle of the KV estimate, not its conservative end", commands=(*ENGINE_COMMANDS, "fleet"),
+        ui={"label": "plan KV on", "kind": "radio", "options": ["conservative", "middle"],
+            "help": "the end of the predicted KV range the simulation uses"})
+    paged_kv: bool = setting(
+        True, description="False: contiguous per-sequence reservation of max_model_len slots", flag="--contiguous",
+        set_to=False, help="Contiguous (non-paged) KV reservation", commands=("memory",))
+    num_gpu_blocks_override: PosInt | None = setting(
+        None, description="vLLM's --num-gpu-blocks-override: KV blocks as given", vllm="--num-gpu-blocks-override")
+    max_loras: Annotated[int, Field(ge=0, le=256)] = setting(
+        0, description="LoRA adapters served beside the model (vLLM's --enable-lora --max-loras N --max-lora-rank R): "
+        "their stacked A/B buffers are allocated while the model loads. 0: LoRA off.", flag="--max-loras",
+        help="LoRA adapter slots (vLLM --enable-lora --max-loras); 0: LoRA off", cli_default=0, commands=("memory",),
+        vllm="--max-loras")
+    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = setting(
+        16, description="the largest LoRA rank served (vLLM's --max-lora-rank); sizes the adapters' buffers",
+        flag="--max-lora-rank", help="vLLM --max-lora-rank (with --max-loras)", cli_default=16, commands=("memory",),
+        vllm="--max-lora-rank")
+    activation_bytes: NonNegFloat | None = setting(
+        None, description="Measured overrides for the estimated terms (bytes); None = use the estimate.",
+        flag="--activation-gib", help="Measured activation peak, GiB", scale=GiB, commands=("memory",))
+    non_torch_bytes: NonNegFloat | None = setting(
+        None, description="measured non-torch memory, bytes", flag="--non-torch-gib",
+        help="Measured non-torch memory, GiB", scale=GiB, commands=("memory",))
+    cuda_graph_bytes: NonNegFloat | None = setting(
+        None, description="measured CUDA-graph memory, bytes", flag="--cuda-graph-gib",
+        help="Measured CUDA-graph memory, GiB", scale=GiB, commands=("memory",))
     memory_params: MemoryModelParams = MemoryModelParams()  # the estimated terms' parameters (below)
     # Speculative decoding (vLLM's --speculative-config, SGLang's --speculative-algorithm ...): method, drafts per
     # step, the acceptance assumed; None: off. See capacity/engine/speculative.py and docs/speculative.md.
     speculative: SpeculativeConfig | None = None
-    # KV offloading to host memory (vLLM's --kv-offloading-size, native backend: GiB, summed over the TP ranks): a
-    # write-through LRU tier under the prefix cache (capacity/sched/offload.py, docs/kv-offload.md). None: off.
-    kv_offloading_size: Annotated[float, Field(gt=0, le=1 << 20, allow_inf_nan=False)] | None = None
-    # GB/s from one GPU to host memory for those loads; None: the GPU's host link at its nominal x16 rate
-    host_link_gbps: Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)] | None = None
+    kv_offloading_size: Annotated[float, Field(gt=0, le=1 << 20, allow_inf_nan=False)] | None = setting(
+        None, description="KV offloading to host memory (vLLM's --kv-offloading-size, native backend: GiB, summed "
+        "over the TP ranks): a write-through LRU tier under the prefix cache (capacity/sched/offload.py, "
+        "docs/kv-offload.md). None: off.", flag="--kv-offload-gb", help="KV offloading to host memory, GiB summed "
+        "over the TP ranks (vLLM's --kv-offloading-size; needs --prefix-caching; docs/kv-offload.md)",
+        commands=("simulate",), vllm="--kv-offloading-size")
+    host_link_gbps: Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)] | None = setting(
+        None, description="GB/s from one GPU to host memory for those loads; None: the GPU's host link at its "
+        "nominal x16 rate", flag="--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory "
+        "(default: its PCIe x16 rate)", commands=("simulate",))
 
     @field_validator("policy")
     @classmethod
@@ -149,6 +250,16 @@ class EngineConfig(BaseModel):
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
         return v
+
+
+# The class whose fields are the declared engine settings: every generated surface (the commands' options, the
+# dashboard's controls, the schema reference) reads it through settings_class(), so a test can declare one more.
+SETTINGS_CLASS: type[EngineConfig] = EngineConfig
+
+
+def settings_class() -> type[EngineConfig]:
+    """The engine configuration class the surfaces are generated from (EngineConfig; a test's subclass)."""
+    return SETTINGS_CLASS
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,11 @@ The model a command names stores the card's weight format:
 from __future__ import annotations
 
 import shlex
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from capacity.engine.config import EngineConfig, settings_class
+from capacity.engine.settings import declared, meta, value_type
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 
@@ -52,6 +55,69 @@ def with_comment(ref: ModelRef, cmd: str) -> str:
     return f"{ref.comment}\n{cmd}" if ref.comment else cmd
 
 
+# ---- the engines' flags, from the settings' declarations (capacity/engine/settings.py) ------------------------
+# The settings each engine's launch command translates itself (engine/vllm.py, sglang.py, trtllm.py): resolved
+# values, defaults spelled out, options files. Any other setting declared with a flag for the engine is added as
+# declared (declared_flags), so a new setting reaches the launch commands from its declaration alone.
+SPELLED = {
+    "vllm": frozenset({"tensor_parallel_size", "max_num_seqs", "max_model_len", "gpu_memory_utilization",
+                       "max_num_batched_tokens", "kv_cache_dtype", "block_size", "enable_chunked_prefill",
+                       "enable_prefix_caching", "kv_offloading_size", "async_scheduling", "enforce_eager", "max_loras",
+                       "max_lora_rank", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
+                       "policy", "num_gpu_blocks_override"}),
+    "sglang": frozenset({"tensor_parallel_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
+                         "kv_cache_dtype", "block_size", "enforce_eager"}),
+    "trtllm": frozenset({"tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"}),
+}
+
+
+def engine_flag(engine: str, name: str, on: bool = True) -> str:
+    """The engine's own flag for setting `name`, as declared on EngineConfig (`--max-num-seqs` for vLLM,
+    `--max-running-requests` for SGLang); of a pair `--x/--no-x`, the half for `on`."""
+    flag = meta(EngineConfig.model_fields[name], "launch")[engine]
+    on_flag, _, off_flag = flag.partition("/")
+    return on_flag if on or not off_flag else off_flag
+
+
+def declared_flags(engine: str, cfg: EngineConfig, spelled: Iterable[str] | None = None) -> list[str]:
+    """`--flag value` for each setting of `cfg` declared with a flag for `engine` that its launch command does not
+    translate itself (SPELLED) and that differs from its default: a boolean gives its flag (or the off half of a
+    pair), a list its values joined by commas."""
+    skip = SPELLED[engine] if spelled is None else frozenset(spelled)
+    out = []
+    for name, (f, launch) in declared(type(cfg), "launch").items():
+        flag = launch.get(engine)
+        value = getattr(cfg, name)
+        if flag is None or name in skip or value is None or value == f.get_default(call_default_factory=True):
+            continue
+        on, _, off = flag.partition("/")
+        if isinstance(value, bool):
+            if value or off:
+                out.append(on if value else off)
+        else:
+            out.append(f"{on} {','.join(map(str, value)) if isinstance(value, list) else value}")
+    return out
+
+
+def _declared_tables(engine: str) -> tuple[dict[str, tuple[str | None, type]], dict[str, tuple[str | None, object]]]:
+    """The reader's flag and switch tables for the settings declared with a flag for `engine`."""
+    flags: dict[str, tuple[str | None, type]] = {}
+    switches: dict[str, tuple[str | None, object]] = {}
+    for name, (f, launch) in declared(settings_class(), "launch").items():
+        flag = launch.get(engine)
+        if flag is None:
+            continue
+        typ = value_type(f)[0]
+        on, _, off = flag.partition("/")
+        if off:
+            switches[on], switches[off] = (name, True), (name, False)
+        elif typ is bool:
+            switches[on] = (name, True)
+        else:
+            flags[on] = ("tp" if name == "tensor_parallel_size" else name, typ)
+    return flags, switches
+
+
 # ---- reading a command back -------------------------------------------------------------------------------
 @dataclass
 class LaunchSpec:
@@ -67,34 +133,17 @@ class LaunchSpec:
 
 _Flags = dict[str, tuple[str | None, type]]
 _Switches = dict[str, tuple[str | None, object]]
-_VLLM: _Flags = {"--tensor-parallel-size": ("tp", int), "--max-num-seqs": ("max_num_seqs", int),
-         "--max-model-len": ("max_model_len", int), "--gpu-memory-utilization": ("gpu_memory_utilization", float),
-         "--max-num-batched-tokens": ("max_num_batched_tokens", int), "--kv-cache-dtype": ("kv_cache_dtype", str),
-         "--block-size": ("block_size", int), "--quantization": ("quantization", str),
-         "--pipeline-parallel-size": ("pipeline_parallel_size", int),
-         "--data-parallel-size": ("data_parallel_size", int), "--max-loras": ("max_loras", int),
-         "--max-lora-rank": ("max_lora_rank", int), "--num-gpu-blocks-override": ("num_gpu_blocks_override", int),
-         "--scheduling-policy": ("policy", str)}
-_VLLM_SWITCH: _Switches = {"--enable-chunked-prefill": ("enable_chunked_prefill", True),
-                "--no-enable-chunked-prefill": ("enable_chunked_prefill", False),
-                "--enable-prefix-caching": ("enable_prefix_caching", True),
-                "--no-enable-prefix-caching": ("enable_prefix_caching", False),
-                "--async-scheduling": ("async_scheduling", True), "--no-async-scheduling": ("async_scheduling", False),
-                "--enforce-eager": ("enforce_eager", True), "--enable-expert-parallel": ("enable_expert_parallel", True),
-                "--enable-lora": (None, None)}
-_SGLANG: _Flags = {"--tp": ("tp", int), "--max-running-requests": ("max_num_seqs", int),
-           "--context-length": ("max_model_len", int), "--chunked-prefill-size": ("chunk", int),
-           "--kv-cache-dtype": ("kv_cache_dtype", str), "--quantization": ("quantization", str),
+# What the declarations do not say (read beside the declared flags, _declared_tables): the model's quantisation,
+# the pools the translations pin, SGLang's chunk size (-1: off), flags the commands write with no setting behind them
+_VLLM: _Flags = {"--quantization": ("quantization", str)}
+_VLLM_SWITCH: _Switches = {"--enable-lora": (None, None)}
+_SGLANG: _Flags = {"--chunked-prefill-size": ("chunk", int), "--quantization": ("quantization", str),
            "--max-total-tokens": ("pinned", int), "--mem-fraction-static": ("mem_fraction_static", float),
-           "--page-size": ("block_size", int), "--max-prefill-tokens": ("max_num_batched_tokens", int),
-           "--schedule-policy": (None, str)}
+           "--max-prefill-tokens": ("max_num_batched_tokens", int), "--schedule-policy": (None, str)}
 _SGLANG_SWITCH: _Switches = {"--disable-radix-cache": ("enable_prefix_caching", False),
-                  "--disable-cuda-graph": ("enforce_eager", True),
                   "--disable-overlap-schedule": ("async_scheduling", False),
                   "--enable-priority-scheduling": ("policy", "priority")}
-_TRTLLM: _Flags = {"--tp_size": ("tp", int), "--max_batch_size": ("max_num_seqs", int),
-           "--max_num_tokens": ("max_num_batched_tokens", int), "--max_seq_len": ("max_model_len", int),
-           "--kv_cache_free_gpu_memory_fraction": (None, float), "--backend": (None, str),
+_TRTLLM: _Flags = {"--kv_cache_free_gpu_memory_fraction": (None, float), "--backend": (None, str),
            "--extra_llm_api_options": (None, str)}
 _KV = {"fp8_e4m3": "fp8", "fp8_e5m2": "fp8", "auto": "auto", "fp8": "fp8", "bf16": "auto"}
 
@@ -119,6 +168,8 @@ def parse_launch_command(text: str) -> LaunchSpec:
         engine, model, rest, table, switches = "trtllm", words[1], words[2:], _TRTLLM, dict[str, tuple[str | None, object]]()
     else:
         raise ConfigError(f"launch command {line[:60]!r}: not a vllm serve, sglang.launch_server or trtllm-serve line")
+    flags, switched = _declared_tables(engine)
+    table, switches = {**flags, **table}, {**switched, **switches}  # the hand entries win (SGLang's chunk size)
     spec = LaunchSpec(engine, model, 1, {})
     i = 0
     while i < len(rest):
@@ -195,7 +246,6 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
     """The memory model on a command read back (parse_launch_command) on `gpu` (a capacity.model.gpus.GPU):
     the card is the one its model names (a published checkpoint's id gives its format; `--quantization fp8` FP8
     weights), the settings are the command's. `engine_release` pins the release (`vllm@0.10.2`, `sglang@0.5.5`)."""
-    from capacity.engine.config import EngineConfig
     from capacity.errors import DoesNotFit
     from capacity.model.card import load_named_card
 
@@ -230,4 +280,4 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
     return LaunchFit(True, b.planning_tokens, spec.pinned_kv_tokens)
 
 
-__all__ = ["LaunchFit", "LaunchSpec", "launch_fit", "ModelRef", "model_reference", "parse_launch_command", "with_comment"]
+__all__ = ["SPELLED", "declared_flags", "engine_flag", "LaunchFit", "LaunchSpec", "launch_fit", "ModelRef", "model_reference", "parse_launch_command", "with_comment"]

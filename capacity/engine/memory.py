@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from capacity.engine import get_engine
 from capacity.engine.budget import TP_CHOICES, MemoryBudget, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig
+from capacity.engine.registry import get_engine
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from capacity.engine import get_engine
+from capacity.engine.registry import get_engine
 from capacity.engine.vllm.memory import cudagraph_capture_sizes
 from capacity.errors import ConfigError
 from capacity.model.weights import weight_bytes_per_rank

@@ -12,12 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from capacity.engine.settings import bounds, meta
+
 UNITS = "SI units throughout: seconds (`_s`), bytes (`_bytes`), requests/s (`_per_s`), FLOP/s (`_flops`)."
 
 
 def _models() -> list[tuple[str, type[BaseModel]]]:
     from capacity.curves import RateCurve
-    from capacity.engine.config import EngineConfig, MemoryModelParams
+    from capacity.engine.config import MemoryModelParams, settings_class
     from capacity.model.card import MLA, ModelCard, MoE, VisionTower
     from capacity.model.gpus import GPU
     from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
@@ -25,7 +27,7 @@ def _models() -> list[tuple[str, type[BaseModel]]]:
     from capacity.vision_requests import ImageRequests
     from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
 
-    return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", EngineConfig),
+    return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", settings_class()),
             ("engine.memory_params", MemoryModelParams), ("workload (also `simulate --workload`)", WorkloadSpec),
             ("workload.arrivals", Arrivals), ("workload.arrivals.curve", RateCurve), ("lengths (input_len, output_len)", Lengths),
             ("workload.classes[]", RequestClass), ("workload.prefix", PrefixGroups),
@@ -94,14 +96,22 @@ def _default(f) -> str:
 
 
 def _bounds(f) -> str:
-    """'> 0', '0 <= x <= 1' ... from the field's constraints."""
-    out = []
-    for m in f.metadata:
-        for attr, sym in (("gt", ">"), ("ge", ">="), ("lt", "<"), ("le", "<=")):
-            v = getattr(m, attr, None)
-            if v is not None:
-                out.append(f"{sym} {v}")
+    """'> 0', '0 <= x <= 1' ... from the field's constraints (an optional field's too)."""
+    b = bounds(f)
+    out = [f"{sym} {v}" for sym, v in ((">", b.gt), (">=", b.ge), ("<", b.lt), ("<=", b.le)) if v is not None]
     return f" ({', '.join(out)})" if out else ""
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+def _flags(f) -> str:
+    """' Flag: `--max-num-seqs`. Launch: vLLM `--max-num-seqs`, ...' from an engine setting's declaration."""
+    cli, launch = meta(f, "cli"), meta(f, "launch")
+    out = f" Flag: `{cli['flag']}`." if cli else ""
+    if launch:
+        out += " Launch: " + ", ".join(f"{ENGINE_NAMES.get(e, e)} `{v}`" for e, v in launch.items()) + "."
+    return out
 
 
 def schema_markdown() -> str:
@@ -117,7 +127,10 @@ def schema_markdown() -> str:
         notes = _comments(cls)
         parts += ["| field | type | default | meaning |", "| --- | --- | --- | --- |"]
         for name, f in cls.model_fields.items():
-            meaning = ((f.description or notes.get(name, "")) + _bounds(f)).strip().replace("|", "/")
+            meaning = ((f.description or notes.get(name, "")) + _bounds(f)).strip()
+            if flags := _flags(f):
+                meaning = (meaning if meaning.endswith(".") or not meaning else meaning + ".") + flags
+            meaning = meaning.strip().replace("|", "/")
             parts.append(f"| `{name}` | {_type(f.annotation)} | {_default(f)} | {meaning} |")
         parts.append("")
     return "\n".join(parts)

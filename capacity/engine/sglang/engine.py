@@ -27,7 +27,7 @@ import math
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
-from capacity.engine.launch import model_reference, with_comment
+from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.sglang.memory import (
     CURRENT,
     RELEASES,
@@ -83,18 +83,21 @@ def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget, gpu: GPU
     frac, held = mem_fraction_static(b, card, cfg, gpu)
     ref = model_reference(card, "sglang")
     pool = min(held, b.planning_tokens)
-    parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags, f"--tp {b.tp}",
-             f"--max-running-requests {b.max_num_seqs}", f"--context-length {b.max_model_len}",
+    f = engine_flag  # the flag names: EngineConfig's declarations
+    parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
+             f"{f('sglang', 'tensor_parallel_size')} {b.tp}", f"{f('sglang', 'max_num_seqs')} {b.max_num_seqs}",
+             f"{f('sglang', 'max_model_len')} {b.max_model_len}",
              f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {pool}",
-             f"--chunked-prefill-size {b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1}",
-             f"--kv-cache-dtype {KV_DTYPE[cfg.kv_cache_dtype]}"]
+             f"{f('sglang', 'max_num_batched_tokens')} "
+             f"{b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1}",
+             f"{f('sglang', 'kv_cache_dtype')} {KV_DTYPE[cfg.kv_cache_dtype]}"]
     if not cfg.enable_prefix_caching:
         parts.append("--disable-radix-cache")
     if cfg.enforce_eager:
         parts.append("--disable-cuda-graph")
     if cfg.policy == "priority":
         parts.append("--enable-priority-scheduling")
-    cmd = " ".join(parts)
+    cmd = " ".join(parts + declared_flags("sglang", cfg))
     if pool < b.planning_tokens:
         cmd = (f"# SGLang's pool here holds {pool:,} tokens, fewer than the {b.planning_tokens:,} simulated for "
                "vLLM: plan with --engine sglang for its own figures\n" + cmd)
@@ -255,21 +258,23 @@ class Sglang(SglangMemory):
 
         chunk = b.max_num_batched_tokens if b.chunked_prefill else -1
         ref = model_reference(card, "sglang")
-        parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags, f"--tp {b.tp}",
-                 f"--context-length {b.max_model_len}", f"--max-running-requests {b.max_num_seqs}",
+        parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
+                 f"{engine_flag('sglang', 'tensor_parallel_size')} {b.tp}",
+                 f"{engine_flag('sglang', 'max_model_len')} {b.max_model_len}",
+                 f"{engine_flag('sglang', 'max_num_seqs')} {b.max_num_seqs}",
                  f"--mem-fraction-static {f}", f"--max-total-tokens {b.planning_blocks * b.block_size}",
-                 f"--chunked-prefill-size {chunk}"]
+                 f"{engine_flag('sglang', 'max_num_batched_tokens')} {chunk}"]
         if not b.chunked_prefill:
             parts.append(f"--max-prefill-tokens {b.max_num_batched_tokens}")
         if b.block_size != 1:
-            parts.append(f"--page-size {b.block_size}")
-        parts += [f"--kv-cache-dtype {KV_DTYPE[cfg.kv_cache_dtype]}", "--schedule-policy fcfs"]
+            parts.append(f"{engine_flag('sglang', 'block_size')} {b.block_size}")
+        parts += [f"{engine_flag('sglang', 'kv_cache_dtype')} {KV_DTYPE[cfg.kv_cache_dtype]}", "--schedule-policy fcfs"]
         if not self.overlap_schedule(cfg):
             parts.append("--disable-overlap-schedule")
         if cfg.enforce_eager:
             parts.append("--disable-cuda-graph")
 
-        parts += launch_flags("sglang", cfg.speculative)
+        parts += launch_flags("sglang", cfg.speculative) + declared_flags("sglang", cfg)
         cmd = with_comment(ref, " ".join(parts))
         if cfg.usage_context == "llm":
             return "# offline: sglang.Engine(model_path=..., same keyword arguments); as a server:\n" + cmd

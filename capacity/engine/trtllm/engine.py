@@ -48,7 +48,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
-from capacity.engine.launch import model_reference, with_comment
+from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.trtllm.release import TrtllmRelease, parse_trtllm
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
 from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
@@ -355,13 +355,14 @@ class Trtllm:
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:
             extra.append("cuda_graph_config: null")
-
+        f = engine_flag  # the flag names: EngineConfig's declarations
         ref = model_reference(card, "trtllm")
-        cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {self.rel.backend}", f"--tp_size {b.tp}",
-                        f"--max_batch_size {b.max_num_seqs}", f"--max_num_tokens {b.max_num_batched_tokens}",
-                        f"--max_seq_len {b.max_model_len}",
+        cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {self.rel.backend}",
+                        f"{f('trtllm', 'tensor_parallel_size')} {b.tp}", f"{f('trtllm', 'max_num_seqs')} {b.max_num_seqs}",
+                        f"{f('trtllm', 'max_num_batched_tokens')} {b.max_num_batched_tokens}",
+                        f"{f('trtllm', 'max_model_len')} {b.max_model_len}",
                         f"--kv_cache_free_gpu_memory_fraction {FREE_GPU_MEMORY_FRACTION}",
-                        "--extra_llm_api_options extra.yaml"])
+                        "--extra_llm_api_options extra.yaml", *declared_flags("trtllm", cfg)])
         return with_comment(ref, "echo '{" + ", ".join(extra) + "}' > extra.yaml && " + cmd)
 
     def launch_notes(self, cfg: EngineConfig) -> list[str]:

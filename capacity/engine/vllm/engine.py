@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_model_len
-from capacity.engine.launch import model_reference, with_comment
+from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.layout import hybrid_block_size
 from capacity.engine.vllm.memory import VllmMemory
@@ -160,40 +160,43 @@ class Vllm(VllmMemory):
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`vllm serve` with every knob that decides the simulated configuration spelled out."""
+        f = engine_flag  # the flag names: EngineConfig's declarations
         rel = self.release
         ref = model_reference(card, "vllm")
-        parts = [f"vllm serve {ref.model}", *ref.flags, f"--tensor-parallel-size {b.tp}",
-                 f"--max-num-seqs {b.max_num_seqs}", f"--max-model-len {b.max_model_len}",
-                 f"--gpu-memory-utilization {cfg.gpu_memory_utilization}",
-                 f"--max-num-batched-tokens {b.max_num_batched_tokens}", f"--kv-cache-dtype {cfg.kv_cache_dtype}"]
+        parts = [f"vllm serve {ref.model}", *ref.flags, f"{f('vllm', 'tensor_parallel_size')} {b.tp}",
+                 f"{f('vllm', 'max_num_seqs')} {b.max_num_seqs}", f"{f('vllm', 'max_model_len')} {b.max_model_len}",
+                 f"{f('vllm', 'gpu_memory_utilization')} {cfg.gpu_memory_utilization}",
+                 f"{f('vllm', 'max_num_batched_tokens')} {b.max_num_batched_tokens}",
+                 f"{f('vllm', 'kv_cache_dtype')} {cfg.kv_cache_dtype}"]
         if cfg.block_size is not None:
-            parts.append(f"--block-size {b.block_size}")
+            parts.append(f"{f('vllm', 'block_size')} {b.block_size}")
         chunked = cfg.enable_chunked_prefill
         if chunked is False:
-            parts.append("--no-enable-chunked-prefill")
+            parts.append(f("vllm", "enable_chunked_prefill", False))
         elif chunked and rel.runner == "v0":
-            parts.append("--enable-chunked-prefill")
-        parts.append("--enable-prefix-caching" if self.prefix_caching(cfg) else "--no-enable-prefix-caching")
+            parts.append(f("vllm", "enable_chunked_prefill"))
+        parts.append(f("vllm", "enable_prefix_caching", self.prefix_caching(cfg)))
         if cfg.kv_offloading_size is not None:  # the native OffloadingConnector (capacity/engine/offload.py)
-            parts.append(f"--kv-offloading-size {cfg.kv_offloading_size:g} --kv-offloading-backend native")
+            parts.append(f"{f('vllm', 'kv_offloading_size')} {cfg.kv_offloading_size:g} --kv-offloading-backend native")
         if cfg.async_scheduling is not None or rel.default_async_scheduling:  # the flag exists in the releases read
-            parts.append("--async-scheduling" if self.async_scheduling(cfg) else "--no-async-scheduling")
+            parts.append(f("vllm", "async_scheduling", self.async_scheduling(cfg)))
         if cfg.enforce_eager:
-            parts.append("--enforce-eager")
+            parts.append(f("vllm", "enforce_eager"))
         if cfg.max_loras:
-            parts.append(f"--enable-lora --max-loras {cfg.max_loras} --max-lora-rank {cfg.max_lora_rank}")
+            parts.append(f"--enable-lora {f('vllm', 'max_loras')} {cfg.max_loras} "
+                         f"{f('vllm', 'max_lora_rank')} {cfg.max_lora_rank}")
         if cfg.pipeline_parallel_size > 1:
-            parts.append(f"--pipeline-parallel-size {cfg.pipeline_parallel_size}")
+            parts.append(f"{f('vllm', 'pipeline_parallel_size')} {cfg.pipeline_parallel_size}")
         if cfg.data_parallel_size > 1:
-            parts.append(f"--data-parallel-size {cfg.data_parallel_size}")
+            parts.append(f"{f('vllm', 'data_parallel_size')} {cfg.data_parallel_size}")
         if cfg.enable_expert_parallel:
-            parts.append("--enable-expert-parallel")
+            parts.append(f("vllm", "enable_expert_parallel"))
         if cfg.policy == "priority":
-            parts.append("--scheduling-policy priority")
+            parts.append(f"{f('vllm', 'policy')} priority")
         if cfg.num_gpu_blocks_override is not None:
-            parts.append(f"--num-gpu-blocks-override {cfg.num_gpu_blocks_override}")
+            parts.append(f"{f('vllm', 'num_gpu_blocks_override')} {cfg.num_gpu_blocks_override}")
 
-        parts += launch_flags("vllm", cfg.speculative)
+        parts += launch_flags("vllm", cfg.speculative) + declared_flags("vllm", cfg)
         env = []
         if cfg.cuda_graphs_in_budget is not None and cfg.cuda_graphs_in_budget != rel.cuda_graphs_in_budget_default:
             env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(cfg.cuda_graphs_in_budget)}")
