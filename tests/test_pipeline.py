@@ -184,7 +184,7 @@ def test_a_second_engine_is_one_object_in_the_registry():
     """The seam: an engine model with other defaults and another command, registered in one place, is used by
     the memory budget, the scheduler and the launch command of the run pipeline."""
     from capacity.engine import ENGINES
-    from capacity.engine.vllm import VllmV1
+    from capacity.engine.vllm.engine import VllmV1
 
     class Other(VllmV1):
         name = "other"
