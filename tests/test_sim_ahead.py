@@ -22,7 +22,7 @@ CARD = load_model_card("models/llama-3.1-8b.yaml")
 
 def _run(workload, max_sim_s=float("inf"), blocks=27_703, fast=True, sched="continuous"):
     cost = RooflineCost(CARD, get_gpu("h100-sxm"))
-    make = lambda: make_scheduler(sched, max_num_seqs=32, max_num_batched_tokens=2048, block_size=16,  # noqa: E731
+    make = lambda: make_scheduler(sched, max_num_seqs=32, max_num_batched_tokens=2048, block_size=16,
                                   num_blocks=blocks)
     return simulate(workload, cost, make, np.random.default_rng(1), SimConfig(fast_forward=fast, max_sim_s=max_sim_s))
 
