@@ -260,17 +260,18 @@ class Replica:
                 prev = [(s, t) for (s, _), t in zip(out.scheduled, last) if t != now and s.generated > 0]
             dur = cost.step_s(out.plan) + out.load_s
             end = now + dur
-            t = env.now
             if src is not None:
                 self._arrivals(end)
-            elif not (self.ahead and end < self._horizon() and t + (end - t) == end):  # else: run ahead
-                if t == now:
-                    yield env.timeout(dur)
-                elif t + (end - t) == end:
-                    yield env.timeout(end - t)
-                else:  # (a step's end the clock cannot reach from where it is in one timeout: two)
-                    yield env.timeout(now - t)
-                    yield env.timeout(dur)
+            else:
+                t = env.now
+                if not (self.ahead and end < self._horizon() and t + (end - t) == end):  # else: run ahead
+                    if t == now:
+                        yield env.timeout(dur)
+                    elif t + (end - t) == end:
+                        yield env.timeout(end - t)
+                    else:  # (a step's end the clock cannot reach from where it is in one timeout: two)
+                        yield env.timeout(now - t)
+                        yield env.timeout(dur)
             self.vt = end
             sim.steps += 1
             drafts = getattr(sched, "drafts_accepted", 0)
@@ -330,11 +331,11 @@ class Replica:
                     rec.gap_t.append(first_end)
                     rec.gap_w.append(1)
         end = now + end_k
-        t = env.now
         interrupted = False
         if self.source is not None:
             self._arrivals(end)
-        elif not (self.ahead and end < self._horizon() and t + (end - t) == end):  # else: run ahead
+        elif not (self.ahead and end < self._horizon() and env.now + (end - env.now) == end):  # else: run ahead
+            t = env.now
             self.stretching = True
             self.cut_before = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else
                                      float(cum[k - 2]))
