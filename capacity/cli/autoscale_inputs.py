@@ -9,6 +9,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from capacity.errors import CapacityError
+from capacity.files import dumps, read_mapping, strict_json, validate
+from capacity.traces import convert, parse_window, rows
 
 MAX_TRACE_LENGTHS = 10_000  # trace lengths kept for the steady runs' empirical distributions (every k-th row)
 
@@ -37,7 +39,6 @@ class AutoscaleInputs:
         import tempfile
         from pathlib import Path
 
-        from capacity.files import read_mapping, validate
         from capacity.workload import WorkloadSpec
 
         if (workload is None) == (trace is None):
@@ -53,7 +54,6 @@ class AutoscaleInputs:
             yield
             return
         from capacity.curves import fit_curve
-        from capacity.traces import convert, parse_window, rows
 
         if not (math.isfinite(self.window_s) and self.window_s > 0):
             raise CapacityError(f"--window-s: must be a finite number > 0 (got {self.window_s})")
@@ -137,7 +137,6 @@ def print_sweep(inp: AutoscaleInputs, spec: str, policies: str, storage_gbps: fl
     """`--startup-sweep`: the start-up estimate, then each policy's GPU-hours and SLO-miss minutes per start-up,
     and where its SLO breaks."""
     from capacity.engine.startup import estimate_startup
-    from capacity.files import dumps, strict_json
     from capacity.plan.autoscale_sweep import parse_sweep, startup_sweep
 
     startups = parse_sweep(spec)

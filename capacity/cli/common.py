@@ -7,14 +7,14 @@ from typing import Annotated, Optional
 
 import typer
 
+from capacity import __version__, compiled, stale_compiled
 from capacity.cli.engine_options import engine_option
 from capacity.errors import CapacityError
+from capacity.files import validate
 
 
 def _print_version(value: bool) -> None:
     if value:
-        from capacity import __version__, compiled, stale_compiled
-
         typer.echo(f"capacity {__version__} (" + ("simulator compiled by mypyc" if compiled() else "pure Python") + ")")
         if stale := stale_compiled():
             typer.echo(f"warning: {len(stale)} compiled module(s) edited since the build run their old code "
@@ -116,7 +116,6 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
 def role_engine(cfg, tp: int, over: dict, flag: str):
     """`cfg` at TP `tp` with a role's own settings, validated (one line naming the flag if one is wrong)."""
     from capacity.engine.config import settings_class
-    from capacity.files import validate
 
     return validate(settings_class(), {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
 
@@ -124,7 +123,6 @@ def role_engine(cfg, tp: int, over: dict, flag: str):
 def engine_config(source: str = "options", **fields):
     """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
     from capacity.engine.config import settings_class
-    from capacity.files import validate
 
     return validate(settings_class(), {k: v for k, v in fields.items() if v is not None}, source)
 
@@ -139,7 +137,6 @@ def _scenario(model, gpu, settings: dict, weight_dtype=None, group=None, gpu_mem
 
 def _lengths(flag: str, value: str):
     """'1024' (fixed), '128-2048' (uniform), 'lognormal:MEAN:CV[:MIN:MAX]' (clipped to [MIN, MAX])."""
-    from capacity.files import validate
     from capacity.workload import Lengths
 
     v = value.strip().lower()
@@ -203,8 +200,6 @@ def speculative_fields(spec: str | None, acceptance: str | None, draft: str | No
 
 def _prices(spec: str | None, gpus: list) -> dict[str, float]:
     """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
-
-    from capacity.errors import CapacityError
 
     if not spec:
         return {}

@@ -8,8 +8,11 @@ import typer
 
 from capacity.cli.common import CompOpt, DpOpt, EpOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
 from capacity.cli.engine_options import engine_option
+from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import CapacityError
-from capacity.files import dumps
+from capacity.files import check_writable, dumps
+from capacity.limits import check
+from capacity.truth.provenance import mismatches, run_engine
 
 
 @app.command()
@@ -40,15 +43,11 @@ def calibrate(
     import re
     from pathlib import Path
 
-    from capacity.files import check_writable
-
     if from_run:
         from capacity.truth.fit import fit_engine, load_run, save_fit
-        from capacity.truth.provenance import mismatches
 
         given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
         runs = [load_run(r) for r in from_run]
-        from capacity.truth.provenance import run_engine
 
         scheds = [run_engine(run, given, path) for run, path in zip(runs, from_run)]
         provs = [(run.get("meta") or {}).get("provenance") for run in runs]
@@ -121,9 +120,7 @@ def step_cost(
     json_out: JsonOpt = False,
 ) -> None:
     """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
-    from capacity.cost.step import PrefillChunk, StepPlan
     from capacity.engine.config import check_tp
-    from capacity.limits import check
 
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     if tp < 1:

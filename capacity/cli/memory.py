@@ -21,6 +21,7 @@ from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 from capacity.plan.memory import memory_answer, sglang_json, sglang_memory_answer, sglang_misfit
+from capacity.units import GiB
 
 
 @app.command()
@@ -79,7 +80,6 @@ def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max
                    max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out) -> None:
     """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
     from capacity.model.gpus import get_gpu, with_memory
-    from capacity.units import GiB
 
     card = load_card(model, weight_dtype, quant_group_size)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)

@@ -24,13 +24,16 @@ from capacity.cli.common import (
     _lengths,
     app,
     engine_config,
+    engine_overrides,
     load_card,
     output_kind,
+    role_engine,
     speculative_fields,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
-from capacity.files import dumps
+from capacity.files import check_writable, dumps, read_mapping, validate, write_atomic
+from capacity.traces import convert, parse_window
 
 
 @app.command()
@@ -96,7 +99,6 @@ def simulate(
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
     from capacity.cost.factory import DEFAULT_GPU, profile_gpu
-    from capacity.files import read_mapping, validate
     from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions
     from capacity.plan.simulate import simulation_report
@@ -117,8 +119,6 @@ def simulate(
     if trace and workload:
         raise CapacityError("--trace and --workload: give one (a workload file names its trace in `trace`)")
     if trace:  # converted (window, time scale, checks) into a temporary trace of capacity's form, then replayed
-        from capacity.traces import convert, parse_window
-
         if requests <= 0:
             raise CapacityError(f"--requests: must be > 0 (got {requests})")
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="capacity-trace-"))) / "trace.jsonl"
@@ -168,8 +168,6 @@ def simulate(
                      replicas=replicas, router=router, router_max_ongoing=router_max_ongoing,  # type: ignore[arg-type]
                      frontend_s=frontend_ms / 1e3)
     if save_run:
-        from capacity.files import check_writable
-
         check_writable(save_run, force, "--save-run")
     dis = None
     if disagg is not None:
@@ -181,7 +179,6 @@ def simulate(
             raise CapacityError(f"--disagg: expected P:D replicas, e.g. 1:2 (got {disagg!r})") from None
         if n_p < 1 or n_d < 1:
             raise CapacityError(f"--disagg: need at least one prefill and one decode replica (got {disagg!r})")
-        from capacity.cli.common import engine_overrides, role_engine
 
         dcfg = role_engine(cfg, decode_tp or tp, engine_overrides(decode_set, "--decode-set"), "--decode-set")
         dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
@@ -196,8 +193,6 @@ def simulate(
                                                            fast_forward=not no_fast_forward, capacity_check=True,
                                                            timeseries=dis is not None), dis)
     if save_run:
-        from capacity.files import write_atomic
-
         write_atomic(save_run, dumps(run_file(res), indent=None) + "\n", "--save-run")
     if kind == "json":
         typer.echo(dumps(out))

@@ -8,8 +8,14 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.common import JsonOpt, _lengths, app
-from capacity.errors import CapacityError
-from capacity.files import dumps, write_atomic
+from capacity.cli.costs import engine_flags
+from capacity.errors import CapacityError, require
+from capacity.files import check_writable, dumps, write_atomic
+from capacity.files import validate as check
+from capacity.limits import check as bound
+from capacity.limits import check_lengths
+from capacity.truth.provenance import mismatches, parse_engine_config, run_engine
+from capacity.truth.runfile import load_run
 
 
 @app.command()
@@ -46,8 +52,6 @@ def loadtest(
 
     import numpy as np
 
-    from capacity.limits import check as bound
-    from capacity.limits import check_lengths
     from capacity.truth.loadtest import counts, run_load, summarize_run
     from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
@@ -76,8 +80,6 @@ def loadtest(
     if not url.startswith(("http://", "https://")) or len(url) > 2048:
         raise CapacityError(f"--url {url[:80]!r}: expected http://HOST:PORT or https://...")
     if out:  # where the run goes is checked before the run, not after it
-        from capacity.files import check_writable
-
         check_writable(out, force, "--out")
     _check_plot(plot, force)
     base = None
@@ -86,7 +88,6 @@ def loadtest(
         raise CapacityError("--fail-on needs --baseline (the run to compare with)")
     if baseline:  # read and checked before the run, not after it
         from capacity.truth.compare import Requests, parse_rules
-        from capacity.truth.runfile import load_run
 
         base = Requests.of_run(load_run(baseline), baseline)
         rules = parse_rules(fail_on) if fail_on else {}
@@ -100,7 +101,6 @@ def loadtest(
     else:
         if users is None and rate is None:
             raise CapacityError("give --rate (open loop), --users (closed loop) or --trace")
-        from capacity.files import validate as check
 
         arr = check(Arrivals, {"kind": arrival, "rate_per_s": rate if rate is not None else 1.0, "cv": cv},
                     "arrival options")
@@ -113,8 +113,6 @@ def loadtest(
         raise CapacityError(f"--warmup {warmup}: must be >= 0")
     eng = None
     if engine_config:
-        from capacity.truth.provenance import parse_engine_config
-
         eng = parse_engine_config(engine_config)
     bound("loadtest_requests", warmup, "--warmup")
     if warmup:  # the first requests after start-up pay compilation and allocation: not what the engine serves at
@@ -252,9 +250,6 @@ def _check_plot(plot: str | None, force: bool) -> None:
     """Before any work: an .html path that may be written, and plotly present."""
     if not plot:
         return
-    from capacity.errors import require
-    from capacity.files import check_writable
-
     if not plot.endswith(".html"):
         raise CapacityError(f"--plot {plot[:80]!r}: write the page to a .html file")
     require("plotly", "dashboard", "--plot")
@@ -276,14 +271,11 @@ def compare(
     change); with --fail-on, a regression gate for CI (exit 3)."""
     from capacity.truth.compare import Requests, as_dict, gate, parse_rules
     from capacity.truth.compare import compare as ab_compare
-    from capacity.truth.runfile import load_run
 
     if seed < 0:
         raise CapacityError(f"--seed {seed}: must be >= 0")
     rules = parse_rules(fail_on) if fail_on else {}
     if plot:
-        from capacity.files import check_writable
-
         if not plot.endswith((".html", ".png")):
             raise CapacityError(f"--plot {plot[:80]!r}: use a .html or .png file")
         check_writable(plot, force, "--plot")
@@ -324,12 +316,8 @@ def validate(
 
     _check_plot(plot, force)
     if save_prediction:
-        from capacity.files import check_writable
-
         check_writable(save_prediction, force, "--save-prediction")
-    from capacity.cli.costs import engine_flags
     from capacity.truth.fit import fit_provenance
-    from capacity.truth.provenance import mismatches, run_engine
 
     given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
     run = load_run(run_file)
@@ -404,7 +392,6 @@ def fit_engine_cmd(
     run at a rate derived from the probes."""
     import math
 
-    from capacity.truth.provenance import parse_engine_config
     from capacity.truth.recipe import run_recipe
 
     if not url.startswith(("http://", "https://")) or len(url) > 2048:
