@@ -20,7 +20,9 @@ from capacity.cli.common import (
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.model.gpus import get_gpu
 from capacity.plan.disagg_commands import settings_text, simulate_command
+from capacity.workload import WorkloadSpec
 
 
 @app.command()
@@ -48,9 +50,7 @@ def disagg(
 ) -> None:
     """Aggregated vs disaggregated prefill/decode on a unit of GPUs: every layout's max rate under the P99 SLOs,
     the GPUs and cost for a target rate, and which wins and why; with --tune, each role's settings searched."""
-    from capacity.model.gpus import get_gpu
     from capacity.plan.disagg import compare
-    from capacity.workload import WorkloadSpec
 
     if not 100 <= requests <= 100_000 or not 1 <= seeds <= 10:
         raise CapacityError(f"--requests 100..100000 and --seeds 1..10 (got {requests}, {seeds})")

@@ -10,6 +10,7 @@ from capacity.cli.common import JsonOpt, ModelOpt, _lengths, app, engine_config,
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps, read_mapping, validate
+from capacity.model.gpus import get_gpu
 
 
 @app.command()
@@ -81,7 +82,6 @@ def pools(
 ) -> None:
     """Interactive and batch traffic of one model: one pool with priority scheduling vs two pools, each sized to
     the fewest replicas that hold the interactive SLO and the batch deadline; the cheaper one recommended."""
-    from capacity.model.gpus import get_gpu
     from capacity.plan.pools import size_pools
 
     if not 100 <= requests <= 100_000:

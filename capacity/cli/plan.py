@@ -33,9 +33,12 @@ from capacity.files import check_writable, dumps, strict_json, validate
 from capacity.io.manifests import check_emit, emit_plan
 from capacity.limits import MAX_CLOCK_S, MAX_RATE_PER_S, MIN_RATE_PER_S
 from capacity.limits import check as bound
-from capacity.plan.scenario import load_scenario
+from capacity.model.card import ModelCard
+from capacity.model.gpus import get_gpu, with_memory
+from capacity.plan.scenario import Scenario, load_scenario
 from capacity.plan.sweep import OPEN_LOOP, check_axes, grid, parse_axis
 from capacity.traces import sizing
+from capacity.workload import Arrivals
 
 TablesOpt = Annotated[bool, typer.Option(
     "--tables", help="With --xlsx: also write its JSON and each table as CSV beside the workbook")]
@@ -262,7 +265,6 @@ def sweep(
     import math
 
     from capacity.plan.executors import make_executor
-    from capacity.plan.scenario import Scenario
     from capacity.plan.tasks import SimTask
 
     if not 1 <= seeds <= 100:
@@ -294,10 +296,6 @@ def sweep(
     base["model"] = card.model_dump()
     points = grid(base, axes)
     tasks, meta = [], []
-    from capacity.model.card import ModelCard
-    from capacity.model.gpus import get_gpu, with_memory
-    from capacity.workload import Arrivals
-
     for point, data in points:
         s2 = validate(Scenario, data, f"sweep point {point}")
         assert isinstance(s2.model, dict)  # the grid's base carries the resolved card

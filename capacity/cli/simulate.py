@@ -31,9 +31,16 @@ from capacity.cli.common import (
     speculative_fields,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
+from capacity.cost.factory import DEFAULT_GPU, profile_gpu
+from capacity.engine.offload import offload_line
 from capacity.errors import CapacityError
 from capacity.files import check_writable, dumps, read_mapping, validate, write_atomic
+from capacity.model.gpus import get_gpu, with_memory
+from capacity.sessions import Sessions
 from capacity.traces import convert, parse_window
+from capacity.truth.compare import records_run
+from capacity.vision_requests import ImageRequests, image_flags
+from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
 
 @app.command()
@@ -98,13 +105,8 @@ def simulate(
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
-    from capacity.cost.factory import DEFAULT_GPU, profile_gpu
-    from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions
     from capacity.plan.simulate import simulation_report
-    from capacity.vision_requests import ImageRequests, image_flags
-    from capacity.workload import Arrivals, RequestClass, WorkloadSpec
-
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
@@ -147,8 +149,6 @@ def simulate(
                            slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
         sess = None
         if turns is not None:
-            from capacity.sessions import Sessions
-
             arr["think_s"] = 0.0
             sess = validate(Sessions, {"turns": _lengths("--turns", turns), "new_tokens": _lengths("--turn-tokens", turn_tokens),
                                        "think_cv": think_cv} | ({} if think_s is None else {"think_s": think_s}), "--turns")
@@ -217,8 +217,6 @@ def simulate(
     con = Console()
     simulation_table(out, con)
     if "kv_offload" in out:
-        from capacity.engine.offload import offload_line
-
         con.print(offload_line(out["kv_offload"]), markup=False, highlight=False)
     d = out.get("disaggregated")
     if d:
@@ -243,8 +241,6 @@ def simulate(
 
 def run_file(res) -> dict:
     """The measured (post-warm-up) simulated requests as a run file (capacity.truth.compare.records_run)."""
-    from capacity.truth.compare import records_run
-
     return records_run(res.sim.records, res.warmup_requests,
                        {"source": "capacity simulate", "step_cost_source": res.cost_source,
                         "warmup_requests_excluded": res.warmup_requests})

@@ -14,8 +14,13 @@ from capacity.files import check_writable, dumps, write_atomic
 from capacity.files import validate as check
 from capacity.limits import check as bound
 from capacity.limits import check_lengths
+from capacity.truth.compare import Change, Requests, as_dict, gate, parse_rules, records_run, write_plot
+from capacity.truth.compare import compare as ab_compare
+from capacity.truth.plots import run_figure
 from capacity.truth.provenance import mismatches, parse_engine_config, run_engine
 from capacity.truth.runfile import load_run
+from capacity.truth.utilisation import describe
+from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
 
 @app.command()
@@ -53,7 +58,6 @@ def loadtest(
     import numpy as np
 
     from capacity.truth.loadtest import counts, run_load, summarize_run
-    from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
     for flag, val in (("--requests", requests), ("--timeout-s", timeout_s), ("--max-duration-s", max_duration_s)):
         if not math.isfinite(val) or val <= 0:
@@ -87,8 +91,6 @@ def loadtest(
     if fail_on and not baseline:
         raise CapacityError("--fail-on needs --baseline (the run to compare with)")
     if baseline:  # read and checked before the run, not after it
-        from capacity.truth.compare import Requests, parse_rules
-
         base = Requests.of_run(load_run(baseline), baseline)
         rules = parse_rules(fail_on) if fail_on else {}
     if endpoint not in ("completions", "chat"):
@@ -179,13 +181,11 @@ def loadtest(
             write_atomic(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json",
                          dumps(run, indent=None) + "\n", "--out")
     if plot and not swept:
-        from capacity.truth.plots import run_figure
-
         write_atomic(plot, run_figure(runs[0]).to_html(include_plotlyjs="cdn"), "--plot")
     failed: list[str] = []
     ab = None
     if base is not None and not interrupted:
-        from capacity.truth.compare import Requests, as_dict, compare, gate
+        from capacity.truth.compare import compare  # this function's compare (the module's is the command)
 
         if swept:
             raise CapacityError("--baseline compares one run: leave out the length sweep")
@@ -219,8 +219,6 @@ def loadtest(
             con.print(f"client cap of {c['max_concurrency']} in flight: requests waited {c['mean_ms']:,.0f} ms on "
                       f"average for a slot (max {c['max_ms']:,.0f} ms), not in TTFT or E2E", highlight=False)
         if r.get("utilisation"):
-            from capacity.truth.utilisation import describe
-
             for line in describe(r["utilisation"]):
                 con.print(line, highlight=False)
     if interrupted:
@@ -232,8 +230,6 @@ def loadtest(
 
 
 def _print_changes(con, ab: dict, title: str) -> None:
-    from capacity.truth.compare import Change
-
     con.print(f"[bold]{title}[/]", highlight=False)
     how = "paired requests" if ab["changes"][0].get("paired") else "requests"
     con.print(f"ms; throughput in output tokens/s; {ab['changes'][0]['level']:.0%} bootstrap intervals over {how}")
@@ -269,9 +265,6 @@ def compare(
 ) -> None:
     """A/B two runs: each metric's change with a bootstrap interval and a verdict (better, worse, no significant
     change); with --fail-on, a regression gate for CI (exit 3)."""
-    from capacity.truth.compare import Requests, as_dict, gate, parse_rules
-    from capacity.truth.compare import compare as ab_compare
-
     if seed < 0:
         raise CapacityError(f"--seed {seed}: must be >= 0")
     rules = parse_rules(fail_on) if fail_on else {}
@@ -281,8 +274,6 @@ def compare(
         check_writable(plot, force, "--plot")
     ra, rb = Requests.of_run(load_run(a), a), Requests.of_run(load_run(b), b)
     if plot:
-        from capacity.truth.compare import write_plot
-
         write_plot(ra, rb, plot, (f"A: {Path(a).name}", f"B: {Path(b).name}"))
     changes = ab_compare(ra, rb, level=level, seed=seed)
     failed = gate(changes, rules)
@@ -334,11 +325,8 @@ def validate(
     rows = compare(summarize_run(run), sim_summary(sim))
     preempt = {"predicted": int(sim.preemptions), "measured": measured_preemptions(run)}
     if plot:
-        from capacity.truth.plots import run_figure
-
         write_atomic(plot, run_figure(run, sim, int(sched["num_blocks"])).to_html(include_plotlyjs="cdn"), "--plot")
     if save_prediction:
-        from capacity.truth.compare import records_run
         from capacity.truth.fit import replay
 
         ids = [q.id for q in replay(run)]  # the simulator numbers the replayed requests in this order
