@@ -3,6 +3,10 @@
 The core (model cards, GPU catalogue, memory budget) needs only numpy/pydantic/pyyaml; heavy packages
 (torch, streamlit, plotly, openpyxl, ray) are imported inside the functions that use them.
 """
+import sys
+from importlib.machinery import EXTENSION_SUFFIXES
+from pathlib import Path
+
 __version__ = "0.1.0"
 
 
@@ -10,16 +14,17 @@ def compiled() -> bool:
     """Whether the simulator's hot modules run compiled by mypyc (`pip install` compiles them where a C compiler is
     present; `scripts/compile.sh` in a checkout): the same sources and results, bit for bit (`bench/compiled.py`),
     about 2-2.6x faster."""
-    from capacity.sched import continuous
-
-    return not str(getattr(continuous, "__file__", "")).endswith(".py")
+    mod = sys.modules.get("capacity.sched.continuous")
+    if mod is not None:
+        return not str(getattr(mod, "__file__", "")).endswith(".py")
+    # not imported yet: what an import would load, without importing the simulator (`import capacity` stays light)
+    here = Path(__file__).parent / "sched"
+    return any((here / f"continuous{suffix}").is_file() for suffix in EXTENSION_SUFFIXES)
 
 
 def stale_compiled() -> list[str]:
     """In a source checkout, the compiled modules whose .py was edited after the build: the .so next to it is what
     runs, so the edit has no effect until `scripts/compile.sh` runs again. Empty for an installed wheel."""
-    from pathlib import Path
-
     pkg = Path(__file__).parent
     if not (pkg.parent / "setup.py").is_file():
         return []

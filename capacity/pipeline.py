@@ -21,17 +21,24 @@ from typing import Any, Literal
 import numpy as np
 
 from capacity import steady as steady_notes
+from capacity.cost.factory import make_step_cost
+from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, get_engine, speculative
+from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
 from capacity.engine.offload import offloading
+from capacity.engine.speculative import run_notes
 from capacity.errors import CapacityError, ConfigError
+from capacity.limits import check
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.sessions import session_note
 from capacity.sim.autoscale import AutoscaleConfig
 from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Backlogged, Summary, Trend, backlogged, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
+from capacity.sim.vision import serve_images
 from capacity.steady import Capacity, capacity_loop, capacity_loop_size, client_wait, lock_step_note, stability_notes
 from capacity.workload import Request, WorkloadSpec
 
@@ -53,8 +60,6 @@ class Deployment:
     autoscale: AutoscaleConfig | None = None  # a pool that follows the load (replicas is then ignored)
 
     def __post_init__(self) -> None:
-        from capacity.limits import check
-
         if isinstance(self.replicas, bool) or not isinstance(self.replicas, int) or self.replicas < 1:
             raise ConfigError(f"replicas: must be a whole number >= 1 (got {self.replicas!r})")
         check("replicas", self.replicas, "replicas")
@@ -117,8 +122,6 @@ def overlapped_cpu_s(em: EngineModel, cfg: EngineConfig, profile: str | None, co
 
 
 def prepare(dep: Deployment) -> Prepared:
-    from capacity.cost.factory import make_step_cost
-
     em = get_engine(dep.engine.engine)
     e = dep.engine
     if e.pipeline_parallel_size > 1:
@@ -145,8 +148,6 @@ def prepare(dep: Deployment) -> Prepared:
         factory = speculative.speculating(factory, spec)
     per_token = (dep.engine.output_cpu_us_per_token or 0.0) / 1e6
     if per_step or per_token:
-        from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
-
         cost = (OutputPacedCost(cost, per_token) if not per_step else
                 CpuOverlapCost(cost, per_token_s=per_token, per_step_s=per_step))
     return Prepared(em, b, cost, factory)
@@ -271,7 +272,6 @@ class Disagg:
         per_gpu = self.bandwidth_gbps * 1e9 if self.bandwidth_gbps is not None else (
             rate if rate is not None else prefill.gpu.interconnect_bytes_per_s)
         lanes = min(prefill.engine.tensor_parallel_size, self.decode.engine.tensor_parallel_size)
-        from capacity.engine.budget import kv_bytes_per_token
 
         per_token = kv_bytes_per_token(prefill.card, decode.budget.kv_dtype, 1)  # the whole model's, all ranks
         return Disaggregation(prefill.replicas, self.decode.replicas, decode.cost, decode.make_scheduler,
@@ -359,7 +359,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         prepared: Prepared | None = None, disagg: Disagg | None = None) -> RunResult:
     """The whole path (see module docstring). With `disagg`, `dep` is the prefill pool."""
     check_policy(dep.engine, workload)
-    from capacity.sim.vision import serve_images  # images in requests: sized for the model, the encoder in the steps
 
     p, workload = serve_images(prepared or prepare(dep), dep.card, dep.gpu, workload)
     rng = np.random.default_rng(opts.seed)
@@ -392,8 +391,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
     if dep.engine.speculative is not None:
-        from capacity.engine.speculative import run_notes
-
         notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals
     backlog = None
@@ -408,8 +405,6 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     notes += say
     offered = workload.total_curve().mean_rate if arr.kind == "curve" else arr.rate_per_s
     if workload.sessions is not None and offered is not None:  # turns/s: sessions/s x mean turns (uncongested)
-        from capacity.sessions import session_note
-
         offered *= workload.sessions.mean_turns
         notes.append(session_note(workload))
     steady = arr.kind in STEADY_ARRIVALS

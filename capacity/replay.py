@@ -14,12 +14,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from capacity.draws import Request
 from capacity.errors import ConfigError
 from capacity.files import short
 from capacity.traces import MAX_TRACE_ROWS, block_keys, trace_count, trace_line, trace_number
 
 if TYPE_CHECKING:
-    from capacity.workload import Request, WorkloadSpec
+    from capacity.workload import WorkloadSpec
 
 
 def _dicts(p: Path, want: int) -> Iterator[dict]:
@@ -56,8 +57,6 @@ def _dicts(p: Path, want: int) -> Iterator[dict]:
 
 def iter_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> Iterator[Request]:
     """The trace's first `max_rows` requests (default: the spec's `num_requests`, else `MAX_TRACE_ROWS`), lazily."""
-    from capacity.workload import Request
-
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"trace {p}: file not found")

@@ -22,14 +22,17 @@ think time sets how far apart a session's turns are, not how many there are.
 """
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 from pydantic import Field
 
+from capacity.draws import Lengths, NonNegFloat, Request, _Strict, draw_attributes, fixed, interarrival_gaps
 from capacity.errors import ConfigError
 from capacity.limits import MAX_CV
-from capacity.workload import Lengths, NonNegFloat, Request, WorkloadSpec, _Strict, draw_attributes, fixed
+
+if TYPE_CHECKING:
+    from capacity.workload import WorkloadSpec
 
 KEY_TOKENS = 1 << 40  # a session's one prefix-key chunk: longer than any context, so every block lies inside it
 SESSION_ARRIVALS = ("poisson", "gamma", "constant")
@@ -69,8 +72,6 @@ class Sessions(_Strict):
 
 def session_starts(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     """The start times of up to `n` sessions (there are never more sessions than turns)."""
-    from capacity.workload import interarrival_gaps
-
     if spec.arrivals.rate_per_s is None:
         raise ConfigError("arrivals.rate_per_s: sessions need a rate of new sessions/s")
     return np.cumsum(interarrival_gaps(spec.arrivals, rng, n))

@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from capacity.errors import ConfigError
-from capacity.files import short
+from capacity.files import check_writable, short
 
 FORMATS = ("capacity", "mooncake", "azure", "burstgpt")
 MOONCAKE_BLOCK_TOKENS = 512  # Mooncake's README: "The block size is 512 tokens"
@@ -250,8 +250,6 @@ def convert(src: str | Path, dest: str | Path, fmt: str | None = None, *, time_s
             window: tuple[float, float] | None = None, max_rows: int | None = None, force: bool = False) -> Counts:
     """Write the trace as this project's JSONL (`timestamp` s, `input_tokens`, `output_tokens`, and Mooncake's
     `hash_ids` with `hash_block_tokens`), to a temporary file renamed into place when complete."""
-    from capacity.files import check_writable
-
     d = check_writable(dest, force, "converted trace")
     c = Counts()
     fd, tmp = tempfile.mkstemp(prefix=f".{d.name}.", dir=d.parent)

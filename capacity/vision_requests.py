@@ -22,8 +22,8 @@ from typing import Annotated
 import numpy as np
 from pydantic import Field, PrivateAttr, field_validator, model_validator
 
+from capacity.draws import Lengths, Request, _Strict, fixed
 from capacity.errors import ConfigError
-from capacity.workload import Lengths, Request, _Strict, fixed
 
 SIZE = re.compile(r"^\s*(\d{1,7})\s*[xX]\s*(\d{1,7})\s*$")
 MAX_SIDE = 1 << 16  # pixels (capacity.model.vision_tokens.MAX_SIDE)
@@ -120,11 +120,6 @@ class ImageRequests(_Strict):
                 r.prefix_tokens = pos
             r.images = tuple(imgs)
         return reqs
-
-
-def with_images(spec, rng: np.random.Generator, reqs: list[Request]) -> list[Request]:
-    """`draw_attributes`' last step: the workload's images, if it has any."""
-    return reqs if spec.images is None else spec.images.attach(reqs, rng)
 
 
 def image_flags(per_request: str | None, sizes: str | None, share: float | None,

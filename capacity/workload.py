@@ -5,100 +5,40 @@ burstiness, constant, closed-loop users with think time, a trace, or a Poisson p
 `RateCurve` such as a daily load curve), lengths (fixed, uniform, lognormal, empirical), request classes with their
 priority and SLOs, shared-prefix groups (system prompts, for prefix caching) and multi-turn sessions
 (`capacity.sessions`). `generate(spec, rng)` draws the open-loop requests from the `np.random.Generator` passed in:
-a run is reproducible from its seed.
+a run is reproducible from its seed. A request, its lengths and how they are drawn sit below the spec, in
+`capacity.draws` (sessions and images build on them); their names are re-exported here.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from capacity.curves import RateCurve, curve_arrivals, load_curve, sum_curves
+from capacity.draws import (
+    Lengths,
+    NonNegFloat,
+    PosFloat,
+    PosInt,
+    Request,
+    _Strict,
+    draw_attributes,
+    fixed,
+    interarrival_gaps,
+)
 from capacity.errors import ConfigError
 from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S, check
+from capacity.replay import iter_trace
+from capacity.sessions import Sessions
+from capacity.vision_requests import ImageRequests
 
-PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+__all__ = ["Arrivals", "ImageRequests", "Lengths", "NonNegFloat", "PosFloat", "PosInt", "PrefixGroups", "Rate",
+           "Request", "RequestClass", "Sessions", "WorkloadSpec", "context_of", "draw_attributes", "fixed",
+           "generate", "interarrival_gaps", "least_tokens", "load_trace"]
+
 Rate = Annotated[float, Field(ge=MIN_RATE_PER_S, le=MAX_RATE_PER_S, allow_inf_nan=False)]  # requests/s (capacity.limits)
-NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
-PosInt = Annotated[int, Field(gt=0)]
-
-
-@dataclass(slots=True)
-class Request:
-    id: int
-    arrival_s: float
-    prompt_tokens: int
-    output_tokens: int
-    cls: int = 0  # index into WorkloadSpec.classes
-    priority: int = 0  # lower is served first (vLLM convention)
-    prefix_group: int = -1  # -1: no shared prefix
-    prefix_tokens: int = 0  # leading prompt tokens shared with the group
-    service: int = 0  # which model serves it, in a simulation of several (capacity.sim.simulator.Service)
-    block_keys: tuple[int, ...] = ()  # a trace's prefix identity: each `block_key_tokens` chunk's id (Mooncake hash_ids)
-    block_key_tokens: int = 0
-    session: int = -1  # a multi-turn session's id (capacity.sessions; -1: none): its keys cover its output too
-    images: tuple[tuple[int, int, int, int, int], ...] = ()  # (start, tokens, encoder seq, seqs, key) (capacity.vision_requests)
-
-
-class _Strict(BaseModel):
-    # strict: `true` is not a rate, "8" is not a count, 8.0 is not a whole number of requests
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
-
-
-class Lengths(_Strict):
-    """Token-count distribution. fixed: `value`; uniform: [low, high]; lognormal: `mean` and `cv` (of the
-    lognormal itself, not of its log), clipped to [low, high]; empirical: draw from `values`."""
-
-    kind: Literal["fixed", "uniform", "lognormal", "empirical"] = "fixed"  # the distribution; each kind needs its fields below
-    value: PosInt | None = None  # fixed: the length, tokens
-    low: PosInt = 1  # uniform: lowest length; lognormal: clipped below here
-    high: PosInt | None = None  # uniform: highest length; lognormal: clipped above here (none: no cap)
-    mean: PosFloat | None = None  # lognormal: mean length, tokens
-    cv: PosFloat | None = None  # lognormal: coefficient of variation (sd / mean) of the length
-    values: list[PosInt] | None = None  # empirical: lengths drawn uniformly from this list
-
-    @model_validator(mode="after")
-    def _check(self) -> Lengths:
-        need = {"fixed": ("value",), "uniform": ("high",), "lognormal": ("mean", "cv"), "empirical": ("values",)}
-        for f in need[self.kind]:
-            if getattr(self, f) is None:
-                raise ValueError(f"{self.kind} lengths need `{f}`")
-        if self.high is not None and self.high < self.low:
-            raise ValueError(f"high ({self.high}) is below low ({self.low})")
-        if self.kind == "empirical" and not self.values:
-            raise ValueError("empirical lengths need at least one value")
-        return self
-
-    def draw(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        # the validator guarantees the fields each kind needs (value; high; values; mean and cv)
-        if self.kind == "fixed":
-            return np.full(n, self.value, dtype=np.int64)
-        if self.kind == "uniform":
-            return rng.integers(self.low, (self.high or self.low) + 1, size=n)
-        if self.kind == "empirical":
-            return rng.choice(np.asarray(self.values, dtype=np.int64), size=n)
-        cv, mean = float(self.cv or 0.0), float(self.mean or 0.0)
-        sigma2 = np.log1p(cv ** 2)
-        mu = np.log(mean) - sigma2 / 2
-        x = np.rint(rng.lognormal(mu, np.sqrt(sigma2), size=n)).astype(np.int64)
-        return np.clip(x, self.low, self.high if self.high is not None else np.iinfo(np.int64).max)
-
-    @property
-    def expected(self) -> float:
-        if self.kind == "fixed":
-            return float(self.value or 0)
-        if self.kind == "uniform":
-            return (self.low + (self.high or self.low)) / 2
-        if self.kind == "empirical":
-            return float(np.mean(self.values or [0]))
-        return float(self.mean or 0.0)
-
-
-def fixed(n: int) -> Lengths:
-    return Lengths(kind="fixed", value=n)
 
 
 class Arrivals(_Strict):
@@ -263,22 +203,6 @@ class WorkloadSpec(_Strict):
         return float(sum(wi * self.class_lengths(i)[1].expected for i, wi in enumerate(w / w.sum())))
 
 
-def interarrival_gaps(arr: Arrivals, rng: np.random.Generator, n: int) -> np.ndarray:
-    if arr.kind == "curve":
-        raise ConfigError("arrivals.kind curve: the gaps change with time; draw the times with curve_arrivals()")
-    if arr.rate_per_s is None:
-        raise ConfigError(f"arrivals.rate_per_s: {arr.kind} arrivals need a rate")
-    mean = 1.0 / arr.rate_per_s
-    if arr.kind == "poisson":
-        return rng.exponential(mean, size=n)
-    if arr.kind == "gamma":
-        shape = 1.0 / arr.cv ** 2  # CV of a Gamma(k, theta) is 1/sqrt(k)
-        return rng.gamma(shape, mean / shape, size=n)
-    if arr.kind == "constant":
-        return np.full(n, mean)
-    raise ConfigError(f"arrivals.kind {arr.kind}: no open-loop gaps (closed-loop users are simulated)")
-
-
 def context_of(engine, card) -> tuple[int, str]:
     """The longest request an engine serves and its name, for `WorkloadSpec.check_context`: the engine's
     max_model_len, or the model's context when it sets none."""
@@ -290,33 +214,6 @@ def context_of(engine, card) -> tuple[int, str]:
 def least_tokens(lengths: Lengths) -> int:
     """The fewest tokens a length distribution draws (uniform and lognormal: their `low`)."""
     return {"fixed": int(lengths.value or 1), "empirical": min(lengths.values or [1])}.get(lengths.kind, lengths.low)
-
-
-def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_id: int = 0,
-                    arrivals: np.ndarray | None = None) -> list[Request]:
-    """Class, lengths and prefix group for `n` requests (arrival times given or 0)."""
-    w = np.array([k.weight for k in spec.classes], dtype=float)
-    cls = rng.choice(len(w), size=n, p=w / w.sum()) if len(w) > 1 else np.zeros(n, dtype=np.int64)
-    prompt = np.empty(n, dtype=np.int64)
-    out = np.empty(n, dtype=np.int64)
-    for c in range(len(w)):
-        idx = np.flatnonzero(cls == c)
-        if idx.size:
-            li, lo = spec.class_lengths(c)
-            prompt[idx], out[idx] = li.draw(rng, idx.size), lo.draw(rng, idx.size)
-    group = np.full(n, -1, dtype=np.int64)
-    ptoks = np.zeros(n, dtype=np.int64)
-    if spec.prefix is not None:
-        has = rng.random(n) < spec.prefix.share
-        if spec.prefix.assign == "round_robin":
-            group[has] = (start_id + np.flatnonzero(has)) % spec.prefix.groups
-        else:
-            group[has] = rng.integers(0, spec.prefix.groups, size=int(has.sum()))
-        prompt[has] = np.maximum(prompt[has], spec.prefix.tokens + 1)  # a prefix leaves >= 1 token to compute
-        ptoks[has] = spec.prefix.tokens
-    arr = np.zeros(n) if arrivals is None else arrivals
-    return with_images(spec, rng, [Request(start_id + i, float(arr[i]), int(prompt[i]), int(out[i]), int(cls[i]),
-                       spec.classes[int(cls[i])].priority, int(group[i]), int(ptoks[i])) for i in range(n)])
 
 
 def generate(spec: WorkloadSpec, rng: np.random.Generator) -> list[Request]:
@@ -379,9 +276,5 @@ def load_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int
     """JSONL or CSV with `timestamp` (s), `input_tokens`, `output_tokens` and optional `class` (a class
     name from the spec). Rows must be in time order with non-negative timestamps (an error names the row
     otherwise); time is shifted so the first arrival is at 0. The list of `capacity.replay.iter_trace`'s stream."""
-    from capacity.replay import iter_trace
-
     return list(iter_trace(path, spec, max_rows))
 
-from capacity.sessions import Sessions  # noqa: E402  (it builds on Lengths and Request above; pydantic resolves the field)
-from capacity.vision_requests import ImageRequests, with_images  # noqa: E402  (the same)

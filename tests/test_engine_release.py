@@ -17,7 +17,8 @@ from capacity.model.card import load_model_card, resolve_model_path
 from capacity.model.gpus import get_gpu, with_memory
 from capacity.model.hf import from_hf_config
 from capacity.model.weights import weight_bytes_per_rank
-from capacity.sched.kv import HybridKVCacheManager, make_kv_manager
+from capacity.sched.kv import HybridKVCacheManager
+from capacity.sched.kv_factory import make_kv_manager
 from capacity.units import GiB
 from tests.conftest import ROOT, run_cli
 

@@ -156,7 +156,7 @@ def test_the_prefix_cache_rules_matter(monkeypatch, rule):
     if compiled():
         pytest.skip("patches make_kv_manager into the module, which compiled code calls directly; "
                     "the pure-Python run checks it")
-    import capacity.sched.kv as kvmod
+    import capacity.sched.kv_factory as kvmod
     from capacity.sched.prefix_cache import PrefixCachingKVCacheManager as Base
 
     class Mutant(Base):

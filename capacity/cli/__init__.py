@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from capacity.cli import autoscale, costs, disagg, fleet, memory, plan, simulate, trace, truth  # noqa: F401  (registers the commands)
 from capacity.cli.common import app
 from capacity.errors import CapacityError
-from capacity.files import format_validation_error
+from capacity.files import format_validation_error, short_numbers
 from capacity.plan.scenario import load_scenario
 
 __all__ = ["app", "load_scenario", "main"]
@@ -90,8 +90,6 @@ def _flush_stdout() -> None:
 
 
 def _fail(message: str, code: int = 1) -> None:
-    from capacity.files import short_numbers
-
     try:  # what the command printed before failing goes first (and a failing stdout must not hide the error)
         sys.stdout.flush()
     except (OSError, ValueError):

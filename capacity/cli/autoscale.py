@@ -12,6 +12,8 @@ from capacity.cli.common import GpuMemOpt, JsonOpt, ModelOpt, app, engine_config
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.model.gpus import get_gpu, with_memory
+from capacity.sim.autoscale import AutoscaleConfig
 
 
 @app.command()
@@ -78,9 +80,7 @@ def autoscale(
     """Autoscaling over a load curve: replicas over time, P99 TTFT/TPOT per window against the SLO (violation
     minutes), GPU-hours and cost, against static provisioning for the peak. With --decode-tp, a prefill pool and
     a decode pool, each with its own controller."""
-    from capacity.model.gpus import get_gpu, with_memory
     from capacity.plan.autoscale import autoscale_report
-    from capacity.sim.autoscale import AutoscaleConfig
 
     if startup_s < 0:
         raise CapacityError(f"--startup-s: must be >= 0 (got {startup_s:g})")

@@ -8,7 +8,13 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from capacity.curves import fit_curve
+from capacity.engine.startup import estimate_startup
 from capacity.errors import CapacityError
+from capacity.files import dumps, read_mapping, strict_json, validate
+from capacity.sim.autoscale import POLICIES, AutoscaleConfig
+from capacity.traces import convert, parse_window, rows
+from capacity.workload import WorkloadSpec
 
 MAX_TRACE_LENGTHS = 10_000  # trace lengths kept for the steady runs' empirical distributions (every k-th row)
 
@@ -37,9 +43,6 @@ class AutoscaleInputs:
         import tempfile
         from pathlib import Path
 
-        from capacity.files import read_mapping, validate
-        from capacity.workload import WorkloadSpec
-
         if (workload is None) == (trace is None):
             raise CapacityError("give one of --workload (a load curve) or --trace (a trace to replay)")
         if trace is None:
@@ -52,8 +55,6 @@ class AutoscaleInputs:
             self.curve = self.spec.total_curve()
             yield
             return
-        from capacity.curves import fit_curve
-        from capacity.traces import convert, parse_window, rows
 
         if not (math.isfinite(self.window_s) and self.window_s > 0):
             raise CapacityError(f"--window-s: must be a finite number > 0 (got {self.window_s})")
@@ -94,8 +95,6 @@ class AutoscaleInputs:
         return self._profile
 
     def controller(self, policy: str):
-        from capacity.sim.autoscale import POLICIES, AutoscaleConfig
-
         if policy not in POLICIES:
             raise CapacityError(f"--policy {policy!r}: use {', '.join(POLICIES)}")
         extra: dict[str, Any] = {}
@@ -136,8 +135,6 @@ def print_sweep(inp: AutoscaleInputs, spec: str, policies: str, storage_gbps: fl
                 json_out: bool) -> None:
     """`--startup-sweep`: the start-up estimate, then each policy's GPU-hours and SLO-miss minutes per start-up,
     and where its SLO breaks."""
-    from capacity.engine.startup import estimate_startup
-    from capacity.files import dumps, strict_json
     from capacity.plan.autoscale_sweep import parse_sweep, startup_sweep
 
     startups = parse_sweep(spec)

@@ -7,14 +7,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from capacity import __version__, compiled, stale_compiled
 from capacity.cli.engine_options import engine_option
+from capacity.engine.config import settings_class
 from capacity.errors import CapacityError
+from capacity.files import validate
+from capacity.model.card import load_named_card
+from capacity.model.gpus import get_gpu, with_memory
+from capacity.vision_requests import image_flags
+from capacity.workload import Lengths
 
 
 def _print_version(value: bool) -> None:
     if value:
-        from capacity import __version__, compiled, stale_compiled
-
         typer.echo(f"capacity {__version__} (" + ("simulator compiled by mypyc" if compiled() else "pure Python") + ")")
         if stale := stale_compiled():
             typer.echo(f"warning: {len(stale)} compiled module(s) edited since the build run their old code "
@@ -72,8 +77,6 @@ def output_kind(output: str | None, json_out: bool) -> str:
 def load_card(model: str, weight_dtype: str | None = None, group: int | None = None, compute_dtype: str | None = None):
     """A model card from a path, a bundled name or a config.json, with optional weight-format and GEMM-dtype
     overrides."""
-    from capacity.model.card import load_named_card
-
     card = load_named_card(model)
     if weight_dtype is not None:
         if group is None and weight_dtype == "int4":
@@ -94,8 +97,6 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
     parses (64, true, 0.85), else as text; the key an EngineConfig field, not the TP (its own option)."""
     import json
 
-    from capacity.engine.config import settings_class
-
     out: dict = {}
     if len(specs or []) > 32:
         raise CapacityError(f"{flag}: at most 32 settings (got {len(specs or [])})")
@@ -115,33 +116,22 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
 
 def role_engine(cfg, tp: int, over: dict, flag: str):
     """`cfg` at TP `tp` with a role's own settings, validated (one line naming the flag if one is wrong)."""
-    from capacity.engine.config import settings_class
-    from capacity.files import validate
-
     return validate(settings_class(), {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
 
 
 def engine_config(source: str = "options", **fields):
     """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
-    from capacity.engine.config import settings_class
-    from capacity.files import validate
-
     return validate(settings_class(), {k: v for k, v in fields.items() if v is not None}, source)
 
 
 def _scenario(model, gpu, settings: dict, weight_dtype=None, group=None, gpu_memory_gib=None):
     """The card, the GPU and the EngineConfig of a command's options (`settings`: the engine fields given)."""
-    from capacity.model.gpus import get_gpu, with_memory
-
     card = load_card(model, weight_dtype, group)
     return card, with_memory(get_gpu(gpu), gpu_memory_gib), engine_config(**settings)
 
 
 def _lengths(flag: str, value: str):
     """'1024' (fixed), '128-2048' (uniform), 'lognormal:MEAN:CV[:MIN:MAX]' (clipped to [MIN, MAX])."""
-    from capacity.files import validate
-    from capacity.workload import Lengths
-
     v = value.strip().lower()
     try:
         if v.startswith("lognormal:"):
@@ -164,8 +154,6 @@ def _lengths(flag: str, value: str):
 
 def image_section(per_request: str | None, sizes: str | None, share: float | None) -> dict:
     """--images-per-request, --image-size and --image-share as a workload's `images:` ({}: none given)."""
-    from capacity.vision_requests import image_flags
-
     img = image_flags(per_request, sizes, share, lambda f, v: _lengths(f, v).model_dump())
     return {"images": img} if img else {}
 
@@ -203,8 +191,6 @@ def speculative_fields(spec: str | None, acceptance: str | None, draft: str | No
 
 def _prices(spec: str | None, gpus: list) -> dict[str, float]:
     """'2.5' (every GPU) or 'h100-sxm=2.5,h200=3.6' -> {gpu: USD per GPU-hour}; one line naming a bad value."""
-
-    from capacity.errors import CapacityError
 
     if not spec:
         return {}

@@ -8,8 +8,18 @@ import typer
 
 from capacity.cli.common import CompOpt, DpOpt, EpOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
 from capacity.cli.engine_options import engine_option
+from capacity.cost.calibrated import CalibratedCost
+from capacity.cost.factory import make_step_cost
+from capacity.cost.parallel import BACKENDS, EXPERT_IMBALANCE_RANGE, wrap
+from capacity.cost.profile import bundled_profiles, to_plan
+from capacity.cost.step import PrefillChunk, StepPlan
+from capacity.engine.budget import check_tp
 from capacity.errors import CapacityError
-from capacity.files import dumps
+from capacity.files import check_writable, dumps
+from capacity.limits import check
+from capacity.model.card import load_named_card
+from capacity.model.gpus import get_gpu
+from capacity.truth.provenance import mismatches, run_engine
 
 
 @app.command()
@@ -40,15 +50,11 @@ def calibrate(
     import re
     from pathlib import Path
 
-    from capacity.files import check_writable
-
     if from_run:
         from capacity.truth.fit import fit_engine, load_run, save_fit
-        from capacity.truth.provenance import mismatches
 
         given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
         runs = [load_run(r) for r in from_run]
-        from capacity.truth.provenance import run_engine
 
         scheds = [run_engine(run, given, path) for run, path in zip(runs, from_run)]
         provs = [(run.get("meta") or {}).get("provenance") for run in runs]
@@ -121,10 +127,6 @@ def step_cost(
     json_out: JsonOpt = False,
 ) -> None:
     """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
-    from capacity.cost.step import PrefillChunk, StepPlan
-    from capacity.engine.budget import check_tp
-    from capacity.limits import check
-
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     if tp < 1:
         raise CapacityError(f"--tp {tp}: must be >= 1")
@@ -154,11 +156,9 @@ def step_cost(
                             f"({card.max_position_embeddings})")
     if plan_.num_tokens == 0:
         raise CapacityError("give at least one --prefill or --decode")
-    from capacity.cost.factory import make_step_cost
 
     if kv_dtype not in ("auto", "fp8", "int8"):
         raise CapacityError(f"--kv-dtype {kv_dtype!r}: use auto, fp8 or int8")
-    from capacity.cost.parallel import BACKENDS, EXPERT_IMBALANCE_RANGE, wrap
 
     if all2all_backend not in BACKENDS:
         raise CapacityError(f"--all2all-backend {all2all_backend!r}: use {', '.join(BACKENDS)}")
@@ -188,11 +188,6 @@ def profiles(
     import warnings
 
     import numpy as np
-
-    from capacity.cost.calibrated import CalibratedCost
-    from capacity.cost.profile import bundled_profiles, to_plan
-    from capacity.model.card import load_named_card
-    from capacity.model.gpus import get_gpu
 
     rows: list[dict[str, Any]] = []
     for name, path, prof in bundled_profiles(model, get_gpu(gpu).name if gpu else None):

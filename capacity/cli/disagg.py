@@ -7,11 +7,22 @@ from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.common import JsonOpt, ModelOpt, app, engine_config, load_card
+from capacity.cli.common import (
+    JsonOpt,
+    ModelOpt,
+    _lengths,
+    app,
+    engine_config,
+    engine_overrides,
+    load_card,
+    role_engine,
+)
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.model.gpus import get_gpu
 from capacity.plan.disagg_commands import settings_text, simulate_command
+from capacity.workload import WorkloadSpec
 
 
 @app.command()
@@ -39,10 +50,7 @@ def disagg(
 ) -> None:
     """Aggregated vs disaggregated prefill/decode on a unit of GPUs: every layout's max rate under the P99 SLOs,
     the GPUs and cost for a target rate, and which wins and why; with --tune, each role's settings searched."""
-    from capacity.cli.common import _lengths
-    from capacity.model.gpus import get_gpu
     from capacity.plan.disagg import compare
-    from capacity.workload import WorkloadSpec
 
     if not 100 <= requests <= 100_000 or not 1 <= seeds <= 10:
         raise CapacityError(f"--requests 100..100000 and --seeds 1..10 (got {requests}, {seeds})")
@@ -55,7 +63,6 @@ def disagg(
                         num_requests=requests)
     eng = engine_config(**engine)
     max_model_len = eng.max_model_len
-    from capacity.cli.common import engine_overrides, role_engine
 
     over = engine_overrides(decode_set, "--decode-set")
     checked = role_engine(eng, 1, over, "--decode-set")  # a bad value is one line now, not an error per layout

@@ -6,10 +6,11 @@ from typing import Annotated, Optional
 
 import typer
 
-from capacity.cli.common import JsonOpt, ModelOpt, app, engine_config, load_card
+from capacity.cli.common import JsonOpt, ModelOpt, _lengths, app, engine_config, load_card
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
-from capacity.files import dumps
+from capacity.files import dumps, read_mapping, validate
+from capacity.model.gpus import get_gpu
 
 
 @app.command()
@@ -22,7 +23,6 @@ def colocate(
     """Several models on GPUs of their own, sharing GPUs (their steps taking turns, memory split by shares) or
     swapped in and out of GPUs (one resident at a time, vLLM sleep mode): GPUs, each model's KV blocks and P99
     TTFT/TPOT against its SLO, in each layout."""
-    from capacity.files import read_mapping, validate
     from capacity.plan.colocate import LAYOUTS, Fleet, best_layout
     from capacity.plan.colocate import colocate as run_layouts
 
@@ -82,8 +82,6 @@ def pools(
 ) -> None:
     """Interactive and batch traffic of one model: one pool with priority scheduling vs two pools, each sized to
     the fewest replicas that hold the interactive SLO and the batch deadline; the cheaper one recommended."""
-    from capacity.cli.common import _lengths
-    from capacity.model.gpus import get_gpu
     from capacity.plan.pools import size_pools
 
     if not 100 <= requests <= 100_000:
@@ -145,7 +143,6 @@ def fleet_day(
 ) -> None:
     """Several models over a day: static provisioning for the peak, reactive and predictive autoscaling per model,
     and the models sharing GPUs; GPU-hours, cost and SLO-miss minutes per model and for the fleet."""
-    from capacity.files import read_mapping, validate
     from capacity.io.fleetday import day_table, load_day_report, totals_table
 
     if (fleet is None) == (report is None):

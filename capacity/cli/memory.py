@@ -18,9 +18,21 @@ from capacity.cli.common import (
     load_card,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
+from capacity.engine.memory import kv_bytes_per_token
+from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
+from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
+from capacity.engine.trtllm.release import CURRENT as TRT_CURRENT
+from capacity.engine.trtllm.release import DEFAULT_BACKEND as TRT_BACKEND
+from capacity.engine.vllm.release import CURRENT, LAST_PATCH, fmt, release
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.io.memory_report import memory_tables
+from capacity.io.schema import schema_markdown
+from capacity.model.card import MODELS_DIR, load_model_card
+from capacity.model.gpus import catalogue, get_gpu, with_memory
+from capacity.model.weights import count_params
 from capacity.plan.memory import memory_answer, sglang_json, sglang_memory_answer, sglang_misfit
+from capacity.units import GiB
 
 
 @app.command()
@@ -60,8 +72,6 @@ def memory(
     else:
         from rich.console import Console
 
-        from capacity.io.memory_report import memory_tables
-
         console = Console()  # the numbers are the answer, fitting or not: stdout; the verdict is the error below
         memory_tables(b, ans.table, console, verdict=False)
         if inverse:
@@ -78,9 +88,6 @@ def memory(
 def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
                    max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out) -> None:
     """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
-    from capacity.model.gpus import get_gpu, with_memory
-    from capacity.units import GiB
-
     card = load_card(model, weight_dtype, quant_group_size)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
     b = sglang_memory_answer(card, g, tp, engine, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
@@ -134,7 +141,6 @@ def fleet(
     capacity, and the replicas and GPUs needed to hold `concurrency` sequences of `context` tokens (no
     latency: `capacity plan` adds the simulator)."""
     from capacity.engine import memory as mem
-    from capacity.model.gpus import catalogue
 
     if context <= 0 or concurrency <= 0:
         raise CapacityError(f"--context and --concurrency must be > 0 (got {context}, {concurrency})")
@@ -193,8 +199,6 @@ def fleet(
 @app.command()
 def gpus(json_out: JsonOpt = False) -> None:
     """List the GPU catalogue (SI units inside; GiB and TB/s shown)."""
-    from capacity.model.gpus import catalogue
-
     cat = catalogue()
     if json_out:
         typer.echo(dumps({k: v.model_dump() for k, v in cat.items()}))
@@ -221,10 +225,6 @@ def gpus(json_out: JsonOpt = False) -> None:
 @app.command()
 def models(json_out: JsonOpt = False) -> None:
     """List bundled model cards with their parameter counts and KV bytes per token."""
-    from capacity.engine.memory import kv_bytes_per_token
-    from capacity.model.card import MODELS_DIR, load_model_card
-    from capacity.model.weights import count_params
-
     rows: list[dict[str, Any]] = []
     for p in sorted(MODELS_DIR.glob("*.yaml")):
         try:
@@ -264,19 +264,12 @@ def engines(json_out: JsonOpt = False) -> None:
     """The vLLM releases the memory model knows (`--engine vllm@X.Y`), how each accounts for start-up memory,
     and whether that accounting was checked against real start-up logs; then the other engines (SGLang's
     releases, TensorRT-LLM)."""
-    from capacity.engine.vllm.release import CURRENT, LAST_PATCH, fmt, release
-
     rows: list[dict[str, Any]] = []
     for (major, minor), patch in sorted(LAST_PATCH.items()):
         rel = release(f"{major}.{minor}.{patch}")
         rows.append({"engine": f"vllm@{major}.{minor}", "release": fmt(rel.version), "runner": rel.runner,
                      "accounting": rel.accounting, "graphs_in_budget": rel.cuda_graphs_in_budget_default,
                      "checked_against_logs": rel.checked, "current": rel.version == CURRENT})
-    from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
-    from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
-    from capacity.engine.trtllm.release import CURRENT as TRT_CURRENT
-    from capacity.engine.trtllm.release import DEFAULT_BACKEND as TRT_BACKEND
-
     others: list[dict[str, Any]] = [
         {"engine": f"sglang@{r}", "release": r, "runner": "pytorch", "accounting": "F x free memory at start",
          "graphs_in_budget": False, "checked_against_logs": True, "current": r == SG_CURRENT} for r in SG_RELEASES]
@@ -318,6 +311,4 @@ def engines(json_out: JsonOpt = False) -> None:
 def schema() -> None:
     """Print the reference of every file format (scenario, workload, engine, model card, GPU), generated from the
     code: every field with its type, default and meaning (this is docs/schema.md)."""
-    from capacity.io.schema import schema_markdown
-
     typer.echo(schema_markdown())

@@ -27,9 +27,18 @@ from capacity.cli.common import (
     speculative_fields,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
+from capacity.cli.layouts import plan_layouts
 from capacity.errors import CapacityError
-from capacity.files import dumps
-from capacity.plan.scenario import load_scenario
+from capacity.files import check_writable, dumps, strict_json, validate
+from capacity.io.manifests import check_emit, emit_plan
+from capacity.limits import MAX_CLOCK_S, MAX_RATE_PER_S, MIN_RATE_PER_S
+from capacity.limits import check as bound
+from capacity.model.card import ModelCard
+from capacity.model.gpus import get_gpu, with_memory
+from capacity.plan.scenario import Scenario, load_scenario
+from capacity.plan.sweep import OPEN_LOOP, check_axes, grid, parse_axis
+from capacity.traces import sizing
+from capacity.workload import Arrivals
 
 TablesOpt = Annotated[bool, typer.Option(
     "--tables", help="With --xlsx: also write its JSON and each table as CSV beside the workbook")]
@@ -99,8 +108,6 @@ def plan(
         flags["slo"] = slo
     wl: dict = {}
     if trace:
-        from capacity.traces import sizing
-
         flags["target_rate_per_s"], wl, said = sizing(trace, rate)
         if not json_out:
             typer.echo(said, err=True)
@@ -129,8 +136,6 @@ def plan(
 
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
     if emit or emit_autoscale:
-        from capacity.io.manifests import check_emit
-
         check_emit(emit, emit_autoscale, len(gpus) > 1 or bool(engines))  # before the simulations too
     if len(gpus) > 1 or engines:
         return _plan_gpus(model, flags, gpus, prices, (weight_dtype, quant_group_size, compute_dtype), executor, ray_address, no_cache,
@@ -143,8 +148,6 @@ def plan(
                        cache=not no_cache)
     t0 = time.perf_counter()
     if layouts:
-        from capacity.cli.layouts import plan_layouts
-
         return plan_layouts(sc, card, ex, layouts, layout_gpus, json_out)
     try:
         p = make_plan(sc, card, ex)
@@ -160,8 +163,6 @@ def plan(
         if not json_out:
             typer.echo(f"wrote {', '.join(map(str, paths))}")
     if emit:
-        from capacity.io.manifests import emit_plan
-
         said = emit_plan(p, emit, emit_autoscale)
         if not json_out:
             typer.echo(said)
@@ -169,7 +170,6 @@ def plan(
         typer.echo(dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
         return
     if kind in ("csv", "md"):
-        from capacity.files import strict_json
         from capacity.io.export import tables
         from capacity.io.report import to_csv, to_markdown
 
@@ -201,7 +201,6 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
     output tokens (GPUs when unpriced), each labelled `gpu (engine)` when engines are compared."""
     import time
 
-    from capacity.errors import CapacityError
     from capacity.plan.compare import compare_gpus
     from capacity.plan.executors import make_executor
 
@@ -265,11 +264,7 @@ def sweep(
     """Simulate a grid over any scenario fields (dotted paths) and tabulate P50/P99 TTFT, TPOT and tokens/s."""
     import math
 
-    from capacity.files import validate
-    from capacity.limits import check as bound
     from capacity.plan.executors import make_executor
-    from capacity.plan.scenario import Scenario
-    from capacity.plan.sweep import OPEN_LOOP, check_axes, grid, parse_axis
     from capacity.plan.tasks import SimTask
 
     if not 1 <= seeds <= 100:
@@ -279,13 +274,10 @@ def sweep(
     bound("requests", requests, "--requests")
     if rate is not None and (not math.isfinite(rate) or rate <= 0):
         raise CapacityError(f"--rate {rate}: must be a finite number > 0")
-    from capacity.limits import MAX_CLOCK_S, MAX_RATE_PER_S, MIN_RATE_PER_S
 
     if rate is not None and not MIN_RATE_PER_S <= rate <= MAX_RATE_PER_S:
         raise CapacityError(f"--rate {rate:g}: expected {MIN_RATE_PER_S:g} to {MAX_RATE_PER_S:g} req/s")
     if out:
-        from capacity.files import check_writable
-
         if not out.lower().endswith((".json", ".csv")):
             raise CapacityError(f"--out {out}: the name must end in .json or .csv")
         check_writable(out, force, "--out")  # before the simulations, not after them
@@ -304,10 +296,6 @@ def sweep(
     base["model"] = card.model_dump()
     points = grid(base, axes)
     tasks, meta = [], []
-    from capacity.model.card import ModelCard
-    from capacity.model.gpus import get_gpu, with_memory
-    from capacity.workload import Arrivals
-
     for point, data in points:
         s2 = validate(Scenario, data, f"sweep point {point}")
         assert isinstance(s2.model, dict)  # the grid's base carries the resolved card

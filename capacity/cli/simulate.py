@@ -24,13 +24,23 @@ from capacity.cli.common import (
     _lengths,
     app,
     engine_config,
+    engine_overrides,
     load_card,
     output_kind,
+    role_engine,
     speculative_fields,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
+from capacity.cost.factory import DEFAULT_GPU, profile_gpu
+from capacity.engine.offload import offload_line
 from capacity.errors import CapacityError
-from capacity.files import dumps
+from capacity.files import check_writable, dumps, read_mapping, validate, write_atomic
+from capacity.model.gpus import get_gpu, with_memory
+from capacity.sessions import Sessions
+from capacity.traces import convert, parse_window
+from capacity.truth.compare import records_run
+from capacity.vision_requests import ImageRequests, image_flags
+from capacity.workload import Arrivals, RequestClass, WorkloadSpec
 
 
 @app.command()
@@ -95,14 +105,8 @@ def simulate(
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
-    from capacity.cost.factory import DEFAULT_GPU, profile_gpu
-    from capacity.files import read_mapping, validate
-    from capacity.model.gpus import get_gpu, with_memory
     from capacity.pipeline import Deployment, RunOptions
     from capacity.plan.simulate import simulation_report
-    from capacity.vision_requests import ImageRequests, image_flags
-    from capacity.workload import Arrivals, RequestClass, WorkloadSpec
-
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
@@ -117,8 +121,6 @@ def simulate(
     if trace and workload:
         raise CapacityError("--trace and --workload: give one (a workload file names its trace in `trace`)")
     if trace:  # converted (window, time scale, checks) into a temporary trace of capacity's form, then replayed
-        from capacity.traces import convert, parse_window
-
         if requests <= 0:
             raise CapacityError(f"--requests: must be > 0 (got {requests})")
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="capacity-trace-"))) / "trace.jsonl"
@@ -147,8 +149,6 @@ def simulate(
                            slo_tpot_s=slo_tpot_ms / 1e3 if slo_tpot_ms else None)
         sess = None
         if turns is not None:
-            from capacity.sessions import Sessions
-
             arr["think_s"] = 0.0
             sess = validate(Sessions, {"turns": _lengths("--turns", turns), "new_tokens": _lengths("--turn-tokens", turn_tokens),
                                        "think_cv": think_cv} | ({} if think_s is None else {"think_s": think_s}), "--turns")
@@ -168,8 +168,6 @@ def simulate(
                      replicas=replicas, router=router, router_max_ongoing=router_max_ongoing,  # type: ignore[arg-type]
                      frontend_s=frontend_ms / 1e3)
     if save_run:
-        from capacity.files import check_writable
-
         check_writable(save_run, force, "--save-run")
     dis = None
     if disagg is not None:
@@ -181,7 +179,6 @@ def simulate(
             raise CapacityError(f"--disagg: expected P:D replicas, e.g. 1:2 (got {disagg!r})") from None
         if n_p < 1 or n_d < 1:
             raise CapacityError(f"--disagg: need at least one prefill and one decode replica (got {disagg!r})")
-        from capacity.cli.common import engine_overrides, role_engine
 
         dcfg = role_engine(cfg, decode_tp or tp, engine_overrides(decode_set, "--decode-set"), "--decode-set")
         dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
@@ -196,8 +193,6 @@ def simulate(
                                                            fast_forward=not no_fast_forward, capacity_check=True,
                                                            timeseries=dis is not None), dis)
     if save_run:
-        from capacity.files import write_atomic
-
         write_atomic(save_run, dumps(run_file(res), indent=None) + "\n", "--save-run")
     if kind == "json":
         typer.echo(dumps(out))
@@ -222,8 +217,6 @@ def simulate(
     con = Console()
     simulation_table(out, con)
     if "kv_offload" in out:
-        from capacity.engine.offload import offload_line
-
         con.print(offload_line(out["kv_offload"]), markup=False, highlight=False)
     d = out.get("disaggregated")
     if d:
@@ -248,8 +241,6 @@ def simulate(
 
 def run_file(res) -> dict:
     """The measured (post-warm-up) simulated requests as a run file (capacity.truth.compare.records_run)."""
-    from capacity.truth.compare import records_run
-
     return records_run(res.sim.records, res.warmup_requests,
                        {"source": "capacity simulate", "step_cost_source": res.cost_source,
                         "warmup_requests_excluded": res.warmup_requests})

@@ -6,7 +6,11 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.common import JsonOpt, app
+from capacity.errors import ConfigError
 from capacity.files import dumps
+from capacity.traces import convert as trace_convert
+from capacity.traces import parse_window
+from capacity.traces import stats as trace_stats
 
 trace_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
                         help="Read public LLM-serving traces (Mooncake, Azure, BurstGPT) as published.")
@@ -30,10 +34,6 @@ def stats(
 ) -> None:
     """Rate over the trace and its busiest window (what `plan --target-rate` should meet), the lengths, and
     for Mooncake the prompt share in blocks an earlier request had (an unbounded prefix cache's hit rate)."""
-    from capacity.errors import ConfigError
-    from capacity.traces import parse_window
-    from capacity.traces import stats as trace_stats
-
     if not (peak_window > 0 and peak_window < 1e9):
         raise ConfigError(f"--peak-window {peak_window:g}: expected seconds > 0")
     st = trace_stats(path, fmt, time_scale=time_scale, window=parse_window(window), peak_window_s=peak_window,
@@ -70,9 +70,6 @@ def convert(
 ) -> None:
     """Write a published trace as capacity's JSONL trace (`simulate --trace`, `workload.trace`), in time
     order from 0, with the window and time scale applied; Mooncake's hash_ids travel with each row."""
-    from capacity.traces import convert as trace_convert
-    from capacity.traces import parse_window
-
     c = trace_convert(src, dest, fmt, time_scale=time_scale, window=parse_window(window), max_rows=max_rows,
                       force=force)
     extra = "".join([f"; {c.dropped_zero:,} with 0 tokens dropped" if c.dropped_zero else "",

@@ -8,8 +8,19 @@ from typing import Annotated, Optional
 import typer
 
 from capacity.cli.common import JsonOpt, _lengths, app
-from capacity.errors import CapacityError
-from capacity.files import dumps, write_atomic
+from capacity.cli.costs import engine_flags
+from capacity.errors import CapacityError, require
+from capacity.files import check_writable, dumps, write_atomic
+from capacity.files import validate as check
+from capacity.limits import check as bound
+from capacity.limits import check_lengths
+from capacity.truth.compare import Change, Requests, as_dict, gate, parse_rules, records_run, write_plot
+from capacity.truth.compare import compare as ab_compare
+from capacity.truth.plots import run_figure
+from capacity.truth.provenance import mismatches, parse_engine_config, run_engine
+from capacity.truth.runfile import load_run
+from capacity.truth.utilisation import describe
+from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
 
 @app.command()
@@ -46,10 +57,7 @@ def loadtest(
 
     import numpy as np
 
-    from capacity.limits import check as bound
-    from capacity.limits import check_lengths
     from capacity.truth.loadtest import counts, run_load, summarize_run
-    from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
 
     for flag, val in (("--requests", requests), ("--timeout-s", timeout_s), ("--max-duration-s", max_duration_s)):
         if not math.isfinite(val) or val <= 0:
@@ -76,8 +84,6 @@ def loadtest(
     if not url.startswith(("http://", "https://")) or len(url) > 2048:
         raise CapacityError(f"--url {url[:80]!r}: expected http://HOST:PORT or https://...")
     if out:  # where the run goes is checked before the run, not after it
-        from capacity.files import check_writable
-
         check_writable(out, force, "--out")
     _check_plot(plot, force)
     base = None
@@ -85,9 +91,6 @@ def loadtest(
     if fail_on and not baseline:
         raise CapacityError("--fail-on needs --baseline (the run to compare with)")
     if baseline:  # read and checked before the run, not after it
-        from capacity.truth.compare import Requests, parse_rules
-        from capacity.truth.runfile import load_run
-
         base = Requests.of_run(load_run(baseline), baseline)
         rules = parse_rules(fail_on) if fail_on else {}
     if endpoint not in ("completions", "chat"):
@@ -100,7 +103,6 @@ def loadtest(
     else:
         if users is None and rate is None:
             raise CapacityError("give --rate (open loop), --users (closed loop) or --trace")
-        from capacity.files import validate as check
 
         arr = check(Arrivals, {"kind": arrival, "rate_per_s": rate if rate is not None else 1.0, "cv": cv},
                     "arrival options")
@@ -113,8 +115,6 @@ def loadtest(
         raise CapacityError(f"--warmup {warmup}: must be >= 0")
     eng = None
     if engine_config:
-        from capacity.truth.provenance import parse_engine_config
-
         eng = parse_engine_config(engine_config)
     bound("loadtest_requests", warmup, "--warmup")
     if warmup:  # the first requests after start-up pay compilation and allocation: not what the engine serves at
@@ -181,13 +181,11 @@ def loadtest(
             write_atomic(out if v is None else f"{Path(out).with_suffix('')}.{kind}{v}.json",
                          dumps(run, indent=None) + "\n", "--out")
     if plot and not swept:
-        from capacity.truth.plots import run_figure
-
         write_atomic(plot, run_figure(runs[0]).to_html(include_plotlyjs="cdn"), "--plot")
     failed: list[str] = []
     ab = None
     if base is not None and not interrupted:
-        from capacity.truth.compare import Requests, as_dict, compare, gate
+        from capacity.truth.compare import compare  # this function's compare (the module's is the command)
 
         if swept:
             raise CapacityError("--baseline compares one run: leave out the length sweep")
@@ -221,8 +219,6 @@ def loadtest(
             con.print(f"client cap of {c['max_concurrency']} in flight: requests waited {c['mean_ms']:,.0f} ms on "
                       f"average for a slot (max {c['max_ms']:,.0f} ms), not in TTFT or E2E", highlight=False)
         if r.get("utilisation"):
-            from capacity.truth.utilisation import describe
-
             for line in describe(r["utilisation"]):
                 con.print(line, highlight=False)
     if interrupted:
@@ -234,8 +230,6 @@ def loadtest(
 
 
 def _print_changes(con, ab: dict, title: str) -> None:
-    from capacity.truth.compare import Change
-
     con.print(f"[bold]{title}[/]", highlight=False)
     how = "paired requests" if ab["changes"][0].get("paired") else "requests"
     con.print(f"ms; throughput in output tokens/s; {ab['changes'][0]['level']:.0%} bootstrap intervals over {how}")
@@ -252,9 +246,6 @@ def _check_plot(plot: str | None, force: bool) -> None:
     """Before any work: an .html path that may be written, and plotly present."""
     if not plot:
         return
-    from capacity.errors import require
-    from capacity.files import check_writable
-
     if not plot.endswith(".html"):
         raise CapacityError(f"--plot {plot[:80]!r}: write the page to a .html file")
     require("plotly", "dashboard", "--plot")
@@ -274,23 +265,15 @@ def compare(
 ) -> None:
     """A/B two runs: each metric's change with a bootstrap interval and a verdict (better, worse, no significant
     change); with --fail-on, a regression gate for CI (exit 3)."""
-    from capacity.truth.compare import Requests, as_dict, gate, parse_rules
-    from capacity.truth.compare import compare as ab_compare
-    from capacity.truth.runfile import load_run
-
     if seed < 0:
         raise CapacityError(f"--seed {seed}: must be >= 0")
     rules = parse_rules(fail_on) if fail_on else {}
     if plot:
-        from capacity.files import check_writable
-
         if not plot.endswith((".html", ".png")):
             raise CapacityError(f"--plot {plot[:80]!r}: use a .html or .png file")
         check_writable(plot, force, "--plot")
     ra, rb = Requests.of_run(load_run(a), a), Requests.of_run(load_run(b), b)
     if plot:
-        from capacity.truth.compare import write_plot
-
         write_plot(ra, rb, plot, (f"A: {Path(a).name}", f"B: {Path(b).name}"))
     changes = ab_compare(ra, rb, level=level, seed=seed)
     failed = gate(changes, rules)
@@ -324,12 +307,8 @@ def validate(
 
     _check_plot(plot, force)
     if save_prediction:
-        from capacity.files import check_writable
-
         check_writable(save_prediction, force, "--save-prediction")
-    from capacity.cli.costs import engine_flags
     from capacity.truth.fit import fit_provenance
-    from capacity.truth.provenance import mismatches, run_engine
 
     given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
     run = load_run(run_file)
@@ -346,11 +325,8 @@ def validate(
     rows = compare(summarize_run(run), sim_summary(sim))
     preempt = {"predicted": int(sim.preemptions), "measured": measured_preemptions(run)}
     if plot:
-        from capacity.truth.plots import run_figure
-
         write_atomic(plot, run_figure(run, sim, int(sched["num_blocks"])).to_html(include_plotlyjs="cdn"), "--plot")
     if save_prediction:
-        from capacity.truth.compare import records_run
         from capacity.truth.fit import replay
 
         ids = [q.id for q in replay(run)]  # the simulator numbers the replayed requests in this order
@@ -404,7 +380,6 @@ def fit_engine_cmd(
     run at a rate derived from the probes."""
     import math
 
-    from capacity.truth.provenance import parse_engine_config
     from capacity.truth.recipe import run_recipe
 
     if not url.startswith(("http://", "https://")) or len(url) > 2048:

@@ -27,13 +27,13 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy.interpolate import PchipInterpolator, RegularGridInterpolator
 
 from capacity.cost.profile import Profile, check_profile
 from capacity.cost.roofline import RooflineCost
 from capacity.cost.step import StepPlan
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
+from capacity.model.gpus import get_gpu
 
 
 class OffGridWarning(UserWarning):
@@ -45,6 +45,8 @@ _MEMO_MAX = 1 << 16  # entries per table: bounded memory however long a simulati
 
 class _Table1D:
     def __init__(self, name: str, xs: list[int], ys: list[float | None]) -> None:
+        from scipy.interpolate import PchipInterpolator  # scipy: half a second to import, only for a measured profile
+
         pts = [(x, y) for x, y in zip(xs, ys) if y is not None]
         if not pts:
             raise ConfigError(f"profile table {name}: no measured points")
@@ -78,6 +80,8 @@ class _Table2D:
     """Grid over (a, b) with `log` on a and `log1p` on b; work(a, b) scales edge points off the grid."""
 
     def __init__(self, name: str, a: list[int], b: list[int], t: list[list[float | None]], work) -> None:
+        from scipy.interpolate import RegularGridInterpolator  # scipy: as above
+
         self.name, self.work = name, work
         self.a, self.b = np.array(a, float), np.array(b, float)
         grid = np.array([[np.nan if v is None else v for v in row] for row in t], dtype=float)
@@ -199,7 +203,6 @@ class CalibratedCost:
             if self.gpu is None:
                 raise ConfigError(f"{self.profile_path}: tp={self.tp} needs all-reduce costs: the profile has none "
                                   "and no GPU was given for the roofline")
-            from capacity.model.gpus import get_gpu
 
             self._comm = RooflineCost(self.card, get_gpu(self.gpu), self.tp)
         self._allreduce = _Table1D("allreduce", p.allreduce_tokens, p.allreduce) if p.allreduce_tokens else None

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import warnings
 
+from capacity.cost.calibrated import CalibratedCost
+from capacity.cost.profile import load_profile, profile_label, resolve_profile
 from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.step import StepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
+from capacity.model.compute import gemm_dtypes
 from capacity.model.gpus import GPU, get_gpu
 
 DEFAULT_GPU = "h100-sxm"
@@ -22,8 +26,6 @@ DEFAULT_GPU = "h100-sxm"
 def profile_gpu(profile: str) -> str:
     """The catalogue GPU a profile (file or bundled name) was measured on (a CPU profile: the default GPU, whose
     memory then sizes the KV cache)."""
-    from capacity.cost.profile import load_profile, resolve_profile
-
     return load_profile(resolve_profile(profile)).provenance.gpu or DEFAULT_GPU
 
 
@@ -38,12 +40,8 @@ def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dt
         g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or DEFAULT_GPU)
         if step_overhead_s is None:
             return RooflineCost(card, g, tp, kv_dtype=kv)
-        from capacity.cost.roofline_params import RooflineParams
 
         return RooflineCost(card, g, tp, kv_dtype=kv, params=RooflineParams(step_overhead_s=step_overhead_s))
-    from capacity.cost.calibrated import CalibratedCost
-    from capacity.cost.profile import load_profile, profile_label, resolve_profile
-
     path = resolve_profile(profile)
     prof = load_profile(path)
     label = profile_label(path)
@@ -54,7 +52,6 @@ def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dt
             raise ConfigError(msg)
         warnings.warn(msg.split(": use the roofline")[0] + " (used anyway: attention is costed at the measured dtype)",
                       stacklevel=2)
-    from capacity.model.compute import gemm_dtypes
 
     g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or prof.provenance.gpu or DEFAULT_GPU)
     measured = prof.provenance.gemm_dtype or prof.provenance.dtype

@@ -27,7 +27,7 @@ with `inner` the GPU step alone (the engine model says where it applies: `Engine
 """
 from __future__ import annotations
 
-from capacity.cost.step import StepPlan
+from capacity.cost.step import StepPlan, decode_run_s
 
 
 def paced_source(source: str, per_token_s: float) -> str:
@@ -85,8 +85,6 @@ class CpuOverlapCost:
 
     def decode_run_s(self, contexts, k: int):
         import numpy as np
-
-        from capacity.cost.step import decode_run_s
 
         return np.maximum(decode_run_s(self.inner, contexts, k), self._cpu_s(len(contexts)))
 

@@ -34,6 +34,7 @@ from capacity.cost.step import StepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.model.weights import weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES
 
 Backend = Literal["allgather_reducescatter", "deepep_low_latency"]
@@ -128,7 +129,6 @@ class ParallelCost:
         a2a_bytes_per_token(card, layout.dp, layout.ep, backend)  # the backend checked
         self.inner, self.layout, self.backend, self.imbalance = inner, layout, backend, expert_imbalance
         self.a2a_latency_s = A2A_LATENCY_S[link_of(gpu)] if a2a_latency_s is None else a2a_latency_s
-        from capacity.model.weights import weight_bytes_per_rank
 
         w = weight_bytes_per_rank(card, 1)
         self._full_expert_w = (w["experts_gate_up"] + w["experts_down"]) / (card.num_moe_layers * card.moe.num_experts)

@@ -27,6 +27,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.files import format_validation_error, read_text
 from capacity.model.card import ModelCard
@@ -261,6 +262,4 @@ def resolve_profile(name_or_path: str) -> str:
 
 def to_plan(prefills, decodes):
     """A profile step's shapes ([(new, cached)...], [context...]) as a StepPlan."""
-    from capacity.cost.step import PrefillChunk, StepPlan
-
     return StepPlan(tuple(PrefillChunk(int(c), int(k)) for c, k in prefills), tuple(int(d) for d in decodes))

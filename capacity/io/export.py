@@ -20,8 +20,13 @@ import os
 import tempfile
 from pathlib import Path
 
-from capacity.errors import CapacityError, ConfigError
+from capacity.errors import CapacityError, ConfigError, require
+from capacity.files import check_writable, dumps, read_json, short_path, strict_json
+from capacity.io.fleet import check_report, window_table
+from capacity.io.fleetday import check_day_report, day_table
 from capacity.io.tables import tables
+from capacity.io.workbook import write_workbook
+from capacity.plan.results import Plan
 
 SHEETS = ("Summary", "Assumptions", "Memory", "Frontier", "Context", "Percentiles", "Sweep")  # of a plan + sweep
 AUTOSCALE_SHEET = "Autoscale"  # after them, when the export is given an autoscale report
@@ -33,10 +38,8 @@ def check_destination(path: str | Path, force: bool) -> None:
     p = Path(path)
     if p.suffix.lower() != ".xlsx":
         raise CapacityError(f"{p}: the workbook name must end in .xlsx")
-    from capacity.errors import require
 
     require("openpyxl", "xlsx", "the capacity-review workbook (--xlsx)")
-    from capacity.files import check_writable
 
     check_writable(p, force, "--xlsx")  # a missing or read-only folder: said now, not after minutes of work
 
@@ -49,7 +52,6 @@ def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | No
     for f, kind in ((plan_file, "plan"), (sweep_file, "sweep")):
         if not f:
             continue
-        from capacity.files import read_json
 
         p = Path(f)
         data = read_json(p, f"{kind} file")
@@ -57,7 +59,6 @@ def load_saved(plan_file: str | None, sweep_file: str | None) -> tuple[dict | No
             plan = data.get("plan", data) if isinstance(data, dict) else None
             if not isinstance(plan, dict) or "frontier" not in plan or "budget" not in plan:
                 raise CapacityError(f"{p}: not a plan (no frontier/budget): write one with `capacity plan --json`")
-            from capacity.plan.results import Plan
 
             try:
                 Plan.from_dict(plan)  # every field of the right type, or a one-line refusal
@@ -80,18 +81,12 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
     the table of a GPU or engine comparison (capacity.plan.compare.comparison_table), its first sheet, with
     `plan` the first option's. Returns the paths written."""
     if plan is not None and not isinstance(plan, dict):
-        from capacity.files import strict_json
-
         plan = strict_json(plan.as_dict())  # the same form `capacity plan --json` saves
     if plan is None and not sweep_rows and autoscale is None and fleet_day is None:
         raise CapacityError("nothing to export: give a plan, sweep rows, an autoscale or a fleet-day report")
     if fleet_day is not None:
-        from capacity.io.fleetday import check_day_report
-
         check_day_report(fleet_day, "fleet-day report")
     if autoscale is not None:
-        from capacity.io.fleet import check_report
-
         check_report(autoscale, "autoscale report")
     path = Path(path)
     check_destination(path, force)
@@ -99,12 +94,8 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
     if comparison is not None:
         tabs = {COMPARISON_SHEET: comparison, **tabs}
     if autoscale is not None:
-        from capacity.io.fleet import window_table
-
         tabs[AUTOSCALE_SHEET] = window_table(autoscale)
     if fleet_day is not None:
-        from capacity.io.fleetday import day_table
-
         tabs[FLEET_DAY_SHEET] = day_table(fleet_day)
     targets = [path] + ([path.with_suffix(".json")] + [
         path.with_name(f"{path.stem}.{name.lower().replace(' ', '_')}.csv") for name in tabs] if tables_too else [])
@@ -112,9 +103,6 @@ def write_review(path: str | Path, plan=None, sweep_rows: list[dict] | None = No
         for t in targets:
             if t.exists():
                 raise CapacityError(f"{t} exists; pass --force to overwrite it")
-    from capacity.files import check_writable, dumps, short_path
-    from capacity.io.workbook import write_workbook
-
     check_writable(path, True, "--xlsx")  # the folder exists and takes files; --force was checked above
     book = io.BytesIO()  # every file in memory first: a workbook library's half-closed zip never meets the disk
     write_workbook(book, plan, tabs, autoscale, fleet_day)

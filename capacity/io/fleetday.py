@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from capacity.errors import CapacityError
+from capacity.files import read_json, validate
 from capacity.io.tables import Table, ms, yn
 
 LAYOUTS = ("static", "reactive", "predictive")
@@ -78,7 +79,6 @@ def check_day_report(data: Any, source: str) -> dict[str, Any]:
     if not isinstance(data, dict) or "models" not in data or "totals" not in data:
         raise CapacityError(f"{source}: not a fleet-day report (no models/totals): write one with "
                             "`capacity fleet-day --json`")
-    from capacity.files import validate
 
     validate(DayReport, data, f"{source}: not a complete fleet-day report")
     for lay in LAYOUTS:
@@ -88,8 +88,6 @@ def check_day_report(data: Any, source: str) -> dict[str, Any]:
 
 
 def load_day_report(path: str) -> dict[str, Any]:
-    from capacity.files import read_json
-
     data = read_json(path, "fleet-day report")
     if isinstance(data, dict) and "models" not in data and isinstance(data.get("fleet_day"), dict):
         data = data["fleet_day"]  # an export's .json

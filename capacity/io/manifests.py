@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from capacity.errors import ConfigError
+from capacity.files import write_atomic
 
 TARGETS = ("k8s", "kserve", "production-stack", "llm-d")
 POLICIES = ("concurrency", "queue", "kv")
@@ -369,8 +370,6 @@ def write_manifests(plan, target: str, folder: str | Path, policy: str = "concur
     """Write the target's files into `folder` (made if missing), each atomically; other files there are left
     alone, the target's own files replaced."""
     import yaml
-
-    from capacity.files import write_atomic
 
     p = check_request(target, str(folder))
     objs = manifests(plan, target, policy, autoscale_target)

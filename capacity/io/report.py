@@ -3,6 +3,10 @@ from __future__ import annotations
 
 import re
 
+from capacity.files import dumps, write_atomic
+from capacity.io.export import csv_safe
+from capacity.plan.compare import UNMEASURED
+
 
 def _lat(x: float) -> str:
     """A latency of the percentile table in at most 7 characters: ms with one decimal below 1 s, whole ms with
@@ -245,9 +249,6 @@ def write_rows(rows: list[dict], path: str) -> None:
     import json
     from pathlib import Path
 
-    from capacity.files import dumps, write_atomic
-    from capacity.io.export import csv_safe
-
     p = Path(path)
     if p.suffix == ".csv":
         keys = list(dict.fromkeys(k for r in rows for k in r))
@@ -369,8 +370,6 @@ def gpu_comparison(options, console, wall_s: float, ex) -> None:
     console.print(t)
     said = [name[id(o)] for o, r in rows if r.get("caveat")]
     if said:  # one caveat text for every option it applies to
-        from capacity.plan.compare import UNMEASURED
-
         console.print(f"[yellow]†[/] nothing measured on {', '.join(said)}: {UNMEASURED}", highlight=False)
     skipped = re.compile(r"^tp=(\d+) not searched: (.*)$")
     console.print("max req/s per replica under the SLO at each TP size, searched at the base configuration (the "

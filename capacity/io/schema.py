@@ -12,21 +12,20 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from capacity.curves import RateCurve
+from capacity.engine.config import MemoryModelParams, settings_class
 from capacity.engine.settings import bounds, meta
+from capacity.model.card import MLA, ModelCard, MoE, VisionTower
+from capacity.model.gpus import GPU
+from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
+from capacity.sessions import Sessions
+from capacity.vision_requests import ImageRequests
+from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
 
 UNITS = "SI units throughout: seconds (`_s`), bytes (`_bytes`), requests/s (`_per_s`), FLOP/s (`_flops`)."
 
 
 def _models() -> list[tuple[str, type[BaseModel]]]:
-    from capacity.curves import RateCurve
-    from capacity.engine.config import MemoryModelParams, settings_class
-    from capacity.model.card import MLA, ModelCard, MoE, VisionTower
-    from capacity.model.gpus import GPU
-    from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
-    from capacity.sessions import Sessions
-    from capacity.vision_requests import ImageRequests
-    from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
-
     return [("Scenario (`capacity plan -m scenario.yaml`)", Scenario), ("engine", settings_class()),
             ("engine.memory_params", MemoryModelParams), ("workload (also `simulate --workload`)", WorkloadSpec),
             ("workload.arrivals", Arrivals), ("workload.arrivals.curve", RateCurve), ("lengths (input_len, output_len)", Lengths),

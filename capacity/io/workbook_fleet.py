@@ -1,10 +1,12 @@
 """The capacity-review workbook's fleet sheets: Autoscale (an autoscale report, aggregated or disaggregated) and
 Fleet day (a fleet-day report), from capacity.io.fleet's and capacity.io.fleetday's tables (the same as the CSV).
-Split from `capacity.io.workbook`, which writes the plan's sheets and the cells' helpers these use."""
+Split from `capacity.io.workbook`, which writes the plan's sheets; the cells' helpers are `capacity.io.workbook_cells`."""
 from __future__ import annotations
 
+from capacity.io.fleet import DECODE_HEAD, summary_table, window_table
+from capacity.io.fleetday import day_table, totals_table
 from capacity.io.tables import ms
-from capacity.io.workbook import _styles, _table, put
+from capacity.io.workbook_cells import _styles, _table, put
 
 
 def autoscale_sheet(wb, report: dict) -> None:
@@ -12,8 +14,6 @@ def autoscale_sheet(wb, report: dict) -> None:
     window against the SLO, and the per-window table (capacity.io.fleet's tables, the same as the CSV)."""
     from openpyxl.chart import LineChart, Reference
     from openpyxl.chart.axis import TextAxis
-
-    from capacity.io.fleet import DECODE_HEAD, summary_table, window_table
 
     st = _styles()
     ws = wb.create_sheet("Autoscale")
@@ -130,8 +130,6 @@ def fleet_day_sheet(wb, report: dict) -> None:
     """A fleet over a day: the fleet per layout (GPU-hours, cost, SLO-miss minutes), a bar chart of them, and one
     row per model and layout (capacity.io.fleetday's tables, the same as the CSV)."""
     from openpyxl.chart import BarChart, Reference
-
-    from capacity.io.fleetday import day_table, totals_table
 
     st = _styles()
     ws = wb.create_sheet("Fleet day")

@@ -19,6 +19,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from capacity.errors import ConfigError
+from capacity.pipeline import Deployment, RunOptions, run
+from capacity.plan.executors import make_executor
+from capacity.plan.planner import Planner
+from capacity.plan.scenario import Scenario, SLOSpec
+from capacity.sim.simulator import littles_law
+from capacity.workload import Arrivals
 
 if TYPE_CHECKING:
     from capacity.curves import RateCurve
@@ -95,10 +101,6 @@ def max_rate_per_replica(card: ModelCard, gpu: GPU, engine: EngineConfig, worklo
     """(the rate one replica sustains under the SLO x headroom, where it came from): the planner's rate search
     (capacity.plan.planner.Planner.rate_search: bisection with common random numbers at a steady Poisson rate
     with the workload's lengths), the one `capacity plan` and `capacity fleet-day` use."""
-    from capacity.plan.executors import make_executor
-    from capacity.plan.planner import Planner
-    from capacity.plan.scenario import Scenario, SLOSpec
-
     if slo_ttft_s is None and slo_tpot_s is None:
         raise ConfigError("the per-replica rate under the SLO needs an SLO (a P99 TTFT, a P99 TPOT or both)")
     ttft = slo_ttft_s if slo_ttft_s is not None else 3600.0
@@ -117,8 +119,6 @@ def max_rate_per_replica(card: ModelCard, gpu: GPU, engine: EngineConfig, worklo
 
 def steady(workload: WorkloadSpec, rate: float, n: int) -> WorkloadSpec:
     """The workload's lengths at a steady Poisson `rate` (trace workloads: their lengths as given in the spec)."""
-    from capacity.workload import Arrivals
-
     return workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=rate), "num_requests": n,
                                        "trace": None})
 
@@ -127,9 +127,6 @@ def steady_point(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: Work
                  seed: int = 0, n: int = 2000) -> dict[str, float]:
     """One replica at a steady `rate`: requests in flight (Little's law), mean TTFT and mean TPOT, s. The
     reactive target and the SLA planner's profile (what it expects to see at its operating point)."""
-    from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.sim.simulator import littles_law
-
     res = run(Deployment(card, gpu, engine), steady(workload, rate, n), RunOptions(seed=seed, ci=False,
                                                                                    timeseries=False))
     rec = res.sim.records

@@ -13,6 +13,10 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from capacity.errors import ConfigError
+from capacity.files import short
+from capacity.pipeline import Deployment, RunOptions, run
+from capacity.plan.executors import stop_pool, worker_pool
+from capacity.plan.fleetday import layout_metrics
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
@@ -26,8 +30,6 @@ MAX_RUNS = 200
 
 def parse_sweep(spec: str, name: str = "--startup-sweep") -> list[float]:
     """'LO:HI:STEP' seconds -> [LO, LO + STEP, ..., HI] (HI included when on the grid), or one ConfigError line."""
-    from capacity.files import short
-
     parts = spec.split(":")
     try:
         lo, hi, step = (float(x) for x in parts) if len(parts) == 3 else (math.nan,) * 3
@@ -47,9 +49,6 @@ def parse_sweep(spec: str, name: str = "--startup-sweep") -> list[float]:
 
 def _one(args: tuple) -> dict[str, Any]:
     card, gpu, engine, spec, asc, window_s, slo_ttft_s, slo_tpot_s, router, seed = args
-    from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.plan.fleetday import layout_metrics
-
     res = run(Deployment(card, gpu, engine, autoscale=asc, router=router), spec,
               RunOptions(seed=seed, warmup_fraction=0.0, ci=False, timeseries=False))
     tl = res.sim.autoscale
@@ -84,8 +83,6 @@ def startup_sweep(card: ModelCard, gpu: GPU, engine: EngineConfig, spec: Workloa
     if n == 1:
         out = [_one(j) for j in jobs]
     else:
-        from capacity.plan.executors import stop_pool, worker_pool
-
         pool = worker_pool(n)
         try:
             out = list(pool.map(_one, jobs))

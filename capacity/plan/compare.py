@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 
 from capacity.errors import CapacityError
+from capacity.model.compute import measured_gemm_efficiency
+from capacity.model.gpus import get_gpu
 from capacity.plan.planner import Plan, make_plan
 from capacity.plan.scenario import Scenario
 
@@ -53,9 +55,6 @@ class GpuOption:
         p = self.plan
         if p is None or not p.source.startswith("roofline"):
             return ""
-        from capacity.model.compute import measured_gemm_efficiency
-        from capacity.model.gpus import get_gpu
-
         try:
             g = get_gpu(self.gpu)
         except CapacityError:

@@ -12,10 +12,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError, ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.pipeline import Deployment, Disagg, RunOptions, prepare, run
 from capacity.workload import Arrivals, WorkloadSpec, context_of
 
 TPS = (1, 2, 4, 8)
@@ -59,8 +61,6 @@ def layouts(gpus: int, tps: tuple[int, ...] = TPS) -> list[Layout]:
 def _probe(card: ModelCard, gpu: GPU, engine: EngineConfig, lay: Layout, workload: WorkloadSpec, rate: float,
            slo: tuple[float, float], seeds: int, link: str,
            decode_over: dict | None = None) -> tuple[bool, float | None, float | None]:
-    from capacity.pipeline import Deployment, Disagg, RunOptions, run
-
     # long enough to reach steady state: arrivals over 3 x the longest end-to-end time the SLO allows (a short
     # burst of long requests never fills the batch and looks better than the engine will be), within bounds
     e2e = slo[0] + workload.mean_output_tokens * slo[1]
@@ -132,8 +132,6 @@ def _knobs(lay: Layout) -> list[tuple[str, str, tuple[int, ...]]]:
 
 def _resolved(card: ModelCard, gpu: GPU, engine: EngineConfig) -> tuple[int, int]:
     """The batch cap and token budget the engine runs with (its release's defaults where not set)."""
-    from capacity.engine import get_engine
-
     b = get_engine(engine.engine).budget(card, gpu, engine)
     return b.max_num_seqs, b.max_num_batched_tokens
 
@@ -211,7 +209,6 @@ def compare(card: ModelCard, gpu: GPU, engine: EngineConfig, workload: WorkloadS
     if not all(math.isfinite(x) and x > 0 for x in slo):
         raise ConfigError(f"slo: TTFT and TPOT must be > 0 (got {slo})")
     workload.check_context(*context_of(engine, card))
-    from capacity.pipeline import Deployment, prepare
 
     unfit: dict[int, str] = {}  # TP sizes that cannot hold the model here: their layouts are left out
     for tp in (t for t in TPS if t <= gpus):

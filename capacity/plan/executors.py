@@ -15,6 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from capacity.errors import CapacityError, ConfigError
+from capacity.plan.progress import Phases
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 
 CACHE_ENV = "CAPACITY_CACHE_DIR"
@@ -33,7 +34,6 @@ class Executor:
         self.cache = cache_dir() if cache is True else (cache or None)
         self.hits = self.misses = 0
         self.on_task = None  # called with the number of tasks done so far (a dashboard's progress bar)
-        from capacity.plan.progress import Phases
 
         self.phases = Phases(enabled=progress)  # the planner names its phases; piped, a line as each ends
 
@@ -146,14 +146,12 @@ def _worker_init() -> None:
 
 
 def _warm_worker_init() -> None:
-    """`_worker_init`, then the imports a simulation needs (the run pipeline, scipy.special's t distribution:
-    the parent has the first, `PoolExecutor.prestart`), so that a worker started early pays them while the
-    parent is still busy."""
+    """`_worker_init`, then the imports a simulation needs beyond this module's own (which bring the run
+    pipeline): scipy.special's t distribution, so that a worker started early pays it while the parent is still
+    busy."""
     _worker_init()
     try:
         import scipy.special  # noqa: F401
-
-        import capacity.pipeline  # noqa: F401
     except ImportError:  # the first task will say what is missing
         pass
 
@@ -243,8 +241,6 @@ class PoolExecutor(Executor):
         (a plan's budgets, its first capacity loop, which runs here): the pool's start-up, a second or more of
         CPU per worker, is then off the plan's critical path."""
         if self._pool is None and self.workers > 1:
-            import capacity.pipeline  # noqa: F401  (the parent runs single tasks itself: forked workers inherit it)
-
             self._pool = worker_pool(self.workers, warm=True)
 
     def close(self, wait: bool = True) -> None:

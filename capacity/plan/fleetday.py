@@ -31,7 +31,15 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
-from capacity.workload import WorkloadSpec, context_of
+from capacity.files import strict_json
+from capacity.model.card import load_named_card
+from capacity.model.gpus import get_gpu
+from capacity.pipeline import Deployment, RunOptions, run
+from capacity.plan.autoscale_bound import max_rate_per_replica, steady_point
+from capacity.plan.colocate import Fleet, FleetModel, check_models, simulate_fleet
+from capacity.plan.executors import stop_pool, worker_pool
+from capacity.sim.autoscale import AutoscaleConfig, window_metrics
+from capacity.workload import Arrivals, WorkloadSpec, context_of
 
 LAYOUTS = ("static", "reactive", "predictive")
 MAX_MODELS = 8
@@ -86,25 +94,17 @@ class DayFleet(_Strict):
 
     @model_validator(mode="after")
     def _check(self) -> DayFleet:
-        from capacity.plan.colocate import check_models
-
         check_models(self.models, MAX_MODELS)
         return self
 
 
 def _steady(m: DayModel, rate: float, n: int) -> WorkloadSpec:
-    from capacity.workload import Arrivals
-
     return m.workload.model_copy(update={"arrivals": Arrivals(kind="poisson", rate_per_s=rate), "num_requests": n})
 
 
 def per_replica(fleet: DayFleet, i: int, seed: int = 0) -> dict[str, Any]:
     """Model i's operating point: the rate one replica sustains under its SLO (x headroom), where it came from,
     and the reactive target (requests in flight per replica at that rate)."""
-    from capacity.model.card import load_named_card
-    from capacity.model.gpus import get_gpu
-    from capacity.plan.autoscale_bound import max_rate_per_replica, steady_point
-
     m = fleet.models[i]
     card = load_named_card(m.model)
     gpu = get_gpu(fleet.gpu)
@@ -128,8 +128,6 @@ def layout_metrics(res, gpu_seconds: float, window_s: float, slo_ttft_s: float |
     the per-window metrics (non-finite values as None)."""
     import numpy as np
 
-    from capacity.sim.autoscale import window_metrics
-
     w = window_metrics(res.sim.records, window_s, slo_ttft_s, slo_tpot_s)
     gpu_h = gpu_seconds / 3600
     return {"gpu_hours": gpu_h, "cost_usd": gpu_h * price if price else None,
@@ -143,11 +141,6 @@ def layout_metrics(res, gpu_seconds: float, window_s: float, slo_ttft_s: float |
 def _day_run(args: tuple) -> dict[str, Any]:
     """One model, one layout, over its whole curve (a process-pool worker)."""
     fleet, i, layout, point, seed = args
-    from capacity.model.card import load_named_card
-    from capacity.model.gpus import get_gpu
-    from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.sim.autoscale import AutoscaleConfig
-
     t0 = time.perf_counter()
     m: DayModel = fleet.models[i]
     card = load_named_card(m.model)
@@ -195,8 +188,6 @@ def _day_run(args: tuple) -> dict[str, Any]:
 
 def shared_check(fleet: DayFleet, gpus: int, seed: int = 0) -> dict[str, Any]:
     """Every model at its peak rate at once on `gpus` shared GPUs (capacity.plan.colocate's shared layout)."""
-    from capacity.plan.colocate import Fleet, FleetModel, simulate_fleet
-
     models = []
     for m in fleet.models:
         peak = m.workload.total_curve().max_rate
@@ -214,9 +205,6 @@ def _say(progress: bool, msg: str) -> None:
 def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, progress: bool = False,
               shared: bool = True) -> dict[str, Any]:
     """The whole comparison (see the module docstring) as a JSON-ready report."""
-    from capacity.files import strict_json
-    from capacity.model.card import load_named_card
-
     t0 = time.perf_counter()
     for i, m in enumerate(fleet.models):  # every model's requests fit its context, before any simulation
         card = load_named_card(m.model)
@@ -242,8 +230,6 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
             _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
     else:
         from concurrent.futures import as_completed
-
-        from capacity.plan.executors import stop_pool, worker_pool
 
         pool = worker_pool(n_workers)  # workers that die with the command (SIGTERM, SIGKILL, Ctrl-C, an error)
         try:

@@ -17,7 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from capacity.cost.parallel import Layout, check_layout
+from capacity.engine import get_engine
+from capacity.engine.budget import check_tp
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
+from capacity.plan.planner import Planner
 from capacity.units import GiB
 
 
@@ -72,10 +75,6 @@ class LayoutResult:
 
 def compare_layouts(sc, card, ex, layouts: list[Layout]) -> tuple[list[LayoutResult], LayoutResult | None]:
     """Every layout's budget and rate search; the winner: the highest rate under the SLOs (None: none passes)."""
-    from capacity.engine import get_engine
-    from capacity.engine.budget import check_tp
-    from capacity.plan.planner import Planner
-
     out: list[LayoutResult] = []
     for lay in layouts:
         r = LayoutResult(lay)

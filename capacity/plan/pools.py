@@ -15,6 +15,7 @@ from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.pipeline import Deployment, RunOptions, run
 from capacity.workload import Arrivals, Lengths, RequestClass, WorkloadSpec, context_of
 
 
@@ -40,8 +41,6 @@ def size_pools(card: ModelCard, gpu: GPU, engine: EngineConfig, *, interactive_r
                slo_tpot_s: float, batch_deadline_s: float, max_replicas: int = 64, requests: int = 2000, seed: int = 0,
                price_per_gpu_hour: float | None = None,
                progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    from capacity.pipeline import Deployment, RunOptions, run
-
     for name, v in (("interactive rate", interactive_rate), ("batch rate", batch_rate), ("TTFT SLO", slo_ttft_s),
                     ("TPOT SLO", slo_tpot_s), ("batch deadline", batch_deadline_s)):
         if not (math.isfinite(v) and v > 0):

@@ -7,6 +7,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from capacity.cost.factory import DEFAULT_GPU, profile_gpu
+from capacity.cost.profile import resolve_profile
 from capacity.engine.config import EngineConfig
 from capacity.errors import ConfigError
 from capacity.files import read_mapping, validate
@@ -94,8 +96,6 @@ class Scenario(_Strict):
     @field_validator("profile")
     @classmethod
     def _profile_path(cls, v: str | None) -> str | None:
-        from capacity.cost.profile import resolve_profile
-
         if v is None:
             return v
         try:
@@ -114,10 +114,7 @@ class Scenario(_Strict):
         if self.gpu is not None:
             return self.gpu
         if self.profile is not None:
-            from capacity.cost.factory import profile_gpu
-
             return profile_gpu(self.profile)
-        from capacity.cost.factory import DEFAULT_GPU
 
         return DEFAULT_GPU
 

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
+from capacity import __version__
+from capacity.engine.config import EngineConfig
+from capacity.files import validate
+from capacity.model.card import ModelCard
+from capacity.model.gpus import resolve_gpu
+from capacity.pipeline import Deployment, RunOptions, run
 from capacity.sim.metrics import Dist
+from capacity.workload import WorkloadSpec
 
 RESULT_SCHEMA = 6  # bump when TaskResult changes shape: older cache entries are then recomputed (6: the JSON generated)
 
@@ -30,8 +37,6 @@ class SimTask:
     def key(self) -> str:
         import hashlib
         import json
-
-        from capacity import __version__
 
         d = {**self.__dict__, "v": __version__, "schema": RESULT_SCHEMA, "code": code_fingerprint()}
         if self.profile:  # the profile's contents, not just its name, decide the result
@@ -113,13 +118,6 @@ def _adapter() -> TypeAdapter[TaskResult]:
 
 def run_task(task: SimTask) -> TaskResult:
     """Run one simulation through the pipeline (in any process)."""
-    from capacity.engine.config import EngineConfig
-    from capacity.files import validate
-    from capacity.model.card import ModelCard
-    from capacity.model.gpus import resolve_gpu
-    from capacity.pipeline import Deployment, RunOptions, run
-    from capacity.workload import WorkloadSpec
-
     dep = Deployment(ModelCard.model_validate(task.card), resolve_gpu(task.gpu),
                      validate(EngineConfig, task.engine, "engine"), profile=task.profile, replicas=task.replicas,
                      router=task.router)  # type: ignore[arg-type]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
+from capacity.model.weights import weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES
 
 if TYPE_CHECKING:
@@ -25,8 +26,6 @@ NOT_READ_PER_TOKEN = ("embed_tokens", "rope_cache")  # a token reads one row of 
 
 def weight_read_bytes(card, tp: int) -> float:
     """Bytes one rank reads per decode step at batch 1 (a dense model: every linear weight and the LM head)."""
-    from capacity.model.weights import weight_bytes_per_rank
-
     return sum(v for k, v in weight_bytes_per_rank(card, tp).items() if k not in NOT_READ_PER_TOKEN)
 
 

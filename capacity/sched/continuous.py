@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.sched.base import NAN, Seq, Step, accept_drafts
-from capacity.sched.kv import make_kv_manager
+from capacity.sched.kv_factory import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.sched.stretch import DecodeStretches
 from capacity.workload import Request

@@ -2,19 +2,16 @@
 `BlockPool`). Schedulers ask it for slots and hand sequences back; they never count blocks themselves.
 
 Blocks are paged: a sequence with `computed + new` tokens needs ceil((computed + new) / block_size) blocks.
-`make_kv_manager` picks the manager: this plain one; `capacity.sched.prefix_cache`'s with vLLM's block-level
-prefix cache (enable_prefix_caching); or the hybrid one below for models with sliding-window layers.
+`capacity.sched.kv_factory.make_kv_manager` picks the manager: this plain one; `capacity.sched.prefix_cache`'s
+with vLLM's block-level prefix cache (enable_prefix_caching); or the hybrid one below for models with
+sliding-window layers.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 from mypy_extensions import mypyc_attr
 
 from capacity.errors import ConfigError
-
-if TYPE_CHECKING:
-    from capacity.sched.base import Seq
+from capacity.sched.base import Seq
 
 
 class BlockPool:
@@ -142,8 +139,6 @@ class KVCacheManager:
     def detach(self, seq: Seq) -> Seq:
         """Move the sequence's blocks to a stand-in that holds them until `free(stand-in)`, leaving the sequence
         with none: a finished prefill whose KV waits to be read by a decode replica (the sequence goes on there)."""
-        from capacity.sched.base import Seq
-
         h = Seq(seq.req)
         h.blocks, h.shared_blocks, h.kv_capacity = seq.blocks, seq.shared_blocks, seq.kv_capacity
         seq.blocks = seq.shared_blocks = seq.kv_capacity = 0
@@ -302,22 +297,3 @@ def longest_stretch(kv: KVCacheManager, running: list[Seq], k: int, avail: int) 
         else:
             hi = mid - 1
     return lo
-
-
-def make_kv_manager(num_blocks: int, block_size: int, prefix_caching: bool = False,
-                    groups: tuple[int, ...] | None = None, budget: int | None = None) -> KVCacheManager:
-    """The plain manager, or the hybrid one for a sliding-window layout (prefix caching is not modelled there)."""
-    if groups is None and prefix_caching:
-        from capacity.sched.prefix_cache import PrefixCachingKVCacheManager
-
-        if num_blocks <= 0 or block_size <= 0:
-            raise ConfigError(f"num_blocks and block_size must be > 0 (got {num_blocks}, {block_size})")
-        return PrefixCachingKVCacheManager(num_blocks, block_size)
-    if groups is None:
-        return KVCacheManager(num_blocks, block_size)
-    if prefix_caching:
-        raise ConfigError("prefix caching with sliding-window layers (vLLM's hybrid KV allocator) is not modelled: "
-                          "set enable_prefix_caching false for this model")
-    if num_blocks <= 0 or block_size <= 0:
-        raise ConfigError(f"num_blocks and block_size must be > 0 (got {num_blocks}, {block_size})")
-    return HybridKVCacheManager(num_blocks, block_size, groups, budget)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.errors import ConfigError
 from capacity.sched.base import QueueView, Seq, Step
-from capacity.sched.kv import make_kv_manager
+from capacity.sched.kv_factory import make_kv_manager
 from capacity.sched.queues import FCFSQueue
 from capacity.workload import Request
 

@@ -23,7 +23,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from capacity.errors import CapacityError
+from capacity.errors import CapacityError, require
+from capacity.files import write_atomic
+from capacity.truth.runfile import check_run
 
 LATENCY = ("ttft", "tpot", "e2e")
 STATS = ("mean", "p50", "p90", "p95", "p99")
@@ -45,8 +47,6 @@ class Requests:
 
     @classmethod
     def of_run(cls, run: dict, label: str = "") -> Requests:
-        from capacity.truth.runfile import check_run
-
         check_run(run, label or "run")  # the times of every request in order, its counts whole numbers
         ok = [r for r in run["requests"] if r.get("status") == "ok"]
         if len(ok) < MIN_REQUESTS:
@@ -246,11 +246,8 @@ def write_plot(a: Requests, b: Requests, path: str, names: tuple[str, str] = ("A
     """`.html`: a standalone plotly page (the dashboard's figure); `.png`: the same overlays drawn by matplotlib,
     an image a CI job can attach to a comment. (plotly's own PNG export drives a headless Chrome through kaleido,
     which failed here with the installed browser bindings: matplotlib needs no browser.)"""
-    from capacity.errors import require
-
     if path.endswith(".html"):
         require("plotly", "dashboard", "--plot")
-        from capacity.files import write_atomic
 
         write_atomic(path, cdf_figure(a, b, names).to_html(include_plotlyjs="cdn"), "--plot")
     elif path.endswith(".png"):
@@ -281,8 +278,6 @@ def _cdf_png(a: Requests, b: Requests, path: str, names: tuple[str, str]) -> Non
     axes[0].set_ylabel("share of requests")
     axes[0].legend(loc="lower right", fontsize=8)
     import io
-
-    from capacity.files import write_atomic
 
     buf = io.BytesIO()  # drawn in memory, then written all or nothing
     fig.savefig(buf, dpi=110, format="png")

@@ -25,8 +25,14 @@ from pathlib import Path
 import numpy as np
 
 from capacity.cost.step import LinearCost
+from capacity.engine import SchedLimits, get_engine
+from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError
+from capacity.files import read_json, short, write_atomic
+from capacity.pipeline import RunOptions, simulate_requests
 from capacity.sim.metrics import summarize
+from capacity.truth.loadtest import summarize_run
+from capacity.truth.runfile import load_run as load
 from capacity.workload import Request
 
 STATS = ("p50", "p90", "p99")
@@ -35,8 +41,6 @@ METRICS = (("ttft_s", "TTFT"), ("tpot_s", "TPOT"), ("itl_s", "ITL"), ("e2e_s", "
 
 def load_run(path: str | Path) -> dict:
     """A run file checked for what a fit replays (capacity.truth.runfile)."""
-    from capacity.truth.runfile import load_run as load
-
     return load(path, fit=True)
 
 
@@ -58,9 +62,6 @@ def replay(run: dict) -> list[Request]:
 def scheduler_for(sched_kw: dict):
     """The engine's scheduler for a fit's limits (blocks, block size, token budget, batch cap): the vLLM engine
     model's V1 scheduler, built the way a simulated deployment builds it."""
-    from capacity.engine import SchedLimits, get_engine
-    from capacity.engine.config import EngineConfig
-
     limits = SchedLimits(int(sched_kw["max_num_seqs"]), int(sched_kw["max_num_batched_tokens"]),
                          int(sched_kw["block_size"]), int(sched_kw["num_blocks"]), None)
     # the engines fitted here run on a CPU, where vLLM schedules synchronously (its CPU build turns async off)
@@ -71,8 +72,6 @@ def scheduler_for(sched_kw: dict):
 def simulate_run(run: dict, cost, sched_kw: dict, seed: int = 0, frontend_s: float = 0.0, timeseries: bool = False):
     """Simulate the run's requests with the fit's limits; with `frontend_s`, each request passes a front-end
     delay of that length before the scheduler, counted in its TTFT/E2E (records keep the client's arrival)."""
-    from capacity.pipeline import RunOptions, simulate_requests
-
     return simulate_requests(scheduler_for(sched_kw), cost, replay(run), RunOptions(seed=seed, timeseries=timeseries),
                              frontend_s=frontend_s)
 
@@ -159,8 +158,6 @@ def fit_engine(runs: list[dict], sched_kw: dict | list[dict], attention: str = "
                         loss="soft_l1", f_scale=0.05)
     fit, front = cost_of(res.x), float(np.exp(res.x[k]))
     # Report the fit on the same terms as `compare`: relative error of each run's percentiles.
-    from capacity.truth.loadtest import summarize_run
-
     errs = []
     for run, sk in zip(runs, scheds):
         cmp = compare(summarize_run(run), sim_summary(simulate_run(run, fit, sk, frontend_s=front)))
@@ -235,8 +232,6 @@ def widen_for_drift(unc: dict, drift: float) -> dict:
 def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sources: list[str],
              provenance: dict | None = None, run_engines: list[dict] | None = None) -> None:
     """`provenance`: where the fitted runs were measured (host, server), checked when the fit is applied."""
-    from capacity.files import write_atomic
-
     doc = {"kind": "engine_fit", "schema_version": 1,
            "cost": {**{k: getattr(fit, k) for k in COST_TERMS}, "attention": fit.attention},
            "frontend_s": info.get("frontend_s", 0.0), "scheduler": sched_kw, "fit": info, "runs": sources,
@@ -246,16 +241,12 @@ def save_fit(path: str | Path, fit: LinearCost, info: dict, sched_kw: dict, sour
 
 def fit_provenance(path: str | Path) -> dict | None:
     """The provenance a fit recorded (None for fits written before it was recorded)."""
-    from capacity.files import read_json
-
     d = read_json(Path(path), "engine fit")
     p = d.get("provenance") if isinstance(d, dict) else None
     return p if isinstance(p, dict) else None
 
 
 def load_fit(path: str | Path) -> tuple[LinearCost, dict, float]:
-    from capacity.files import read_json, short
-
     p = Path(path)
     d = read_json(p, "engine fit")
     if not isinstance(d, dict) or d.get("kind") != "engine_fit" or d.get("schema_version") != 1:

@@ -22,8 +22,11 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from capacity.errors import CapacityError
+from capacity.errors import CapacityError, require
 from capacity.sim.metrics import Records, summarize
+from capacity.steady import wait_stats
+from capacity.truth.provenance import host, server_info
+from capacity.truth.utilisation import Sampler
 from capacity.workload import Request
 
 OK, HTTP_ERROR, TIMEOUT, CONN_ERROR, BAD_STREAM, NOT_SENT = "ok", "http_error", "timeout", "connection_error", \
@@ -223,8 +226,6 @@ async def _run(url: str, model: str, requests: list[Request], *, users: int | No
                holder: dict, max_concurrency: int | None = None) -> tuple[list[Outcome], list]:
     import httpx
 
-    from capacity.truth.utilisation import Sampler
-
     outs = [Outcome(r.id, r.arrival_s, r.prompt_tokens, r.output_tokens) for r in requests]
     scrapes: list = []
     quirks = ServerQuirks()
@@ -332,12 +333,10 @@ def run_load(url: str, model: str, requests: list[Request], *, users: int | None
     if max_concurrency is not None and (users or max_concurrency < 1):
         raise CapacityError(f"max_concurrency {max_concurrency}: a cap of at least 1 on an open loop "
                             "(closed-loop users are their own cap)")
-    from capacity.errors import require
 
     for mod in ("httpx", "httpx_sse", "prometheus_client"):
         require(mod, "loadtest", "the load tester")
     url = url.rstrip("/")
-    from capacity.truth.provenance import host, server_info
 
     provenance = {"host": host(), "server": server_info(url) if metrics else {}}
     started = time.time()
@@ -410,8 +409,6 @@ def summarize_run(run: dict, seed: int = 0) -> dict:
     d["outcomes"] = counts(run)
     cap = (run.get("meta") or {}).get("max_concurrency")
     if cap:  # behind the client's cap: how long the successful requests waited for a slot (sent - scheduled)
-        from capacity.steady import wait_stats
-
         d["client_wait"] = wait_stats(np.array([r["sent_s"] - r["scheduled_s"] for r in run["requests"]
                                                 if r["status"] == OK]), cap)
     return d

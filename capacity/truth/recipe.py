@@ -40,6 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from capacity.files import write_atomic
+from capacity.truth.fit import compare, fit_engine, save_fit, sim_summary, simulate_run, widen_for_drift
+from capacity.truth.loadtest import counts, run_load, summarize_run
+from capacity.truth.provenance import server_info
 from capacity.workload import Request
 
 DRIFT_WARN = 0.05  # a spread of the speed checks above which the recipe warns
@@ -67,10 +70,6 @@ def probes(engine: dict, max_model_len: int | None = None, scale: float = 1.0) -
 def run_recipe(url: str, model: str, engine: dict, out_dir: Path, *, attention: str = "per_sequence",
                scale: float = 1.0, warmup: int = 3, timeout_s: float = 120.0, say=print) -> dict:
     """Measure the probes and the held-out run, fit, check; writes every run, the fit and a report to `out_dir`."""
-    from capacity.truth.fit import compare, fit_engine, save_fit, sim_summary, simulate_run, widen_for_drift
-    from capacity.truth.loadtest import counts, run_load, summarize_run
-    from capacity.truth.provenance import server_info
-
     url = url.rstrip("/")
     info = server_info(url)
     mml = next((m.get("max_model_len") for m in info.get("models", []) if isinstance(m.get("max_model_len"), int)),

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from capacity.errors import CapacityError
+from capacity.files import read_json
 
 TIMES = ("sent_s", "first_token_s", "finish_s")  # in this order, each >= the one before
 COUNTS = ("output_tokens",)
@@ -103,7 +104,5 @@ def check_run(run: Any, where: str, fit: bool = False) -> dict:
 
 def load_run(path: str | Path, fit: bool = False) -> dict:
     """A run file, read (bounded) and checked."""
-    from capacity.files import read_json
-
     p = Path(path)
     return check_run(read_json(p, "run file"), str(p), fit)
