@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from pydantic import TypeAdapter
 
-from capacity import __version__
+import capacity
 from capacity.engine.config import EngineConfig
 from capacity.files import validate
 from capacity.model.card import ModelCard
@@ -38,7 +38,8 @@ class SimTask:
         import hashlib
         import json
 
-        d = {**self.__dict__, "v": __version__, "schema": RESULT_SCHEMA, "code": code_fingerprint()}
+        # the version is read at call time: a new version never reuses old results
+        d = {**self.__dict__, "v": capacity.__version__, "schema": RESULT_SCHEMA, "code": code_fingerprint()}
         if self.profile:  # the profile's contents, not just its name, decide the result
             from pathlib import Path
 
