@@ -25,7 +25,7 @@ import random
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -99,7 +99,7 @@ def main() -> None:
 
     tok = tokenizers.Tokenizer.from_file(args.tokenizer_json)
     res = {"command": "python bench/frontend_cost.py " + " ".join(sys.argv[1:]),
-           "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "date": datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
            "host": {"cpu": host_cpu(), "python": platform.python_version(), "tokenizers": tokenizers.__version__},
            "tokenizer": {"file": args.tokenizer_json, "vocab": tok.get_vocab_size()},
            "tokenisation": {k: measure(tok, texts_of(tok, k), args.repeats) for k in ("random", "prose")},

@@ -29,7 +29,7 @@ conservative end:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypedDict
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
@@ -37,6 +37,12 @@ if TYPE_CHECKING:
 # (low, high) of each measured range; the engine uses the high (conservative) end
 TOKENISE_US_PER_TOKEN = (1.03, 1.89)  # bench/results/frontend.json, "tokenisation", fastest <= 1024 tokens
 PER_REQUEST_MS = {"vllm": (13.4, 14.4), "sglang": (0.0, 0.0), "trtllm": (0.0, 0.0)}  # recipe fits (vLLM only)
+
+
+class SimTerms(TypedDict):
+    """The SimConfig fields of the front end."""
+    frontend_s: float
+    frontend_s_per_input_token: float
 
 
 def family(engine: str) -> str:
@@ -64,10 +70,10 @@ def terms(cfg: EngineConfig) -> tuple[float, float]:
     return ms / 1e3, us / 1e6
 
 
-def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> dict[str, float]:
+def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> SimTerms:
     """The SimConfig fields of the front end: the engine's, plus `extra_s` of the deployment's own (a proxy)."""
     per_req, per_tok = terms(cfg)
-    return {"frontend_s": extra_s + per_req, "frontend_s_per_input_token": per_tok}
+    return SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
 
 
-__all__ = ["PER_REQUEST_MS", "TOKENISE_US_PER_TOKEN", "defaults", "family", "sim_terms", "terms"]
+__all__ = ["PER_REQUEST_MS", "SimTerms", "TOKENISE_US_PER_TOKEN", "defaults", "family", "sim_terms", "terms"]
