@@ -6,14 +6,17 @@ import numpy as np
 import pytest
 import simpy
 
+from capacity.cost.roofline import RooflineCost
 from capacity.cost.step import LinearCost
 from capacity.engine import frontend
 from capacity.engine.config import EngineConfig
 from capacity.errors import CapacityError
+from capacity.model.card import load_model_card
+from capacity.model.gpus import get_gpu
 from capacity.sched import make_scheduler
 from capacity.sim.routing import Delay
 from capacity.sim.simulator import SimConfig, simulate
-from capacity.workload import Request
+from capacity.workload import Arrivals, Lengths, Request, WorkloadSpec
 from tests.conftest import ROOT, run_cli
 
 CB = dict(max_num_seqs=8, max_num_batched_tokens=8192, block_size=16, num_blocks=10_000)
@@ -120,3 +123,21 @@ def test_cli_shift_is_the_front_end():
 
     off = ttft("--frontend-ms", "0", "--frontend-us-per-token", "0")
     assert ttft() - off == pytest.approx(0.0144 + 1.89e-6 * 1024, abs=1e-9)
+
+
+@pytest.mark.parametrize("kind", ["closed", "poisson"])
+def test_fast_forward_is_exact_with_a_tokeniser_queue(kind):
+    """Varied prompts through the per-token front end: the fast path's horizon (arrival + the per-request part, a
+    lower bound of any request's entry) keeps it identical to one step at a time."""
+    cost = RooflineCost(load_model_card(ROOT / "models/llama-3.1-8b.yaml"), get_gpu("h100-sxm"))
+    arr = Arrivals(kind="closed", users=6, think_s=0.02) if kind == "closed" else Arrivals(kind="poisson",
+                                                                                         rate_per_s=20.0)
+    spec = WorkloadSpec(arrivals=arr, input_len=Lengths(kind="uniform", low=64, high=8000),
+                        output_len=Lengths(kind="uniform", low=16, high=300), num_requests=300)
+    fast, slow = (simulate(spec, cost, lambda: make_scheduler("continuous", **dict(CB, max_num_seqs=16)),
+                           np.random.default_rng(3), SimConfig(fast_forward=f, frontend_s=0.004,
+                                                               frontend_s_per_input_token=5e-6))
+                  for f in (True, False))
+    assert fast.steps == slow.steps and fast.events < slow.events
+    for attr in ("arrival", "first_token", "finish"):
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
