@@ -141,3 +141,18 @@ def test_fast_forward_is_exact_with_a_tokeniser_queue(kind):
     assert fast.steps == slow.steps and fast.events < slow.events
     for attr in ("arrival", "first_token", "finish"):
         np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+
+
+def test_littles_law_counts_the_front_end():
+    """A request is in the system from its send: the time-in-system integral equals lambda x W with W timed from
+    the client's send, the front end included (it read 16 ms x lambda short before)."""
+    from capacity.sim.simulator import littles_law
+
+    cost = RooflineCost(load_model_card(ROOT / "models/llama-3.1-8b.yaml"), get_gpu("h100-sxm"))
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=10.0),
+                        input_len=Lengths(kind="uniform", low=64, high=4000), output_len=Lengths(kind="fixed", value=50),
+                        num_requests=300)
+    res = simulate(spec, cost, lambda: make_scheduler("continuous", **dict(CB, max_num_seqs=16)),
+                   np.random.default_rng(1), SimConfig(frontend_s=0.0144, frontend_s_per_input_token=1.89e-6))
+    L, lam_w = littles_law(res)
+    assert L == pytest.approx(lam_w, rel=1e-9)

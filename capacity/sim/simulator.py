@@ -229,7 +229,7 @@ class Simulation:
         front = cfg.frontend_s > 0 or cfg.frontend_s_per_input_token > 0
         if front and self.routers:
             raise CapacityError("a front-end delay in a fleet of several models is not modelled")
-        self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if front else None
+        self.delay = Delay(self.env, cfg.frontend_s, self.front_done) if front else None
         self.tok_s = cfg.frontend_s_per_input_token
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
@@ -252,11 +252,16 @@ class Simulation:
         """A request leaves its client: through the front-end delay, if any, to the router (its service's)."""
         self.entered += 1
         if self.delay is not None:
+            self.recorder.count(+1)  # in the system from its send: Little's law counts its time in the front end
             self.delay.put(req, self.tok_s * req.prompt_tokens)
         elif self.routers:
             self.routers[req.service].dispatch(req)
         else:
             self.router.dispatch(req)
+
+    def front_done(self, req: Request) -> None:
+        self.recorder.count(-1)  # through the front end: the replica (or the router's queue) counts it from here
+        self.router.dispatch(req)
 
     def next_entry_s(self) -> float:
         """When the next request can reach a scheduler: the fast path must not run past it."""

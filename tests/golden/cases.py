@@ -189,8 +189,10 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # mean TTFT, E2E and queue wait +16.3354 ms), simulate_priority +16.17 ms (its prompts' mean, 936 tokens),
 # simulate_kv_pressure +22.04 ms (2,048-6,000-token prompts: 4,043 tokens); where arrivals meet other batches at
 # the engine the shift is within ~1 ms of that (simulate_continuous +16.64, simulate_profile +16.30, simulate_closed
-# +16.57, simulate_prefix +17.75 ms), and static batching's window collects other batches (simulate_static +30.6 ms
-# mean TTFT). TPOT, ITL and tokens/s move by under 0.2% (simulate_closed's TPOT -1.1% and requests/s -0.3%: its 48
+# +16.57, simulate_prefix +17.75 ms), and static batching's window is timed from the client's send (capacity/sched/static.py reads
+# req.arrival_s), so a request that reaches it 16 ms late has 16 ms less of its 50 ms window left and
+# batches form differently (simulate_static +30.6 ms mean TTFT). littles_law.L now counts a request from its send (the
+# front end included), so it equals lambda_W as before. TPOT, ITL and tokens/s move by under 0.2% (simulate_closed's TPOT -1.1% and requests/s -0.3%: its 48
 # users each spend 16 ms per request in the front end, so fewer are in the engine); closed-loop capacity checks
 # fall 0.1-0.4% for the same reason (plan_small's capacity 20.71 -> 20.64 req/s). The plans recommend the same
 # configuration (batch caps, context, replicas); their TTFT figures grow by the front end (plan_small's recommended
