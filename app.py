@@ -179,7 +179,7 @@ def sidebar():
     seqs = control(sb, ctl["max_num_seqs"], key="seqs")
     max_len = control(sb, ctl["max_model_len"], key="max_len")
     mnbt = control(sb, ctl["max_num_batched_tokens"])
-    from capacity.engine.vllm_release import LAST_PATCH
+    from capacity.engine.vllm.release import LAST_PATCH
 
     releases = ["vllm"] + [f"vllm@{a}.{b}" for (a, b) in sorted(LAST_PATCH, reverse=True) if (a, b) >= (0, 10)]
     release = control(sb, ctl["engine"], options=[*releases, "sglang", "trtllm"])

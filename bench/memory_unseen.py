@@ -163,7 +163,7 @@ def family(engine: str) -> str:
     consumed since init), V0 0.6.4-0.10, V1 0.7-0.16, V1 0.17+; SGLang; TensorRT-LLM."""
     if not engine.startswith("vllm"):
         return engine.split("@")[0]
-    from capacity.engine.vllm_release import parse_engine, release
+    from capacity.engine.vllm.release import parse_engine, release
 
     _, v, runner = parse_engine(engine)
     rel = release(v, runner)

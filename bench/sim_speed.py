@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -173,6 +174,7 @@ def main() -> int:
                           "finished": int(np.isfinite(res.records.finish).sum())}))
         return 0
 
+    load_start = os.getloadavg()  # other work on the machine: ratios are only as good as the runs were alike
     fast, wall_fast = run(args.requests, True)
     slow, wall_slow = run(args.slow_requests, False)
     rng = np.random.default_rng(0)
@@ -258,12 +260,15 @@ def main() -> int:
               f"peak RSS for {args.memory_requests:,} requests: {mem['maxrss_kib'] / 1024:.0f} MiB (target <= 500); "
               f"p99 TTFT {sf.ttft_s.p99 * 1e3:.1f} ms, p99 TPOT {sf.tpot_s.p99 * 1e3:.2f} ms")
     out = {"workload": "llama-3.1-8b roofline h100-sxm, 1024/256, poisson 4/s, max_num_seqs 128", "cpu": cpu,
-           "build": build,
+           "cores": os.cpu_count(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+           "load_avg_1_5_15_start": load_start, "load_avg_1_5_15_end": os.getloadavg(), "build": build,
+           "peer_rounds": args.peer_rounds if args.peer else 0,
            "requests": args.requests, "wall_s_fast": wall_fast, "sim_req_per_s_fast": rate_fast,
            "wall_s_step_by_step": wall_slow, "sim_req_per_s_step_by_step": rate_slow,
            "peers_side_by_side": peers, "ratios_side_by_side": ratios, "peers_recorded": PEERS,
            "max_rel_metric_diff_fast_vs_step": worst, "max_rel_diff_at": worst_at,
-           "max_abs_metric_diff_fast_vs_step_s": worst_abs, "clock_last_s": horizon, "clock_ulp_s": ulp, "events_fast": fast.events, "events_step": slow.events,
+           "max_abs_metric_diff_fast_vs_step_s": worst_abs, "clock_last_s": horizon, "clock_ulp_s": ulp,
+           "events_fast": fast.events, "events_step": slow.events,
            "peak_rss_mib_100k": mem["maxrss_kib"] / 1024, "memory_run_requests": args.memory_requests,
            "memory_met": mem["maxrss_kib"] / 1024 <= 500}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

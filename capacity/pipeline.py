@@ -15,7 +15,6 @@ caller that brings its own scheduler limits and cost (the engine fit of `capacit
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -24,7 +23,7 @@ import numpy as np
 from capacity import steady as steady_notes
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.state_space import state_note
-from capacity.engine import EngineModel, MemoryBudget, SchedLimits, frontend, get_engine, speculative
+from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
 from capacity.engine.config import EngineConfig
 from capacity.engine.offload import offloading
 from capacity.errors import CapacityError, ConfigError
@@ -99,7 +98,7 @@ class Prepared:
     engine_model: EngineModel
     budget: MemoryBudget
     cost: object  # a StepCost
-    make_scheduler: Callable[[], object]
+    make_scheduler: SchedulerFactory
 
     @property
     def cost_source(self) -> str:
@@ -226,13 +225,13 @@ def check_policy(engine: EngineConfig, workload: WorkloadSpec) -> None:
                           "(workload.classes[].priority, e.g. interactive 0 and batch 1)")
 
 
-def simulate_requests(make_scheduler: Callable[[], object], cost, workload: WorkloadSpec | list[Request],
+def simulate_requests(make_scheduler: SchedulerFactory, cost, workload: WorkloadSpec | list[Request],
                       opts: RunOptions = RunOptions(), *, replicas: int = 1, router: str = "round_robin",
                       frontend_s: float = 0.0) -> SimResult:
     """Step 4 alone: simulate with a given scheduler builder and cost."""
     cfg = SimConfig(replicas=replicas, router=router, fast_forward=opts.fast_forward,  # type: ignore[arg-type]
                     max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=frontend_s)
-    return simulate(workload, cost, make_scheduler, np.random.default_rng(opts.seed), cfg)  # type: ignore[arg-type]
+    return simulate(workload, cost, make_scheduler, np.random.default_rng(opts.seed), cfg)
 
 
 # KV transfer links between a prefill and a decode replica: nominal line rate per GPU (each TP rank sends its
@@ -275,7 +274,7 @@ class Disagg:
         from capacity.engine.budget import kv_bytes_per_token
 
         per_token = kv_bytes_per_token(prefill.card, decode.budget.kv_dtype, 1)  # the whole model's, all ranks
-        return Disaggregation(prefill.replicas, self.decode.replicas, decode.cost, decode.make_scheduler,  # type: ignore[arg-type]
+        return Disaggregation(prefill.replicas, self.decode.replicas, decode.cost, decode.make_scheduler,
                               float(per_token), per_gpu * lanes, self.latency_s if self.latency_s is not None else lat,
                               "shared" if self.shared_link else "per_prefill", self.decode.autoscale)
 
@@ -372,7 +371,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries,
                     autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s))
-    sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)  # type: ignore[arg-type]
+    sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)
     rec = sim.records
     offline = workload.arrivals.kind == "offline"
     n_warm = 0 if offline else warmup_requests(len(rec), opts.warmup_fraction, workload)

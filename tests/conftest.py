@@ -108,3 +108,35 @@ def children(pid: int) -> list[int]:
             if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
                 out.append(int(d.name))
     return out
+
+
+# Tiers, like the packages' layers (docs/ci.md): each test file's main subject, so one tier runs alone
+# (`pytest -m unit`, `-m engine_oracle`, `-m end_to_end`; `-m 'unit or engine_oracle'` leaves out the CLI, the
+# dashboard and the documented commands). A test that carries a tier marker itself keeps it.
+#   unit: functions and modules by hand (cards, memory, costs, workloads, schedulers' rules, views), in process;
+#   engine_oracle: the model against what engines and published runs did (recorded scheduler traces, start-up
+#     logs, golden outputs, closed-form queueing, measured tables); .ci/run runs its simulator part in pure Python;
+#   end_to_end: the commands, the dashboard, files and processes as a user meets them.
+TIERS = {
+    "unit": """autoscale autoscale_bound compare compute_dtype costs dashboard_views decode_floor expert_parallel
+        gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
+        model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
+        traces validate vision_requests whole_numbers workload workload_curve engine_release trtllm_limits
+        sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie
+        task_result_json""",
+    "engine_oracle": """golden prefix_cache_golden scheduler sglang_sched sglang_scheduler_trace vllm_scheduler_trace
+        simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen sglang sglang_startup_v3
+        trtllm mlperf serving_unseen gemm_efficiency gemm_floor bundled_profiles card_golden""",
+    "end_to_end": """adversarial app autoscale_views browser cli docs_commands export fidelity fleetday launch
+        loadtest manifests pipeline plan_answers plan_compare planner progress reliability reliability_io
+        tiers engine_settings""",
+}
+TIER_OF = {f"test_{name}.py": tier for tier, names in TIERS.items() for name in names.split()}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not any(item.get_closest_marker(t) for t in TIERS):
+            tier = TIER_OF.get(item.path.name)
+            if tier is not None:
+                item.add_marker(tier)

@@ -10,8 +10,8 @@ from capacity.engine import get_engine
 from capacity.engine import memory as mem
 from capacity.engine.budget import SchedLimits
 from capacity.engine.config import EngineConfig
-from capacity.engine.vllm import kv_groups
-from capacity.engine.vllm_release import CURRENT, parse_engine, release
+from capacity.engine.vllm.layout import kv_groups
+from capacity.engine.vllm.release import CURRENT, parse_engine, release
 from capacity.errors import ConfigError
 from capacity.model.card import load_model_card, resolve_model_path
 from capacity.model.gpus import get_gpu, with_memory

@@ -147,10 +147,10 @@ def test_dp2_doubles_the_kv_pools():
         pools = sorted({int(x) for x in r.sim.timeseries[:, 4]})
         runs[dp] = (pools, r.sim.kv_blocks_total, p.budget.planning_blocks)
     assert runs[1][0] == [0] and runs[2][0] == [0, 1]
-    for dp in (1, 2):  # each pool the budget's blocks but V1's null block (capacity/engine/vllm.py)
+    for dp in (1, 2):  # each pool the budget's blocks but V1's null block (capacity/engine/vllm/engine.py)
         assert runs[dp][1] == runs[dp][2] - 1
     # the KV across the pools doubles; a rank's own budget is a little smaller at dp 2 (the multi-GPU non-torch
-    # memory, NCCL buffers, that a single-GPU engine does not allocate: capacity/engine/vllm_nontorch.py)
+    # memory, NCCL buffers, that a single-GPU engine does not allocate: capacity/engine/vllm/nontorch.py)
     assert 0.95 < runs[2][1] / runs[1][1] < 1.0
     assert 1.9 < len(runs[2][0]) * runs[2][1] / runs[1][1] < 2.0
 

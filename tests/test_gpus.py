@@ -56,7 +56,7 @@ MORE = {"rtx-a6000": 86, "a40": 86, "l40": 89, "rtx-6000-ada": 89, "rtx-4080": 8
 
 @pytest.mark.parametrize("name", MORE)
 def test_more_gpus_arch_and_memory(name):
-    from capacity.engine.vllm_layout import compute_capability
+    from capacity.engine.vllm.layout import compute_capability
 
     g = get_gpu(name)
     assert compute_capability(g) == MORE[name]

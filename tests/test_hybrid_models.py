@@ -7,8 +7,8 @@ import pytest
 
 from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
-from capacity.engine.vllm_layout import hybrid_block_size, mamba_page_bytes
-from capacity.engine.vllm_release import release
+from capacity.engine.vllm.layout import hybrid_block_size, mamba_page_bytes
+from capacity.engine.vllm.release import release
 from capacity.errors import ConfigError
 from capacity.model.card import load_model_card
 from capacity.model.gpus import get_gpu
@@ -58,7 +58,7 @@ def test_state_sizes_by_hand():
 def test_sglang_state_pool():
     """SGLang 0.5.5: a Qwen3-Next request's state at TP 4 is 36 layers x (6,144 conv x 2 B + 131,072 SSM x 4 B)
     = 19,316,736 B; with the radix cache the KV pool gets 1/1.9 of what the state and KV pools share."""
-    from capacity.engine.sglang_memory import sglang_budget
+    from capacity.engine.sglang.memory import sglang_budget
 
     nxt = load_model_card(V3 / "qwen3-next-80b-a3b-thinking.json")
     b = sglang_budget(nxt, get_gpu("h100-sxm"), 4, release="0.5.5", context_len=32768)

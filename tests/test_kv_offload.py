@@ -38,14 +38,17 @@ def test_host_link_by_gpu():
 
 
 def test_the_cli_reports_the_tier_it_was_given():
-    r = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rate", "2", "-n", "60", "--prefix-caching",
+    """The tier's size, block load time and link as given (settings, not simulation results: a short run)."""
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rate", "2", "-n", "20", "--input-len", "512",
+                "--output-len", "64", "--prefix-caching",
                 "--kv-offload-gb", "64", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     k = json.loads(r.stdout)["kv_offload"]
     assert k["host_blocks_per_replica"] == 32_768 and k["block_size"] == 16
     assert k["load_s_per_block"] == pytest.approx(2**21 / 64e9, rel=1e-12)
     assert k["host_link"] == "PCIe 5.0 x16, 64 GB/s"
-    r = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rate", "2", "-n", "60", "--prefix-caching",
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rate", "2", "-n", "20", "--input-len", "512",
+                "--output-len", "64", "--prefix-caching",
                 "--kv-offload-gb", "64", "--host-link-gbps", "25", "--json", timeout=300)
     assert json.loads(r.stdout)["kv_offload"]["load_s_per_block"] == pytest.approx(2**21 / 25e9, rel=1e-12)
 

@@ -10,7 +10,7 @@ import pytest
 from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
 from capacity.engine.launch import launch_fit, model_reference, parse_launch_command
-from capacity.engine.sglang import launch_command as sglang_translation
+from capacity.engine.sglang.engine import launch_command as sglang_translation
 from capacity.errors import ConfigError
 from capacity.model.card import load_named_card
 from capacity.model.gpus import get_gpu

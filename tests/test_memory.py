@@ -5,7 +5,8 @@ import pytest
 
 from capacity.engine import memory as mem
 from capacity.engine.config import EngineConfig
-from capacity.engine.vllm import NON_TORCH_PER_PEER_GIB, cudagraph_capture_sizes
+from capacity.engine.vllm.memory import cudagraph_capture_sizes
+from capacity.engine.vllm.nontorch import NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.gpus import GPU, get_gpu
 from capacity.model.weights import weight_bytes_per_rank

@@ -49,7 +49,7 @@ def test_log_reproduced(case_id):
 
 
 def _is_v1(case_id: str) -> bool:
-    from capacity.engine.vllm_release import parse_engine, release
+    from capacity.engine.vllm.release import parse_engine, release
 
     _, version, runner = parse_engine(CASES[case_id]["engine"])
     return release(version, runner).runner == "v1"
@@ -126,8 +126,8 @@ def test_mxfp4_experts_as_each_kernel_path_stores_them():
     the weights but the checkpoint's scales stay registered: + 777,600 per expert, +0.556 GiB in all, which
     is what the H100 log's 13.47 GiB (against 12.84 counted from the checkpoint) shows. Marlin (before sm90):
     intermediate padded to 2944, hidden to 3072. FlashInfer on sm100: both padded to 3072."""
-    from capacity.engine.vllm_layout import mxfp4_layout
-    from capacity.engine.vllm_release import release
+    from capacity.engine.vllm.layout import mxfp4_layout
+    from capacity.engine.vllm.release import release
     from capacity.model.card import load_model_card
     from capacity.model.gpus import get_gpu
     from capacity.model.weights import weight_bytes_per_rank

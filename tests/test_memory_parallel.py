@@ -6,7 +6,7 @@ import pytest
 
 from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
-from capacity.engine.vllm_layout import _stage_sizes, pp_stages
+from capacity.engine.vllm.layout import _stage_sizes, pp_stages
 from capacity.errors import ConfigError
 from capacity.model.card import load_model_card
 from capacity.model.gpus import get_gpu

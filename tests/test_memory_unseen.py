@@ -95,8 +95,8 @@ def test_hybrid_block_size_as_the_nemotron_log_prints_it():
     = 262,144 fp32 (the config's mamba_ssm_cache_dtype) = 1,063,936 B; one token of one attention layer is 2 x
     (2 // 4 -> 1 head) x 128 x 1 B = 256 B; 16 x cdiv(1,063,936, 16 x 256) = 4,160. The log's 'Padding mamba page
     size by 0.10%' is 4,160 x 256 / 1,063,936 - 1."""
-    from capacity.engine.vllm_layout import hybrid_block_size, mamba_page_bytes
-    from capacity.engine.vllm_release import release
+    from capacity.engine.vllm.layout import hybrid_block_size, mamba_page_bytes
+    from capacity.engine.vllm.release import release
 
     case = DEV["nemo-nemotron3-super-120b-bf16-4xh100pcie-tp4-kvfp8-v0141"]
     card = mu._card(case["inputs"])
@@ -112,7 +112,7 @@ def test_hybrid_block_size_as_the_nemotron_log_prints_it():
 def test_sglang_vision_fraction_as_the_docs_ci_log_prints_it():
     """SGLang's docs CI (the 0.4.9 line): 'mem_fraction_static 0.874', lowered to 0.787 for Qwen2.5-VL: the reserve
     rule on an 80 GB card (9.5 + 1/2 GiB of 81,559 MiB) times 0.90."""
-    from capacity.engine.sglang_memory import default_mem_fraction_static, vlm_fraction_factor
+    from capacity.engine.sglang.memory import default_mem_fraction_static, vlm_fraction_factor
 
     case = DEV["sgldocs-mirror-qwen25-vl-7b-ci"]
     fig = case["log"]["figures"]
@@ -126,8 +126,8 @@ def test_deepseek_before_mla_is_cached_as_multi_head_attention():
     """DeepSeek-Coder-V2-Lite on two L40s (vLLM 0.5.x, fp16): the log's 63,040 KV tokens and 'does not fit' at
     163,840. Before 0.7.1 vLLM caches every head's K and V at head size 256 (deepseek_v2.py): 2 x 8 heads per
     rank x 256 x 2 B x 27 layers = 221,184 B a token, 7.1x MLA's 31,104."""
-    from capacity.engine.vllm_layout import kv_layout_card
-    from capacity.engine.vllm_release import release
+    from capacity.engine.vllm.layout import kv_layout_card
+    from capacity.engine.vllm.release import release
 
     case = DEV["gh6156-deepseek-coder-v2-lite-2xl40-tp2-dnf"]
     card = mu._card(case["inputs"])

@@ -9,7 +9,7 @@ within 2% of the log for the middle, and the conservative end never above the lo
 import pytest
 import yaml
 
-from capacity.engine.sglang import (
+from capacity.engine.sglang.memory import (
     default_chunked_prefill_size,
     default_cuda_graph_max_bs,
     default_mem_fraction_static,
@@ -180,7 +180,7 @@ def test_vision_models_lower_the_default_fraction():
     Llama-3.2-11B-Vision: vision_config 32 layers of 1280 -> ratio 2.083, factor 0.95 x 0.892 = 0.847;
     Qwen2.5-VL states `depth`, not num_hidden_layers: 24 layers of 1280 -> 0.95 x 0.944 = 0.897 (the B200 log's
     0.851 x 0.8966 = 0.763); Gemma-3 runs text-only by default: 1.0; 0.4.9-0.4.9.post2: x 0.90."""
-    from capacity.engine.sglang_memory import vlm_fraction_factor
+    from capacity.engine.sglang.memory import vlm_fraction_factor
     from capacity.model.card import load_model_card
 
     hf = ROOT / "tests" / "data" / "hf"

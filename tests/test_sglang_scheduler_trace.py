@@ -4,7 +4,7 @@ The traces in tests/data/sglang_scheduler/ were recorded by `bench/sglang_schedu
 `sglang.srt.managers.scheduler.Scheduler` with its own `__init__` and runs the body of its `event_loop_normal`
 (no model: a model-less TpModelWorker returns one sampled token per request; the overlap scheduler off, the radix
 cache off but in one trace, where no prompt shares a prefix and finished requests' KV stays evictable). The same
-requests, added before the same steps, go through `capacity.sched.sglang` configured as `capacity/engine/sglang.py`
+requests, added before the same steps, go through `capacity.sched.sglang` configured as `capacity/engine/sglang/engine.py`
 configures it; every step must run the same kind of batch, schedule the same
 tokens for the same requests, retract and finish the same ones, leave the same number of free KV tokens, and end
 with the same new_token_ratio (up to float rounding: SGLang subtracts the decay step by step, capacity computes

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from capacity.engine.sglang_memory import parse_release, pool_tokens, sglang_budget
-from capacity.engine.sglang_mm import runner_mm_factor
+from capacity.engine.sglang.memory import parse_release, pool_tokens, sglang_budget
+from capacity.engine.sglang.mm import runner_mm_factor
 from capacity.model.card import load_model_card
 from capacity.model.gpus import get_gpu
 from tests.conftest import ROOT, run_cli
@@ -21,7 +21,7 @@ GiB = 1 << 30
 
 
 def _line(spec: str) -> tuple[int, int, int, int]:
-    from capacity.engine.sglang_memory import version_key
+    from capacity.engine.sglang.memory import version_key
 
     return version_key(parse_release(spec))
 
@@ -40,7 +40,7 @@ def test_gemma3_awq_refusal_follows_from_the_model_runners_multimodal_cut():
     The model runner of 0.4.4.post2/post3 lists Gemma3ForConditionalGeneration as multimodal and lowers F by x0.95
     (model_runner.py ModelRunner.__init__): F 0.836, rest = 3.64 - 22.46 x 0.164 = -0.0434 GiB, no pool:
     'Not enough memory. Please try to increase --mem-fraction-static.' (init_memory_pool), the issue's title."""
-    from capacity.engine.sglang_memory import MiB, default_chunked_prefill_size, default_mem_fraction_static
+    from capacity.engine.sglang.memory import MiB, default_chunked_prefill_size, default_mem_fraction_static
 
     case = DEV["sglang4895-gemma3-27b-awq-4090-fail"]
     fig = case["figures"]

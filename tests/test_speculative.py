@@ -140,7 +140,7 @@ def test_launch_flags_spell_the_speculation_for_each_engine():
 
 def test_sglang_runs_speculation_without_its_overlap_scheduler():
     from capacity.engine.config import EngineConfig
-    from capacity.engine.sglang import Sglang
+    from capacity.engine.sglang.engine import Sglang
 
     on = EngineConfig(engine="sglang", speculative=spec(method="mtp", num_speculative_tokens=1, acceptance_rate=0.9))
     assert Sglang.overlap_schedule(EngineConfig(engine="sglang")) and not Sglang.overlap_schedule(on)

@@ -13,7 +13,7 @@ from capacity.engine import get_engine
 from capacity.engine.budget import SchedLimits, kv_bytes_per_token
 from capacity.engine.config import EngineConfig
 from capacity.engine.memory import budget
-from capacity.engine.trtllm import CUDA_GRAPH_SIZES, Trtllm, kv_tokens
+from capacity.engine.trtllm.engine import CUDA_GRAPH_SIZES, Trtllm, kv_tokens
 from capacity.errors import ConfigError
 from capacity.model.gpus import get_gpu
 from capacity.model.weights import weight_bytes_per_rank

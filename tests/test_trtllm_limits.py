@@ -1,4 +1,4 @@
-"""TensorRT-LLM's concurrency limits by release (capacity.engine.trtllm_release, capacity.sched.trt_dynamic): the
+"""TensorRT-LLM's concurrency limits by release (capacity.engine.trtllm.release, capacity.sched.trt_dynamic): the
 defaults `trtllm-serve MODEL` runs with per release line, pinned from the code read (each quoted with its file and
 where it was read: docs/trtllm.md, "Defaults by release"); GUARANTEED_NO_EVICT capping concurrency below what the
 pool holds in tokens; the engine backend's dynamic batch size tuning; one-line refusals."""
@@ -9,8 +9,8 @@ import pytest
 from capacity.engine import get_engine
 from capacity.engine.budget import SchedLimits
 from capacity.engine.config import EngineConfig
-from capacity.engine.trtllm import Trtllm
-from capacity.engine.trtllm_release import parse_trtllm
+from capacity.engine.trtllm.engine import Trtllm
+from capacity.engine.trtllm.release import parse_trtllm
 from capacity.errors import ConfigError
 from capacity.sched.trt_dynamic import runtime_batch_size
 from capacity.workload import Request

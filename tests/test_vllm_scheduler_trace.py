@@ -26,7 +26,7 @@ def replay(trace: dict, **override) -> list[dict]:
     kw = dict(max_num_seqs=e["max_num_seqs"], max_num_batched_tokens=e["max_num_batched_tokens"],
               block_size=e["block_size"], num_blocks=e["num_blocks"] - 1,
               prefix_caching=bool(e.get("prefix_caching")), chunked_prefill=e.get("chunked_prefill", True))
-    if e.get("sliding_window"):  # one full-attention and one sliding-window group (capacity.engine.vllm.kv_groups)
+    if e.get("sliding_window"):  # one full-attention and one sliding-window group (capacity.engine.vllm.layout.kv_groups)
         kw["kv_groups"] = (1, 1, -(-(e["sliding_window"] - 1) // e["block_size"]) + 1, e["sliding_window"])
     asy = bool(trace.get("async_scheduling"))
     if asy:  # two batches in flight: the sliding groups' admission reserve counts both

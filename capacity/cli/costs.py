@@ -122,7 +122,7 @@ def step_cost(
 ) -> None:
     """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
     from capacity.cost.step import PrefillChunk, StepPlan
-    from capacity.engine.config import check_tp
+    from capacity.engine.budget import check_tp
     from capacity.limits import check
 
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)

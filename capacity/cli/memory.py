@@ -264,7 +264,7 @@ def engines(json_out: JsonOpt = False) -> None:
     """The vLLM releases the memory model knows (`--engine vllm@X.Y`), how each accounts for start-up memory,
     and whether that accounting was checked against real start-up logs; then the other engines (SGLang's
     releases, TensorRT-LLM)."""
-    from capacity.engine.vllm_release import CURRENT, LAST_PATCH, fmt, release
+    from capacity.engine.vllm.release import CURRENT, LAST_PATCH, fmt, release
 
     rows: list[dict[str, Any]] = []
     for (major, minor), patch in sorted(LAST_PATCH.items()):
@@ -272,10 +272,10 @@ def engines(json_out: JsonOpt = False) -> None:
         rows.append({"engine": f"vllm@{major}.{minor}", "release": fmt(rel.version), "runner": rel.runner,
                      "accounting": rel.accounting, "graphs_in_budget": rel.cuda_graphs_in_budget_default,
                      "checked_against_logs": rel.checked, "current": rel.version == CURRENT})
-    from capacity.engine.sglang import CURRENT as SG_CURRENT
-    from capacity.engine.sglang import RELEASES as SG_RELEASES
-    from capacity.engine.trtllm_release import CURRENT as TRT_CURRENT
-    from capacity.engine.trtllm_release import DEFAULT_BACKEND as TRT_BACKEND
+    from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
+    from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
+    from capacity.engine.trtllm.release import CURRENT as TRT_CURRENT
+    from capacity.engine.trtllm.release import DEFAULT_BACKEND as TRT_BACKEND
 
     others: list[dict[str, Any]] = [
         {"engine": f"sglang@{r}", "release": r, "runner": "pytorch", "accounting": "F x free memory at start",

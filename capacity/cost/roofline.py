@@ -300,7 +300,19 @@ class RooflineCost:
         return out
 
     def step_s(self, plan: StepPlan) -> float:
-        return math.fsum(self.breakdown(plan).values())
+        """The sum of `breakdown`'s terms (fsum: exactly rounded, so in any order): the usual plan's terms without
+        building the dict."""
+        n = plan.num_tokens
+        if n == 0 or self.params.attention != "ideal" or self._state is not None:
+            return math.fsum(self.breakdown(plan).values())
+        gemm, norms, comm, samp = self._terms(n, plan.num_sampled)
+        attn = 0.0  # (as breakdown)
+        for p in plan.prefills:
+            attn += self._chunk_s(p.new_tokens, p.cached_tokens)
+        if plan.decode_contexts:
+            keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
+            attn += keys * self._decode_key_s(plan.decode_queries) + self.params.kernel_launch_s
+        return math.fsum((gemm, self._La * attn, norms, comm, samp, self.params.step_overhead_s))
 
     def decode_line(self, contexts) -> tuple[float, float]:
         """(f0, g): k decode-only steps of the same batch last f0 + g x j (j = 0..k-1). Every term but attention

@@ -3,13 +3,14 @@ How the terms are computed is the engine model's business (`capacity.engine.vllm
 the answer and the arithmetic all engines share (KV bytes per token, blocks, does-not-fit messages)."""
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from capacity.engine.config import check_tp
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.model.weights import weight_bytes_per_rank
+from capacity.sched.base import Scheduler
 from capacity.units import DTYPE_BYTES, GiB
 
 TP_CHOICES = (1, 2, 4, 8, 16)
@@ -149,6 +150,23 @@ class MemoryBudget:
         if self.planning_blocks < reserve:
             return 0
         return (self.planning_blocks - reserve) // held + 1
+
+
+def check_tp(card: ModelCard, tp: int) -> None:
+    """vLLM needs attention heads divisible by tp, and KV heads either divisible by tp or dividing it."""
+    if card.num_attention_heads % tp:
+        raise ConfigError(
+            f"tensor_parallel_size {tp}: num_attention_heads ({card.num_attention_heads}) of {card.name} "
+            f"is not divisible by {tp}"
+        )
+    if card.mla is None and card.num_kv_heads % tp and tp % card.num_kv_heads:
+        raise ConfigError(
+            f"tensor_parallel_size {tp}: num_kv_heads ({card.num_kv_heads}) of {card.name} neither divides "
+            f"nor is divisible by {tp}"
+        )
+
+
+SchedulerFactory = Callable[[], Scheduler]  # builds one replica's scheduler (EngineModel.scheduler_factory)
 
 
 @dataclass(frozen=True)

@@ -255,7 +255,7 @@ class EngineConfig(BaseModel):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from capacity.engine import get_engine
+        from capacity.engine.registry import get_engine
 
         try:
             get_engine(v)
@@ -302,17 +302,3 @@ def resolve_max_model_len(cfg: EngineConfig, card: ModelCard, used: list[str]) -
         raise ConfigError(f"max_model_len {cfg.max_model_len} exceeds the model's max_position_embeddings "
                           f"{card.max_position_embeddings} ({card.name})")
     return cfg.max_model_len
-
-
-def check_tp(card: ModelCard, tp: int) -> None:
-    """vLLM needs attention heads divisible by tp, and KV heads either divisible by tp or dividing it."""
-    if card.num_attention_heads % tp:
-        raise ConfigError(
-            f"tensor_parallel_size {tp}: num_attention_heads ({card.num_attention_heads}) of {card.name} "
-            f"is not divisible by {tp}"
-        )
-    if card.mla is None and card.num_kv_heads % tp and tp % card.num_kv_heads:
-        raise ConfigError(
-            f"tensor_parallel_size {tp}: num_kv_heads ({card.num_kv_heads}) of {card.name} neither divides "
-            f"nor is divisible by {tp}"
-        )

@@ -258,7 +258,7 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
         card = card.with_overrides(weight_dtype="fp8")
     release = engine_release or spec.engine
     if spec.engine == "sglang":
-        from capacity.engine.sglang import parse_release, sglang_budget
+        from capacity.engine.sglang.memory import parse_release, sglang_budget
 
         s = spec.settings
         chunk = s.get("max_num_batched_tokens") if s.get("enable_chunked_prefill", True) else -1
@@ -268,7 +268,7 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
                            chunked_prefill_size=chunk, max_running=s.get("max_num_seqs"),  # type: ignore[arg-type]
                            max_total_tokens=spec.pinned_kv_tokens, page_size=int(s.get("block_size", 1)))  # type: ignore[call-overload]
         return LaunchFit(sb.fits, sb.kv_tokens_low, spec.pinned_kv_tokens, "" if sb.fits else "SGLang's pool")
-    from capacity.engine import get_engine
+    from capacity.engine.registry import get_engine
 
     settings = {k: v for k, v in spec.settings.items() if k != "mem_fraction_static"}
     cfg = EngineConfig(engine=release, tensor_parallel_size=spec.tp, **settings)  # type: ignore[arg-type]

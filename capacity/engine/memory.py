@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import math
 
-from capacity.engine.budget import TP_CHOICES, MemoryBudget, kv_bytes_per_token
-from capacity.engine.config import EngineConfig, check_tp
+from capacity.engine.budget import TP_CHOICES, MemoryBudget, check_tp, kv_bytes_per_token
+from capacity.engine.config import EngineConfig
+from capacity.engine.registry import get_engine
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -19,8 +20,6 @@ __all__ = ["TP_CHOICES", "MemoryBudget", "batch_context_table", "budget", "defau
 
 def budget(card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
     """The VRAM budget as the configuration's engine would reserve it at start-up (DoesNotFit when it cannot)."""
-    from capacity.engine import get_engine
-
     return get_engine(cfg.engine).budget(card, gpu, cfg, check_fit=check_fit)
 
 

@@ -15,13 +15,12 @@ and give --host-link-gbps.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from capacity.engine.budget import MemoryBudget, SchedulerFactory, kv_bytes_per_token
 from capacity.errors import ConfigError
-
-if TYPE_CHECKING:
-    from capacity.engine.budget import MemoryBudget
+from capacity.sched.base import Scheduler
+from capacity.sched.offload import OffloadingKVCacheManager
 
 GEN5 = ("h100", "h200", "h20", "h800", "b200", "gb10", "rtx-5090", "rtx-5080", "rtx-pro-6000", "mi300x", "mi325x")
 GEN3 = ("v100", "t4")
@@ -50,14 +49,12 @@ def tier_size(size_gib: float, tp: int, block_size: int, kv_bytes_per_token_rank
 class Offloading:
     """A scheduler builder whose KV manager has the host tier; `managers` keeps each replica's (for the report)."""
 
-    def __init__(self, factory: Callable[[], Any], host_blocks: int, load_block_s: float, link: str) -> None:
+    def __init__(self, factory: SchedulerFactory, host_blocks: int, load_block_s: float, link: str) -> None:
         self.factory, self.host_blocks, self.load_block_s, self.link = factory, host_blocks, load_block_s, link
         self.managers: list[Any] = []
 
-    def __call__(self) -> Any:
-        from capacity.sched.offload import OffloadingKVCacheManager
-
-        s = self.factory()
+    def __call__(self) -> Scheduler:
+        s: Any = self.factory()  # a scheduler with a paged KV manager (`kv`): the continuous one
         old = s.kv
         kv = OffloadingKVCacheManager(old.num_blocks, old.block_size, self.host_blocks, self.load_block_s)
         kv.lag = old.lag
@@ -77,7 +74,7 @@ class Offloading:
                 "host_hit_tokens": tot["host_hit_blocks"] * bs, "load_s_total": tot["loaded_blocks"] * self.load_block_s}
 
 
-def offloading(factory: Callable[[], Any], dep: Any, b: MemoryBudget) -> Callable[[], Any]:
+def offloading(factory: SchedulerFactory, dep: Any, b: MemoryBudget) -> SchedulerFactory:
     """`factory` itself without `kv_offloading_size`; else an `Offloading` builder (one-line errors where the tier
     is not modelled). `dep`: a capacity.pipeline.Deployment (a layer above this one)."""
     e = dep.engine
@@ -94,8 +91,6 @@ def offloading(factory: Callable[[], Any], dep: Any, b: MemoryBudget) -> Callabl
     if e.policy == "static" or b.kv_groups.as_tuple() is not None or e.speculative is not None:
         raise ConfigError(f"{what}: not modelled with static batching, sliding-window layers or speculative "
                           "decoding")
-    from capacity.engine.budget import kv_bytes_per_token
-
     gbps, link = (e.host_link_gbps, "given") if e.host_link_gbps is not None else host_link_gbps(dep.gpu.name)
     blocks, load_s = tier_size(e.kv_offloading_size, b.tp, b.block_size, kv_bytes_per_token(dep.card, b.kv_dtype, b.tp),
                                gbps)

@@ -30,16 +30,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from capacity.cost.roofline import RooflineCost
+from capacity.cost.roofline_params import RooflineParams
+from capacity.cost.speculative import SpeculativeCost
+from capacity.engine.budget import MemoryBudget, check_tp, kv_bytes_per_token
 from capacity.errors import ConfigError, DoesNotFit
-from capacity.model.card import ModelCard
+from capacity.files import read_mapping, validate
+from capacity.model.card import ModelCard, load_named_card
+from capacity.model.weights import weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB
-
-if TYPE_CHECKING:  # (engine.budget imports engine.config, which imports this module)
-    from capacity.engine.budget import MemoryBudget
 
 Rate = Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
 METHODS = ("draft_model", "eagle", "eagle3", "mtp")
@@ -88,8 +91,6 @@ def load_acceptance(key: str) -> dict:
     """A published acceptance figure from capacity/data/speculative_acceptance.yaml."""
     from importlib.resources import files
 
-    from capacity.files import read_mapping
-
     data = read_mapping(str(files("capacity") / "data" / "speculative_acceptance.yaml"))
     if key not in data:
         raise ConfigError(f"speculative.acceptance_source {key!r}: not a published figure here; use one of "
@@ -135,11 +136,7 @@ def draft_card(card: ModelCard, spec: SpeculativeConfig) -> ModelCard:
     """The draft's shapes: the draft model's own card; for eagle/eagle3 one dense decoder layer of the target's
     width (+ LM head, EAGLE-3's of draft_vocab_size); for mtp one decoder layer of the target's own kind (DeepSeek-V3:
     an MoE layer, reused for every draft token)."""
-    from capacity.files import validate
-
     if spec.method == "draft_model":
-        from capacity.model.card import load_named_card
-
         return load_named_card(spec.draft_model or "")
     data = card.model_dump()
     data.update(name=f"{card.name}-{spec.method}", num_layers=1, num_sliding_layers=0, state=None, vision=None,
@@ -157,9 +154,6 @@ def draft_memory(card: ModelCard, spec: SpeculativeConfig, tp: int, kv_dtype: st
     """(weight bytes, KV bytes per token) of the draft on one TP rank. A head (eagle, eagle3, mtp) shares the
     target's embedding and (but EAGLE-3's) LM head (vLLM's EagleProposer.load_model, vllm/v1/spec_decode/eagle.py),
     and adds its input projection (fc / eh_proj: 2 x hidden, EAGLE-3 3 x hidden, to hidden; replicated)."""
-    from capacity.engine.budget import kv_bytes_per_token
-    from capacity.model.weights import weight_bytes_per_rank
-
     d = draft_card(card, spec)
     w = weight_bytes_per_rank(d, tp)
     total = math.fsum(w.values())
@@ -181,8 +175,6 @@ def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig, engine
         raise ConfigError(f"speculative: modelled for vllm and sglang, not {engine}")
     what = f"speculative.{'draft_model ' + str(spec.draft_model) if spec.draft_model else 'method ' + spec.method}"
     if spec.method == "draft_model" and b.tp > 1:
-        from capacity.engine.config import check_tp
-
         try:
             check_tp(draft_card(card, spec), b.tp)
         except ConfigError as exc:
@@ -226,8 +218,6 @@ def launch_flags(engine: str, spec: SpeculativeConfig | None) -> list[str]:
 
     path = spec.draft_path
     if path is None and spec.method == "draft_model":
-        from capacity.model.card import load_named_card
-
         path = load_named_card(spec.draft_model or "").hf_id
     if path is None and spec.method in ("eagle", "eagle3", "draft_model"):
         path = "DRAFT_PATH"
@@ -271,10 +261,6 @@ def speculating(factory, spec: SpeculativeConfig):
 def wrap_cost(cost, card: ModelCard, spec: SpeculativeConfig, gpu, tp: int, kv_dtype: str, engine: str):
     """The run's step cost with the draft and the verify step (capacity.cost.speculative); the draft on the
     roofline of the same GPU at the same TP, its per-step engine overhead 0 (the engine's is paid once a step)."""
-    from capacity.cost.roofline import RooflineCost
-    from capacity.cost.roofline_params import RooflineParams
-    from capacity.cost.speculative import SpeculativeCost
-
     draft = RooflineCost(draft_card(card, spec), gpu, tp, kv_dtype=None if kv_dtype in (None, "auto") else kv_dtype,
                          params=RooflineParams(step_overhead_s=0.0))
     return SpeculativeCost(cost, draft, spec.num_speculative_tokens, "sglang" if engine.startswith("sglang") else "vllm",

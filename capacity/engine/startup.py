@@ -10,7 +10,7 @@ Each term is a (low, high) pair. Where the numbers come from:
   reading its shard in parallel from storage of `storage_gbps` GB/s each; low at the nominal bandwidth, high at
   half of it (an assumption: safetensors reads achieved 4.4 GB/s from a warm page cache in the 0.8.4 log below,
   0.07 GB/s when the weights were downloaded first). A download from a hub is the storage bandwidth to give.
-- capture sizes: vLLM's default list for the engine's max_num_seqs (capacity.engine.vllm_memory.
+- capture sizes: vLLM's default list for the engine's max_num_seqs (capacity.engine.vllm.memory.
   cudagraph_capture_sizes, read from vLLM's config code: V1 1, 2, 4, then steps of 8 to 256, then 16, up to
   min(2 x max_num_seqs, 512); V0 to 256); none with enforce_eager.
 - seconds per capture size, memory profiling, torch.compile: the real start-up logs in
@@ -29,7 +29,10 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
+from capacity.engine.registry import get_engine
+from capacity.engine.vllm.memory import cudagraph_capture_sizes
 from capacity.errors import ConfigError
+from capacity.model.weights import weight_bytes_per_rank
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
@@ -46,10 +49,6 @@ LOAD_EFFICIENCY = (1.0, 0.5)  # share of the storage bandwidth achieved (low end
 
 def estimate_startup(card: ModelCard, gpu: GPU, engine: EngineConfig, storage_gbps: float) -> dict[str, Any]:
     """The start-up terms and their total, each (low, high) seconds, with what they assume."""
-    from capacity.engine import get_engine
-    from capacity.engine.vllm_memory import cudagraph_capture_sizes
-    from capacity.model.weights import weight_bytes_per_rank
-
     if not (math.isfinite(storage_gbps) and STORAGE_GBPS[0] <= storage_gbps <= STORAGE_GBPS[1]):
         raise ConfigError(f"--storage-gbps {storage_gbps:g}: expected {STORAGE_GBPS[0]:g} to {STORAGE_GBPS[1]:g} "
                           "GB/s (a download from a hub ~0.1-1, network storage ~1, local NVMe ~2-7)")

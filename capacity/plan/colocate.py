@@ -106,10 +106,10 @@ def simulate_fleet(fleet: Fleet, layout: str, seed: int = 0) -> dict[str, Any]:
         except ConfigError as exc:
             raise ConfigError(f"models[{i}] ({card.name}), {layout} layout: {exc}") from None
         if layout == "shared":
-            sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)))  # type: ignore[arg-type]
+            sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)))
         else:
             copy_s = p.budget.weights_bytes / (fleet.host_link_gbps * 1e9)
-            sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)),  # type: ignore[arg-type]
+            sv = Service(card.name, p.cost, p.make_scheduler, fleet.gpus, tuple(range(fleet.gpus)),
                          swap_s=copy_s + fleet.swap_overhead_s, sleep_s=copy_s)
         services.append(sv)
         services_util.append(eng.gpu_memory_utilization)

@@ -234,6 +234,8 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
     jobs = [(fleet, i, lay, points[i], seed) for i in range(len(fleet.models)) for lay in LAYOUTS]
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
     results: dict[tuple[int, str], dict] = {}
+    out_shared: dict[str, Any] | None = None
+    checks: list = []  # the shared checks, in the order _shared reads them (on the pool: queued after the day runs)
     if n_workers == 1:
         for j in jobs:
             results[(j[1], j[2])] = _day_run(j)
@@ -246,14 +248,19 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
         pool = worker_pool(n_workers)  # workers that die with the command (SIGTERM, SIGKILL, Ctrl-C, an error)
         try:
             futs = {pool.submit(_day_run, j): j for j in jobs}
+            if shared:  # independent of the day runs: they fill the cores the last day runs leave idle
+                checks = [pool.submit(_shared_try, fleet, g, seed) for g in _shared_tries(fleet, _most(fleet, points))]
             for f in as_completed(futs):
                 j = futs[f]
                 results[(j[1], j[2])] = f.result()
                 _say(progress, f"fleet-day: {len(results)}/{len(jobs)} day runs ({points[j[1]]['model']} {j[2]})")
+            if shared:
+                out_shared = _shared(fleet, _most(fleet, points), _hours(results), progress, [c.result for c in checks],
+                                     checks)
         except BaseException:
             stop_pool(pool)
             raise
-        stop_pool(pool, wait=True)
+        stop_pool(pool, wait=all(c.done() for c in checks))  # a check past the answer still running: ended now
     models = []
     for i, m in enumerate(fleet.models):
         curve = m.workload.total_curve()
@@ -271,7 +278,10 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
                            "startup_s": fleet.startup_s, "window_s": fleet.window_s, "models": models,
                            "totals": totals}
     if shared:
-        out["shared"] = _shared(fleet, models, seed, progress)
+        most = _most(fleet, points)
+        out["shared"] = out_shared if out_shared is not None else _shared(
+            fleet, most, _hours(results), progress,
+            [(lambda g=g: _shared_try(fleet, g, seed)) for g in _shared_tries(fleet, most)])
         if out["shared"]["gpus"] is not None:
             gh = out["shared"]["gpus"] * out["shared"]["hours"]
             totals["shared"] = {"gpu_hours": gh, "cost_usd": gh * fleet.price_per_gpu_hour
@@ -281,25 +291,55 @@ def fleet_day(fleet: DayFleet, seed: int = 0, *, workers: int | None = None, pro
     return strict_json(out)
 
 
-def _shared(fleet: DayFleet, models: list[dict], seed: int, progress: bool) -> dict[str, Any]:
-    """The fewest shared GPUs (or the given number) that hold every model's SLO at the peaks together."""
-    hours = max(mm["layouts"]["static"]["simulated_s"] for mm in models) / 3600
-    most = sum(mm["layouts"]["static"]["replicas_max"] * mm["tp"] for mm in models)
+def _most(fleet: DayFleet, points: list[dict[str, Any]]) -> int:
+    """The GPUs the separate layouts hold at the peak: each model's static replicas (as _day_run counts them) x TP."""
+    return sum(min(m.max_replicas, max(1, math.ceil(m.workload.total_curve().max_rate / p["per_replica_rate"]
+                                                    - 1e-9))) * m.engine.tensor_parallel_size
+               for m, p in zip(fleet.models, points))
+
+
+def _shared_tries(fleet: DayFleet, most: int) -> list[int]:
+    """The GPU counts the shared layout tries, in order (none where a model is not TP 1)."""
+    if any(m.engine.tensor_parallel_size != 1 for m in fleet.models):
+        return []
+    return [fleet.shared_gpus] if fleet.shared_gpus else list(range(1, most + 1))
+
+
+def _shared_try(fleet: DayFleet, gpus: int, seed: int) -> dict[str, Any] | str:
+    """One shared check (a pool worker's job): its result, or the ConfigError's line where the models do not fit."""
+    try:
+        return shared_check(fleet, gpus, seed)
+    except ConfigError as exc:
+        return str(exc)
+
+
+def _hours(results: dict[tuple[int, str], dict]) -> float:
+    return max(r["simulated_s"] for (_, lay), r in results.items() if lay == "static") / 3600
+
+
+def _shared(fleet: DayFleet, most: int, hours: float, progress: bool, tries: list, pending: Any = ()) -> dict[str, Any]:
+    """The fewest shared GPUs (or the given number) that hold every model's SLO at the peaks together: the
+    checks' results read in the order of _shared_tries (`tries`: one callable per count; `pending`: their futures
+    on the pool, those after the answer cancelled)."""
     if any(m.engine.tensor_parallel_size != 1 for m in fleet.models):
         return {"gpus": None, "hours": hours, "tried": [],
                 "why": "the shared layout puts one replica of every model on a GPU (TP 1 only)"}
-    tries = [fleet.shared_gpus] if fleet.shared_gpus else list(range(1, most + 1))
+    counts = _shared_tries(fleet, most)
     tried: list[dict[str, Any]] = []
-    for g in tries:
-        try:
-            r = shared_check(fleet, g, seed)
-        except ConfigError as exc:  # the models do not fit their shares of one GPU
-            return {"gpus": None, "hours": hours, "tried": tried, "why": str(exc)}
+    answer: dict[str, Any] | None = None
+    for g, get in zip(counts, tries):
+        r = get()
+        if isinstance(r, str):  # the models do not fit their shares of one GPU
+            answer = {"gpus": None, "hours": hours, "tried": tried, "why": r}
+            break
         tried.append({"gpus": g, "meets_slo": r["meets_slo"], "models": r["models"]})
         _say(progress, f"fleet-day: shared on {g} GPU(s) at every model's peak: "
                        f"{'every SLO met' if r['meets_slo'] else 'an SLO missed'}")
         if r["meets_slo"]:
-            return {"gpus": g, "hours": hours, "tried": tried, "why": ""}
-    return {"gpus": None, "hours": hours, "tried": tried,
-            "why": f"no count up to {tries[-1]} shared GPUs met every SLO at the peaks (separate pools need "
-                   f"{most} at the peak)"}
+            answer = {"gpus": g, "hours": hours, "tried": tried, "why": ""}
+            break
+    for f in pending:
+        f.cancel()
+    return answer or {"gpus": None, "hours": hours, "tried": tried,
+                      "why": f"no count up to {counts[-1]} shared GPUs met every SLO at the peaks (separate pools "
+                             f"need {most} at the peak)"}

@@ -73,7 +73,7 @@ class LayoutResult:
 def compare_layouts(sc, card, ex, layouts: list[Layout]) -> tuple[list[LayoutResult], LayoutResult | None]:
     """Every layout's budget and rate search; the winner: the highest rate under the SLOs (None: none passes)."""
     from capacity.engine import get_engine
-    from capacity.engine.config import check_tp
+    from capacity.engine.budget import check_tp
     from capacity.plan.planner import Planner
 
     out: list[LayoutResult] = []

@@ -4,7 +4,7 @@ translates its flags into a card, a GPU and an engine configuration and renders 
 - `memory_answer`: vLLM's (or TensorRT-LLM's) start-up budget (capacity.engine.memory.budget), the batch x
   context table, the longest length's fit problem where the configuration does not fit, and on request the
   inverse questions (smallest utilisation and TP, largest max_model_len, for a concurrency);
-- `sglang_memory_answer`: SGLang's start-up memory (capacity.engine.sglang_memory.sglang_budget).
+- `sglang_memory_answer`: SGLang's start-up memory, from the engine model (`Sglang.startup_memory`).
 """
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 from capacity.engine import memory as mem
 from capacity.engine.budget import MemoryBudget, fit_problem
 from capacity.engine.config import EngineConfig
-from capacity.engine.sglang_memory import SglangBudget, parse_release, sglang_budget
+from capacity.engine.registry import get_engine
+from capacity.engine.sglang.engine import Sglang
+from capacity.engine.sglang.memory import SglangBudget, parse_release
 from capacity.errors import CapacityError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
@@ -72,10 +74,15 @@ def memory_answer(card: ModelCard, gpu: GPU, cfg: EngineConfig, target_concurren
 def sglang_memory_answer(card: ModelCard, gpu: GPU, tp: int, engine: str, *, mem_fraction_static: float | None,
                          context_len: int | None, kv_cache_dtype: str, chunked_prefill_size: int | None,
                          max_running: int | None) -> SglangBudget:
-    """SGLang's start-up memory for `engine` (`sglang` or `sglang@X.Y`: the release whose rules apply)."""
-    return sglang_budget(card, gpu, tp, release=parse_release(engine), mem_fraction_static=mem_fraction_static,
-                         context_len=context_len, kv_cache_dtype=kv_cache_dtype,
-                         chunked_prefill_size=chunked_prefill_size, max_running=max_running)
+    """SGLang's start-up memory for `engine` (`sglang` or `sglang@X.Y`: the engine model of the release whose rules
+    apply; the release is read first so that a bad one is named as SGLang's release parser names it)."""
+    parse_release(engine)
+    em = get_engine(engine)
+    if not isinstance(em, Sglang):
+        raise CapacityError(f"engine {engine!r}: not an SGLang engine")
+    return em.startup_memory(card, gpu, tp, mem_fraction_static=mem_fraction_static, context_len=context_len,
+                             kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=chunked_prefill_size,
+                             max_running=max_running)
 
 
 def sglang_json(b: SglangBudget) -> dict[str, Any]:

@@ -37,7 +37,7 @@ from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
 from capacity.engine.memory import batch_context_table, default_batches, default_contexts
 from capacity.engine.memory import budget as memory_budget
-from capacity.engine.sglang import launch_command as sglang_command
+from capacity.engine.sglang.engine import launch_command as sglang_command
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.model.gpus import catalogue, get_gpu, with_memory
 from capacity.pipeline import check_policy, overlapped_cpu_s

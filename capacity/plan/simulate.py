@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from capacity.engine.offload import Offloading
 from capacity.errors import CapacityError
 from capacity.pipeline import Deployment, Disagg, RunOptions, RunResult, disagg_report, prepare, run
 from capacity.workload import WorkloadSpec
@@ -24,8 +25,8 @@ def simulation_report(dep: Deployment, spec: WorkloadSpec, opts: RunOptions,
     out = res.as_dict()
     out.update(model=dep.card.name, gpu=dep.gpu.name, tp=dep.engine.tensor_parallel_size, replicas=dep.replicas,
                requests=spec.num_requests)
-    if prep is not None:
-        out["kv_offload"] = prep.make_scheduler.report(dep.replicas)  # type: ignore[attr-defined]
+    if prep is not None and isinstance(prep.make_scheduler, Offloading):
+        out["kv_offload"] = prep.make_scheduler.report(dep.replicas)
     if disagg is not None:
         out["replicas"] = dep.replicas + disagg.decode.replicas
         out["disaggregated"] = disagg_report(res, dep, disagg)

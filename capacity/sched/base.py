@@ -125,8 +125,11 @@ class Step:
 class Scheduler(Protocol):
     """The interface between a batching policy and the simulator (see module docstring)."""
 
-    running: list[Seq]  # the sequences in the current batch, in scheduling order
     num_preemptions: int
+
+    @property
+    def running(self) -> list[Seq]:
+        """The sequences in the current batch, in scheduling order (read-only here: static batching's is its batch)."""
 
     def admissible(self, req: Request) -> str | None:
         """Why this request can never run here (too long, needs more KV than exists), or None."""

@@ -27,11 +27,24 @@ if TYPE_CHECKING:
     from capacity.sched.base import Scheduler, Seq
     from capacity.sim.routing import Router
     from capacity.sim.simulator import Simulation
+    from capacity.sim.sources import OpenLoopSource
 
 
 def lags_input(sched: Any) -> bool:
     """Does the engine take requests a step late (`Replica._take_lagged`): async scheduling or an overlap one?"""
     return bool(getattr(getattr(sched, "cfg", None), "async_scheduling", False) or getattr(sched, "overlap", False))
+
+
+def runs_ahead(rep: Replica) -> bool:
+    """Whether nothing but the next request's entry can touch this engine or read its state between two of its
+    steps: then it applies the steps that end before that entry (or the time limit) one after another without a
+    clock event for each (the same steps, times and records: the clock is only how long the others wait). One
+    engine fed by an open-loop source (a front-end delay included), no one waiting on its answers (closed-loop
+    users, a client's cap), no router queue, no autoscaling, disaggregation, shared device or input lag."""
+    sim = rep.sim
+    return (len(sim.replicas) == 1 and rep.device is None and not rep.lags_input and rep.role == "both"
+            and sim.users is None and sim.transfer is None and not sim.queue_routers and sim.autoscaler is None
+            and sim.decode_autoscaler is None and sim.cfg.services is None)
 
 
 class Replica:
@@ -55,6 +68,11 @@ class Replica:
         self.lagged = InputLag()
         self.schedule_s = NAN
         self.busy = False
+        # running ahead (`runs_ahead`): the engine's own time, at or past the clock's, up to which its steps are
+        # applied; the clock is brought there only when something else could happen first
+        self.ahead = False
+        self.vt = 0.0
+        self.source: OpenLoopSource | None = None  # its source, when it drives it (Simulation.run): no clock at all
 
     @property
     def outstanding(self) -> int:
@@ -148,19 +166,56 @@ class Replica:
             yield self.wake_event
         self.wake_event = None
 
+    def _horizon(self) -> float:
+        """Running ahead: the engine may apply steps that end before this without yielding to the clock (the next
+        request's entry, or the run's time limit)."""
+        sim = self.sim
+        nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
+        return min(nxt, sim.cfg.max_sim_s)
+
+    def _arrivals(self, end: float) -> None:
+        """Driving its source: a step (or decode stretch) begun now ends at `end`; the source's arrivals that the
+        clock would have run before that end (earlier, or at the same time from an event created earlier), first,
+        at their times."""
+        src = self.source
+        assert src is not None
+        eid = src.eids  # the step's end: the clock event it would be, created now
+        src.eids += 1
+        while src.due < end or (src.due == end and src.eid < eid):
+            src.pull()
+
+    def _sync(self) -> Generator:
+        """The clock brought to the engine's own time (`vt`) after it ran ahead (an exact landing, checked when
+        `vt` moved)."""
+        env = self.sim.env
+        if self.vt != env.now:
+            yield env.timeout(self.vt - env.now)
+
     def run(self) -> Generator:
         sim, sched, rec = self.sim, self.sched, self.sim.recorder
         env, cost, cfg = sim.env, self.cost, sim.cfg
         line = getattr(cost, "decode_line", None)
+        self.ahead = runs_ahead(self)
+        self.vt = env.now
+        src = self.source
+        if src is not None:
+            src.start()
         while True:
             if not self.has_work:
+                if src is not None and src.due < math.inf:  # idle until the next request: it comes now
+                    self.vt = src.due
+                    src.pull()
+                    continue
+                yield from self._sync()
                 self.busy = False
                 yield from self._sleep()
+                self.vt = env.now
                 continue
-            now = env.now
+            now = self.vt
             sim.events += 1
             if self.device is not None:
                 yield from (self._swap_turn() if self.swap is not None else self._shared_step())
+                self.vt = env.now
                 if sim.stop.triggered:
                     return
                 continue
@@ -172,7 +227,9 @@ class Replica:
                 continue
             out = sched.schedule(now)
             if isinstance(out, float):  # static batching: the batch window is open
+                yield from self._sync()
                 yield from self._sleep(out)
+                self.vt = env.now
                 continue
             for s in out.loads:  # disaggregated: admitted with their prompt's blocks, their KV read now
                 sim.transfer.start(s)  # type: ignore[union-attr]
@@ -185,7 +242,13 @@ class Replica:
             if out.plan.num_tokens == 0:  # nothing schedulable until something arrives
                 if sched.num_waiting and getattr(sched, "retired_after", False):
                     continue  # blocks just freed after the decision (async scheduling): the engine asks again
+                if src is not None and src.due < math.inf:  # nothing runnable until the next request
+                    self.vt = src.due
+                    src.pull()
+                    continue
+                yield from self._sync()
                 yield from self._sleep()
+                self.vt = env.now
                 continue
             # ITL of the tokens this step emits: the sequences that emitted at `now` (the end of this replica's
             # previous step: nearly the whole batch) are decodes, which always emit, and share one sample
@@ -195,9 +258,22 @@ class Replica:
             prev = None
             if same + last.count(NAN) < len(last):
                 prev = [(s, t) for (s, _), t in zip(out.scheduled, last) if t != now and s.generated > 0]
-            yield env.timeout(cost.step_s(out.plan) + out.load_s)
+            dur = cost.step_s(out.plan) + out.load_s
+            end = now + dur
+            if src is not None:
+                self._arrivals(end)
+            else:
+                t = env.now
+                if not (self.ahead and end < self._horizon() and t + (end - t) == end):  # else: run ahead
+                    if t == now:
+                        yield env.timeout(dur)
+                    elif t + (end - t) == end:
+                        yield env.timeout(end - t)
+                    else:  # (a step's end the clock cannot reach from where it is in one timeout: two)
+                        yield env.timeout(now - t)
+                        yield env.timeout(dur)
+            self.vt = end
             sim.steps += 1
-            end = env.now
             drafts = getattr(sched, "drafts_accepted", 0)
             emitted, done = sched.complete(out, end)
             rec.tokens_total += len(emitted) + getattr(sched, "drafts_accepted", 0) - drafts
@@ -208,10 +284,12 @@ class Replica:
             if prev:
                 rec.gaps(prev, end)
             if done:
-                sim.finish(done)
+                sim.finish(done, end)
             if rec.timeseries:
-                rec.sample(self)
-            if sim.check_saturation(self):
+                rec.sample(self, end)
+            if self.vt != env.now and self.num_waiting > sim.sat_queue and not sim.offline:
+                yield from self._sync()  # the run may stop here: the clock must be at its time
+            if sim.check_saturation(self, end):
                 return
 
 
@@ -223,7 +301,7 @@ class Replica:
         a quadratic, and the ITL samples scalars expanded at the end; else the cost's `decode_run_s` array.
         False (nothing done) if the next request arrives during the first step: a normal step instead."""
         sim, sched, rec, env = self.sim, self.sched, self.sim.recorder, self.sim.env
-        now, run = env.now, sched.running
+        now, run = self.vt, sched.running
         nxt = sim.next_arrival_s if sim.delay is None else sim.next_entry_s()
         cuts = len(run) < sched.max_running  # an arrival can be admitted: it ends the stretch
         cum = None
@@ -247,18 +325,30 @@ class Replica:
         same = lasts.count(now)
         if same < len(lasts):
             first_end = now + (f0 if cum is None else float(cum[0]))
-            for t in lasts:
-                if t != now:
-                    rec.gap_v.append(first_end - t)
+            for last in lasts:
+                if last != now:
+                    rec.gap_v.append(first_end - last)
                     rec.gap_t.append(first_end)
                     rec.gap_w.append(1)
-        self.stretching = True
-        self.cut_before = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else float(cum[k - 2]))
+        end = now + end_k
         interrupted = False
-        try:
-            yield env.timeout(end_k)
-        except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
-            interrupted = True
+        if self.source is not None:
+            self._arrivals(end)
+        elif not (self.ahead and end < self._horizon() and env.now + (end - env.now) == end):  # else: run ahead
+            t = env.now
+            self.stretching = True
+            self.cut_before = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else
+                                     float(cum[k - 2]))
+            try:
+                if t == now:
+                    yield env.timeout(end_k)
+                elif t + (end - t) == end:  # (ahead: no interrupt can come, see `runs_ahead`)
+                    yield env.timeout(end - t)
+                else:
+                    yield env.timeout(now - t)
+                    yield env.timeout(end_k)
+            except simpy.Interrupt:  # an unforeseen request: stop at the end of the step in progress
+                interrupted = True
         if interrupted:  # (outside the except block: mypyc leaks a handled exception past a yield inside one)
             x = env.now - now
             if cum is None:
@@ -273,7 +363,9 @@ class Replica:
                     yield env.timeout(stop - env.now)
                 except simpy.Interrupt:
                     pass
+            end = env.now
         self.stretching = False
+        self.vt = end
         if cum is None:  # the ITL samples as scalars, expanded at the end
             rec.lines.append((now, f0, g, k, same, len(run)))
         else:
@@ -283,9 +375,9 @@ class Replica:
         # the start of its last step, the step-by-step run's last schedule call (k = 1 after a cut: not cum[-1])
         self.schedule_s = now + (f0 * (k - 1) + g * ((k - 1) * (k - 2) // 2) if cum is None else
                                  float(cum[k - 2]) if k > 1 else 0.0)
-        sim.finish(sched.advance_decodes(k, env.now))
+        sim.finish(sched.advance_decodes(k, end), end)
         if rec.timeseries:
-            rec.sample(self)
+            rec.sample(self, end)
         return True
 
     def _swap_turn(self) -> Generator:

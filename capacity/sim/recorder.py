@@ -49,6 +49,7 @@ class Recorder:
         self.admitted_total = 0  # sequences recorded, folded or not, and the sum of their output lengths
         self.output_total = 0
         self.n_sys = 0
+        self.clock_s = -1.0  # >= 0: the time of an event an engine handles ahead of the clock (OpenLoopSource.pull)
         self.area = 0.0  # integral of requests in system over time
         self.t_last = 0.0
         self.finished_total = 0
@@ -64,8 +65,10 @@ class Recorder:
         self.itl_folded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.ts: list[tuple[float, int, int, int, int]] = []
 
-    def count(self, delta: int) -> None:
-        now = self.env.now
+    def count(self, delta: int, t: float = -1.0) -> None:
+        """Requests in the system change by `delta` at `t` (default: the clock's time; an engine running ahead of
+        the clock gives its own, `capacity.sim.entities.runs_ahead`)."""
+        now = t if t >= 0 else self.clock_s if self.clock_s >= 0 else self.env.now
         self.area += self.n_sys * (now - self.t_last)
         self.t_last = now
         self.n_sys += delta
@@ -86,8 +89,8 @@ class Recorder:
         """Mean output length of the requests recorded so far."""
         return self.output_total / self.admitted_total if self.admitted_total else 0.0
 
-    def finished(self, seq: Seq) -> None:
-        self.count(-1)
+    def finished(self, seq: Seq, t: float = -1.0) -> None:
+        self.count(-1, t)
         self.finished_total += 1
 
     def gaps(self, prev: list[tuple[Seq, float]], end: float) -> None:
@@ -99,10 +102,11 @@ class Recorder:
                 self.gap_t.append(end)
                 self.gap_w.append(1)
 
-    def sample(self, rep: Replica) -> None:
-        """One time-series row (callers check `timeseries` first: this runs at every engine event)."""
+    def sample(self, rep: Replica, t: float = -1.0) -> None:
+        """One time-series row at `t` (default: now; callers check `timeseries` first: this runs at every engine
+        event)."""
         s = rep.sched
-        self.ts.append((self.env.now, rep.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
+        self.ts.append((self.env.now if t < 0 else t, rep.num_waiting, len(s.running), s.kv_blocks_used, rep.idx))
 
     def _fold_seqs(self) -> None:
         """The finished sequences into a block of rows; the rest stay (their times are still to come)."""

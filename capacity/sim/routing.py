@@ -85,6 +85,11 @@ class Router:
         rep.resume(seq)
         return True
 
+    def from_front_end(self, req: Request) -> None:
+        """A request through the server's front end (Simulation.enter counted it in the system at its send)."""
+        self.sim.recorder.count(-1)  # the replica (or this router's queue) counts it again from here
+        self.dispatch(req)
+
     def dispatch(self, req: Request) -> None:
         if self.policy == "queue":
             why = self.replicas[0].sched.admissible(req) if self.replicas else ""

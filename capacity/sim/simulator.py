@@ -31,8 +31,9 @@ import simpy
 from capacity.errors import CapacityError
 from capacity.replay import iter_trace
 from capacity.sched.base import Scheduler, Seq
+from capacity.sched.static import StaticScheduler
 from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
-from capacity.sim.entities import Replica
+from capacity.sim.entities import Replica, runs_ahead
 from capacity.sim.metrics import Records
 from capacity.sim.recorder import COMPACT_AT, Recorder
 from capacity.sim.routing import Delay, KVTransfer, Router
@@ -141,8 +142,7 @@ class SimConfig:
         if not 0 <= self.frontend_s < math.inf:
             raise CapacityError(f"frontend_s: must be a finite number >= 0 (got {self.frontend_s})")
         if not 0 <= self.frontend_s_per_input_token < 1:
-            raise CapacityError("frontend_s_per_input_token: must be a number of seconds in [0, 1) "
-                                f"(got {self.frontend_s_per_input_token})")
+            raise CapacityError(f"frontend_s_per_input_token: must be in [0, 1) s (got {self.frontend_s_per_input_token})")
 
 
 @dataclass
@@ -229,8 +229,7 @@ class Simulation:
         front = cfg.frontend_s > 0 or cfg.frontend_s_per_input_token > 0
         if front and self.routers:
             raise CapacityError("a front-end delay in a fleet of several models is not modelled")
-        self.delay = Delay(self.env, cfg.frontend_s, self.front_done) if front else None
-        self.tok_s = cfg.frontend_s_per_input_token
+        self.delay = Delay(self.env, cfg.frontend_s, self.router.from_front_end) if front else None
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
         self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
@@ -253,15 +252,11 @@ class Simulation:
         self.entered += 1
         if self.delay is not None:
             self.recorder.count(+1)  # in the system from its send: Little's law counts its time in the front end
-            self.delay.put(req, self.tok_s * req.prompt_tokens)
+            self.delay.put(req, self.cfg.frontend_s_per_input_token * req.prompt_tokens)
         elif self.routers:
             self.routers[req.service].dispatch(req)
         else:
             self.router.dispatch(req)
-
-    def front_done(self, req: Request) -> None:
-        self.recorder.count(-1)  # through the front end: the replica (or the router's queue) counts it from here
-        self.router.dispatch(req)
 
     def next_entry_s(self) -> float:
         """When the next request can reach a scheduler: the fast path must not run past it."""
@@ -275,13 +270,14 @@ class Simulation:
         if w is not None:
             w.succeed(self.users.answered(req) if self.users else None)
 
-    def finish(self, done: list[Seq]) -> None:
+    def finish(self, done: list[Seq], t: float = -1.0) -> None:
+        """Sequences done at `t` (default: now; an engine running ahead gives its own time)."""
         for s in done:
             if s.phase == 1:  # a prefill done: the request goes on to the decode pool, which pulls its KV
                 assert self.transfer is not None
                 self.transfer.hold(s)
                 continue
-            self.recorder.finished(s)
+            self.recorder.finished(s, t)
             w = self.waiters.pop(s.req.id, None)
             if w is not None:  # a closed-loop user: when it will send again is known now (the fast path's horizon)
                 w.succeed(self.users.answered(s.req) if self.users else None)
@@ -301,39 +297,40 @@ class Simulation:
             return None
         return tokens / (t1 - t0) / rec.mean_output
 
-    def check_saturation(self, rep: Replica) -> bool:
-        rec, res = self.recorder, self.result
+    def check_saturation(self, rep: Replica, now: float = -1.0) -> bool:
+        """After a step of `rep` that ended at `now` (default: the clock's time)."""
+        rec, res, now = self.recorder, self.result, self.env.now if now < 0 else now
         q = rep.num_waiting + (len(rep.router.queue) if rep.router is not None else 0)
         if q == 0:
             if rec.backlog_since is not None:  # a backlogged period ends: keep the longest (the capacity sample)
                 t0, f0, k0, r0 = rec.backlog_since
-                if self.env.now - t0 > self.longest_backlog[1] - self.longest_backlog[0]:
-                    self.longest_backlog = (t0, self.env.now, rec.tokens_total - k0, f0, r0)
+                if now - t0 > self.longest_backlog[1] - self.longest_backlog[0]:
+                    self.longest_backlog = (t0, now, rec.tokens_total - k0, f0, r0)
             rec.backlog_since = None
             return False
         if rec.backlog_since is None:
-            rec.backlog_since = (self.env.now, rec.finished_total, rec.tokens_total,
+            rec.backlog_since = (now, rec.finished_total, rec.tokens_total,
                                  sum(len(r.sched.running) for r in self.replicas))
         if (q > self.sat_queue and not self.stop.triggered and not self.offline and self.autoscaler is None
                 and self.decode_autoscaler is None):
             t0, _, k0, _ = rec.backlog_since
-            cap = self.backlog_rate(t0, self.env.now, rec.tokens_total - k0)
+            cap = self.backlog_rate(t0, now, rec.tokens_total - k0)
             res.saturated = True
             res.capacity_req_per_s = cap
             cap_txt = f"{cap:.3g} req/s" if cap else "unknown (nothing was served while backlogged)"
             res.saturation = (f"saturated: replica {rep.idx}'s queue reached {q} waiting requests at "
-                              f"t={self.env.now:.1f} s; the deployment sustained about {cap_txt} while backlogged")
+                              f"t={now:.1f} s; the deployment sustained about {cap_txt} while backlogged")
             self.stop.succeed()
             return True
         return False
 
-    def check_overload(self, n_requests: int) -> None:
+    def check_overload(self, n_requests: int, now: float = -1.0) -> None:
         """At the last arrival: a stable system has a short queue; an overloaded one has been piling up
         (lambda - mu) x T requests. More than `overload_fraction` of all arrivals still waiting = overloaded,
         which catches runs too short for the queue to reach `saturation_queue` (needs enough requests spread
         over time: a burst of a few requests at t=0 is not an overload)."""
         waiting = sum(r.num_waiting for r in self.replicas) + self.router_queued()
-        res, now = self.result, self.env.now
+        res, now = self.result, self.env.now if now < 0 else now
         if n_requests >= 50 and now > 0 and waiting > self.cfg.overload_fraction * n_requests and not res.saturated:
             res.saturated = True
             # the run goes on until the queue drains; the served rate is measured then (see _overload_capacity)
@@ -388,7 +385,13 @@ class Simulation:
             reqs: Iterable[Request] = workload if not isinstance(workload, WorkloadSpec) else (
                 iter_trace(workload.trace, workload) if workload.arrivals.kind == "trace" and workload.trace
                 else generate(workload, self.rng))  # a trace streams (capacity.replay)
-            env.process(OpenLoopSource(self, reqs).run())
+            src = OpenLoopSource(self, reqs)
+            rep = self.replicas[0]
+            if (self.delay is None and not math.isfinite(cfg.max_sim_s) and runs_ahead(rep)
+                    and not isinstance(rep.sched, StaticScheduler)):
+                rep.source = src  # one engine and its source: it drives it (Replica._arrivals), no clock events
+            else:
+                env.process(src.run())
         for rep in self.replicas:
             rep.proc = env.process(rep.run())
         for a in (self.autoscaler, self.decode_autoscaler):

@@ -28,6 +28,45 @@ class OpenLoopSource:
         self.head: Request | None = next(self.requests, None)
         if self.head is not None:
             sim.next_arrival_s = self.head.arrival_s
+        # driven by its engine instead of run() (`capacity.sim.entities.Replica._arrivals`): when its next clock
+        # event would fire (`due`), that event's creation number (`eid`: SimPy orders events of one time by it)
+        # and the next number to give (`eids`), and the requests sent so far
+        self.due = math.inf
+        self.eid = 0
+        self.eids = 0
+        self.n = 0
+
+    def start(self) -> None:
+        """Driven: what run() does at time 0 (the first of the clock's events)."""
+        req = self.head
+        if req is None:
+            self.sim.check_overload(0, 0.0)
+        elif req.arrival_s > 0.0:
+            self.due, self.eid, self.eids = 0.0 + (req.arrival_s - 0.0), self.eids, self.eids + 1
+        else:
+            self.due = 0.0
+            self.pull()
+
+    def pull(self) -> None:
+        """Driven: what run() does when its clock event fires at `due`: the request due then, and any due at the
+        same time, sent; the next event's time as the clock computes it (its time plus the gap)."""
+        sim, t, req = self.sim, self.due, self.head
+        sim.recorder.clock_s = t
+        while req is not None:
+            nxt = next(self.requests, None)
+            sim.next_arrival_s = nxt.arrival_s if nxt is not None else math.inf
+            sim.enter(req)
+            self.n += 1
+            req = nxt
+            if req is not None and req.arrival_s > t:
+                break
+        sim.recorder.clock_s = -1.0
+        self.head = req
+        if req is None:
+            self.due = math.inf
+            sim.check_overload(self.n, t)
+        else:
+            self.due, self.eid, self.eids = t + (req.arrival_s - t), self.eids, self.eids + 1
 
     def run(self) -> Generator:
         sim, env, reqs = self.sim, self.sim.env, self.requests

@@ -55,4 +55,4 @@ register(Family("gemma2", ("gemma2",), "vllm/model_executor/models/gemma2.py",
                           "tie_word_embeddings": True, "sliding_window_pattern": 6},
                 shape=_gemma3, sliding=_gemma3_sliding, local_rope=True),
          Family("gemma3", ("gemma3",), "vllm/model_executor/models/gemma3_mm.py", text=_gemma3_text,
-                vision=_siglip))
+                vision=_siglip, sglang_text_only=True))

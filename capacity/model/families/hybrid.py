@@ -87,7 +87,8 @@ def _qwen3_5_text(text: dict, card: dict, need: Need, source: str) -> None:
     _deltanet(text, card, need, source, moe=False)
 
 
-register(Family("nemotron_h", ("nemotron_h",), "vllm/model_executor/models/nemotron_h.py", shape=_nemotron_h),
+register(Family("nemotron_h", ("nemotron_h",), "vllm/model_executor/models/nemotron_h.py", shape=_nemotron_h,
+                sglang_states_per_request=True, ssm_dtype_from_config=True),
          Family("granitemoehybrid", ("granitemoehybrid",), "vllm/model_executor/models/granitemoehybrid.py",
                 shape=_granite),
          Family("qwen3_next", ("qwen3_next",), "vllm/model_executor/models/qwen3_next.py", shape=_qwen3_next),

@@ -51,6 +51,15 @@ class Family:
     vision: VisionOf | None = None
     fallback: Fallback | None = None
     weights: Weights | None = None
+    # Engine facts that follow the family, read by capacity.engine instead of branching on model_type:
+    # SGLang runs it text-only unless --enable-multimodal (model_config.py `mm_disabled_models`, from 0.4.6)
+    sglang_text_only: bool = False
+    # SGLang sets aside max_running_requests' state slots before the KV pool, radix cache off (NemotronH's path in
+    # model_runner.py), instead of splitting the pools by mamba_full_memory_ratio
+    sglang_states_per_request: bool = False
+    # vLLM from 0.13: the SSM state dtype is the config's mamba_ssm_cache_dtype (MambaStateDtypeCalculator's
+    # model-specific branch, capacity.engine.vllm.layout.state_dtype_bytes)
+    ssm_dtype_from_config: bool = False
 
 
 PLAIN = Family("plain", ())  # a text config of a model type no family claims, inside a known wrapper: no hooks
@@ -87,6 +96,12 @@ def family(model_type: Any) -> Family | None:
     """The family registered for a model_type, or None."""
     _load()
     return _BY_TYPE.get(model_type) if isinstance(model_type, str) else None
+
+
+def traits(model_type: Any) -> Family:
+    """The family registered for a model_type (a card's `architecture`), else PLAIN: what engine code reads a
+    family's engine facts from."""
+    return family(model_type) or PLAIN
 
 
 def fallback() -> Family:

@@ -1,7 +1,7 @@
 """The SGLang engine model (`Sglang`): its defaults, its scheduler (`capacity.sched.sglang`) and its launch
 command; and `launch_command`, the vLLM plan's configuration translated into an SGLang command. Its start-up
-memory accounting, read from SGLang's code and checked on its start-up logs, is `capacity.engine.sglang_memory`
-(`SglangMemory`, which `Sglang` mixes in; `sglang_budget` and the other names there are re-exported here);
+memory accounting, read from SGLang's code and checked on its start-up logs, is `capacity.engine.sglang.memory`
+(`SglangMemory`, which `Sglang` mixes in);
 docs/sglang.md has the hand checks.
 
 `Sglang` (`get_engine("sglang")`, `get_engine("sglang@0.4.6")`) maps the vLLM-named EngineConfig onto SGLang's
@@ -24,30 +24,28 @@ when the plan runs without prefix caching.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 
-from capacity.engine.budget import MemoryBudget, SchedLimits
-from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
+from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.sglang_memory import (  # re-exported: the accounting's names stay importable from here
+from capacity.engine.sglang.memory import (
     CURRENT,
-    LOAD_EXTRA_HIGH_GIB,
     RELEASES,
     MiB,
     SglangBudget,
     SglangMemory,
     default_chunked_prefill_size,
-    default_cuda_graph_max_bs,
-    default_mem_fraction_static,
-    max_running_requests,
     parse_release,
-    piecewise_graph_tokens,
-    pool_tokens,
     sglang_budget,
+    version_key,
 )
+from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.speculative import launch_flags
+from capacity.engine.vllm.engine import STEP_OVERHEAD_S
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
-from capacity.model.gpus import GPU
+from capacity.model.gpus import GPU, get_gpu
+from capacity.sched import make_scheduler
 from capacity.sched.sglang import MAX_PREFILL_TOKENS
 
 KV_DTYPE = {"auto": "auto", "fp8": "fp8_e4m3", "int8": "auto"}
@@ -62,8 +60,6 @@ def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig,
     vLLM budget counted. Where no F does both, the pool is what the largest such F holds, fewer tokens than
     simulated (the caller says so). `gpu` is the planned GPU (a user's GPU YAML has no catalogue name to look
     up); without it, the catalogue's part of the budget's name."""
-    from capacity.model.gpus import get_gpu
-
     gpu = (gpu or get_gpu(b.gpu)).model_copy(update={"usable_memory_bytes": b.total_bytes})
     t0 = b.total_bytes - cfg.memory_params.cuda_context_bytes
     f = math.ceil((b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / t0 * 100 - 1e-9) / 100
@@ -119,6 +115,16 @@ class Sglang(SglangMemory):
         if release not in RELEASES:
             raise ConfigError(f"SGLang release {release!r}: modelled ones are {', '.join(RELEASES)}")
         self.release = release
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Sglang:
+        """The model of the release a spec names (`sglang@0.4.6`: capacity.engine.sglang.memory.parse_release); a
+        release not modelled is an unknown engine, said in one line."""
+        try:
+            rel = parse_release(spec)
+        except ConfigError as exc:
+            raise ConfigError(f"unknown engine {spec!r}: {str(exc).split(': ', 1)[-1]}") from None
+        return cls(rel)
 
     @property
     def label(self) -> str:
@@ -199,10 +205,9 @@ class Sglang(SglangMemory):
         return default_chunked_prefill_size(gpu.usable_memory_bytes / MiB, self.release)
 
     # ---- scheduling ----------------------------------------------------------------------------------
-    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
+    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> SchedulerFactory:
         """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
         field named and not inside a simulation."""
-        from capacity.sched import make_scheduler
         self._check(cfg)
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: SGLang's split of the pool is not modelled")
@@ -228,8 +233,6 @@ class Sglang(SglangMemory):
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """CPU time per step the GPU waits for: the configured figure, else vLLM's STEP_OVERHEAD_S (2 ms), which
         has not been measured for SGLang."""
-        from capacity.engine.vllm import STEP_OVERHEAD_S
-
         return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
 
     def overhead_overlaps(self, cfg: EngineConfig) -> bool:
@@ -247,11 +250,8 @@ class Sglang(SglangMemory):
         SGLang keeps the smaller of it and what it profiles), FCFS. The radix cache stays on (SGLang's default):
         with it, SGLang admits every request by the new_token_ratio rule modelled here (with it off, requests
         sent with ignore_eos take a stricter path)."""
-        from capacity.engine.sglang_memory import version_key
-        from capacity.engine.sglang_mm import runner_mm_factor
-
         t0 = b.total_bytes - b.non_torch_bytes
-        # the reserve is T0 x (1 - F); before 0.4.9 the model runner cuts a multimodal model's flag again (sglang_mm),
+        # the reserve is T0 x (1 - F); before 0.4.9 the model runner cuts a multimodal model's flag again (sglang/mm.py),
         # so the flag is F / cut, rounded up so that the pool SGLang profiles is not below the one pinned
         cut = runner_mm_factor(card, version_key(self.release))
         f = round(1 - b.activation_bytes / t0, 4) if cut == 1.0 else math.ceil((1 - b.activation_bytes / t0) / cut * 1e4) / 1e4
@@ -273,7 +273,6 @@ class Sglang(SglangMemory):
             parts.append("--disable-overlap-schedule")
         if cfg.enforce_eager:
             parts.append("--disable-cuda-graph")
-        from capacity.engine.speculative import launch_flags
 
         parts += launch_flags("sglang", cfg.speculative) + declared_flags("sglang", cfg)
         cmd = with_comment(ref, " ".join(parts))
@@ -300,9 +299,4 @@ class Sglang(SglangMemory):
         return notes
 
 
-__all__ = [
-    "CURRENT", "KV_DTYPE", "LOAD_EXTRA_HIGH_GIB", "RELEASES", "Sglang", "SglangBudget", "SglangMemory",
-    "default_chunked_prefill_size", "default_cuda_graph_max_bs", "default_mem_fraction_static", "launch_command",
-    "max_running_requests", "mem_fraction_static", "parse_release", "piecewise_graph_tokens", "pool_tokens",
-    "sglang_budget",
-]
+__all__ = ["KV_DTYPE", "Sglang", "launch_command", "mem_fraction_static"]

@@ -1,6 +1,6 @@
 """vLLM's start-up memory accounting (`VllmMemory`, mixed into `capacity.engine.vllm.Vllm`): the weights, the
 activation peak of the profiling run, non-torch memory, CUDA-graph memory, persistent runner buffers and the KV
-blocks that are left, for any release from 0.4 to the current one (`capacity.engine.vllm_release` holds what
+blocks that are left, for any release from 0.4 to the current one (`capacity.engine.vllm.release` holds what
 changes between releases; `docs/memory.md` the derivation of every term with the code it comes from and the logs
 it was checked on). It changes when a release changes its profiler or a new start-up log moves an empirical
 term; vLLM's defaults, scheduler and launch command live in `capacity.engine.vllm`.
@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from capacity.engine.budget import KVGroups, MemoryBudget, check_fits, fit_problem, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, ResolvedEngine
-from capacity.engine.vllm_layout import (
+from capacity.engine.vllm.layout import (
     _stage_sizes,
     kv_groups,
     kv_layout_card,
@@ -39,8 +39,9 @@ from capacity.engine.vllm_layout import (
     mxfp4_layout_alternative,
     pp_stages,
 )
-from capacity.engine.vllm_nontorch import Est, non_torch
-from capacity.engine.vllm_release import Release
+from capacity.engine.vllm.nontorch import Est, non_torch
+from capacity.engine.vllm.release import Release
+from capacity.errors import DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.model.weights import lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
@@ -278,8 +279,6 @@ class VllmMemory:
         b.warnings.append(f"pipeline parallel {pp}: stages of {sizes} layers hold {', '.join(f'{s.num_blocks:,}' for s in stages)} blocks; the engine keeps stage "
                           f"{worst}'s (each stage on {b.tp} GPU{'s' if b.tp > 1 else ''})")
         if check_fit and not b.fits:
-            from capacity.errors import DoesNotFit
-
             raise DoesNotFit(b.reason)
         return b
 

@@ -37,11 +37,14 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
-from capacity.engine.config import EngineConfig, ResolvedEngine
-from capacity.engine.sglang_mm import runner_mm_factor
-from capacity.errors import ConfigError
+from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
+from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
+from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
+from capacity.model.families.registry import traits
 from capacity.model.gpus import GPU
+from capacity.model.weights import weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB
 
 # What SGLang's "Load weight end ... mem usage" shows beyond the checkpoint's bytes: it is a device-wide free-memory
@@ -140,7 +143,7 @@ def vlm_fraction_factor(card: ModelCard, release: str) -> float:
     the config's vision_config.num_hidden_layers (24 when absent: Qwen2.5-VL says `depth`) and hidden_size.
     Gemma-3 and Llama-4 run text-only unless --enable-multimodal (mm_disabled_models): no change."""
     v = card.vision
-    if v is None or _line(release) < (0, 4, 9, 0) or card.architecture in ("gemma3",):
+    if v is None or _line(release) < (0, 4, 9, 0) or traits(card.architecture).sglang_text_only:
         return 1.0
     if _line(release) < (0, 4, 9, 3):
         return 0.90
@@ -261,10 +264,6 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     buffers for this link: the same libraries; the logs show T0 0.4-1.0 GiB below the total at TP 1 and 1.96-2.01
     GiB of distributed init at TP 8 on an H200). A is T0 less the weights of one rank. `kv_tokens_low` is the pool
     if the context takes the high end (1.0 GiB, and the high end of the NCCL term): what a plan may count on."""
-    from capacity.engine.config import MemoryModelParams
-    from capacity.engine.vllm import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
-    from capacity.model.weights import weight_bytes_per_rank
-
     if context_bytes is None:
         ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, 1.0 * GiB
         if tp > 1:
@@ -294,7 +293,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         mla=card.mla is not None, vlm_factor=vlm, amd=amd)
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
-    runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang_mm)
+    runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang/mm.py)
     if runner != 1.0:
         f *= runner
         notes.append(f"a multimodal model: the model runner (sglang@{release} rules) lowers F by x{runner:.2f} to {f:.3f}")
@@ -343,7 +342,7 @@ def _state_reserve(card: ModelCard, tp: int, release: str, max_running: int | No
         raise ConfigError(f"model {card.name}: SGLang has no {st.kind} state pool in the releases read")
     conv, ssm = st.state_elements(tp)
     per_request = st.num_layers * (conv * 2 + ssm * 4)
-    if card.architecture == "nemotron_h":
+    if traits(card.architecture).sglang_states_per_request:
         n = max_running or 512
         return float(n * per_request), (f"hybrid: {n} requests' states ({per_request / MiB:.1f} MiB each) set aside "
                                          "before the KV pool (radix cache off for Nemotron-H)")
@@ -366,12 +365,19 @@ class SglangMemory:
     def _resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> tuple[ResolvedEngine, SglangBudget]:
         raise NotImplementedError  # Sglang._resolve
 
+    def startup_memory(self, card: ModelCard, gpu: GPU, tp: int, *, mem_fraction_static: float | None,
+                       context_len: int | None, kv_cache_dtype: str, chunked_prefill_size: int | None,
+                       max_running: int | None) -> SglangBudget:
+        """SGLang's own start-up accounting (T0, F, the reserve, the pool) under this release's rules, in SGLang's
+        terms (`capacity memory --engine sglang`): `sglang_budget` at SGLang's flags."""
+        return sglang_budget(card, gpu, tp, release=self.release, mem_fraction_static=mem_fraction_static,
+                             context_len=context_len, kv_cache_dtype=kv_cache_dtype,
+                             chunked_prefill_size=chunked_prefill_size, max_running=max_running)
+
     def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
         """SGLang's start-up memory as a MemoryBudget (see the module docstring for where each term goes). With
         check_fit, a model whose weights leave no pool, or a pool smaller than one context_len request, raises
         DoesNotFit."""
-        from capacity.errors import DoesNotFit
-
         eng, sb = self._resolve(cfg, card, gpu)
         page, cell, ctx = eng.block_size, sb.kv_bytes_per_token, eng.max_model_len
         f, total, w = sb.mem_fraction_static, sb.total_bytes, sb.weights_bytes

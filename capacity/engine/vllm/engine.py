@@ -1,7 +1,7 @@
 """The vLLM engine model: its defaults, its scheduler and its launch command, for any release from 0.4 to the
-current one (`capacity.engine.vllm_release` holds what changes between releases). Its start-up memory
-accounting is `capacity.engine.vllm_memory` (`VllmMemory`, which `Vllm` mixes in; its names are re-exported
-here); `docs/memory.md` has the derivation of every term with the code it comes from and the logs it was
+current one (`capacity.engine.vllm.release` holds what changes between releases). Its start-up memory
+accounting is `capacity.engine.vllm.memory` (`VllmMemory`, which `Vllm` mixes in);
+`docs/memory.md` has the derivation of every term with the code it comes from and the logs it was
 checked on.
 
 Scheduling is vLLM's V1 scheduler (`capacity.sched.continuous`): token budget, batch cap, chunked prefill,
@@ -10,28 +10,17 @@ is the priority request queue.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-
-from capacity.engine.budget import MemoryBudget, SchedLimits
-from capacity.engine.config import EngineConfig, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
+from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.vllm_layout import hybrid_block_size, kv_groups
-from capacity.engine.vllm_memory import (  # re-exported: the accounting's names stay importable from here
-    ACTIVATION_SLACK_GIB,
-    GRAPH_SEGMENT_MIB,
-    GRAPH_SEGMENT_MLA_MIB,
-    VISION_ACTIVATION_SPREAD,
-    WEIGHTS_SPREAD,
-    Est,
-    VllmMemory,
-    blas_workspace_bytes,
-    cudagraph_capture_sizes,
-)
-from capacity.engine.vllm_nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB, NON_TORCH_TP1
-from capacity.engine.vllm_release import Release, release
+from capacity.engine.speculative import launch_flags
+from capacity.engine.vllm.layout import hybrid_block_size
+from capacity.engine.vllm.memory import VllmMemory
+from capacity.engine.vllm.release import Release, parse_engine, release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.sched import make_scheduler
 from capacity.units import GiB
 
 LARGE_GPU_BYTES = 70 * GiB  # vLLM's threshold for its larger batching defaults
@@ -44,6 +33,12 @@ class Vllm(VllmMemory):
 
     def __init__(self, rel: Release | None = None) -> None:
         self.release = rel or release(None)
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Vllm:
+        """The model of the release a spec names (`vllm@0.11`, `vllm@0.9.2:v0`: capacity.engine.vllm.release)."""
+        _, version, runner = parse_engine(spec)
+        return cls(release(version, runner))
 
     # ---- defaults ------------------------------------------------------------------------------------
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
@@ -125,11 +120,9 @@ class Vllm(VllmMemory):
         return self.resolve(probe, card, gpu).max_num_batched_tokens
 
     # ---- scheduling ----------------------------------------------------------------------------------
-    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
+    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> SchedulerFactory:
         """A builder of one replica's scheduler for this configuration; checks the settings now, so a bad one
         fails with the field named and not inside a simulation."""
-        from capacity.sched import make_scheduler
-
         kw: dict
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
@@ -202,7 +195,6 @@ class Vllm(VllmMemory):
             parts.append(f"{f('vllm', 'policy')} priority")
         if cfg.num_gpu_blocks_override is not None:
             parts.append(f"{f('vllm', 'num_gpu_blocks_override')} {cfg.num_gpu_blocks_override}")
-        from capacity.engine.speculative import launch_flags
 
         parts += launch_flags("vllm", cfg.speculative) + declared_flags("vllm", cfg)
         env = []
@@ -245,8 +237,4 @@ VllmV1 = Vllm  # the name earlier code and tests use
 # EngineConfig.step_overhead_ms from a measured run (docs/fidelity.md) where it matters (small batches, TPOT).
 STEP_OVERHEAD_S = 2e-3
 
-__all__ = [
-    "ACTIVATION_SLACK_GIB", "GRAPH_SEGMENT_MIB", "GRAPH_SEGMENT_MLA_MIB", "LARGE_GPU_BYTES", "NON_TORCH_MULTI",
-    "NON_TORCH_PER_PEER_GIB", "NON_TORCH_TP1", "STEP_OVERHEAD_S", "VISION_ACTIVATION_SPREAD", "WEIGHTS_SPREAD", "Est",
-    "Vllm", "VllmMemory", "VllmV1", "blas_workspace_bytes", "cudagraph_capture_sizes", "kv_groups",
-]
+__all__ = ["LARGE_GPU_BYTES", "STEP_OVERHEAD_S", "Vllm", "VllmV1"]

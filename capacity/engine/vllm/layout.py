@@ -1,16 +1,17 @@
 """What vLLM lays out beside the activation peak, per release: how a kernel path stores quantised experts (MXFP4),
 how the KV cache is laid out (DeepSeek before MLA, sliding-window groups, a hybrid model's state layers and
 the attention block size they raise), and how pipeline stages split a model. Read from each release's code
-(docs/memory.md has the files and the checks); `capacity.engine.vllm_memory` puts them into the budget. It
+(docs/memory.md has the files and the checks); `capacity.engine.vllm.memory` puts them into the budget. It
 changes when a release changes one of these layouts."""
 from __future__ import annotations
 
 import re
 
 from capacity.engine.budget import KVGroups
-from capacity.engine.vllm_release import Release
+from capacity.engine.vllm.release import Release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
+from capacity.model.families.registry import traits
 from capacity.model.gpus import GPU
 from capacity.model.weights import ExpertLayout
 from capacity.units import DTYPE_BYTES
@@ -96,7 +97,7 @@ def state_dtype_bytes(card: ModelCard, rel: Release) -> tuple[float, float]:
     assert st is not None
     conv = DTYPE_BYTES[card.dtype]
     ssm = conv
-    if card.architecture == "nemotron_h" and rel.version >= (0, 13, 0):
+    if traits(card.architecture).ssm_dtype_from_config and rel.version >= (0, 13, 0):
         ssm = DTYPE_BYTES[st.ssm_dtype] if st.ssm_dtype else (4.0 if rel.version >= (0, 27, 0) else 2.0)
     elif st.kind == "gated_deltanet" and rel.version >= (0, 17, 0) and st.ssm_dtype:
         ssm = DTYPE_BYTES[st.ssm_dtype]

@@ -44,16 +44,21 @@ EngineConfig field for it: a gpu_memory_utilization other than 0.9 is refused), 
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from capacity.engine.budget import MemoryBudget, SchedLimits, kv_bytes_per_token
-from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, check_tp, resolve_max_model_len
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
+from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.trtllm_release import TrtllmRelease, parse_trtllm
+from capacity.engine.trtllm.release import TrtllmRelease, parse_trtllm
+from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
+from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
+from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
+from capacity.model.weights import weight_bytes_per_rank
+from capacity.sched.continuous import ContinuousConfig, ContinuousScheduler
+from capacity.sched.trt_dynamic import TrtDynamicBatchScheduler
 from capacity.units import GiB, MiB
 
 RELEASE = "1.1"  # the rules read (PyTorch backend, 1.x)
@@ -109,6 +114,11 @@ class Trtllm:
     def __init__(self, rel: TrtllmRelease | None = None) -> None:
         self.rel = rel or parse_trtllm("trtllm")
         self.release = self.rel.version
+
+    @classmethod
+    def from_spec(cls, spec: str) -> Trtllm:
+        """The model of the release and backend a spec names (`trtllm@0.20`, `trtllm@1.1:tensorrt`)."""
+        return cls(parse_trtllm(spec))
 
     @property
     def label(self) -> str:
@@ -185,9 +195,6 @@ class Trtllm:
     # ---- start-up memory -----------------------------------------------------------------------------
     def peak(self, card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> TrtllmPeak:
         """The terms of the profile's peak on one rank (see the module docstring for what is estimated)."""
-        from capacity.engine.vllm import GRAPH_SEGMENT_MIB, NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB, Vllm
-        from capacity.model.weights import weight_bytes_per_rank
-
         cfg = eng.cfg
         w = sum(weight_bytes_per_rank(card, eng.tp).values())
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
@@ -287,11 +294,9 @@ class Trtllm:
         return b
 
     # ---- scheduling ----------------------------------------------------------------------------------
-    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> Callable[[], object]:
+    def scheduler_factory(self, cfg: EngineConfig, limits: SchedLimits) -> SchedulerFactory:
         """A builder of one replica's scheduler: GUARANTEED_NO_EVICT admission (prompt + output reserved), the
         max_num_tokens step budget, the overlap scheduler; checks the settings now."""
-        from capacity.sched import make_scheduler
-
         self._check(cfg)
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: TensorRT-LLM's pools for them are not modelled")
@@ -302,18 +307,18 @@ class Trtllm:
         max_util = cfg.kv_reservation == "prompt"
         # MAX_UTILIZATION admits a request when the blocks of its next step fit (its whole prompt, or its chunk with
         # chunked prefill) and pauses requests when the cache fills, recomputing them later: vLLM's preemption
-        kw = dict(max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
-                  block_size=limits.block_size, num_blocks=limits.num_blocks, chunked_prefill=chunked,
-                  prefix_caching=cfg.enable_prefix_caching, max_model_len=limits.max_model_len,
-                  reserve_output=not max_util, reserve_full_input=not chunked, async_scheduling=overlap)
-        if self.rel.dynamic_batch_tuning:  # the engine backend: the runtime batch size follows the KV capacity
-            from capacity.sched.continuous import ContinuousConfig
-            from capacity.sched.trt_dynamic import TrtDynamicBatchScheduler
+        def conf() -> ContinuousConfig:  # FCFS, as make_scheduler("continuous") builds it
+            return ContinuousConfig(
+                max_num_seqs=limits.max_num_seqs, max_num_batched_tokens=limits.max_num_batched_tokens,
+                block_size=limits.block_size, num_blocks=limits.num_blocks, chunked_prefill=chunked,
+                prefix_caching=cfg.enable_prefix_caching, queue="fcfs", max_model_len=limits.max_model_len,
+                reserve_output=not max_util, reserve_full_input=not chunked, async_scheduling=overlap)
 
-            TrtDynamicBatchScheduler(ContinuousConfig(**kw))  # type: ignore[arg-type]
-            return lambda: TrtDynamicBatchScheduler(ContinuousConfig(**kw))  # type: ignore[arg-type]
-        make_scheduler("continuous", **kw)
-        return lambda: make_scheduler("continuous", **kw)
+        if self.rel.dynamic_batch_tuning:  # the engine backend: the runtime batch size follows the KV capacity
+            TrtDynamicBatchScheduler(conf())
+            return lambda: TrtDynamicBatchScheduler(conf())
+        ContinuousScheduler(conf())
+        return lambda: ContinuousScheduler(conf())
 
     def async_scheduling(self, cfg: EngineConfig) -> bool:
         """The overlap scheduler (PyTorch backend: on unless disable_overlap_scheduler; the engine backend has
@@ -326,8 +331,6 @@ class Trtllm:
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
         """The configured figure, else vLLM's STEP_OVERHEAD_S (2 ms): not measured for TensorRT-LLM."""
-        from capacity.engine.vllm import STEP_OVERHEAD_S
-
         return STEP_OVERHEAD_S if cfg.step_overhead_ms is None else cfg.step_overhead_ms / 1e3
 
     def overhead_overlaps(self, cfg: EngineConfig) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capacity.engine.config import ResolvedEngine
-from capacity.engine.vllm_release import Release
+from capacity.engine.vllm.release import Release
 from capacity.model.gpus import GPU
 from capacity.units import GiB
 
