@@ -120,7 +120,9 @@ def deployment(s: dict) -> Deployment:
     # without chunking, the budget must hold a whole request (the vLLM engine model refuses less): v4.1's 4,096 does
     eng = EngineConfig(tensor_parallel_size=s["tp"], kv_cache_dtype="fp8", max_num_seqs=s["batch"],
                        max_num_batched_tokens=max(s["tokens"], MAX_SEQ) if not s["chunked"] else s["tokens"],
-                       enable_chunked_prefill=s["chunked"], max_model_len=MAX_SEQ, kv_reservation="prompt")
+                       enable_chunked_prefill=s["chunked"], max_model_len=MAX_SEQ, kv_reservation="prompt",
+                       frontend_ms=0.0, frontend_us_per_input_token=0.0)  # LoadGen sends the SUT token ids: no
+    # server front end, no tokenising (docs/fidelity.md, "The server's front end")
     return Deployment(card, get_gpu(s["gpu"]), eng, replicas=s["replicas"])
 
 

@@ -128,7 +128,9 @@ def predict(row: dict, n_requests: int, compute: str | None, reservation: str, b
     # budget holds every prompt (TensorRT-LLM would make a prompt that does not fit the step wait, not split it)
     eng = EngineConfig(engine=engine, tensor_parallel_size=row["tp"], kv_cache_dtype="fp8", max_num_seqs=seqs,
                        max_num_batched_tokens=budget, max_model_len=row["isl"] + row["osl"],
-                       kv_reservation=reservation)  # type: ignore[arg-type]
+                       kv_reservation=reservation,  # type: ignore[arg-type]
+                       frontend_ms=0.0, frontend_us_per_input_token=0.0)  # trtllm-bench hands token ids to the
+    # executor: no server front end, no tokenising (docs/fidelity.md, "The server's front end")
     spec = WorkloadSpec(arrivals=Arrivals(kind="offline"), input_len=fixed(row["isl"]), output_len=fixed(row["osl"]),
                         num_requests=n_requests)
     res = run(Deployment(card, get_gpu(row["gpu"]), eng), spec, RunOptions(seed=0, ci=False, timeseries=False))

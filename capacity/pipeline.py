@@ -25,7 +25,7 @@ from capacity.cost.factory import make_step_cost
 from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.state_space import state_note
-from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, get_engine, speculative
+from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
 from capacity.engine.offload import offloading
@@ -368,8 +368,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
             raise ConfigError("disaggregation: the prefill and decode pools must serve the same model")
         dg = disagg.spec(dep, prepare(disagg.decode))
     cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
-                    fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries, frontend_s=dep.frontend_s,
-                    autoscale=dep.autoscale, disagg=dg)
+                    fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries,
+                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s))
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)
     rec = sim.records
     offline = workload.arrivals.kind == "offline"

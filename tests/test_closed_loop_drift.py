@@ -84,12 +84,15 @@ def test_a_lock_stepped_closed_loop_says_so_and_a_drifting_one_does_not():
     """The same 16 users through the pipeline (the door every command uses): with fixed lengths every wave's
     first tokens come in one step, and the run's notes say TTFT is the upper end; with output lengths 28-36
     they drift apart and it says nothing."""
+    from capacity.engine.config import EngineConfig
     from capacity.model.card import load_model_card
     from capacity.model.gpus import get_gpu
     from capacity.pipeline import Deployment, RunOptions, run
     from capacity.workload import Arrivals, Lengths, WorkloadSpec
 
-    dep = Deployment(card=load_model_card(ROOT / "models/llama-3.1-8b.yaml"), gpu=get_gpu("h100-sxm"))
+    # the engine alone: the server's tokeniser queue staggers a cohort that arrives together (tests/test_frontend.py)
+    dep = Deployment(card=load_model_card(ROOT / "models/llama-3.1-8b.yaml"), gpu=get_gpu("h100-sxm"),
+                     engine=EngineConfig(frontend_ms=0.0, frontend_us_per_input_token=0.0))
     notes = {}
     for name, out in (("fixed", Lengths(kind="fixed", value=32)), ("spread", Lengths(kind="uniform", low=28, high=36))):
         spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=16), input_len=Lengths(kind="fixed", value=512),

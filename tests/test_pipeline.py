@@ -171,7 +171,8 @@ def test_engine_typo_is_one_line_naming_the_field(tmp_path):
 def test_static_batching_holds_kv_blocks_for_its_batch():
     """A batch of two requests of 100 + 28 tokens reserves 8 blocks of 16 each while it runs, none after."""
     dep = Deployment(CARD, get_gpu("h100-sxm"), EngineConfig(policy="static", static_max_batch=2,
-                                                             static_max_wait_s=0.01))
+                                                             static_max_wait_s=0.01, frontend_ms=0.0,
+                                                             frontend_us_per_input_token=0.0))  # the engine alone
     wl = WorkloadSpec.model_validate({"arrivals": {"kind": "constant", "rate_per_s": 1000.0},
                                       "input_len": {"kind": "fixed", "value": 100},
                                       "output_len": {"kind": "fixed", "value": 28}, "num_requests": 2})

@@ -25,6 +25,12 @@ CASES: dict[str, list[str]] = {
 }
 
 
+# The recordings predate the server's front end (issue 47): it is pinned off so they keep guarding the block pool
+# against its pre-lazy recording (the front end adds its latency to TTFT/E2E; tests/test_frontend.py covers it).
+FRONT_END_OFF = ["--frontend-ms", "0", "--frontend-us-per-token", "0"]
+CASES = {k: [*v, *FRONT_END_OFF] for k, v in CASES.items()}
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_prefix_caching_simulations_are_unchanged(case):
     p = run_cli(*CASES[case], timeout=120)

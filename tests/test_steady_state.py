@@ -196,7 +196,7 @@ def test_simulate_says_when_the_offered_rate_is_at_the_capacity():
     the stretch with every user in the loop; 20.5 before the measured GEMM floor, whose bf16 kernels dip 1-3% below
     the roofline at 128-256 tokens; a loop of 30 requests per user reads 20.5): a note, in the table's output, that
     the rate is at or above the capacity; at 10 req/s none. The capacity line is always there."""
-    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "21")
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "21", "--frontend-ms", "0", "--frontend-us-per-token", "0")
     assert r.returncode == 0, r.stderr
     assert "note: at or above capacity: the offered 21 req/s is 101% of 20.7 req/s" in r.stdout
     assert "capacity: 20.7 requests/s with the queue never empty (a closed loop of 834 users" in r.stdout

@@ -133,7 +133,7 @@ def test_a_traces_prefix_ids_are_hits_in_the_prefix_cache(tmp_path):
                      + _json.dumps({"timestamp": 30000, "input_length": 8192, "output_length": 16,
                                     "hash_ids": ids2}) + "\n")
         r = run_cli("simulate", "-m", "llama-3.1-8b", "--trace", str(f), "-n", "2", "--warmup", "0",
-                    "--prefix-caching", "--json")
+                    "--prefix-caching", "--json", "--frontend-ms", "0", "--frontend-us-per-token", "0")  # the engine
         assert r.returncode == 0, r.stderr[-1000:]
         s = _json.loads(r.stdout)["summary"]
         hits.append(s.get("prefix_hit_rate"))

@@ -144,7 +144,8 @@ def test_prefix_cache_shares_only_identical_images():
     leave the 32 prompt blocks shared (512 tokens); the same picture in every request extends the shared prefix to
     512 + 999 = 1511 tokens, 94 full blocks = 1504 tokens, and its encoder output is cached: a later request
     computes 2023 - 1504 = 519 tokens and runs no encoder."""
-    dep = Deployment(QWEN, get_gpu("h100-sxm"), EngineConfig(enable_prefix_caching=True, block_size=16))
+    dep = Deployment(QWEN, get_gpu("h100-sxm"), EngineConfig(enable_prefix_caching=True, block_size=16, frontend_ms=0.0,
+                                                              frontend_us_per_input_token=0.0))  # the engine alone
     opts = RunOptions(seed=0, capacity_check=False, warmup_fraction=0.0)
     got = {}
     for identical in (False, True):

@@ -77,7 +77,6 @@ def simulate(
     router_max_ongoing: Annotated[Optional[int], typer.Option(
         "--router-max-ongoing", help="Router queue: requests per replica before the router holds them "
                                      "(default: max_num_seqs; Ray Serve max_ongoing_requests)")] = None,
-    frontend_ms: Annotated[float, typer.Option("--frontend-ms", help="Front-end latency before the engine (in TTFT)")] = 0.0,
     slo_ttft_ms: Annotated[Optional[float], typer.Option("--slo-ttft-ms", help="SLO on TTFT for goodput")] = None,
     slo_tpot_ms: Annotated[Optional[float], typer.Option("--slo-tpot-ms", help="SLO on TPOT for goodput")] = None,
     seed: Annotated[int, typer.Option("--seed")] = 0,
@@ -162,11 +161,8 @@ def simulate(
         base = spec.images.model_dump(exclude={"weights"} if "sizes" in img else set()) if spec.images else {}
         img = base | img  # the flags over the file's `images:` (new sizes drop its weights)
         spec = spec.model_copy(update={"images": validate(ImageRequests, img, "images")})
-    if frontend_ms < 0:
-        raise CapacityError(f"--frontend-ms: must be >= 0 (got {frontend_ms})")
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
-                     replicas=replicas, router=router, router_max_ongoing=router_max_ongoing,  # type: ignore[arg-type]
-                     frontend_s=frontend_ms / 1e3)
+                     replicas=replicas, router=router, router_max_ongoing=router_max_ongoing)  # type: ignore[arg-type]
     if save_run:
         check_writable(save_run, force, "--save-run")
     dis = None
@@ -182,7 +178,7 @@ def simulate(
 
         dcfg = role_engine(cfg, decode_tp or tp, engine_overrides(decode_set, "--decode-set"), "--decode-set")
         dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
-                         replicas=n_p, router=router, frontend_s=frontend_ms / 1e3)  # type: ignore[arg-type]
+                         replicas=n_p, router=router)  # type: ignore[arg-type]
         dis = Disagg(Deployment(card, g, dcfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
                                 replicas=n_d, router=router),  # type: ignore[arg-type]
                      link, link_gbps, link_latency_us / 1e6 if link_latency_us is not None else None, shared_link)

@@ -172,6 +172,18 @@ class EngineConfig(BaseModel):
         help="CPU us per output token the server spends beside the GPU (detokenise, stream), overlapped: caps output "
         "at 1/this; measure it (default: not modelled)", commands=("simulate", "plan"),
         ui={"label": "output handling (us per token)", "kind": "number", "min": 1.0, "step": 5.0})
+    frontend_ms: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = setting(
+        None, description="The server's time per request before the engine sees it and after its first token "
+        "(HTTP/OpenAI layer, IPC to the engine process, streaming), a latency in TTFT and E2E that costs no engine "
+        "time, ms. None: the engine's measured figure, the conservative end (vLLM 14.4 ms; SGLang, TensorRT-LLM 0: "
+        "not measured; capacity/engine/frontend.py).", flag="--frontend-ms", help="Server time per request before "
+        "the engine (in TTFT), ms (default: the engine's measured figure)", commands=("simulate", "plan"))
+    frontend_us_per_input_token: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = setting(
+        None, description="The server's time per prompt token before the engine sees it (tokenising, on one "
+        "worker thread: a burst of long prompts queues for it), us. None: the measured figure, the conservative end "
+        "(1.89 us; capacity/engine/frontend.py).", flag="--frontend-us-per-token", help="Tokenising time per "
+        "prompt token before the engine (one worker; in TTFT), us (default: measured, 1.89)",
+        commands=("simulate", "plan"))
     usage_context: Literal["serve", "llm"] = setting(
         "serve", description="`vllm serve` or the offline LLM class (different defaults)", flag="--usage-context",
         help="serve (vllm serve, default) or llm (the offline LLM class): different defaults")

@@ -85,6 +85,11 @@ class Router:
         rep.resume(seq)
         return True
 
+    def from_front_end(self, req: Request) -> None:
+        """A request through the server's front end (Simulation.enter counted it in the system at its send)."""
+        self.sim.recorder.count(-1)  # the replica (or this router's queue) counts it again from here
+        self.dispatch(req)
+
     def dispatch(self, req: Request) -> None:
         if self.policy == "queue":
             why = self.replicas[0].sched.admissible(req) if self.replicas else ""
@@ -117,17 +122,23 @@ class Router:
 
 
 class Delay:
-    """A fixed latency: `put(item)` now, `deliver(item)` is called `latency_s` later, in order. One SimPy
+    """A fixed latency: `put(item)` now, `deliver(item)` is called `latency_s` later (after its `work_s` on one
+    serial worker, if any), in order. One SimPy
     process serves a Store, so a burst of puts costs no process per item."""
 
     def __init__(self, env: simpy.Environment, latency_s: float, deliver: Callable[[Any], None]) -> None:
         self.env, self.latency_s, self.deliver = env, latency_s, deliver
         self.store = simpy.Store(env)
         self.due: deque[float] = deque()  # delivery times of items not yet delivered, in order
+        self.busy_until = 0.0  # when the serial worker of put(work_s) is free
         env.process(self.run())
 
-    def put(self, item: Any) -> None:
-        t = self.env.now + self.latency_s
+    def put(self, item: Any, work_s: float = 0.0) -> None:
+        """`work_s`: time on one serial worker first (the server's tokeniser thread), FIFO (capacity.engine.frontend)."""
+        t = self.env.now
+        if work_s > 0:
+            t = self.busy_until = max(t, self.busy_until) + work_s
+        t += self.latency_s
         self.due.append(t)
         self.store.put((t, item))
 

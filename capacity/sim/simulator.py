@@ -121,6 +121,7 @@ class SimConfig:
     timeseries: bool = True
     overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
     frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
+    frontend_s_per_input_token: float = 0.0  # + this x prompt tokens on one serial worker (the tokeniser), FIFO
     autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored); with
     # disagg, the prefill pool
     disagg: Disaggregation | None = None  # prefill and decode pools (replicas is then ignored)
@@ -140,6 +141,8 @@ class SimConfig:
             raise CapacityError(f"device_sharing: use timeslice or swap (got {self.device_sharing!r})")
         if not 0 <= self.frontend_s < math.inf:
             raise CapacityError(f"frontend_s: must be a finite number >= 0 (got {self.frontend_s})")
+        if not 0 <= self.frontend_s_per_input_token < 1:
+            raise CapacityError(f"frontend_s_per_input_token: must be in [0, 1) s (got {self.frontend_s_per_input_token})")
 
 
 @dataclass
@@ -223,9 +226,10 @@ class Simulation:
                            if cfg.autoscale is not None else None)
         self.decode_autoscaler = (Autoscaler(self, d.decode_autoscale, self.decode_router, whole=False)
                                   if d is not None and d.decode_autoscale is not None else None)
-        if cfg.frontend_s > 0 and self.routers:
+        front = cfg.frontend_s > 0 or cfg.frontend_s_per_input_token > 0
+        if front and self.routers:
             raise CapacityError("a front-end delay in a fleet of several models is not modelled")
-        self.delay = Delay(self.env, cfg.frontend_s, self.router.dispatch) if cfg.frontend_s > 0 else None
+        self.delay = Delay(self.env, cfg.frontend_s, self.router.from_front_end) if front else None
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
         self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
@@ -247,7 +251,8 @@ class Simulation:
         """A request leaves its client: through the front-end delay, if any, to the router (its service's)."""
         self.entered += 1
         if self.delay is not None:
-            self.delay.put(req)
+            self.recorder.count(+1)  # in the system from its send: Little's law counts its time in the front end
+            self.delay.put(req, self.cfg.frontend_s_per_input_token * req.prompt_tokens)
         elif self.routers:
             self.routers[req.service].dispatch(req)
         else:
