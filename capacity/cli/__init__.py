@@ -1,6 +1,7 @@
 """`capacity` command line. Domain errors are caught here, and only here: one line on stderr, exit 1.
 
-The app and its option types live in `common`; each command module registers its commands on import.
+The app and its option types live in `common`; each command module registers its commands on import, and the
+app imports a command's module only when that command is asked for (common.LazyGroup, commands.COMMANDS).
 """
 from __future__ import annotations
 
@@ -11,7 +12,6 @@ import sys
 import typer
 from pydantic import ValidationError
 
-from capacity.cli import autoscale, costs, disagg, fleet, memory, plan, simulate, trace, truth  # noqa: F401  (registers the commands)
 from capacity.cli.common import app
 from capacity.errors import CapacityError
 from capacity.files import format_validation_error, short_numbers

@@ -12,7 +12,9 @@ from capacity.cli.common import GpuMemOpt, JsonOpt, ModelOpt, app, engine_config
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
+from capacity.io.fleet import ready_at
 from capacity.model.gpus import get_gpu, with_memory
+from capacity.plan.autoscale import autoscale_report
 from capacity.sim.autoscale import AutoscaleConfig
 
 
@@ -80,7 +82,6 @@ def autoscale(
     """Autoscaling over a load curve: replicas over time, P99 TTFT/TPOT per window against the SLO (violation
     minutes), GPU-hours and cost, against static provisioning for the peak. With --decode-tp, a prefill pool and
     a decode pool, each with its own controller."""
-    from capacity.plan.autoscale import autoscale_report
 
     if startup_s < 0:
         raise CapacityError(f"--startup-s: must be >= 0 (got {startup_s:g})")
@@ -127,7 +128,6 @@ def autoscale(
 
 def _print_report(out: dict, model: str, gpu: str, tp: int, policy: str, startup_s: float, window_s: float,
                   has_slo: bool, disagg: bool, json_out: bool) -> None:
-    from capacity.io.fleet import ready_at
 
     a, s = out["autoscaled"], out["static"]
     n_static = s["replicas"]

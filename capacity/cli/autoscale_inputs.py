@@ -12,6 +12,8 @@ from capacity.curves import fit_curve
 from capacity.engine.startup import estimate_startup
 from capacity.errors import CapacityError
 from capacity.files import dumps, read_mapping, strict_json, validate
+from capacity.plan.autoscale_bound import max_rate_per_replica, steady_point
+from capacity.plan.autoscale_sweep import parse_sweep, startup_sweep
 from capacity.sim.autoscale import POLICIES, AutoscaleConfig
 from capacity.traces import convert, parse_window, rows
 from capacity.workload import WorkloadSpec
@@ -80,7 +82,6 @@ class AutoscaleInputs:
                     raise CapacityError(f"--per-replica-rate: must be a number > 0 (got {self.given_rate:g})")
                 self._rate = (self.given_rate, "given")
             else:
-                from capacity.plan.autoscale_bound import max_rate_per_replica
 
                 self._rate = max_rate_per_replica(self.card, self.gpu, self.engine, self.spec, self.slo_ttft_s,
                                                   self.slo_tpot_s)
@@ -89,7 +90,6 @@ class AutoscaleInputs:
     def profile(self) -> dict[str, float]:
         """The SLA planner's profile: one replica at the per-replica rate (steady_point), once."""
         if self._profile is None:
-            from capacity.plan.autoscale_bound import steady_point
 
             self._profile = steady_point(self.card, self.gpu, self.engine, self.spec, self.per_replica()[0], self.seed)
         return self._profile
@@ -135,7 +135,6 @@ def print_sweep(inp: AutoscaleInputs, spec: str, policies: str, storage_gbps: fl
                 json_out: bool) -> None:
     """`--startup-sweep`: the start-up estimate, then each policy's GPU-hours and SLO-miss minutes per start-up,
     and where its SLO breaks."""
-    from capacity.plan.autoscale_sweep import parse_sweep, startup_sweep
 
     startups = parse_sweep(spec)
     if workers is not None and not 1 <= workers <= 256:

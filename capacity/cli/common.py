@@ -2,12 +2,20 @@
 into typed configuration. Command modules import this; nothing here imports a command module."""
 from __future__ import annotations
 
+import importlib
 import math
-from typing import Annotated, Optional
+from difflib import get_close_matches
+from typing import Annotated, Any, Optional
 
 import typer
+from typer._click import Context, HelpFormatter
+from typer._click.exceptions import UsageError
+from typer._click.utils import make_default_short_help
+from typer.core import TyperGroup
+from typer.main import get_group
 
 from capacity import __version__, compiled, stale_compiled
+from capacity.cli.commands import COMMANDS
 from capacity.cli.engine_options import engine_option
 from capacity.engine.config import settings_class
 from capacity.errors import CapacityError
@@ -27,7 +35,39 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, rich_markup_mode=None,
+class LazyGroup(TyperGroup):
+    """The top-level group: a command's module (commands.COMMANDS) is imported when the command is looked up
+    (to run it or show its own help), not before; the group's --help lists the commands from the table.
+    An error raised while a module imports reaches the boundary in capacity/cli/__init__.py as any other."""
+
+    def list_commands(self, ctx: Context) -> list[str]:
+        return [*COMMANDS, *(name for name in self.commands if name not in COMMANDS)]
+
+    def get_command(self, ctx: Context, cmd_name: str) -> Any:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            importlib.import_module(f"capacity.cli.{COMMANDS[cmd_name][0]}")  # registers its commands on `app`
+            for name, command in get_group(app).commands.items():
+                self.commands.setdefault(name, command)
+        return self.commands.get(cmd_name)
+
+    def resolve_command(self, ctx: Context, args: list[str]) -> Any:
+        try:
+            return self._click_resolve_command(ctx, args)
+        except UsageError as e:  # typer's suggestion, from every command's name (not only those imported)
+            if self.suggest_commands and args and (matches := get_close_matches(args[0], self.list_commands(ctx))):
+                e.message = f"{e.message.rstrip('.')}. Did you mean {', '.join(f'{m!r}' for m in matches)}?"
+            raise
+
+    def format_commands(self, ctx: Context, formatter: HelpFormatter) -> None:
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(name) for name in names)
+        rows = [(name, make_default_short_help(COMMANDS[name][1], limit) if name in COMMANDS
+                 else self.commands[name].get_short_help_str(limit)) for name in names]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+app = typer.Typer(cls=LazyGroup, add_completion=False, no_args_is_help=True, rich_markup_mode=None,
                   help="Predict GPU memory, concurrency and GPU count for LLM serving (vLLM-faithful).")
 
 

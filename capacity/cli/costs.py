@@ -19,6 +19,7 @@ from capacity.files import check_writable, dumps
 from capacity.limits import check
 from capacity.model.card import load_named_card
 from capacity.model.gpus import get_gpu
+from capacity.truth.fit import fit_engine, load_run, save_fit
 from capacity.truth.provenance import mismatches, run_engine
 
 
@@ -51,7 +52,6 @@ def calibrate(
     from pathlib import Path
 
     if from_run:
-        from capacity.truth.fit import fit_engine, load_run, save_fit
 
         given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
         runs = [load_run(r) for r in from_run]

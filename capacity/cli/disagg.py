@@ -21,6 +21,7 @@ from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps
 from capacity.model.gpus import get_gpu
+from capacity.plan.disagg import compare
 from capacity.plan.disagg_commands import settings_text, simulate_command
 from capacity.workload import WorkloadSpec
 
@@ -50,7 +51,6 @@ def disagg(
 ) -> None:
     """Aggregated vs disaggregated prefill/decode on a unit of GPUs: every layout's max rate under the P99 SLOs,
     the GPUs and cost for a target rate, and which wins and why; with --tune, each role's settings searched."""
-    from capacity.plan.disagg import compare
 
     if not 100 <= requests <= 100_000 or not 1 <= seeds <= 10:
         raise CapacityError(f"--requests 100..100000 and --seeds 1..10 (got {requests}, {seeds})")

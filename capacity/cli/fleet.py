@@ -10,7 +10,13 @@ from capacity.cli.common import JsonOpt, ModelOpt, _lengths, app, engine_config,
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.errors import CapacityError
 from capacity.files import dumps, read_mapping, validate
+from capacity.io.fleetday import day_table, load_day_report, totals_table
 from capacity.model.gpus import get_gpu
+from capacity.plan.colocate import LAYOUTS, Fleet, best_layout
+from capacity.plan.colocate import colocate as run_layouts
+from capacity.plan.fleetday import DayFleet
+from capacity.plan.fleetday import fleet_day as run_day
+from capacity.plan.pools import size_pools
 
 
 @app.command()
@@ -23,8 +29,6 @@ def colocate(
     """Several models on GPUs of their own, sharing GPUs (their steps taking turns, memory split by shares) or
     swapped in and out of GPUs (one resident at a time, vLLM sleep mode): GPUs, each model's KV blocks and P99
     TTFT/TPOT against its SLO, in each layout."""
-    from capacity.plan.colocate import LAYOUTS, Fleet, best_layout
-    from capacity.plan.colocate import colocate as run_layouts
 
     f = validate(Fleet, read_mapping(fleet), fleet)
     out = run_layouts(f, seed)
@@ -82,7 +86,6 @@ def pools(
 ) -> None:
     """Interactive and batch traffic of one model: one pool with priority scheduling vs two pools, each sized to
     the fewest replicas that hold the interactive SLO and the batch deadline; the cheaper one recommended."""
-    from capacity.plan.pools import size_pools
 
     if not 100 <= requests <= 100_000:
         raise CapacityError(f"--requests: 100 to 100000 (got {requests})")
@@ -143,7 +146,6 @@ def fleet_day(
 ) -> None:
     """Several models over a day: static provisioning for the peak, reactive and predictive autoscaling per model,
     and the models sharing GPUs; GPU-hours, cost and SLO-miss minutes per model and for the fleet."""
-    from capacity.io.fleetday import day_table, load_day_report, totals_table
 
     if (fleet is None) == (report is None):
         raise CapacityError("give one of --fleet (simulate a day) or --report (print a saved report)")
@@ -152,8 +154,6 @@ def fleet_day(
     if report is not None:
         out = load_day_report(report)
     else:
-        from capacity.plan.fleetday import DayFleet
-        from capacity.plan.fleetday import fleet_day as run_day
 
         f = validate(DayFleet, read_mapping(fleet), fleet)  # type: ignore[arg-type]
         out = run_day(f, seed, workers=workers, progress=not json_out, shared=shared)

@@ -4,10 +4,10 @@ from __future__ import annotations
 import typer
 
 from capacity.files import dumps
+from capacity.plan.layouts import compare_layouts, layouts_report, parse_layouts
 
 
 def plan_layouts(sc, card, ex, spec: str, gpus: int, json_out: bool) -> None:
-    from capacity.plan.layouts import compare_layouts, layouts_report, parse_layouts
 
     try:
         res, best = compare_layouts(sc, card, ex, parse_layouts(spec, gpus, card.moe is not None))

@@ -18,6 +18,7 @@ from capacity.cli.common import (
     load_card,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
+from capacity.engine import memory as mem
 from capacity.engine.memory import kv_bytes_per_token
 from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
 from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
@@ -140,7 +141,6 @@ def fleet(
     """Memory-only fleet sizing across GPUs: for each GPU, the smallest TP that serves the model, its KV
     capacity, and the replicas and GPUs needed to hold `concurrency` sequences of `context` tokens (no
     latency: `capacity plan` adds the simulator)."""
-    from capacity.engine import memory as mem
 
     if context <= 0 or concurrency <= 0:
         raise CapacityError(f"--context and --concurrency must be > 0 (got {context}, {concurrency})")

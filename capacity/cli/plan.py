@@ -30,13 +30,21 @@ from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.cli.layouts import plan_layouts
 from capacity.errors import CapacityError
 from capacity.files import check_writable, dumps, strict_json, validate
+from capacity.io.export import check_destination, load_saved, tables, write_review
+from capacity.io.fleet import load_report
+from capacity.io.fleetday import load_day_report
 from capacity.io.manifests import check_emit, emit_plan
+from capacity.io.report import gpu_comparison, plan_report, sweep_table, to_csv, to_markdown, write_rows
 from capacity.limits import MAX_CLOCK_S, MAX_RATE_PER_S, MIN_RATE_PER_S
 from capacity.limits import check as bound
 from capacity.model.card import ModelCard
 from capacity.model.gpus import get_gpu, with_memory
+from capacity.plan.compare import compare_gpus, comparison_table
+from capacity.plan.executors import make_executor
+from capacity.plan.planner import make_plan
 from capacity.plan.scenario import Scenario, load_scenario
 from capacity.plan.sweep import OPEN_LOOP, check_axes, grid, parse_axis
+from capacity.plan.tasks import SimTask
 from capacity.traces import sizing
 from capacity.workload import Arrivals
 
@@ -94,8 +102,6 @@ def plan(
     `vllm serve` configuration, and trade-offs."""
     import time
 
-    from capacity.plan.executors import make_executor
-    from capacity.plan.planner import make_plan
 
     kind = output_kind(output, json_out)
     json_out = kind == "json"
@@ -132,7 +138,6 @@ def plan(
     if search:
         flags["search"] = search
     if xlsx:
-        from capacity.io.export import check_destination
 
         check_destination(xlsx, force)  # fail before minutes of simulation, not after
     if emit or emit_autoscale:
@@ -154,10 +159,8 @@ def plan(
     finally:
         ex.close()
     wall = time.perf_counter() - t0
-    from capacity.io.report import plan_report
 
     if xlsx:
-        from capacity.io.export import write_review
 
         paths = write_review(xlsx, p, force=force, tables_too=tables_too)
         if not json_out:
@@ -170,8 +173,6 @@ def plan(
         typer.echo(dumps({**p.as_dict(), "wall_s": wall, "cache_hits": ex.hits, "simulations": ex.misses}))
         return
     if kind in ("csv", "md"):
-        from capacity.io.export import tables
-        from capacity.io.report import to_csv, to_markdown
 
         tabs = tables(strict_json(p.as_dict()))
         if kind == "csv":  # one table in a CSV: the frontier (--xlsx writes every table as CSV)
@@ -201,8 +202,6 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
     output tokens (GPUs when unpriced), each labelled `gpu (engine)` when engines are compared."""
     import time
 
-    from capacity.plan.compare import compare_gpus
-    from capacity.plan.executors import make_executor
 
     scenarios = []
     for g in gpus:
@@ -224,8 +223,6 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
     if best is None:
         raise CapacityError("no GPU type can serve this: " + "; ".join(f"{o.gpu}: {o.why}" for o in options))
     if xlsx:
-        from capacity.io.export import write_review
-        from capacity.plan.compare import comparison_table
 
         paths = write_review(xlsx, best.plan, force=force, comparison=comparison_table(options), tables_too=tables_too)
         if not json_out:
@@ -238,7 +235,6 @@ def _plan_gpus(model, flags, gpus, prices, weights, executor, ray_address, no_ca
         return
     from rich.console import Console
 
-    from capacity.io.report import gpu_comparison
 
     gpu_comparison(options, Console(), wall, ex)
 
@@ -264,8 +260,6 @@ def sweep(
     """Simulate a grid over any scenario fields (dotted paths) and tabulate P50/P99 TTFT, TPOT and tokens/s."""
     import math
 
-    from capacity.plan.executors import make_executor
-    from capacity.plan.tasks import SimTask
 
     if not 1 <= seeds <= 100:
         raise CapacityError(f"--seeds {seeds}: must be from 1 to 100")
@@ -335,7 +329,6 @@ def sweep(
                      "tokens_per_s": sum(x.tokens_per_s for x in rr) / len(rr), "source": rr[0].source,
                      "kv_blocks": rr[0].kv_blocks, "preemptions": sum(x.preemptions for x in rr) / len(rr)})
     if out:
-        from capacity.io.report import write_rows
 
         write_rows(rows, out)
     if json_out:
@@ -343,7 +336,6 @@ def sweep(
         return
     from rich.console import Console
 
-    from capacity.io.report import sweep_table
 
     sweep_table(rows, [a for a, _ in axes], Console(), ex)
 
@@ -361,18 +353,15 @@ def export(
     tables_too: TablesOpt = False,
 ) -> None:
     """Write the capacity-review workbook from a saved plan, sweep, autoscale and/or fleet-day report."""
-    from capacity.io.export import load_saved, write_review
 
     plan_d, rows = (load_saved(plan_file, sweep_file) if plan_file or sweep_file or not (autoscale_file or fleet_day_file)
                     else (None, None))
     report = None
     if autoscale_file:
-        from capacity.io.fleet import load_report
 
         report = load_report(autoscale_file)
     day = None
     if fleet_day_file:
-        from capacity.io.fleetday import load_day_report
 
         day = load_day_report(fleet_day_file)
     paths = write_review(xlsx, plan_d, rows, force=force, autoscale=report, fleet_day=day, tables_too=tables_too)

@@ -35,7 +35,10 @@ from capacity.cost.factory import DEFAULT_GPU, profile_gpu
 from capacity.engine.offload import offload_line
 from capacity.errors import CapacityError
 from capacity.files import check_writable, dumps, read_mapping, validate, write_atomic
+from capacity.io.report import simulation_rows, simulation_table, to_csv, to_markdown
 from capacity.model.gpus import get_gpu, with_memory
+from capacity.pipeline import Deployment, Disagg, RunOptions
+from capacity.plan.simulate import simulation_report
 from capacity.sessions import Sessions
 from capacity.traces import convert, parse_window
 from capacity.truth.compare import records_run
@@ -104,8 +107,6 @@ def simulate(
     json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
-    from capacity.pipeline import Deployment, RunOptions
-    from capacity.plan.simulate import simulation_report
     kind = output_kind(output, json_out)
     card = load_card(model, weight_dtype, quant_group_size, compute_dtype)
     g = with_memory(get_gpu(gpu or (profile_gpu(profile) if profile else DEFAULT_GPU)), gpu_memory_gib)
@@ -167,7 +168,6 @@ def simulate(
         check_writable(save_run, force, "--save-run")
     dis = None
     if disagg is not None:
-        from capacity.pipeline import Disagg
 
         try:
             n_p, n_d = (int(x) for x in disagg.split(":"))
@@ -194,7 +194,6 @@ def simulate(
         typer.echo(dumps(out))
         return
     if kind in ("csv", "md"):
-        from capacity.io.report import simulation_rows, to_csv, to_markdown
 
         head, rows = simulation_rows(out)
         if kind == "csv":
@@ -208,7 +207,6 @@ def simulate(
         return
     from rich.console import Console
 
-    from capacity.io.report import simulation_table
 
     con = Console()
     simulation_table(out, con)

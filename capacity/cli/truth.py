@@ -12,12 +12,18 @@ from capacity.cli.costs import engine_flags
 from capacity.errors import CapacityError, require
 from capacity.files import check_writable, dumps, write_atomic
 from capacity.files import validate as check
+from capacity.io.report import simulation_table
 from capacity.limits import check as bound
 from capacity.limits import check_lengths
 from capacity.truth.compare import Change, Requests, as_dict, gate, parse_rules, records_run, write_plot
 from capacity.truth.compare import compare as ab_compare
+from capacity.truth.fit import compare as fit_compare
+from capacity.truth.fit import fit_provenance, load_fit, replay, sim_summary, simulate_run
+from capacity.truth.fit import load_run as load_fit_run
+from capacity.truth.loadtest import counts, run_load, summarize_run
 from capacity.truth.plots import run_figure
 from capacity.truth.provenance import mismatches, parse_engine_config, run_engine
+from capacity.truth.recipe import run_recipe
 from capacity.truth.runfile import load_run
 from capacity.truth.utilisation import describe
 from capacity.workload import Arrivals, WorkloadSpec, generate, load_trace
@@ -56,8 +62,6 @@ def loadtest(
     import math
 
     import numpy as np
-
-    from capacity.truth.loadtest import counts, run_load, summarize_run
 
     for flag, val in (("--requests", requests), ("--timeout-s", timeout_s), ("--max-duration-s", max_duration_s)):
         if not math.isfinite(val) or val <= 0:
@@ -185,11 +189,9 @@ def loadtest(
     failed: list[str] = []
     ab = None
     if base is not None and not interrupted:
-        from capacity.truth.compare import compare  # this function's compare (the module's is the command)
-
         if swept:
             raise CapacityError("--baseline compares one run: leave out the length sweep")
-        changes = compare(base, Requests.of_run(runs[0], "this run"))
+        changes = ab_compare(base, Requests.of_run(runs[0], "this run"))
         failed = gate(changes, rules or {})
         ab = {"baseline": baseline, "changes": as_dict(changes), "rules": rules, "failed": failed}
     if json_out:
@@ -202,8 +204,6 @@ def loadtest(
             raise typer.Exit(3)
         return
     from rich.console import Console
-
-    from capacity.io.report import simulation_table
 
     con = Console()
     for r in runs:
@@ -302,16 +302,11 @@ def validate(
     json_out: JsonOpt = False,
 ) -> None:
     """Replay a measured run (same arrivals and lengths) through the simulator and compare percentiles."""
-    from capacity.truth.fit import compare, load_fit, load_run, sim_summary, simulate_run
-    from capacity.truth.loadtest import summarize_run
-
     _check_plot(plot, force)
     if save_prediction:
         check_writable(save_prediction, force, "--save-prediction")
-    from capacity.truth.fit import fit_provenance
-
     given = engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs)
-    run = load_run(run_file)
+    run = load_fit_run(run_file)
     cost, sched, frontend_s = load_fit(fit)
     warnings = []
     if given or (run.get("meta") or {}).get("engine"):
@@ -322,13 +317,11 @@ def validate(
     warnings += [f"measured elsewhere than the fit's runs (theirs vs this run's): {m}"
                  for m in mismatches(fit_provenance(fit), (run.get("meta") or {}).get("provenance"))]
     sim = simulate_run(run, cost, sched, frontend_s=frontend_s, timeseries=bool(plot))
-    rows = compare(summarize_run(run), sim_summary(sim))
+    rows = fit_compare(summarize_run(run), sim_summary(sim))
     preempt = {"predicted": int(sim.preemptions), "measured": measured_preemptions(run)}
     if plot:
         write_atomic(plot, run_figure(run, sim, int(sched["num_blocks"])).to_html(include_plotlyjs="cdn"), "--plot")
     if save_prediction:
-        from capacity.truth.fit import replay
-
         ids = [q.id for q in replay(run)]  # the simulator numbers the replayed requests in this order
         write_atomic(save_prediction, dumps(records_run(sim.records, 0, {"source": "capacity validate",
                                                                          "run": run_file, "fit": fit}, ids),
@@ -379,8 +372,6 @@ def fit_engine_cmd(
     burst) against a live server, fit the step-cost terms with their uncertainty, and check the fit on a held-out
     run at a rate derived from the probes."""
     import math
-
-    from capacity.truth.recipe import run_recipe
 
     if not url.startswith(("http://", "https://")) or len(url) > 2048:
         raise CapacityError(f"--url {url[:80]!r}: expected http://HOST:PORT or https://...")

@@ -16,6 +16,7 @@ from capacity.engine.settings import ENGINE_COMMANDS, setting
 from capacity.engine.speculative import SpeculativeConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
+from capacity.sched import POLICIES
 from capacity.units import GiB
 
 PosInt = Annotated[int, Field(gt=0, le=10**9)]
@@ -246,8 +247,6 @@ class EngineConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _known_policy(cls, v: str) -> str:
-        from capacity.sched import POLICIES
-
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}: use {', '.join(POLICIES)}")
         return v
@@ -255,7 +254,7 @@ class EngineConfig(BaseModel):
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from capacity.engine.registry import get_engine
+        from capacity.engine.registry import get_engine  # here: registry -> engine.vllm (package) -> this module
 
         try:
             get_engine(v)

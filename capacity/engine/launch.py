@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 
 from capacity.engine.config import EngineConfig, settings_class
 from capacity.engine.settings import declared, meta, value_type
-from capacity.errors import ConfigError
-from capacity.model.card import ModelCard
+from capacity.errors import ConfigError, DoesNotFit
+from capacity.model.card import ModelCard, load_named_card
+from capacity.model.gpus import GPU
 
 ONLINE_FP8 = ("vllm", "sglang")  # engines that quantise an unquantised checkpoint to FP8 as they load it
 
@@ -242,13 +243,27 @@ class LaunchFit:
         return self.pinned_kv_tokens is None or self.kv_tokens >= self.pinned_kv_tokens
 
 
-def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None) -> LaunchFit:
+def _int(value: object, name: str) -> int:
+    """A setting read back as an int (parse_launch_command converts each flag to its declared type)."""
+    if isinstance(value, int):
+        return value
+    raise ConfigError(f"launch command: {name} {value!r} is not an int")
+
+
+def _opt_int(value: object, name: str) -> int | None:
+    return None if value is None else _int(value, name)
+
+
+def _opt_float(value: object, name: str) -> float | None:
+    if value is None or isinstance(value, float):
+        return value
+    return float(_int(value, name))
+
+
+def launch_fit(spec: LaunchSpec, gpu: GPU, engine_release: str | None = None) -> LaunchFit:
     """The memory model on a command read back (parse_launch_command) on `gpu` (a capacity.model.gpus.GPU):
     the card is the one its model names (a published checkpoint's id gives its format; `--quantization fp8` FP8
     weights), the settings are the command's. `engine_release` pins the release (`vllm@0.10.2`, `sglang@0.5.5`)."""
-    from capacity.errors import DoesNotFit
-    from capacity.model.card import load_named_card
-
     if spec.model.startswith("<"):
         raise ConfigError(f"launch command: {spec.model} is a placeholder to fill in, not a model")
     card = load_named_card(spec.model)
@@ -257,16 +272,18 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
             raise ConfigError(f"launch command: --quantization {spec.quantization}: only fp8 (online) is read here")
         card = card.with_overrides(weight_dtype="fp8")
     release = engine_release or spec.engine
-    if spec.engine == "sglang":
+    if spec.engine == "sglang":  # the engines' modules import this one (their launch commands): imported here
         from capacity.engine.sglang.memory import parse_release, sglang_budget
 
         s = spec.settings
-        chunk = s.get("max_num_batched_tokens") if s.get("enable_chunked_prefill", True) else -1
-        sb = sglang_budget(card, gpu, spec.tp, release=parse_release(release),  # type: ignore[arg-type]
-                           mem_fraction_static=spec.settings.get("mem_fraction_static"),  # type: ignore[arg-type]
-                           context_len=s.get("max_model_len"), kv_cache_dtype=str(s.get("kv_cache_dtype", "auto")),  # type: ignore[arg-type]
-                           chunked_prefill_size=chunk, max_running=s.get("max_num_seqs"),  # type: ignore[arg-type]
-                           max_total_tokens=spec.pinned_kv_tokens, page_size=int(s.get("block_size", 1)))  # type: ignore[call-overload]
+        chunk = _opt_int(s.get("max_num_batched_tokens"), "max_num_batched_tokens") \
+            if s.get("enable_chunked_prefill", True) else -1
+        sb = sglang_budget(card, gpu, spec.tp, release=parse_release(release),
+                           mem_fraction_static=_opt_float(s.get("mem_fraction_static"), "mem_fraction_static"),
+                           context_len=_opt_int(s.get("max_model_len"), "max_model_len"),
+                           kv_cache_dtype=str(s.get("kv_cache_dtype", "auto")), chunked_prefill_size=chunk,
+                           max_running=_opt_int(s.get("max_num_seqs"), "max_num_seqs"),
+                           max_total_tokens=spec.pinned_kv_tokens, page_size=_int(s.get("block_size", 1), "block_size"))
         return LaunchFit(sb.fits, sb.kv_tokens_low, spec.pinned_kv_tokens, "" if sb.fits else "SGLang's pool")
     from capacity.engine.registry import get_engine
 
@@ -274,7 +291,7 @@ def launch_fit(spec: LaunchSpec, gpu: object, engine_release: str | None = None)
     cfg = EngineConfig(engine=release, tensor_parallel_size=spec.tp, **settings)  # type: ignore[arg-type]
     em = get_engine(cfg.engine)
     try:
-        b = em.budget(card, gpu, cfg)  # type: ignore[arg-type]
+        b = em.budget(card, gpu, cfg)
     except DoesNotFit as exc:
         return LaunchFit(False, 0, spec.pinned_kv_tokens, str(exc))
     return LaunchFit(True, b.planning_tokens, spec.pinned_kv_tokens)
