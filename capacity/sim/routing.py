@@ -123,36 +123,35 @@ class Router:
 
 class Delay:
     """A fixed latency: `put(item)` now, `deliver(item)` is called `latency_s` later (after its `work_s` on one
-    serial worker, if any), in order. One SimPy
-    process serves a Store, so a burst of puts costs no process per item."""
+    serial worker, if any), in order. Each item's delivery time is known when it is put (the worker is FIFO), so
+    it costs one timeout event and no process: a plan's front end at every request is cheap."""
 
     def __init__(self, env: simpy.Environment, latency_s: float, deliver: Callable[[Any], None]) -> None:
         self.env, self.latency_s, self.deliver = env, latency_s, deliver
-        self.store = simpy.Store(env)
         self.due: deque[float] = deque()  # delivery times of items not yet delivered, in order
+        self.items: deque[Any] = deque()  # the items, in the same order
         self.busy_until = 0.0  # when the serial worker of put(work_s) is free
-        env.process(self.run())
 
     def put(self, item: Any, work_s: float = 0.0) -> None:
         """`work_s`: time on one serial worker first (the server's tokeniser thread), FIFO (capacity.engine.frontend)."""
-        t = self.env.now
+        now = self.env.now
+        t = now
         if work_s > 0:
             t = self.busy_until = max(t, self.busy_until) + work_s
         t += self.latency_s
+        if self.due and t < self.due[-1]:  # in order: never before the item put ahead of it
+            t = self.due[-1]
         self.due.append(t)
-        self.store.put((t, item))
+        self.items.append(item)
+        self.env.timeout(t - now).callbacks.append(self._fire)
+
+    def _fire(self, _event: Any) -> None:
+        self.due.popleft()
+        self.deliver(self.items.popleft())
 
     @property
     def next_due_s(self) -> float:
         return self.due[0] if self.due else math.inf
-
-    def run(self) -> Generator[Any, Any, None]:
-        while True:
-            t, item = yield self.store.get()
-            if t > self.env.now:
-                yield self.env.timeout(t - self.env.now)
-            self.due.popleft()
-            self.deliver(item)
 
 
 class KVTransfer:
