@@ -389,7 +389,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     b = p.budget
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
-    notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
+    notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile) + frontend.note(dep.engine)
     if dep.engine.speculative is not None:
         notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals

@@ -123,3 +123,8 @@ def test_error_while_a_command_module_imports_is_one_line(error, line, capsys, m
     assert exc.value.code == 1
     assert capsys.readouterr().err == line
     assert "capacity.cli._boom" not in sys.modules
+
+
+def test_python_dash_m_runs_the_command_line():
+    r = subprocess.run([sys.executable, "-m", "capacity.cli", "models"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and "llama-3.1-8b" in r.stdout, r.stderr[-2000:]

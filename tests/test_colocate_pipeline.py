@@ -38,3 +38,17 @@ def test_an_overloaded_model_on_gpus_of_its_own_does_not_fail_another():
     assert small["requests"] == 100 and small["meets_slo"] and small["p99_ttft_s"] < 2.0
     assert not out["meets_slo"] and out["gpus"] == 2
 
+
+
+def test_layouts_are_compared_on_the_engines_time_alone():
+    """The shared simulation of several models has no server front end, so the separate layout runs without one
+    (its TTFT is the engine's, as in the shared layout), and a front end set for a model is refused in one line."""
+    from capacity.errors import ConfigError
+
+    f = Fleet.model_validate({"gpu": "h100-sxm", "models": [_model("mistral-7b", 1.0, 60, 256)]})
+    sep = simulate_fleet(f, "separate")["models"][0]
+    assert sep["p50_ttft_s"] < 0.014  # a 256-token prefill on an idle H100: well under vLLM's 14.4 ms front end
+    m = _model("mistral-7b", 1.0, 60, 256)
+    m["engine"]["frontend_ms"] = 5.0
+    with pytest.raises(ConfigError, match=r"models\[0\]\.engine\.frontend_ms: 5\.0: colocate compares"):
+        simulate_fleet(Fleet.model_validate({"gpu": "h100-sxm", "models": [m]}), "separate")

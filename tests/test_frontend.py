@@ -156,3 +156,14 @@ def test_littles_law_counts_the_front_end():
                    np.random.default_rng(1), SimConfig(frontend_s=0.0144, frontend_s_per_input_token=1.89e-6))
     L, lam_w = littles_law(res)
     assert L == pytest.approx(lam_w, rel=1e-9)
+
+
+def test_a_run_says_when_the_engines_front_end_adds_to_ttft():
+    note = frontend.note
+    (line,) = note(EngineConfig())  # vLLM's defaults: the high ends of the measured ranges, said with the ranges
+    assert "14.4 ms per request (measured 13.4-14.4)" in line and "1.89 us per prompt token" in line
+    assert "--frontend-ms" in line
+    (sg,) = note(EngineConfig(engine="sglang"))  # no per-request figure measured: 0, and it says so
+    assert "0 ms per request (not measured for this engine)" in sg
+    assert note(EngineConfig(frontend_ms=5.0, frontend_us_per_input_token=0.0)) == []  # the user's own figures
+    assert note(EngineConfig(engine="sglang", frontend_us_per_input_token=0.0)) == []  # nothing added

@@ -76,4 +76,20 @@ def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> SimTerms:
     return SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
 
 
-__all__ = ["PER_REQUEST_MS", "SimTerms", "TOKENISE_US_PER_TOKEN", "defaults", "family", "sim_terms", "terms"]
+def note(cfg: EngineConfig) -> list[str]:
+    """The run's line on its front end where the engine's default (not the user's setting) adds to TTFT."""
+    if cfg.frontend_ms is not None and cfg.frontend_us_per_input_token is not None:
+        return []
+    per_req, per_tok = terms(cfg)
+    if per_req == 0 and per_tok == 0:
+        return []
+    name = family(cfg.engine)
+    lo, hi = PER_REQUEST_MS.get(name, (0.0, 0.0))
+    measured = f"measured {lo:.3g}-{hi:.3g}" if hi > 0 else "not measured for this engine"
+    return [f"TTFT includes {name}'s front end (tokenising, the API server): {per_req * 1e3:.3g} ms per request "
+            f"({measured}) + {per_tok * 1e6:.3g} us per prompt token (measured "
+            f"{TOKENISE_US_PER_TOKEN[0]:.3g}-{TOKENISE_US_PER_TOKEN[1]:.3g}), the high ends; "
+            "--frontend-ms / --frontend-us-per-token set them (docs/fidelity.md)"]
+
+
+__all__ = ["PER_REQUEST_MS", "SimTerms", "TOKENISE_US_PER_TOKEN", "defaults", "family", "note", "sim_terms", "terms"]

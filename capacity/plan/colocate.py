@@ -154,13 +154,20 @@ def stream_seed(seed: int, i: int) -> int:
 
 
 def _model(m: FleetModel, i: int, layout: str) -> tuple[ModelCard, EngineConfig]:
+    """A model's card and engine. The layouts are compared on the engines' time only: the shared and swapped
+    simulation of several models has no server front end (capacity.sim.simulator), so the separate layout runs
+    without one too (a front end set for a model is refused, not dropped)."""
     card = load_named_card(m.model)
     limit, what = context_of(m.engine, card)
     m.workload.check_context(limit, f"models[{i}] ({card.name}): {what}")
     if layout != "separate" and m.engine.tensor_parallel_size != 1:
         raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the {layout} layout puts one replica of "
                           "every model on each GPU (TP 1)")
-    return card, m.engine
+    for name in ("frontend_ms", "frontend_us_per_input_token"):
+        if getattr(m.engine, name):
+            raise ConfigError(f"models[{i}].engine.{name}: {getattr(m.engine, name)}: colocate compares the layouts "
+                              "on the engines' time; a server front end in a fleet of several models is not modelled")
+    return card, m.engine.model_copy(update={"frontend_ms": 0.0, "frontend_us_per_input_token": 0.0})
 
 
 def _separate(fleet: Fleet, gpu: GPU, seed: int) -> dict[str, Any]:

@@ -199,6 +199,9 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # P99 TTFT 87.6 -> 104.7 ms, plan_a100_classes 285 -> 311 ms), and the trade-off lines quote them. This recording
 # also takes in the issue 48 changes listed below (SGLang's --mem-fraction-static 0.89, trade-off wording), which
 # were explained against the previous recording; they stay listed for the history.
+# Re-recorded (notes only) for the front end's note: every simulate case whose front end comes from the engine's
+# defaults gains one line, "TTFT includes vllm's front end ..." (capacity.engine.frontend.note), at the end of the
+# engine's notes; nothing else moved. The memory and plan cases were not re-recorded (their outputs are unchanged).
 CHANGES: dict[tuple[str, str], str] = {
     ("plan_small", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
     ("plan_a100_classes", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
