@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from capacity.sched.base import Scheduler, Seq
     from capacity.sim.routing import Router
     from capacity.sim.simulator import Simulation
-    from capacity.sim.sources import OpenLoopSource
+    from capacity.sim.sources import Driven
 
 
 def lags_input(sched: Any) -> bool:
@@ -72,7 +72,7 @@ class Replica:
         # applied; the clock is brought there only when something else could happen first
         self.ahead = False
         self.vt = 0.0
-        self.source: OpenLoopSource | None = None  # its source, when it drives it (Simulation.run): no clock at all
+        self.source: Driven | None = None  # its source, when it drives it (Simulation.run): no clock at all
 
     @property
     def outstanding(self) -> int:
@@ -203,8 +203,7 @@ class Replica:
         while True:
             if not self.has_work:
                 if src is not None and src.due < math.inf:  # idle until the next request: it comes now
-                    self.vt = src.due
-                    src.pull()
+                    self.vt = src.wake()
                     continue
                 yield from self._sync()
                 self.busy = False
@@ -243,8 +242,7 @@ class Replica:
                 if sched.num_waiting and getattr(sched, "retired_after", False):
                     continue  # blocks just freed after the decision (async scheduling): the engine asks again
                 if src is not None and src.due < math.inf:  # nothing runnable until the next request
-                    self.vt = src.due
-                    src.pull()
+                    self.vt = src.wake()
                     continue
                 yield from self._sync()
                 yield from self._sleep()

@@ -31,13 +31,12 @@ import simpy
 from capacity.errors import CapacityError
 from capacity.replay import iter_trace
 from capacity.sched.base import Scheduler, Seq
-from capacity.sched.static import StaticScheduler
 from capacity.sim.autoscale import AutoscaleConfig, Autoscaler, Timeline
-from capacity.sim.entities import Replica, runs_ahead
+from capacity.sim.entities import Replica
 from capacity.sim.metrics import Records
 from capacity.sim.recorder import COMPACT_AT, Recorder
 from capacity.sim.routing import Delay, KVTransfer, Router
-from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers
+from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers, closed_loop, drives
 from capacity.workload import Request, WorkloadSpec, generate
 
 
@@ -232,7 +231,7 @@ class Simulation:
         self.delay = Delay(self.env, cfg.frontend_s, self.router.from_front_end) if front else None
         self.sat_queue = cfg.saturation_queue or max(1000, 8 * self.replicas[0].sched.max_running)
         self.stop = self.env.event()
-        self.waiters: dict[int, simpy.Event] = {}  # closed-loop users waiting for their request
+        self.waiters: dict[int, Any] = {}  # closed-loop users waiting for their request (a clock event, or DrivenUsers)
         self.users: ClosedLoopUsers | None = None  # the closed-loop source, when there is one
         self.offline = False  # an offline batch: the queue is the batch, never a sign of overload
         self.entered = 0  # requests sent so far (the SLA planner's request count)
@@ -268,7 +267,7 @@ class Simulation:
         self.result.rejected.append((req.id, why))
         w = self.waiters.pop(req.id, None)
         if w is not None:
-            w.succeed(self.users.answered(req) if self.users else None)
+            w.succeed(self.users.answered(req, self.recorder.clock_s) if self.users else None)
 
     def finish(self, done: list[Seq], t: float = -1.0) -> None:
         """Sequences done at `t` (default: now; an engine running ahead gives its own time)."""
@@ -280,7 +279,7 @@ class Simulation:
             self.recorder.finished(s, t)
             w = self.waiters.pop(s.req.id, None)
             if w is not None:  # a closed-loop user: when it will send again is known now (the fast path's horizon)
-                w.succeed(self.users.answered(s.req) if self.users else None)
+                w.succeed(self.users.answered(s.req, t) if self.users else None)
         for r in self.queue_routers:  # a replica has room now: the router's queue moves
             r.pull()
 
@@ -373,9 +372,8 @@ class Simulation:
         if isinstance(workload, WorkloadSpec) and workload.sessions is not None:
             self.users = SessionUsers(self, workload)
             self.users.start()
-        elif closed:
-            self.users = ClosedLoopUsers(self, workload)  # type: ignore[arg-type]
-            self.users.start()
+        elif closed:  # one engine drives its users where it can (sources.drives), else they are clock processes
+            self.users = closed_loop(self, workload)  # type: ignore[arg-type]
         elif capped:
             self.recorder.compact_at = 0  # its waits are matched to the sequences at the end
             self.users = CappedOpenLoop(self, workload, generate(workload, self.rng))  # type: ignore[arg-type]
@@ -386,10 +384,8 @@ class Simulation:
                 iter_trace(workload.trace, workload) if workload.arrivals.kind == "trace" and workload.trace
                 else generate(workload, self.rng))  # a trace streams (capacity.replay)
             src = OpenLoopSource(self, reqs)
-            rep = self.replicas[0]
-            if (self.delay is None and not math.isfinite(cfg.max_sim_s) and runs_ahead(rep)
-                    and not isinstance(rep.sched, StaticScheduler)):
-                rep.source = src  # one engine and its source: it drives it (Replica._arrivals), no clock events
+            if drives(self):
+                self.replicas[0].source = src  # one engine and its source: it drives it (Replica._arrivals), no clock
             else:
                 env.process(src.run())
         for rep in self.replicas:

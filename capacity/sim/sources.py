@@ -1,7 +1,7 @@
 """Where requests come from: `OpenLoopSource` (generated or traced arrival times), `ClosedLoopUsers` (users
-who send, wait for the answer, think, and send again), `CappedOpenLoop` (arrival times behind a client's cap on
-requests in flight) and `SessionUsers` (multi-turn sessions, capacity.sessions). Wired by
-`capacity.sim.simulator.Simulation`.
+who send, wait for the answer, think, and send again; `DrivenUsers` the same without SimPy processes),
+`CappedOpenLoop` (arrival times behind a client's cap on requests in flight) and `SessionUsers` (multi-turn
+sessions, capacity.sessions). Wired by `capacity.sim.simulator.Simulation`.
 """
 from __future__ import annotations
 
@@ -10,31 +10,61 @@ import math
 from collections.abc import Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from capacity.sched.static import StaticScheduler
 from capacity.sessions import first_turn, next_turn, session_starts
+from capacity.sim.entities import runs_ahead
 from capacity.workload import Request, WorkloadSpec, draw_attributes
 
 if TYPE_CHECKING:
     from capacity.sim.simulator import Simulation
 
 
-class OpenLoopSource:
+def drives(sim: Simulation, users: int = 0) -> bool:
+    """Whether the one engine can drive its source itself (`Replica.source`: no clock event per step or request):
+    `runs_ahead` (asked before the source is set), no front end, no time limit, not static batching (its batch
+    window is a clock event), and fewer users than a queue that stops the run as saturated (the stop is a clock
+    event that users answered at the same time would come before)."""
+    rep = sim.replicas[0]
+    return (sim.delay is None and not math.isfinite(sim.cfg.max_sim_s) and runs_ahead(rep)
+            and not isinstance(rep.sched, StaticScheduler) and users <= sim.sat_queue)
+
+
+class Driven:
+    """A source its engine drives (`Replica.source`, `Replica._arrivals`): when the source's next clock event
+    would fire (`due`, inf: none), that event's creation number (`eid`: SimPy orders events of one time by it),
+    and the next number to give (`eids`: the engine takes one for each step's end)."""
+
+    def __init__(self) -> None:
+        self.due = math.inf
+        self.eid = 0
+        self.eids = 0
+
+    def start(self) -> None:
+        """What the source does at time 0, before the engine's first step."""
+
+    def pull(self) -> None:
+        """The source's next clock event (at `due`), handled."""
+
+    def wake(self) -> float:
+        """The engine is idle: the source's events until one gives it a request; the engine's time then."""
+        t = self.due
+        self.pull()
+        return t
+
+
+class OpenLoopSource(Driven):
     """Requests at their generated (or traced) arrival times; at the end, the overload check of short runs.
     `requests` may be a stream (a replayed trace, `capacity.replay.iter_trace`): each is pulled when the clock
     reaches the one before it (the next arrival is the fast path's horizon), so only one waits in memory."""
 
     def __init__(self, sim: Simulation, requests: Iterable[Request]) -> None:
+        super().__init__()
         self.sim = sim
         self.requests: Iterator[Request] = iter(requests)
         self.head: Request | None = next(self.requests, None)
         if self.head is not None:
             sim.next_arrival_s = self.head.arrival_s
-        # driven by its engine instead of run() (`capacity.sim.entities.Replica._arrivals`): when its next clock
-        # event would fire (`due`), that event's creation number (`eid`: SimPy orders events of one time by it)
-        # and the next number to give (`eids`), and the requests sent so far
-        self.due = math.inf
-        self.eid = 0
-        self.eids = 0
-        self.n = 0
+        self.n = 0  # driven by its engine instead of run(): the requests sent so far
 
     def start(self) -> None:
         """Driven: what run() does at time 0 (the first of the clock's events)."""
@@ -83,7 +113,7 @@ class OpenLoopSource:
         sim.check_overload(n)
 
 
-class ClosedLoopUsers:
+class ClosedLoopUsers(Driven):
     """`users` users, each: send, wait for the answer (or a rejection), think (exponential), repeat, until the
     workload's request count is issued.
 
@@ -93,24 +123,26 @@ class ClosedLoopUsers:
     the step after the one the engine has already started)."""
 
     def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
+        super().__init__()
         self.sim, self.spec = sim, spec
         self.issued = 0
-        self.promised = 0  # answered users that will send again (their due times are in `due`)
-        self.due: list[float] = []
+        self.promised = 0  # answered users that will send again (their due times are in `dues`)
+        self.dues: list[float] = []
 
     def start(self) -> None:
         for _ in range(self.spec.arrivals.users or 0):
             self.sim.env.process(self.user())
 
-    def answered(self, req: Request) -> float | None:
-        """A user got its answer now: when it sends its next request, or None when the workload is issued."""
+    def answered(self, req: Request, now: float = -1.0) -> float | None:
+        """A user got its answer at `now` (default: the clock's time): when it sends its next request, or None
+        when the workload is issued."""
         if self.issued + self.promised >= self.spec.num_requests:
             return None
         self.promised += 1
         think = float(self.sim.rng.exponential(self.spec.arrivals.think_s)) if self.spec.arrivals.think_s > 0 else 0.0
-        t = self.sim.env.now + think
-        heapq.heappush(self.due, t)
-        self.sim.next_arrival_s = self.due[0]
+        t = (now if now >= 0 else self.sim.env.now) + think
+        heapq.heappush(self.dues, t)
+        self.sim.next_arrival_s = self.dues[0]
         return t
 
     def user(self) -> Generator[Any, float | None, None]:  # sent: the answer's due time (mypyc checks it)
@@ -128,9 +160,104 @@ class ClosedLoopUsers:
                 return
             if due > env.now:
                 yield env.timeout(due - env.now)
-            heapq.heappop(self.due)  # this user's due time: the smallest, as the clock has reached it
+            heapq.heappop(self.dues)  # this user's due time: the smallest, as the clock has reached it
             self.promised -= 1
-            sim.next_arrival_s = self.due[0] if self.due else math.inf
+            sim.next_arrival_s = self.dues[0] if self.dues else math.inf
+
+
+class DrivenUsers(ClosedLoopUsers):
+    """The closed loop driven by its one engine (`drives`), as `OpenLoopSource` is: no user processes and no clock
+    events. Each event a user's process would wait for is kept in `events` with its time and the creation number
+    SimPy orders it by: the answer (created when the engine finishes or rejects the request, `answered`) and,
+    after a think time, the wake-up (created when the answer is handled: after the engine has begun its next
+    step, or in turn while it is idle). The engine handles them in that order (`Replica._arrivals`, `wake`), so
+    each request is sent at the same time, in the same order, with the same draws as by `ClosedLoopUsers.user`."""
+
+    def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
+        super().__init__(sim, spec)
+        self.events: list[tuple[float, int, float]] = []  # (time, creation number, send time; < 0: a wake-up)
+
+    def start(self) -> None:
+        """Every user sends at time 0, in turn (each user process's first step)."""
+        rec = self.sim.recorder
+        rec.clock_s = 0.0
+        for _ in range(self.spec.arrivals.users or 0):
+            if self.issued >= self.spec.num_requests:
+                break
+            self._send(0.0)
+        rec.clock_s = -1.0
+        self._head()
+
+    def _send(self, t: float) -> None:
+        sim = self.sim
+        rid = self.issued
+        self.issued += 1
+        req = draw_attributes(self.spec, sim.rng, 1, start_id=rid)[0]
+        req.arrival_s = t
+        sim.waiters[rid] = self  # Simulation.finish and .reject call answered() (which keeps the answer), then succeed()
+        sim.enter(req)
+
+    def succeed(self, due: float | None) -> None:
+        """(The waiter's part: `answered` has kept the answer.)"""
+
+    def answered(self, req: Request, now: float = -1.0) -> float | None:
+        assert now >= 0  # the engine's time (it runs ahead of the clock)
+        due = super().answered(req, now)
+        if due is not None:
+            heapq.heappush(self.events, (now, self.eids, due))
+            self.eids += 1
+            self._head()
+        return due
+
+    def _head(self) -> None:
+        if self.events:
+            self.due, self.eid = self.events[0][0], self.events[0][1]
+        else:
+            self.due = math.inf
+
+    def pull(self) -> None:
+        """The next event: an answer after which the user thinks (its wake-up, created now, is kept), or an
+        answer with no think time or a wake-up: the user sends now (as `ClosedLoopUsers.user` after its yield)."""
+        sim = self.sim
+        t, _, due = heapq.heappop(self.events)
+        if due > t:  # the clock's time for the wake-up: t + (due - t), as a timeout of due - t from t lands
+            heapq.heappush(self.events, (t + (due - t), self.eids, -1.0))
+            self.eids += 1
+        else:
+            heapq.heappop(self.dues)
+            self.promised -= 1
+            sim.next_arrival_s = self.dues[0] if self.dues else math.inf
+            sim.recorder.clock_s = t
+            self._send(t)
+            sim.recorder.clock_s = -1.0
+        self._head()
+
+    def wake(self) -> float:
+        """The engine is idle (asleep on its wake-up event): events in order until a request is admitted, which
+        creates that wake-up event; then the events of that time created before it (the engine resumes after
+        them). A rejected request wakes nothing (its user's answer is a new event)."""
+        sim = self.sim
+        t = woke = self.due
+        eid = -1
+        while self.events and (eid < 0 or (self.due == woke and self.eid < eid)):
+            t = self.due
+            n, rejected = sim.entered, len(sim.result.rejected)
+            self.pull()
+            if eid < 0 and sim.entered > n and len(sim.result.rejected) == rejected:
+                woke, eid = t, self.eids
+                self.eids += 1
+        return t
+
+
+def closed_loop(sim: Simulation, spec: WorkloadSpec) -> ClosedLoopUsers:
+    """The closed loop's users: driven by the engine where it can (`drives`), else user processes (started)."""
+    if drives(sim, spec.arrivals.users or 0):
+        users: ClosedLoopUsers = DrivenUsers(sim, spec)
+        sim.replicas[0].source = users
+    else:
+        users = ClosedLoopUsers(sim, spec)
+        users.start()
+    return users
 
 
 class CappedOpenLoop(ClosedLoopUsers):
@@ -163,11 +290,11 @@ class CappedOpenLoop(ClosedLoopUsers):
             return None
         t = max(self.sim.env.now, self.requests[self.taken].arrival_s)
         self.taken += 1
-        heapq.heappush(self.due, t)
-        self.sim.next_arrival_s = self.due[0]
+        heapq.heappush(self.dues, t)
+        self.sim.next_arrival_s = self.dues[0]
         return t
 
-    def answered(self, req: Request) -> float | None:
+    def answered(self, req: Request, now: float = -1.0) -> float | None:
         return self._take()
 
     def slot(self, due: float | None) -> Generator[Any, float | None, None]:
@@ -175,8 +302,8 @@ class CappedOpenLoop(ClosedLoopUsers):
         while due is not None:
             if due > env.now:
                 yield env.timeout(due - env.now)
-            heapq.heappop(self.due)
-            sim.next_arrival_s = self.due[0] if self.due else math.inf
+            heapq.heappop(self.dues)
+            sim.next_arrival_s = self.dues[0] if self.dues else math.inf
             req = self.requests[self.sent]
             self.waits[req.id] = env.now - req.arrival_s
             self.sent += 1
@@ -206,12 +333,12 @@ class SessionUsers(ClosedLoopUsers):
     def _wait(self, t: float) -> Generator:
         """Until `t`, kept in `due` meanwhile (the simulation's next arrival)."""
         sim = self.sim
-        heapq.heappush(self.due, t)
-        sim.next_arrival_s = self.due[0]
+        heapq.heappush(self.dues, t)
+        sim.next_arrival_s = self.dues[0]
         if t > sim.env.now:
             yield sim.env.timeout(t - sim.env.now)
-        heapq.heappop(self.due)  # the smallest: the clock has reached it
-        sim.next_arrival_s = self.due[0] if self.due else math.inf
+        heapq.heappop(self.dues)  # the smallest: the clock has reached it
+        sim.next_arrival_s = self.dues[0] if self.dues else math.inf
 
     def _send(self, req: Request) -> Any:
         sim = self.sim
@@ -237,7 +364,7 @@ class SessionUsers(ClosedLoopUsers):
             # sent here, at the start time, so that no engine step at this instant misses it
             self.sim.env.process(self.session(req, self._send(req)))
 
-    def answered(self, req: Request) -> float | None:
+    def answered(self, req: Request, now: float = -1.0) -> float | None:
         """A turn was answered (or rejected) now: when its session sends the next, or None when it ends."""
         sim, res = self.sim, self.sim.result
         rejected = bool(res.rejected) and res.rejected[-1][0] == req.id
@@ -249,8 +376,8 @@ class SessionUsers(ClosedLoopUsers):
         sess = self.spec.sessions
         assert sess is not None
         t = sim.env.now + sess.think(sim.rng)
-        heapq.heappush(self.due, t)
-        sim.next_arrival_s = self.due[0]
+        heapq.heappush(self.dues, t)
+        sim.next_arrival_s = self.dues[0]
         return t
 
     def session(self, req: Request, done: Any) -> Generator[Any, float | None, None]:
@@ -261,8 +388,8 @@ class SessionUsers(ClosedLoopUsers):
                 return
             if due > env.now:
                 yield env.timeout(due - env.now)
-            heapq.heappop(self.due)  # this session's due time: the smallest, as the clock has reached it
+            heapq.heappop(self.dues)  # this session's due time: the smallest, as the clock has reached it
             self.promised -= 1
-            sim.next_arrival_s = self.due[0] if self.due else math.inf
+            sim.next_arrival_s = self.dues[0] if self.dues else math.inf
             req = next_turn(self.spec, sim.rng, req, self.issued, env.now)
             done = self._send(req)
