@@ -23,11 +23,13 @@ from capacity.workload import Arrivals, Lengths, WorkloadSpec
 CARD = load_model_card("models/llama-3.1-8b.yaml")
 
 
-def _run(workload, max_sim_s=float("inf"), blocks=27_703, fast=True, sched="continuous", seqs=32, seed=7, **kw):
+def _run(workload, max_sim_s=float("inf"), blocks=27_703, fast=True, sched="continuous", seqs=32, seed=7, front=(0, 0),
+         **kw):
     cost = RooflineCost(CARD, get_gpu("h100-sxm"))
     make = lambda: make_scheduler(sched, max_num_seqs=seqs, max_num_batched_tokens=2048, block_size=16,
                                   num_blocks=blocks, **kw)
-    return simulate(workload, cost, make, np.random.default_rng(seed), SimConfig(fast_forward=fast, max_sim_s=max_sim_s))
+    cfg = SimConfig(fast_forward=fast, max_sim_s=max_sim_s, frontend_s=front[0], frontend_s_per_input_token=front[1])
+    return simulate(workload, cost, make, np.random.default_rng(seed), cfg)
 
 
 def _same(a, b):
@@ -95,9 +97,36 @@ def test_same_lengths_in_lock_step():
         _same(_run(spec, fast=fast, seqs=8), _run(spec, max_sim_s=1e9, fast=fast, seqs=8))
 
 
+FRONT = (0.0144, 1.89e-6)  # vLLM's front end (capacity.engine.frontend): 14.4 ms + 1.89 us per prompt token
+
+
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("arrivals", [Arrivals(kind="closed", users=24), Arrivals(kind="closed", users=24, think_s=0.3),
+                                      Arrivals(kind="closed", users=60)])
+def test_driven_through_the_front_end(fast, arrivals):
+    """A front end (a latency and a FIFO tokeniser, `Delay`) driven with the users: its deliveries are events with
+    their times and creation numbers as the clock would have them (created at the send, after the user's own
+    event); 60 users: a burst that queues at the tokeniser."""
+    spec = WorkloadSpec(arrivals=arrivals, input_len=Lengths(kind="uniform", low=200, high=3000),
+        output_len=Lengths(kind="uniform", low=20, high=300), num_requests=300)
+    free = _run(spec, fast=fast, front=FRONT, blocks=2000)
+    _same(free, _run(spec, max_sim_s=1e9, fast=fast, front=FRONT, blocks=2000))
+    assert free.end_s == np.nanmax(free.records.finish)
+
+
+@pytest.mark.parametrize("users", [1, 2, 40])
+def test_front_end_rejections_and_an_idle_engine(users):
+    """Rejected at delivery (after the front end): the user's answer is an event at the delivery's time; an idle
+    engine is woken by the first delivery it admits, not by a send."""
+    spec = _spec(users, 0.0, n=200, low=50, high=600, out=(2, 3))
+    free = _run(spec, max_model_len=400, seed=0, front=FRONT)
+    _same(free, _run(spec, max_sim_s=1e9, max_model_len=400, seed=0, front=FRONT))
+    assert 50 < len(free.rejected) < 120
+
+
 def test_which_runs_are_driven():
-    """One engine and a time limit of none: driven; a time limit, a front end, several replicas or more users than
-    a saturated queue: the user processes."""
+    """One engine and a time limit of none: driven (a front end too); a time limit, several replicas or more users
+    than a saturated queue: the user processes."""
     cost = RooflineCost(CARD, get_gpu("h100-sxm"))
     make = lambda: make_scheduler("continuous", max_num_seqs=4, max_num_batched_tokens=2048, block_size=16,
                                   num_blocks=27_703)
@@ -109,7 +138,11 @@ def test_which_runs_are_driven():
 
     assert users(SimConfig()) is DrivenUsers
     assert users(SimConfig(max_sim_s=1e9)) is ClosedLoopUsers
-    assert users(SimConfig(frontend_s=0.01)) is ClosedLoopUsers
+    assert users(SimConfig(frontend_s=0.01)) is DrivenUsers
+    sim = Simulation(cost, make, np.random.default_rng(1), SimConfig(frontend_s=0.01))  # open loop: the clock's
+    sim.run(WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=5.0), input_len=Lengths(kind="fixed", value=100),
+                         output_len=Lengths(kind="fixed", value=10), num_requests=20))
+    assert sim.replicas[0].source is None
     assert users(SimConfig(replicas=2)) is ClosedLoopUsers
     assert users(SimConfig(saturation_queue=7)) is ClosedLoopUsers  # 8 users could queue past 7
     assert users(SimConfig(saturation_queue=8)) is DrivenUsers

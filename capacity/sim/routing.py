@@ -6,6 +6,7 @@ KV cache to the decode pool over a link that carries one transfer at a time. Wir
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Generator
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from capacity.sched.base import Seq
     from capacity.sim.entities import Replica
     from capacity.sim.simulator import Disaggregation, Simulation
+    from capacity.sim.sources import Driven
 
 
 # SGLang's cache-aware router (sgl-router / SMG `--policy cache_aware`): the load counts as imbalanced when the
@@ -131,10 +133,15 @@ class Delay:
         self.due: deque[float] = deque()  # delivery times of items not yet delivered, in order
         self.items: deque[Any] = deque()  # the items, in the same order
         self.busy_until = 0.0  # when the serial worker of put(work_s) is free
+        # driven with its source by the one engine (capacity.sim.sources.drive): no timeout per item, but its
+        # time as the clock computes it and its creation number (from the source's count), a heap
+        self.driver: Driven | None = None
+        self.fires: list[tuple[float, int]] = []
 
-    def put(self, item: Any, work_s: float = 0.0) -> None:
-        """`work_s`: time on one serial worker first (the server's tokeniser thread), FIFO (capacity.engine.frontend)."""
-        now = self.env.now
+    def put(self, item: Any, work_s: float = 0.0, now: float = -1.0) -> None:
+        """`work_s`: time on one serial worker first (the server's tokeniser thread), FIFO (capacity.engine.frontend).
+        `now`: the time (default: the clock's; a driven source's own)."""
+        now = now if now >= 0 else self.env.now
         t = now
         if work_s > 0:
             t = self.busy_until = max(t, self.busy_until) + work_s
@@ -143,7 +150,18 @@ class Delay:
             t = self.due[-1]
         self.due.append(t)
         self.items.append(item)
-        self.env.timeout(t - now).callbacks.append(self._fire)
+        drv = self.driver
+        if drv is None:
+            self.env.timeout(t - now).callbacks.append(self._fire)
+        else:
+            heapq.heappush(self.fires, (now + (t - now), drv.eids))
+            drv.eids += 1
+            drv.merge()
+
+    def fire(self) -> None:
+        """Driven: the next delivery's clock event, handled (the caller gives the recorder its time)."""
+        heapq.heappop(self.fires)
+        self._fire(None)
 
     def _fire(self, _event: Any) -> None:
         self.due.popleft()

@@ -36,7 +36,7 @@ from capacity.sim.entities import Replica
 from capacity.sim.metrics import Records
 from capacity.sim.recorder import COMPACT_AT, Recorder
 from capacity.sim.routing import Delay, KVTransfer, Router
-from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers, closed_loop, drives
+from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers, closed_loop, drive, drives
 from capacity.workload import Request, WorkloadSpec, generate
 
 
@@ -251,7 +251,7 @@ class Simulation:
         self.entered += 1
         if self.delay is not None:
             self.recorder.count(+1)  # in the system from its send: Little's law counts its time in the front end
-            self.delay.put(req, self.cfg.frontend_s_per_input_token * req.prompt_tokens)
+            self.delay.put(req, self.cfg.frontend_s_per_input_token * req.prompt_tokens, self.recorder.clock_s)
         elif self.routers:
             self.routers[req.service].dispatch(req)
         else:
@@ -384,8 +384,8 @@ class Simulation:
                 iter_trace(workload.trace, workload) if workload.arrivals.kind == "trace" and workload.trace
                 else generate(workload, self.rng))  # a trace streams (capacity.replay)
             src = OpenLoopSource(self, reqs)
-            if drives(self):
-                self.replicas[0].source = src  # one engine and its source: it drives it (Replica._arrivals), no clock
+            if self.delay is None and drives(self):  # (behind a front end the engine runs ahead between entries)
+                drive(self, src)  # one engine and its source: it drives it (Replica._arrivals), no clock events
             else:
                 env.process(src.run())
         for rep in self.replicas:

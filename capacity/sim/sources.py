@@ -16,39 +16,85 @@ from capacity.sim.entities import runs_ahead
 from capacity.workload import Request, WorkloadSpec, draw_attributes
 
 if TYPE_CHECKING:
+    from capacity.sim.routing import Delay
     from capacity.sim.simulator import Simulation
 
 
 def drives(sim: Simulation, users: int = 0) -> bool:
     """Whether the one engine can drive its source itself (`Replica.source`: no clock event per step or request):
-    `runs_ahead` (asked before the source is set), no front end, no time limit, not static batching (its batch
-    window is a clock event), and fewer users than a queue that stops the run as saturated (the stop is a clock
-    event that users answered at the same time would come before)."""
+    `runs_ahead` (asked before the source is set), no time limit, not static batching (its batch window is a
+    clock event), and fewer users than a queue that stops the run as saturated (the stop is a clock event that
+    users answered at the same time would come before). A front end (`Delay`) is driven with the users
+    (`closed_loop`), whose clocked run goes step by step; an open-loop source behind one stays a clock process
+    (the engine runs ahead between entries, and which steps it groups into one decode stretch depends on what the
+    clock has seen: driven, the same times could come out a rounding apart)."""
     rep = sim.replicas[0]
-    return (sim.delay is None and not math.isfinite(sim.cfg.max_sim_s) and runs_ahead(rep)
-            and not isinstance(rep.sched, StaticScheduler) and users <= sim.sat_queue)
+    return (not math.isfinite(sim.cfg.max_sim_s) and runs_ahead(rep) and not isinstance(rep.sched, StaticScheduler)
+            and users <= sim.sat_queue)
+
+
+def drive(sim: Simulation, src: Driven) -> None:
+    """The one engine drives `src` (and the front end's deliveries, if there is one)."""
+    sim.replicas[0].source = src
+    if sim.delay is not None:
+        sim.delay.driver, src.front = src, sim.delay
 
 
 class Driven:
-    """A source its engine drives (`Replica.source`, `Replica._arrivals`): when the source's next clock event
-    would fire (`due`, inf: none), that event's creation number (`eid`: SimPy orders events of one time by it),
-    and the next number to give (`eids`: the engine takes one for each step's end)."""
+    """A source its engine drives (`Replica.source`, `Replica._arrivals`): when the next clock event of the source
+    or of the front end's deliveries would fire (`due`, inf: none), that event's creation number (`eid`: SimPy
+    orders events of one time by it), and the next number to give (`eids`: the engine takes one for each step's
+    end, the front end one for each delivery). A subclass keeps its own next event in `own_due`, `own_eid`."""
 
-    def __init__(self) -> None:
+    def __init__(self, sim: Simulation) -> None:
+        self.sim = sim
         self.due = math.inf
         self.eid = 0
         self.eids = 0
+        self.own_due = math.inf
+        self.own_eid = 0
+        self.front: Delay | None = None  # the front end, driven with the source (its deliveries' events in `fires`)
 
     def start(self) -> None:
         """What the source does at time 0, before the engine's first step."""
 
+    def own_pull(self) -> None:
+        """The source's own next clock event (at `own_due`), handled."""
+
+    def merge(self) -> None:
+        """`due`, `eid`: the earlier of the source's next event and the front end's next delivery."""
+        f = self.front
+        if f is not None and f.fires and f.fires[0] < (self.own_due, self.own_eid):
+            self.due, self.eid = f.fires[0]
+        else:
+            self.due, self.eid = self.own_due, self.own_eid
+
     def pull(self) -> None:
-        """The source's next clock event (at `due`), handled."""
+        """The next clock event (at `due`), handled: a delivery through the front end, or the source's own."""
+        f = self.front
+        if f is not None and f.fires and f.fires[0] < (self.own_due, self.own_eid):
+            rec = self.sim.recorder
+            rec.clock_s = f.fires[0][0]
+            f.fire()
+            rec.clock_s = -1.0
+        else:
+            self.own_pull()
+        self.merge()
 
     def wake(self) -> float:
-        """The engine is idle: the source's events until one gives it a request; the engine's time then."""
-        t = self.due
-        self.pull()
+        """The engine is idle (asleep on its wake-up event): events in order until one admits a request, which
+        creates that wake-up event; then the events of that time created before it (the engine resumes after
+        them). The engine's time then (the last event's, if none admitted a request)."""
+        rec = self.sim.recorder
+        t = woke = self.due
+        eid = -1
+        while self.due < math.inf and (eid < 0 or (self.due == woke and self.eid < eid)):
+            t = self.due
+            n = rec.admitted_total
+            self.pull()
+            if eid < 0 and rec.admitted_total > n:
+                woke, eid = t, self.eids
+                self.eids += 1
         return t
 
 
@@ -58,8 +104,7 @@ class OpenLoopSource(Driven):
     reaches the one before it (the next arrival is the fast path's horizon), so only one waits in memory."""
 
     def __init__(self, sim: Simulation, requests: Iterable[Request]) -> None:
-        super().__init__()
-        self.sim = sim
+        super().__init__(sim)
         self.requests: Iterator[Request] = iter(requests)
         self.head: Request | None = next(self.requests, None)
         if self.head is not None:
@@ -72,15 +117,16 @@ class OpenLoopSource(Driven):
         if req is None:
             self.sim.check_overload(0, 0.0)
         elif req.arrival_s > 0.0:
-            self.due, self.eid, self.eids = 0.0 + (req.arrival_s - 0.0), self.eids, self.eids + 1
+            self.own_due, self.own_eid, self.eids = 0.0 + (req.arrival_s - 0.0), self.eids, self.eids + 1
         else:
-            self.due = 0.0
-            self.pull()
+            self.own_due = 0.0
+            self.own_pull()
+        self.merge()
 
-    def pull(self) -> None:
-        """Driven: what run() does when its clock event fires at `due`: the request due then, and any due at the
-        same time, sent; the next event's time as the clock computes it (its time plus the gap)."""
-        sim, t, req = self.sim, self.due, self.head
+    def own_pull(self) -> None:
+        """Driven: what run() does when its clock event fires at `own_due`: the request due then, and any due at
+        the same time, sent; the next event's time as the clock computes it (its time plus the gap)."""
+        sim, t, req = self.sim, self.own_due, self.head
         sim.recorder.clock_s = t
         while req is not None:
             nxt = next(self.requests, None)
@@ -93,10 +139,10 @@ class OpenLoopSource(Driven):
         sim.recorder.clock_s = -1.0
         self.head = req
         if req is None:
-            self.due = math.inf
+            self.own_due = math.inf
             sim.check_overload(self.n, t)
         else:
-            self.due, self.eid, self.eids = t + (req.arrival_s - t), self.eids, self.eids + 1
+            self.own_due, self.own_eid, self.eids = t + (req.arrival_s - t), self.eids, self.eids + 1
 
     def run(self) -> Generator:
         sim, env, reqs = self.sim, self.sim.env, self.requests
@@ -123,8 +169,8 @@ class ClosedLoopUsers(Driven):
     the step after the one the engine has already started)."""
 
     def __init__(self, sim: Simulation, spec: WorkloadSpec) -> None:
-        super().__init__()
-        self.sim, self.spec = sim, spec
+        super().__init__(sim)
+        self.spec = spec
         self.issued = 0
         self.promised = 0  # answered users that will send again (their due times are in `dues`)
         self.dues: list[float] = []
@@ -211,11 +257,12 @@ class DrivenUsers(ClosedLoopUsers):
 
     def _head(self) -> None:
         if self.events:
-            self.due, self.eid = self.events[0][0], self.events[0][1]
+            self.own_due, self.own_eid = self.events[0][0], self.events[0][1]
         else:
-            self.due = math.inf
+            self.own_due = math.inf
+        self.merge()
 
-    def pull(self) -> None:
+    def own_pull(self) -> None:
         """The next event: an answer after which the user thinks (its wake-up, created now, is kept), or an
         answer with no think time or a wake-up: the user sends now (as `ClosedLoopUsers.user` after its yield)."""
         sim = self.sim
@@ -232,28 +279,12 @@ class DrivenUsers(ClosedLoopUsers):
             sim.recorder.clock_s = -1.0
         self._head()
 
-    def wake(self) -> float:
-        """The engine is idle (asleep on its wake-up event): events in order until a request is admitted, which
-        creates that wake-up event; then the events of that time created before it (the engine resumes after
-        them). A rejected request wakes nothing (its user's answer is a new event)."""
-        sim = self.sim
-        t = woke = self.due
-        eid = -1
-        while self.events and (eid < 0 or (self.due == woke and self.eid < eid)):
-            t = self.due
-            n, rejected = sim.entered, len(sim.result.rejected)
-            self.pull()
-            if eid < 0 and sim.entered > n and len(sim.result.rejected) == rejected:
-                woke, eid = t, self.eids
-                self.eids += 1
-        return t
-
 
 def closed_loop(sim: Simulation, spec: WorkloadSpec) -> ClosedLoopUsers:
     """The closed loop's users: driven by the engine where it can (`drives`), else user processes (started)."""
     if drives(sim, spec.arrivals.users or 0):
         users: ClosedLoopUsers = DrivenUsers(sim, spec)
-        sim.replicas[0].source = users
+        drive(sim, users)
     else:
         users = ClosedLoopUsers(sim, spec)
         users.start()
