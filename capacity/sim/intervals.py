@@ -14,6 +14,7 @@ Both follow scipy 1.17.1's code step for step, so they give the same numbers bit
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,8 @@ def slope_greater(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
     tiny = 1.0e-20
     n = len(x)
-    ssxm, ssxym, _, ssym = np.cov(x, y, bias=1).flat
+    ssxm, ssxym, _, ssym = np.cov(x, y, bias=True).flat  # (scipy passes bias=1)
+    r: Any
     if ssxm == 0.0 or ssym == 0.0:
         r = np.asarray(np.nan if ssxym == 0 else 0.0)[()]
     else:

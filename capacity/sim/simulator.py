@@ -36,7 +36,7 @@ from capacity.sim.entities import Replica
 from capacity.sim.metrics import Records
 from capacity.sim.recorder import COMPACT_AT, Recorder
 from capacity.sim.routing import Delay, KVTransfer, Router
-from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, OpenLoopSource, SessionUsers, closed_loop, drive, drives
+from capacity.sim.sources import CappedOpenLoop, ClosedLoopUsers, SessionUsers, closed_loop, open_loop
 from capacity.workload import Request, WorkloadSpec, generate
 
 
@@ -383,11 +383,7 @@ class Simulation:
             reqs: Iterable[Request] = workload if not isinstance(workload, WorkloadSpec) else (
                 iter_trace(workload.trace, workload) if workload.arrivals.kind == "trace" and workload.trace
                 else generate(workload, self.rng))  # a trace streams (capacity.replay)
-            src = OpenLoopSource(self, reqs)
-            if self.delay is None and drives(self):  # (behind a front end the engine runs ahead between entries)
-                drive(self, src)  # one engine and its source: it drives it (Replica._arrivals), no clock events
-            else:
-                env.process(src.run())
+            open_loop(self, reqs)  # one engine drives its source where it can (sources.drives), else a clock process
         for rep in self.replicas:
             rep.proc = env.process(rep.run())
         for a in (self.autoscaler, self.decode_autoscaler):

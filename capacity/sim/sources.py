@@ -291,6 +291,16 @@ def closed_loop(sim: Simulation, spec: WorkloadSpec) -> ClosedLoopUsers:
     return users
 
 
+def open_loop(sim: Simulation, requests: Iterable[Request]) -> OpenLoopSource:
+    """The open-loop source: driven by the engine where it can (`drives`, no front end), else a clock process."""
+    src = OpenLoopSource(sim, requests)
+    if sim.delay is None and drives(sim):
+        drive(sim, src)
+    else:
+        sim.env.process(src.run())
+    return src
+
+
 class CappedOpenLoop(ClosedLoopUsers):
     """Open-loop arrival times behind a client that keeps at most `max_concurrency` requests in flight, as `vllm
     bench serve --request-rate R --max-concurrency C` does (every request an asyncio task from its arrival, an
