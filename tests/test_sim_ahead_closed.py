@@ -26,8 +26,12 @@ CARD = load_model_card("models/llama-3.1-8b.yaml")
 def _run(workload, max_sim_s=float("inf"), blocks=27_703, fast=True, sched="continuous", seqs=32, seed=7, front=(0, 0),
          **kw):
     cost = RooflineCost(CARD, get_gpu("h100-sxm"))
-    make = lambda: make_scheduler(sched, max_num_seqs=seqs, max_num_batched_tokens=2048, block_size=16,
-                                  num_blocks=blocks, **kw)
+    if sched == "sglang":  # its overlap scheduler: the input lag of `capacity.sim.lag`
+        make = lambda: make_scheduler("sglang", max_total_tokens=blocks * 16, max_running_requests=seqs,
+                                      chunked_prefill_size=2048, overlap_schedule=True)
+    else:
+        make = lambda: make_scheduler(sched, max_num_seqs=seqs, max_num_batched_tokens=2048, block_size=16,
+                                      num_blocks=blocks, **kw)
     cfg = SimConfig(fast_forward=fast, max_sim_s=max_sim_s, frontend_s=front[0], frontend_s_per_input_token=front[1])
     return simulate(workload, cost, make, np.random.default_rng(seed), cfg)
 
@@ -124,6 +128,32 @@ def test_front_end_rejections_and_an_idle_engine(users):
     assert 50 < len(free.rejected) < 120
 
 
+LAGS = [dict(async_scheduling=True), dict(sched="sglang")]  # vLLM's async scheduling, SGLang's overlap scheduler
+
+
+@pytest.mark.parametrize("lag", LAGS)
+@pytest.mark.parametrize("fast", [True, False])
+@pytest.mark.parametrize("arrivals", [Arrivals(kind="closed", users=24), Arrivals(kind="closed", users=40, think_s=0.2),
+                                      Arrivals(kind="poisson", rate_per_s=8.0), Arrivals(kind="offline")])
+def test_driven_with_the_input_lag(lag, fast, arrivals):
+    """An engine that takes its input a step late (`capacity.sim.lag`): a request sent during a step is held with
+    its time and taken at the schedule call after next, as the clock has it; an idle engine takes it at once. With
+    users through vLLM's front end (the plan's capacity loops), and open-loop arrivals without one."""
+    spec = WorkloadSpec(arrivals=arrivals, input_len=Lengths(kind="uniform", low=200, high=3000),
+                        output_len=Lengths(kind="uniform", low=20, high=300), num_requests=300)
+    front = FRONT if arrivals.kind == "closed" else (0, 0)
+    free = _run(spec, fast=fast, front=front, blocks=2000, **lag)
+    _same(free, _run(spec, max_sim_s=1e9, fast=fast, front=front, blocks=2000, **lag))
+
+
+@pytest.mark.parametrize("lag", LAGS)
+def test_input_lag_rejections_and_an_idle_engine(lag):
+    spec = _spec(2, 0.0, n=200, low=50, high=600, out=(2, 3))
+    kw = dict(lag, max_model_len=400) if "sched" not in lag else dict(lag)
+    free = _run(spec, seed=0, front=FRONT, **kw)
+    _same(free, _run(spec, max_sim_s=1e9, seed=0, front=FRONT, **kw))
+
+
 def test_which_runs_are_driven():
     """One engine and a time limit of none: driven (a front end too); a time limit, several replicas or more users
     than a saturated queue: the user processes."""
@@ -148,7 +178,8 @@ def test_which_runs_are_driven():
     assert users(SimConfig(saturation_queue=8)) is DrivenUsers
 
 
-def test_no_clock_events(monkeypatch):
+@pytest.mark.parametrize("kw", [{}, dict(front=FRONT, async_scheduling=True)])  # the plan's capacity loops: both
+def test_no_clock_events(monkeypatch, kw):
     """The point of it: a driven closed loop takes a handful of clock events, the clocked one several per request."""
     n = {"events": 0}
     step = simpy.Environment.step
@@ -158,7 +189,7 @@ def test_no_clock_events(monkeypatch):
         return step(env)
 
     monkeypatch.setattr(simpy.Environment, "step", counted)
-    _run(_spec(24, 0.0))
+    _run(_spec(24, 0.0), **kw)
     free, n["events"] = n["events"], 0
-    _run(_spec(24, 0.0), max_sim_s=1e9)
+    _run(_spec(24, 0.0), max_sim_s=1e9, **kw)
     assert free <= 3 < 800 <= n["events"]

@@ -35,14 +35,15 @@ def lags_input(sched: Any) -> bool:
     return bool(getattr(getattr(sched, "cfg", None), "async_scheduling", False) or getattr(sched, "overlap", False))
 
 
-def runs_ahead(rep: Replica) -> bool:
+def runs_ahead(rep: Replica, lag_ok: bool = False) -> bool:
     """Whether nothing but the next request's entry can touch this engine or read its state between two of its
     steps: then it applies the steps that end before that entry (or the time limit) one after another without a
     clock event for each (the same steps, times and records: the clock is only how long the others wait). One
     engine fed by an open-loop source (a front-end delay included), no one waiting on its answers (closed-loop
-    users, a client's cap), no router queue, no autoscaling, disaggregation, shared device or input lag."""
+    users, a client's cap), no router queue, no autoscaling, disaggregation, shared device or input lag (`lag_ok`:
+    an engine that drives its source takes its input at the same points as step by step, `sources.drives`)."""
     sim = rep.sim
-    return (len(sim.replicas) == 1 and rep.device is None and not rep.lags_input and rep.role == "both"
+    return (len(sim.replicas) == 1 and rep.device is None and (lag_ok or not rep.lags_input) and rep.role == "both"
             and sim.users is None and sim.transfer is None and not sim.queue_routers and sim.autoscaler is None
             and sim.decode_autoscaler is None and sim.cfg.services is None)
 
@@ -92,7 +93,7 @@ class Replica:
         if self.busy:  # async scheduling, a step in flight: the engine takes it between two schedule calls
             if not counted:
                 self.sim.recorder.count(+1)
-            self.lagged.hold("new", req, self.sim.env.now)
+            self.lagged.hold("new", req, self.sim.recorder.now())
             self._cut()
             return
         self._enter(req, counted)
@@ -202,11 +203,11 @@ class Replica:
             src.start()
         while True:
             if not self.has_work:
+                self.busy = False
                 if src is not None and src.due < math.inf:  # idle until the next request: it comes now
                     self.vt = src.wake()
                     continue
                 yield from self._sync()
-                self.busy = False
                 yield from self._sleep()
                 self.vt = env.now
                 continue

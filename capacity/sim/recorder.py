@@ -65,6 +65,10 @@ class Recorder:
         self.itl_folded: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
         self.ts: list[tuple[float, int, int, int, int]] = []
 
+    def now(self) -> float:
+        """The time of the event being handled: a driven source's own (`clock_s`), else the clock's."""
+        return self.clock_s if self.clock_s >= 0 else self.env.now
+
     def count(self, delta: int, t: float = -1.0) -> None:
         """Requests in the system change by `delta` at `t` (default: the clock's time; an engine running ahead of
         the clock gives its own, `capacity.sim.entities.runs_ahead`)."""

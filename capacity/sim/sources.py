@@ -22,15 +22,16 @@ if TYPE_CHECKING:
 
 def drives(sim: Simulation, users: int = 0) -> bool:
     """Whether the one engine can drive its source itself (`Replica.source`: no clock event per step or request):
-    `runs_ahead` (asked before the source is set), no time limit, not static batching (its batch window is a
+    `runs_ahead` (asked before the source is set; async scheduling's input lag allowed: the source's events are
+    handled after the step they come during is planned, as the clock handles them step by step), no time limit, not static batching (its batch window is a
     clock event), and fewer users than a queue that stops the run as saturated (the stop is a clock event that
     users answered at the same time would come before). A front end (`Delay`) is driven with the users
     (`closed_loop`), whose clocked run goes step by step; an open-loop source behind one stays a clock process
     (the engine runs ahead between entries, and which steps it groups into one decode stretch depends on what the
     clock has seen: driven, the same times could come out a rounding apart)."""
     rep = sim.replicas[0]
-    return (not math.isfinite(sim.cfg.max_sim_s) and runs_ahead(rep) and not isinstance(rep.sched, StaticScheduler)
-            and users <= sim.sat_queue)
+    return (not math.isfinite(sim.cfg.max_sim_s) and runs_ahead(rep, lag_ok=True)
+            and not isinstance(rep.sched, StaticScheduler) and users <= sim.sat_queue)
 
 
 def drive(sim: Simulation, src: Driven) -> None:
