@@ -138,12 +138,12 @@ LAGS = [dict(async_scheduling=True), dict(sched="sglang")]  # vLLM's async sched
 def test_driven_with_the_input_lag(lag, fast, arrivals):
     """An engine that takes its input a step late (`capacity.sim.lag`): a request sent during a step is held with
     its time and taken at the schedule call after next, as the clock has it; an idle engine takes it at once. With
-    users through vLLM's front end (the plan's capacity loops), and open-loop arrivals without one."""
+    vLLM's front end (the plan's capacity loops and load runs) and without."""
     spec = WorkloadSpec(arrivals=arrivals, input_len=Lengths(kind="uniform", low=200, high=3000),
                         output_len=Lengths(kind="uniform", low=20, high=300), num_requests=300)
-    front = FRONT if arrivals.kind == "closed" else (0, 0)
-    free = _run(spec, fast=fast, front=front, blocks=2000, **lag)
-    _same(free, _run(spec, max_sim_s=1e9, fast=fast, front=front, blocks=2000, **lag))
+    for front in (FRONT, (0, 0)):
+        free = _run(spec, fast=fast, front=front, blocks=2000, **lag)
+        _same(free, _run(spec, max_sim_s=1e9, fast=fast, front=front, blocks=2000, **lag))
 
 
 @pytest.mark.parametrize("lag", LAGS)
@@ -173,6 +173,12 @@ def test_which_runs_are_driven():
     sim.run(WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=5.0), input_len=Lengths(kind="fixed", value=100),
                          output_len=Lengths(kind="fixed", value=10), num_requests=20))
     assert sim.replicas[0].source is None
+    lagged = lambda: make_scheduler("continuous", max_num_seqs=4, max_num_batched_tokens=2048, block_size=16,
+                                    num_blocks=27_703, async_scheduling=True)
+    sim = Simulation(cost, lagged, np.random.default_rng(1), SimConfig(frontend_s=0.01))  # ... but with the lag: driven
+    sim.run(WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=5.0), input_len=Lengths(kind="fixed", value=100),
+                         output_len=Lengths(kind="fixed", value=10), num_requests=20))
+    assert sim.replicas[0].source is not None
     assert users(SimConfig(replicas=2)) is ClosedLoopUsers
     assert users(SimConfig(saturation_queue=7)) is ClosedLoopUsers  # 8 users could queue past 7
     assert users(SimConfig(saturation_queue=8)) is DrivenUsers

@@ -25,10 +25,10 @@ def drives(sim: Simulation, users: int = 0) -> bool:
     `runs_ahead` (asked before the source is set; async scheduling's input lag allowed: the source's events are
     handled after the step they come during is planned, as the clock handles them step by step), no time limit, not static batching (its batch window is a
     clock event), and fewer users than a queue that stops the run as saturated (the stop is a clock event that
-    users answered at the same time would come before). A front end (`Delay`) is driven with the users
-    (`closed_loop`), whose clocked run goes step by step; an open-loop source behind one stays a clock process
-    (the engine runs ahead between entries, and which steps it groups into one decode stretch depends on what the
-    clock has seen: driven, the same times could come out a rounding apart)."""
+    users answered at the same time would come before). A front end (`Delay`) is driven with the source where the
+    clocked run goes step by step (users; an engine with the input lag); an open-loop source behind one, feeding an
+    engine without the lag, stays a clock process (that engine runs ahead between entries, and which steps it
+    groups into one decode stretch depends on what the clock has seen: driven, times could move by a rounding)."""
     rep = sim.replicas[0]
     return (not math.isfinite(sim.cfg.max_sim_s) and runs_ahead(rep, lag_ok=True)
             and not isinstance(rep.sched, StaticScheduler) and users <= sim.sat_queue)
@@ -293,9 +293,10 @@ def closed_loop(sim: Simulation, spec: WorkloadSpec) -> ClosedLoopUsers:
 
 
 def open_loop(sim: Simulation, requests: Iterable[Request]) -> OpenLoopSource:
-    """The open-loop source: driven by the engine where it can (`drives`, no front end), else a clock process."""
+    """The open-loop source: driven by the engine where it can (`drives`; behind a front end, only an engine with
+    the input lag, whose clocked run goes step by step), else a clock process."""
     src = OpenLoopSource(sim, requests)
-    if sim.delay is None and drives(sim):
+    if drives(sim) and (sim.delay is None or sim.replicas[0].lags_input):
         drive(sim, src)
     else:
         sim.env.process(src.run())
