@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.sim_speed import host_cpu  # noqa: E402
 
-WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang", "disagg", "capped")
+WORKLOADS = ("ref10000", "closed", "prefix", "priority", "sglang", "disagg", "capped", "closed1", "front")
 
 CHILD = r"""
 import hashlib, json, sys, time, dataclasses
@@ -86,6 +86,16 @@ elif workload == "capped":  # Poisson arrivals behind a client's cap of 24 in fl
     spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=20.0, max_concurrency=24),
                         input_len=fixed(1024), output_len=fixed(256), num_requests=4000)
     CB = dict(CB, async_scheduling=True)
+elif workload == "closed1":  # a plan's capacity loop: users on one engine, vLLM's front end, async scheduling
+    spec = WorkloadSpec(arrivals=Arrivals(kind="closed", users=160), input_len=fixed(1024), output_len=fixed(256),
+                        num_requests=4000)
+    CB = dict(CB, async_scheduling=True)
+    cfg = dict(frontend_s=0.0144, frontend_s_per_input_token=1.89e-6)
+elif workload == "front":  # a plan's load run: Poisson arrivals through vLLM's front end, async scheduling
+    spec = WorkloadSpec(arrivals=Arrivals(kind="poisson", rate_per_s=8.0), input_len=fixed(1024),
+                        output_len=fixed(256), num_requests=4000)
+    CB = dict(CB, async_scheduling=True)
+    cfg = dict(frontend_s=0.0144, frontend_s_per_input_token=1.89e-6)
 else:
     raise SystemExit(workload)
 walls = []

@@ -137,3 +137,14 @@ def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_
     reqs = [Request(start_id + i, float(arr[i]), int(prompt[i]), int(out[i]), int(cls[i]),
                     spec.classes[int(cls[i])].priority, int(group[i]), int(ptoks[i])) for i in range(n)]
     return reqs if spec.images is None else spec.images.attach(reqs, rng)  # images: capacity.vision_requests
+
+
+def draw_one(spec: WorkloadSpec, rng: np.random.Generator, rid: int) -> Request:
+    """`draw_attributes(spec, rng, 1, start_id=rid)[0]` (a closed-loop user's next request, one at a time): built
+    directly where that draws nothing from `rng` (one class, fixed lengths, no shared prefix, no images: the
+    planner's capacity loops of fixed-length workloads and its context map), the same request; else that call."""
+    if len(spec.classes) == 1 and spec.prefix is None and spec.images is None:
+        li, lo = spec.class_lengths(0)
+        if li.kind == "fixed" and lo.kind == "fixed" and li.value is not None and lo.value is not None:
+            return Request(rid, 0.0, li.value, lo.value, 0, spec.classes[0].priority, -1, 0)
+    return draw_attributes(spec, rng, 1, start_id=rid)[0]

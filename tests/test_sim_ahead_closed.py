@@ -199,3 +199,20 @@ def test_no_clock_events(monkeypatch, kw):
     free, n["events"] = n["events"], 0
     _run(_spec(24, 0.0), max_sim_s=1e9, **kw)
     assert free <= 3 < 800 <= n["events"]
+
+
+@pytest.mark.parametrize("spec", [
+    WorkloadSpec(arrivals=Arrivals(kind="closed", users=4), input_len=Lengths(kind="fixed", value=1000),
+                 output_len=Lengths(kind="fixed", value=200), num_requests=10),
+    _spec(4, 0.0),  # uniform lengths: drawn from the generator
+    WorkloadSpec(arrivals=Arrivals(kind="closed", users=4), input_len=Lengths(kind="fixed", value=1000),
+                 output_len=Lengths(kind="lognormal", mean=200, cv=1.0), num_requests=10)])
+def test_a_users_request_is_drawn_as_before(spec):
+    """`draw_one` (each user's next request) is `draw_attributes(spec, rng, 1, start_id=i)[0]`: the same request,
+    and the generator left in the same state (a fixed-length workload draws nothing from it)."""
+    from capacity.draws import draw_attributes, draw_one
+
+    a, b = np.random.default_rng(5), np.random.default_rng(5)
+    for i in range(7):
+        assert draw_one(spec, a, i) == draw_attributes(spec, b, 1, start_id=i)[0]
+    assert a.random() == b.random()

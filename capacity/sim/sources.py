@@ -10,10 +10,11 @@ import math
 from collections.abc import Generator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
+from capacity.draws import draw_one
 from capacity.sched.static import StaticScheduler
 from capacity.sessions import first_turn, next_turn, session_starts
 from capacity.sim.entities import runs_ahead
-from capacity.workload import Request, WorkloadSpec, draw_attributes
+from capacity.workload import Request, WorkloadSpec
 
 if TYPE_CHECKING:
     from capacity.sim.routing import Delay
@@ -197,7 +198,7 @@ class ClosedLoopUsers(Driven):
         while self.issued < spec.num_requests:
             rid = self.issued
             self.issued += 1
-            req = draw_attributes(spec, sim.rng, 1, start_id=rid)[0]
+            req = draw_one(spec, sim.rng, rid)
             req.arrival_s = env.now
             done = env.event()
             sim.waiters[rid] = done
@@ -239,7 +240,7 @@ class DrivenUsers(ClosedLoopUsers):
         sim = self.sim
         rid = self.issued
         self.issued += 1
-        req = draw_attributes(self.spec, sim.rng, 1, start_id=rid)[0]
+        req = draw_one(self.spec, sim.rng, rid)
         req.arrival_s = t
         sim.waiters[rid] = self  # Simulation.finish and .reject call answered() (which keeps the answer), then succeed()
         sim.enter(req)
