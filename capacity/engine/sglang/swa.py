@@ -52,11 +52,13 @@ def split_pool(tokens: int, full_layers: int, swa_layers: int, page_size: int = 
 
 def swa_pin(swa_tokens: int, full_layers: int, swa_layers: int, page_size: int = 1,
              ratio: float = SWA_FULL_TOKENS_RATIO) -> int:
-    """The --max-total-tokens that gives an SWA pool of at least `swa_tokens`: SGLang clamps the count over every
-    layer before it splits it, so the flag is swa / r x (n_full + r x n_swa) / layers, rounded up to a page (a
-    page more for the rounding of the split)."""
-    n = math.ceil(swa_tokens / ratio * (full_layers + ratio * swa_layers) / (full_layers + swa_layers))
-    return (n // page_size + 2) * page_size
+    """The smallest --max-total-tokens (a whole number of pages) whose split gives an SWA pool of at least
+    `swa_tokens`: SGLang clamps the count over every layer before it splits it (0.5.8's init_memory_pool)."""
+    n = math.floor(swa_tokens / ratio * (full_layers + ratio * swa_layers) / (full_layers + swa_layers))
+    n = max(n // page_size - 2, 1) * page_size  # from a little below, so the first that holds is the smallest
+    while split_pool(n, full_layers, swa_layers, page_size, ratio)[1] < swa_tokens:
+        n += page_size
+    return n
 
 
 def swa_note(split: tuple[int, int] | None, card: ModelCard, full: int = 0, swa: int = 0) -> str:
