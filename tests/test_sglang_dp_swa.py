@@ -97,6 +97,8 @@ def test_dp_attention_refusals_are_one_line_naming_the_field():
     r = run_cli("memory", "-m", str(QWEN3_MOE), "-g", "h100", "--engine", "sglang", "--tp", "8", "--dp", "3",
                 "--enable-dp-attention")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "enable_dp_attention" in r.stderr
+    r = run_cli("memory", "-m", str(QWEN3_MOE), "-g", "h100", "--engine", "sglang", "--tp", "4", "--enable-dp-attention")
+    assert r.returncode == 1 and "enable_dp_attention: data_parallel_size 1 must be > 1" in r.stderr  # no --dp
     r = run_cli("memory", "-m", str(QWEN3_MOE), "-g", "h100", "--engine", "sglang", "--tp", "4", "--dp", "4")
     assert r.returncode == 1 and "--enable-dp-attention" in r.stderr  # --dp alone: SGLang's replicas, not modelled
 

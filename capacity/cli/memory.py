@@ -19,6 +19,7 @@ from capacity.cli.common import (
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.engine import memory as mem
+from capacity.engine.config import EngineConfig
 from capacity.engine.memory import kv_bytes_per_token
 from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
 from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
@@ -57,6 +58,9 @@ def memory(
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
         s = settings
         dp = s["data_parallel_size"] if s.get("enable_dp_attention") else 1  # --dp N --enable-dp-attention
+        if s.get("enable_dp_attention"):  # the field's own checks (EngineConfig._dp_attention), in one line
+            EngineConfig(engine=engine, tensor_parallel_size=s["tensor_parallel_size"], data_parallel_size=dp,
+                         enable_dp_attention=True)
         if s["max_loras"] or s["pipeline_parallel_size"] != 1 or s["data_parallel_size"] != dp or "enable_expert_parallel" in s:
             raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang "
                                 "(--dp only with --enable-dp-attention)")
