@@ -16,9 +16,10 @@ Read in the PyPI wheels of 0.4.8.post1, 0.5.5 and 0.5.23 (`python/sglang/srt/...
   the default F was set from the undivided one); the default F reserves graph_bs x dp x 3 MiB more (+ x 1.5 over
   a graph_bs of 300) from 0.5.3, 4 GiB more from 0.4.7.post1 to the 0.5.3 rules, and nothing before (memory.py
   `default_mem_fraction_static`); `managers/tp_worker.py`: --max-running-requests is divided by dp.
-- CUDA graphs capture the same batch sizes per rank; under DP attention each forward also takes a gathered buffer
-  of (tokens x dp) x hidden (`get_global_dp_buffer`, `cuda_graph_runner.py` `global_dp_buffer_len`). Both live in
-  the reserve T0 x (1 - F): SGLang does not subtract them at start-up, and neither does capacity.
+- CUDA graphs capture the batch sizes of the list that are multiples of the attention TP size
+  (`cuda_graph_runner.py` `get_batch_sizes_to_capture`, with the gathered buffer); each forward also takes a
+  gathered buffer of (tokens x dp) x hidden (`get_global_dp_buffer`, `global_dp_buffer_len`). Both live in the
+  reserve T0 x (1 - F): SGLang does not subtract them at start-up, and neither does capacity.
 
 Only models whose SGLang code shards attention by the attention-TP group are accepted: the others (Llama, Qwen2,
 Mistral, Gemma...) shard it over the whole TP group, so their DP attention is not a layout SGLang has.
