@@ -87,6 +87,19 @@ def test_dp_attention_weights_against_the_dsv32_b300_log():
     assert tp < 0.9 * logged
 
 
+def test_up_to_0_4_4_dp_attention_is_over_every_rank_and_halves_the_chunk():
+    """0.4.3 to 0.4.4 (`server_args.py` __post_init__): DP attention sets dp_size = tp_size and chunked_prefill_size
+    // 2; from 0.4.4.post1 dp may be any divisor of tp and the chunk is divided by it (0.4.4.post1, 0.4.5, 0.4.6,
+    0.4.8.post1 read). DeepSeek-V3 on an H200 at TP 8: the default chunk under 0.5.3 is 8,192."""
+    ds, h200 = _card(HF / "deepseek-v3.json"), get_gpu("h200")
+    old = sglang_budget(ds, h200, 8, release=parse_release("sglang@0.4.4"), dp_attention=8)
+    assert old.chunked_prefill_size == 8192 // 2
+    new = sglang_budget(ds, h200, 8, release=parse_release("sglang@0.4.4.post1"), dp_attention=4)
+    assert new.chunked_prefill_size == 8192 // 4
+    with pytest.raises(ConfigError, match="enable_dp_attention: data_parallel_size 4: SGLang up to 0.4.4 sets"):
+        sglang_budget(ds, h200, 8, release=parse_release("sglang@0.4.4"), dp_attention=4)
+
+
 def test_dp_attention_refusals_are_one_line_naming_the_field():
     with pytest.raises(ValidationError, match="enable_dp_attention: data_parallel_size 3 must be > 1 and divide"):
         EngineConfig(engine="sglang", tensor_parallel_size=8, data_parallel_size=3, enable_dp_attention=True)

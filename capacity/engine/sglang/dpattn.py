@@ -13,7 +13,8 @@ Read in the PyPI wheels of 0.4.8.post1, 0.5.5 and 0.5.23 (`python/sglang/srt/...
 - KV: `model_runner.py` `profile_max_num_token` sizes the cell with `get_num_kv_heads(get_attention_tp_size())`
   (MLA's latent is never sharded), on every rank from that rank's free memory: one pool per attention group.
 - `server_args.py`: `_handle_data_parallelism` asserts tp % dp == 0 and divides chunked_prefill_size by dp (after
-  the default F was set from the undivided one); the default F reserves graph_bs x dp x 3 MiB more (+ x 1.5 over
+  the default F was set from the undivided one); up to 0.4.4 (0.4.3, 0.4.3.post2/post4, 0.4.4 read) `__post_init__`
+  set dp_size = tp_size (attention TP 1) and halved the chunk instead, from 0.4.4.post1 the rule above; the default F reserves graph_bs x dp x 3 MiB more (+ x 1.5 over
   a graph_bs of 300) from 0.5.3, 4 GiB more from 0.4.7.post1 to the 0.5.3 rules, and nothing before (memory.py
   `default_mem_fraction_static`); `managers/tp_worker.py`: --max-running-requests is divided by dp.
 - CUDA graphs capture the batch sizes of the list that are multiples of the attention TP size
@@ -40,8 +41,12 @@ ATTENTION_GROUPS = frozenset({"q_proj", "kv_proj", "o_proj", "q_bias", "kv_bias"
                               "kv_a_proj", "kv_b_proj"})
 
 
-def check_dp_attention(card: ModelCard, tp: int, dp: int) -> int:
-    """The attention TP size (tp / dp) of this layout, or a one-line error naming the field."""
+def check_dp_attention(card: ModelCard, tp: int, dp: int, line: tuple[int, int, int, int] = (9, 0, 0, 0)) -> int:
+    """The attention TP size (tp / dp) of this layout under the release `line`, or a one-line error naming the
+    field."""
+    if line < (0, 4, 4, 1) and dp != tp:
+        raise ConfigError(f"enable_dp_attention: data_parallel_size {dp}: SGLang up to 0.4.4 sets dp_size = tp_size "
+                          f"({tp}) with DP attention (server_args.py)")
     if dp < 2 or tp % dp:
         raise ConfigError(f"enable_dp_attention: data_parallel_size {dp} must be > 1 and divide tensor_parallel_size "
                           f"{tp} (SGLang asserts tp_size % dp_size == 0)")
@@ -63,6 +68,16 @@ def dp_attention_weights(card: ModelCard, tp: int, dp: int) -> dict[str, float]:
     return out
 
 
+def chunk_divisor(dp: int, line: tuple[int, int, int, int]) -> int:
+    """What SGLang divides chunked_prefill_size by under DP attention: dp from 0.4.4.post1, 2 before."""
+    return 2 if line < (0, 4, 4, 1) else dp
+
+
+def dp_chunk(chunk: int, dp: int, line: tuple[int, int, int, int]) -> int:
+    """chunked_prefill_size per attention group (see chunk_divisor)."""
+    return chunk // chunk_divisor(dp, line)
+
+
 def dp_attention_note(tp: int, dp: int, chunk: int) -> str:
     return (f"DP attention: {dp} attention groups of TP {tp // dp} on the {tp} GPUs, each with its own scheduler and "
             f"KV pool (the figures are one rank's, i.e. one group's pool); attention weights held {dp} times, the "
@@ -70,4 +85,5 @@ def dp_attention_note(tp: int, dp: int, chunk: int) -> str:
             "the gathered DP buffer live in the reserve")
 
 
-__all__ = ["ATTENTION_GROUPS", "DP_ATTENTION_ARCHS", "check_dp_attention", "dp_attention_note", "dp_attention_weights"]
+__all__ = ["ATTENTION_GROUPS", "DP_ATTENTION_ARCHS", "check_dp_attention", "dp_attention_note", "dp_attention_weights",
+           "chunk_divisor", "dp_chunk"]

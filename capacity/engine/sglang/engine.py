@@ -28,6 +28,7 @@ import math
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
 from capacity.engine.sglang.memory import (
     CURRENT,
     RELEASES,
@@ -205,7 +206,7 @@ class Sglang(SglangMemory):
                            max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
                            dp_attention=self.dp_attention(cfg))
         if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
-            mnbt //= sb.dp_attention
+            mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))
         if cfg.max_num_seqs is None:
             used.append("max_num_seqs")
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
@@ -285,7 +286,8 @@ class Sglang(SglangMemory):
         f = round(1 - b.activation_bytes / t0, 4) if cut == 1.0 else math.ceil((1 - b.activation_bytes / t0) / cut * 1e4) / 1e4
 
         dp = self.dp_attention(cfg)  # SGLang divides the chunk and the request cap by dp: the flags are the totals
-        chunk = b.max_num_batched_tokens * dp if b.chunked_prefill else -1
+        div = chunk_divisor(dp, version_key(self.release)) if dp > 1 else 1
+        chunk = b.max_num_batched_tokens * div if b.chunked_prefill else -1
         ref = model_reference(card, "sglang")
         parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
                  f"{engine_flag('sglang', 'tensor_parallel_size')} {b.tp}", *([f"--dp {dp}"] if dp > 1 else []),

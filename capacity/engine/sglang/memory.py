@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
-from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights
+from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
 from capacity.engine.sglang.mm import runner_mm_factor
 from capacity.engine.sglang.swa import SWA_FULL_TOKENS_RATIO, hybrid_swa_layers, split_pool, swa_note
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
@@ -57,8 +57,8 @@ LOAD_EXTRA_HIGH_GIB = 0.25
 # The release lines whose memory defaults differ (server_args.py, from 0.5.20 arg_groups/memory_hook.py), each
 # named by its first release; a release takes the rules of the latest line at or before it. Read from the PyPI
 # wheels of 0.3.6.post3, every 0.4.x patch from 0.4.5 and 0.5.1 to 0.5.23 (docs/sglang.md has the table).
-RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.5", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
-            "0.4.9.post3", "0.5.3", "0.5.5", "0.5.8", "0.5.10", "0.5.20")  # 0.5.8: gpt-oss's hybrid SWA pool (sglang/swa.py)
+RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.4.post1", "0.4.5", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
+            "0.4.9.post3", "0.5.3", "0.5.5", "0.5.8", "0.5.10", "0.5.20")  # 0.4.4.post1, 0.5.8: sglang/dpattn.py, swa.py
 NEWEST_READ = "0.5.23"
 CURRENT = "0.5.20"  # `sglang` without a version: the rules of the newest release read
 MiB = 1 << 20
@@ -270,7 +270,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     if the context takes the high end (1.0 GiB, and the high end of the NCCL term): what a plan may count on.
     `dp_attention` > 1: DP attention over that many groups of the tp GPUs (sglang/dpattn.py); a hybrid SWA model's
     pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool."""
-    attn_tp = check_dp_attention(card, tp, dp_attention) if dp_attention != 1 else tp
+    attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
     if context_bytes is None:
         ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, 1.0 * GiB
         if tp > 1:
@@ -326,7 +326,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         cell = int(card.kv_elements_per_token_per_layer(attn_tp) * kv_bytes * (split[0] + SWA_FULL_TOKENS_RATIO * split[1]))
         notes.append(swa_note(split, card, tokens, swa))
     if dp_attention > 1:
-        chunk //= dp_attention
+        chunk = dp_chunk(chunk, dp_attention, _line(release))
         max_running = max_running // dp_attention if max_running is not None else None
         notes.append(dp_attention_note(tp, dp_attention, chunk))
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
