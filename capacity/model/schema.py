@@ -70,7 +70,7 @@ class StateLayers(_Frozen):
     state per TP rank is sized as vLLM's MambaStateShapeCalculator sizes it (`state_elements`): a convolution
     state of conv_kernel - 1 columns and, but for short convolutions, an SSM/recurrent state."""
 
-    kind: Literal["mamba", "mamba2", "gated_deltanet", "short_conv"]
+    kind: Literal["mamba", "mamba2", "gated_deltanet", "short_conv", "kda"]  # kda: Kimi Delta Attention
     num_layers: PosInt  # decoder layers of this kind
     conv_kernel: PosInt  # the convolution's width (short_conv: L_cache)
     inner: PosInt  # mamba/mamba2: the inner width (heads x head_dim); short_conv: conv_dim; gated_deltanet: 1
@@ -91,7 +91,7 @@ class StateLayers(_Frozen):
             return k * (self.inner + 2 * ng * self.state_size) // tp, self.heads // tp * self.head_dim * self.state_size
         if self.kind == "mamba":
             return k * self.inner // tp, self.inner // tp * self.state_size
-        if self.kind == "gated_deltanet":
+        if self.kind in ("gated_deltanet", "kda"):  # kda: groups = heads, state_size = head_dim (q, k, v convs)
             conv = k * (2 * self.groups * self.state_size + self.heads * self.head_dim) // tp
             return conv, self.heads // tp * self.state_size * self.head_dim
         return k * self.inner // tp, 0
