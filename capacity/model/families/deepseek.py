@@ -17,7 +17,7 @@ _TOPK = {"deepseek_v3": "noaux_tc", "deepseek_v2": "greedy"}  # transformers' co
 
 
 def _shape(text: dict, card: dict, need: Need, source: str) -> None:
-    mt = text.get("model_type")
+    mt = str(text.get("model_type") or "")
     topk = text.get("topk_method") or _TOPK.get(mt)
     if mt in _TOPK and (topk == "noaux_tc") != (_TOPK[mt] == "noaux_tc"):
         raise ConfigError(f"{source}: topk_method {topk!r} is not supported for model_type {mt} (the score "
