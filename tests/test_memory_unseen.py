@@ -33,6 +33,11 @@ KNOWN = {
     "aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi": "non-torch memory 2.10 GiB at TP 8 on an A100 "
         "NVSwitch board against 0.59 estimated (two NCCL communicators of 8 ranks: their channel count is not "
         "modelled); KV +6.1% in the middle, the conservative end below the log",
+    "trt4275-llama31-8b-fp8-rtx5090-0.19": "TensorRT-LLM 0.19's engine backend at trtllm-serve's defaults "
+        "(max_batch_size 2048; the command is not in the issue): KV 13.42 GiB in the middle against 16.05 logged "
+        "(-16%, the safe side). The log implies 5.55 GiB beside the weights; the logits (0.98 GiB) and the "
+        "decoder's middle (4.89 GiB: the penalty workspace plus a sorted top-p workspace, max_batch_size x vocab "
+        "terms) are more: a smaller max_batch_size, or 0.19's AIR top-p workspace (not read), would explain it",
     "pr4454-phi2-super-marlin-a6000": "phi (a GELU MLP) is not a modelled family: refused, naming hidden_act",
     "llmd-llama4-scout-16e-h100-tp4-v0190": "Llama-4 (MoE, chunked attention, a vision tower) is not a modelled "
         "family: refused, naming the field",
