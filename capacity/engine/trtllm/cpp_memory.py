@@ -178,7 +178,7 @@ def budget(card: ModelCard, gpu: GPU, cfg: EngineConfig, eng: ResolvedEngine, la
 def breakdown(card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> dict[str, Triple]:
     """Each term in GiB (middle, low, high), for `capacity memory`'s notes and the tests."""
     t = terms(card, gpu, eng)
-    return {k: tuple(x / GiB for x in getattr(t, k))  # type: ignore[misc]
+    return {k: tuple(x / GiB for x in getattr(t, k))
             for k in ("weights", "activation", "context", "runtime_buffers", "decoder")}
 
 
