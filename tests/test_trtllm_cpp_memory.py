@@ -42,17 +42,20 @@ def test_the_vocab_padded_to_the_ranks():
 
 
 def test_runtime_and_decoder_buffers_by_hand():
-    """trtllm-serve 0.19's engine (max_batch_size 2048, max_num_tokens 8192), Llama-3.1-8B: the logits output is
-    2,048 x 128,256 x 4 B (fp32) = 1,050,673,152 B; the decoder's penalty workspace the same (int32), its middle
-    20 B a pair = 5,253,365,760 B, its high end 32 B = 8,405,385,216 B; the execution context's low end is
-    102,400 x 8,192 = 838,860,800 B (0.78 GiB), its high end 3.5x."""
+    """trtllm-serve 0.19's engine (max_batch_size 2048, max_num_tokens 8192, max_seq_len the model's 131,072),
+    Llama-3.1-8B: the logits output is 2,048 x 128,256 x 4 B (fp32) = 1,050,673,152 B. The decoder per slot:
+    128,256 x (4 embedding bias + 4 runtime logits + 4 penalty counts + 16 / 32 AIR top-p) = 128,256 x 12.5 B,
+    131,072 x 16 B of ids, parent ids and log probs, 2,048 x 12 B of AIR histograms: 2,048 x (1,603,200 +
+    2,097,152 + 24,576) = 7,628,652,544 B; low (no penalty workspace, 8.5 B a pair) 6,577,979,392 B; high (32 B
+    a pair) 12,750,684,160 B. The execution context's low end is 102,400 x 8,192 = 838,860,800 B, its high end
+    3.5x."""
     card, gpu = _llama8b_fp8(), with_memory(get_gpu("rtx-5090"), 31.84)
     cfg = EngineConfig(engine="trtllm@0.19", kv_cache_dtype="fp8")
     eng = get_engine("trtllm@0.19").resolve(cfg, card, gpu)
     assert (eng.max_num_seqs, eng.max_num_batched_tokens, eng.block_size) == (2048, 8192, 32)
     t = cm.terms(card, gpu, eng)
     assert t.runtime_buffers == (1_050_673_152,) * 3
-    assert t.decoder == (5_253_365_760, 1_050_673_152, 8_405_385_216)
+    assert t.decoder == (7_628_652_544, 6_577_979_392, 12_750_684_160)
     assert t.activation[1] == 838_860_800 and t.activation[2] == 838_860_800 * 3.5
 
 
@@ -72,14 +75,15 @@ def test_the_kv_formula_on_the_logs_own_readings():
 def test_qwen15_7b_on_0_13s_defaults_by_hand():
     """trtllm-build 0.13's defaults (max_batch_size 256, max_num_tokens 8,192, tokens_per_block 64): the
     execution context's middle is 2 x 2 x (4,096 + 3 x 11,008 + 4,096) x 8,192 = 1,350,565,888 B; the logits
-    256 x 151,936 x 4 = 155,582,464 B; the decoder's middle 20 x 256 x 151,936 = 777,912,320 B."""
+    256 x 151,936 x 4 = 155,582,464 B; the decoder's middle 256 x (151,936 x 12.5 + 32,768 x 16 + 24,576) =
+    626,704,384 B."""
     card, gpu = _qwen15_7b(), with_memory(get_gpu("a100-40gb"), 39.39)
     cfg = EngineConfig(engine="trtllm@0.13", kv_estimate="middle")
     eng = get_engine("trtllm@0.13").resolve(cfg, card, gpu)
     assert (eng.max_num_seqs, eng.max_num_batched_tokens, eng.block_size) == (256, 8192, 64)
     t = cm.terms(card, gpu, eng)
     assert t.activation[0] == 1_350_565_888
-    assert t.runtime_buffers[0] == 155_582_464 and t.decoder[0] == 777_912_320
+    assert t.runtime_buffers[0] == 155_582_464 and t.decoder[0] == 626_704_384
     b = get_engine("trtllm@0.13").budget(card, gpu, cfg, check_fit=False)
     lo, hi = b.num_blocks_range
     assert lo <= b.num_blocks <= hi and b.planning_blocks == b.num_blocks
@@ -97,7 +101,9 @@ def test_the_setting_picks_the_backend():
     b_pt = cur.budget(card, gpu, EngineConfig(engine="trtllm", max_model_len=8192))
     b_cpp = cur.budget(card, gpu, EngineConfig(engine="trtllm", max_model_len=8192, trtllm_backend="engine"))
     assert b_pt.release == "trtllm@1.1" and b_cpp.release == "trtllm@1.1:tensorrt"
-    assert b_cpp.runner_buffers_bytes == 1_050_673_152 * 6 and b_pt.runner_buffers_bytes == 0
+    # max_seq_len 8,192: the logits 1,050,673,152 + the decoder 262,668,288 x 12.5 + 2,048 x (8,192 x 16 + 24,576)
+    assert b_cpp.runner_buffers_bytes == 1_050_673_152 + 3_283_353_600 + 318_767_104
+    assert b_pt.runner_buffers_bytes == 0
     assert get_engine("trtllm@0.20").budget(card, gpu, EngineConfig(engine="trtllm@0.20", max_model_len=8192,
                                                                     trtllm_backend="pytorch")).release == \
         "trtllm@0.20:pytorch"

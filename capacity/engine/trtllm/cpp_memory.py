@@ -10,8 +10,11 @@ backend's memory", has each term's file and function and the hand checks):
   buffers (`createBuffers`: `RuntimeBuffers::setMaxBufferSizes` + `reshape` pre-allocate the engine's `logits`
   output, [max_batch_size x max(1 + draft tokens, beam), vocab padded] in the engine's logits dtype, fp32 by
   default); the decoder (`createDecoder`: `GptDecoderBatched::setup` with the default decoding mode, TopKTopP for
-  beam 1, so `DynamicDecodeLayer` builds its layers now: `PenaltyLayer::allocateWorkspace`, [max_batch_size x
-  vocab] int32, and the sampling layers' workspaces, also max_batch_size x vocab terms).
+  beam 1, so `DynamicDecodeLayer` builds its layers now): per sequence slot, a vocabulary's worth of the
+  embedding bias (`DecoderState::reshapeBuffers`, fp32), of `DecodingLayerWorkspace`'s runtime logits (fp32), of
+  `PenaltyLayer::allocateWorkspace`'s occurrence counts (int32) and of AIR top-p's buffers
+  (`getAirTopPWorkspaceSizes`: 4 buffers of 4 B x vocab / 32), plus AIR top-p's histograms (2,048 buckets x
+  (8 + 4) B), and max_seq_len's worth of the output ids, parent ids, log probs and tiled log probs (4 B each).
 - Then `BaseKVCacheManager::calculateMaxNumBlocks` (kvCacheManager.cpp): available = cudaMemGetInfo's free +
   the memory pool's free bytes; tokens = int(free_gpu_memory_fraction (0.9) x available / bytes per token), at
   most `kv_cache_config.max_tokens`; blocks = ceil(tokens / tokens_per_block).
@@ -38,11 +41,14 @@ from capacity.units import GiB
 FREE_GPU_MEMORY_FRACTION = 0.9  # KvCacheConfig.freeGpuMemoryFraction's default (executor/kvCacheConfig.cpp)
 LOGITS_BYTES = 4  # the engine's logits output: float32 (trtllm-build --logits_dtype, default float32)
 PENALTY_BYTES = 4  # PenaltyLayer's occurrence workspace: int32 per batch slot and vocabulary entry
-# The decoder's bytes per (max_batch_size x vocab padded) pair at start-up (middle, low, high): at least the
-# penalty workspace; the sampling layers' workspaces add a sort of the logits (float keys + int32 values, double
-# buffered: 16 B) in the middle; the high end allows 32 B (the 0.12-0.14 logs read before: 20-36 B a pair with the
-# runtime buffers' 4)
-DECODER_BYTES_PER_PAIR = (PENALTY_BYTES + 16.0, float(PENALTY_BYTES), 32.0)
+AIR_TOPP_BYTES = 4 * 4 / 32  # getAirTopPWorkspaceSizes: buf1, idxBuf1, buf2, idxBuf2 of calcBufLen = vocab / 32
+# The decoder's bytes per (max_batch_size x vocab padded) pair at start-up (middle, low, high): the embedding bias
+# and the runtime logits (fp32, 4 + 4), the penalty workspace, AIR top-p's buffers; low: a decoding mode without
+# occurrence penalties; high: 32 B (the 0.12-0.14 logs read before: 20-36 B a pair with the runtime buffers' 4;
+# the sort-based top-p path, getTopPWorkspaceSize, keeps float keys and int32 values double buffered)
+DECODER_BYTES_PER_PAIR = (8 + PENALTY_BYTES + AIR_TOPP_BYTES, 8 + AIR_TOPP_BYTES, 32.0)
+DECODER_BYTES_PER_SEQ_TOKEN = 16  # ids, parentIds (int32), logProbs, logProbsTiled (fp32) x max_seq_len per slot
+AIR_HISTOGRAM_BYTES = 2048 * (8 + 4)  # per slot: 2^11 buckets of a uint64 histogram and an int32 count
 ACTIVATION_SPREAD = (2.0, 1.0, 3.5)  # x the one-layer live set (middle, low, high)
 CONTEXT_GIB = (1.0, 0.5, 2.0)  # CUDA context, TensorRT's and cuBLAS's kernels: as the PyTorch backend's range
 
@@ -102,8 +108,9 @@ def terms(card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> EngineBackendTerms:
     context: Triple = (cfg.non_torch_bytes,) * 3 if cfg.non_torch_bytes is not None else (c_mid, c_lo, c_hi)
     pairs = eng.max_num_seqs * vocab_padded(card, tp)
     runtime = (pairs * LOGITS_BYTES,) * 3
-    dmid, dlo, dhi = DECODER_BYTES_PER_PAIR
-    return EngineBackendTerms(weights, act, context, runtime, (pairs * dmid, pairs * dlo, pairs * dhi))
+    per_slot = eng.max_model_len * DECODER_BYTES_PER_SEQ_TOKEN + AIR_HISTOGRAM_BYTES
+    dmid, dlo, dhi = (pairs * x + eng.max_num_seqs * per_slot for x in DECODER_BYTES_PER_PAIR)
+    return EngineBackendTerms(weights, act, context, runtime, (dmid, dlo, dhi))
 
 
 def kv_blocks(available_bytes: float, bytes_per_token: float, tokens_per_block: int,
@@ -182,5 +189,5 @@ def breakdown(card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> dict[str, Tripl
             for k in ("weights", "activation", "context", "runtime_buffers", "decoder")}
 
 
-__all__ = ["ACTIVATION_SPREAD", "DECODER_BYTES_PER_PAIR", "EngineBackendTerms", "LOGITS_BYTES", "budget",
+__all__ = ["ACTIVATION_SPREAD", "AIR_HISTOGRAM_BYTES", "DECODER_BYTES_PER_PAIR", "DECODER_BYTES_PER_SEQ_TOKEN", "EngineBackendTerms", "LOGITS_BYTES", "budget",
            "breakdown", "kv_blocks", "layer_live_bytes_per_token", "terms", "vocab_padded"]
