@@ -11,7 +11,7 @@ from capacity.engine import get_engine
 from capacity.engine.config import EngineConfig
 from capacity.engine.trtllm import cpp_memory as cm
 from capacity.errors import ConfigError
-from capacity.model.card import load_model_card
+from capacity.model.card import ModelCard, load_model_card
 from capacity.model.gpus import get_gpu, with_memory
 from tests.conftest import run_cli
 
@@ -35,6 +35,20 @@ def test_one_layers_live_set_by_hand():
     assert cm.layer_live_bytes_per_token(card, 2) == 59_392
 
 
+def test_the_execution_context_range_holds_a_published_log():
+    """NVIDIA/TensorRT-LLM issue 1188 (a comment of 2024-11-21): Qwen2.5-Coder-0.5B int8 on an A4000, 'Allocated
+    773.51 MiB for execution context memory' at trtllm-build's default max_num_tokens 8,192 and 43.26 MiB at 512.
+    By hand: attention (2 x 14 + 2 x 2) x 64 + 896 = 2,944; MLP 3 x 4,864 + 896 = 15,488; 2 B x (896 + 15,488)
+    = 32,768 B a token: 256 MiB at 8,192 (the log is 3.0x) and 16 MiB at 512 (2.7x), inside the 1-3.5x range."""
+    card = ModelCard(name="qwen2.5-0.5b", num_layers=24, hidden_size=896, num_attention_heads=14, num_kv_heads=2,
+                     intermediate_size=4864, vocab_size=151936, max_position_embeddings=32768)
+    per = cm.layer_live_bytes_per_token(card, 1)
+    assert per == 32_768
+    lo, hi = cm.ACTIVATION_SPREAD[1], cm.ACTIVATION_SPREAD[2]
+    for tokens, logged_mib in ((8192, 773.51), (512, 43.26)):
+        assert lo * per * tokens <= logged_mib * 2**20 <= hi * per * tokens
+
+
 def test_the_vocab_padded_to_the_ranks():
     """getVocabSizePadded(worldSize): 128,256 is a multiple of 8; 151,936 / 3 rounds up to 151,938."""
     assert cm.vocab_padded(_llama8b_fp8(), 8) == 128_256
@@ -54,7 +68,7 @@ def test_runtime_and_decoder_buffers_by_hand():
     eng = get_engine("trtllm@0.19").resolve(cfg, card, gpu)
     assert (eng.max_num_seqs, eng.max_num_batched_tokens, eng.block_size) == (2048, 8192, 32)
     t = cm.terms(card, gpu, eng)
-    assert t.runtime_buffers == (1_050_673_152,) * 3
+    assert t.runtime_buffers == (1_050_673_152, 1_050_673_152, 3 * 1_050_673_152)
     assert t.decoder == (7_628_652_544, 6_577_979_392, 12_750_684_160)
     assert t.activation[1] == 838_860_800 and t.activation[2] == 838_860_800 * 3.5
 

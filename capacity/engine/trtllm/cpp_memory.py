@@ -40,6 +40,10 @@ from capacity.units import GiB
 
 FREE_GPU_MEMORY_FRACTION = 0.9  # KvCacheConfig.freeGpuMemoryFraction's default (executor/kvCacheConfig.cpp)
 LOGITS_BYTES = 4  # the engine's logits output: float32 (trtllm-build --logits_dtype, default float32)
+# The runtime buffers per (max_batch_size x vocab padded) pair (middle, low, high): the logits output is the one
+# vocabulary-sized buffer read; the high end allows 3x for the rest of RuntimeBuffers not read (a published 0.1x
+# log, NVIDIA/TensorRT-LLM issue 1188, shows 2.66 GB for 2,048 x 151,936 pairs: 8.5-9 B a pair)
+RUNTIME_BYTES_PER_PAIR = (float(LOGITS_BYTES), float(LOGITS_BYTES), 3.0 * LOGITS_BYTES)
 PENALTY_BYTES = 4  # PenaltyLayer's occurrence workspace: int32 per batch slot and vocabulary entry
 AIR_TOPP_BYTES = 4 * 4 / 32  # getAirTopPWorkspaceSizes: buf1, idxBuf1, buf2, idxBuf2 of calcBufLen = vocab / 32
 # The decoder's bytes per (max_batch_size x vocab padded) pair at start-up (middle, low, high): the embedding bias
@@ -107,10 +111,10 @@ def terms(card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> EngineBackendTerms:
         c_mid, c_lo, c_hi = c_mid + n_mid, c_lo + n_lo, c_hi + n_hi
     context: Triple = (cfg.non_torch_bytes,) * 3 if cfg.non_torch_bytes is not None else (c_mid, c_lo, c_hi)
     pairs = eng.max_num_seqs * vocab_padded(card, tp)
-    runtime = (pairs * LOGITS_BYTES,) * 3
+    rmid, rlo, rhi = (pairs * x for x in RUNTIME_BYTES_PER_PAIR)
     per_slot = eng.max_model_len * DECODER_BYTES_PER_SEQ_TOKEN + AIR_HISTOGRAM_BYTES
     dmid, dlo, dhi = (pairs * x + eng.max_num_seqs * per_slot for x in DECODER_BYTES_PER_PAIR)
-    return EngineBackendTerms(weights, act, context, runtime, (dmid, dlo, dhi))
+    return EngineBackendTerms(weights, act, context, (rmid, rlo, rhi), (dmid, dlo, dhi))
 
 
 def kv_blocks(available_bytes: float, bytes_per_token: float, tokens_per_block: int,
@@ -189,5 +193,5 @@ def breakdown(card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> dict[str, Tripl
             for k in ("weights", "activation", "context", "runtime_buffers", "decoder")}
 
 
-__all__ = ["ACTIVATION_SPREAD", "AIR_HISTOGRAM_BYTES", "DECODER_BYTES_PER_PAIR", "DECODER_BYTES_PER_SEQ_TOKEN", "EngineBackendTerms", "LOGITS_BYTES", "budget",
+__all__ = ["ACTIVATION_SPREAD", "AIR_HISTOGRAM_BYTES", "DECODER_BYTES_PER_PAIR", "DECODER_BYTES_PER_SEQ_TOKEN", "EngineBackendTerms", "LOGITS_BYTES", "RUNTIME_BYTES_PER_PAIR", "budget",
            "breakdown", "kv_blocks", "layer_live_bytes_per_token", "terms", "vocab_padded"]

@@ -1,4 +1,5 @@
-"""The TensorRT-LLM engine model (`Trtllm`, `get_engine("trtllm")`): the PyTorch backend of `trtllm-serve` 1.x,
+"""The TensorRT-LLM engine model (`Trtllm`, `get_engine("trtllm")`): the PyTorch backend of `trtllm-serve` 1.x (the
+engine (C++) backend's start-up memory: `cpp_memory.py`, `trtllm_backend: engine`),
 its defaults, how it sizes its KV cache at start-up, its capacity scheduler and its launch command.
 
 Read in TensorRT-LLM's code (NVIDIA/TensorRT-LLM, 1.x; docs/trtllm.md has the hand checks):
