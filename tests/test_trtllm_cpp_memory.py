@@ -145,3 +145,13 @@ def test_bad_backend_is_one_line(args, field):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     err = [ln for ln in r.stderr.splitlines() if ln.strip()]
     assert len(err) == 1 and field in err[0], r.stderr
+
+
+def test_the_memory_command_shows_the_engine_backends_terms():
+    """`capacity memory --engine trtllm@0.20` (the engine backend by default): the runtime and decoder buffers
+    have their own row and the KV cache is 0.9 of what is free after the engine."""
+    r = run_cli("memory", "--model", "models/llama-3.1-8b.yaml", "--gpu", "h100-sxm", "--engine", "trtllm@0.20",
+                "--max-model-len", "8192")
+    assert r.returncode == 0, r.stderr
+    assert "runtime + decoder buffers" in r.stdout and "free after the engine" in r.stdout
+    assert "execution context" in r.stdout

@@ -149,7 +149,8 @@ def budget(card: ModelCard, gpu: GPU, cfg: EngineConfig, eng: ResolvedEngine, la
     plan_tokens = planning * block
     if 0 < plan_tokens < ctx:
         warnings.append(f"the KV pool holds {plan_tokens:,} tokens, less than max_seq_len {ctx:,}: the executor "
-                        f"lowers max_seq_len to the pool ('maxSequenceLen is reduced to {plan_tokens}')")
+                        "lowers max_seq_len to the pool ('maxAttentionWindow and maxSequenceLen are too large for at "
+                        f"least one sequence to fit in kvCache. they are reduced to {plan_tokens}')")
         ctx = plan_tokens
     if not eng.chunked_prefill and eng.max_num_batched_tokens < ctx:
         warnings.append(f"chunked context off: prompts longer than max_num_tokens {eng.max_num_batched_tokens:,} "
