@@ -19,14 +19,14 @@ from capacity.model.weights import count_params, weight_bytes_per_rank
 CONFIG = Path(__file__).parent / "data" / "families" / "jamba-1.5-mini.json"
 H, L, VOCAB, INTER, E = 4096, 32, 65536, 14336, 16
 ATTN, MOE = 4, 16  # attention at i % 8 == 4 (4, 12, 20, 28); experts at i % 2 == 1
-I, N, R, K = 2 * H, 16, 256, 4  # mamba_expand x hidden, d_state, dt_rank, d_conv
+D_IN, N, R, K = 2 * H, 16, 256, 4  # mamba_expand x hidden, d_state, dt_rank, d_conv
 
 
 def test_jamba_params():
     card = load_model_card(CONFIG)
     attn = H * H + 2 * H * 8 * 128 + H * H  # q, k/v (8 KV heads of 128), o; no biases
-    mamba = (2 * I * H + I * (K + 1) + (R + 2 * N) * I + I * (R + 1)  # in_proj, conv1d + bias, x_proj, dt_proj + bias
-             + I * (N + 1) + H * I + R + 2 * N)  # A and D, out_proj, dt/b/c RMSNorms
+    mamba = (2 * D_IN * H + D_IN * (K + 1) + (R + 2 * N) * D_IN  # in_proj, conv1d + bias, x_proj
+             + D_IN * (R + 1) + D_IN * (N + 1) + H * D_IN + R + 2 * N)  # dt_proj + bias, A and D, out_proj, norms
     mlp = 3 * H * INTER
     params = (2 * VOCAB * H + ATTN * attn + (L - ATTN) * mamba + (L - MOE) * mlp + MOE * (E * H + E * mlp)
               + L * 2 * H + H)
@@ -40,8 +40,8 @@ def test_jamba_kv_and_state():
     card = load_model_card(CONFIG)
     assert (card.num_kv_layers, card.num_moe_layers, card.num_dense_layers) == (ATTN, MOE, L - MOE)
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * 8 * 128 * ATTN * 2 == 16_384
-    rel = release("0.13.0")  # mamba1_state_shape: (d_conv - 1) x I / tp and I / tp x d_state, bf16
-    assert mamba_page_bytes(card, rel, 2) == ((K - 1) * I // 2 + I // 2 * N) * 2 == 155_648
+    rel = release("0.13.0")  # mamba1_state_shape: (d_conv - 1) x D_IN / tp and D_IN / tp x d_state, bf16
+    assert mamba_page_bytes(card, rel, 2) == ((K - 1) * D_IN // 2 + D_IN // 2 * N) * 2 == 155_648
     # the attention block holds one state page: 16 x cdiv(155,648, 16 x 2,048 B of one layer's token at tp 2)
     assert hybrid_block_size(card, rel, 2, "bf16", 16) == 80
 
