@@ -123,7 +123,7 @@ TIERS = {
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
         traces validate vision_requests whole_numbers workload workload_curve engine_release trtllm_limits
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie
-        task_result_json""",
+        task_result_json import_graph""",
     "engine_oracle": """golden prefix_cache_golden scheduler sglang_sched sglang_scheduler_trace vllm_scheduler_trace
         simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen sglang sglang_startup_v3
         trtllm mlperf serving_unseen gemm_efficiency gemm_floor bundled_profiles card_golden sim_ahead frontend""",
