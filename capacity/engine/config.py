@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capacity.engine.settings import ENGINE_COMMANDS, setting
 from capacity.engine.speculative import SpeculativeConfig
@@ -243,6 +243,19 @@ class EngineConfig(BaseModel):
         None, description="GB/s from one GPU to host memory for those loads; None: the GPU's host link at its "
         "nominal x16 rate", flag="--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory "
         "(default: its PCIe x16 rate)", commands=("simulate",))
+    trtllm_backend: Literal["pytorch", "engine"] | None = setting(
+        None, description="TensorRT-LLM only: the backend that serves (trtllm-serve --backend): pytorch (the PyTorch "
+        "backend's profiled start-up) or engine (the TensorRT engine (C++) backend: the engine's activation memory "
+        "fixed at build, runtime and decoder buffers, then free_gpu_memory_fraction of what is free; "
+        "capacity/engine/trtllm/cpp_memory.py). None: the release's default (trtllm@X.Y:pytorch|tensorrt names one).",
+        flag="--trtllm-backend", help="TensorRT-LLM backend: pytorch or engine (default: the release's)")
+
+    @model_validator(mode="after")
+    def _trtllm_backend_needs_trtllm(self) -> EngineConfig:
+        if self.trtllm_backend is not None and not self.engine.strip().lower().startswith("trtllm"):
+            raise ValueError(f"trtllm_backend {self.trtllm_backend}: a TensorRT-LLM setting; engine is "
+                             f"{self.engine} (use --engine trtllm)")
+        return self
 
     @field_validator("policy")
     @classmethod
