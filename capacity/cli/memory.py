@@ -19,6 +19,7 @@ from capacity.cli.common import (
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.engine import memory as mem
+from capacity.engine.config import EngineConfig
 from capacity.engine.memory import kv_bytes_per_token
 from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
 from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
@@ -56,11 +57,16 @@ def memory(
     engine = settings.get("engine")
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
         s = settings
-        if s["max_loras"] or s["pipeline_parallel_size"] != 1 or s["data_parallel_size"] != 1 or "enable_expert_parallel" in s:
-            raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang")
+        dp = s["data_parallel_size"] if s.get("enable_dp_attention") else 1  # --dp N --enable-dp-attention
+        if s.get("enable_dp_attention"):  # the field's own checks (EngineConfig._dp_attention), in one line
+            EngineConfig(engine=engine, tensor_parallel_size=s["tensor_parallel_size"], data_parallel_size=dp,
+                         enable_dp_attention=True)
+        if s["max_loras"] or s["pipeline_parallel_size"] != 1 or s["data_parallel_size"] != dp or "enable_expert_parallel" in s:
+            raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang "
+                                "(--dp only with --enable-dp-attention)")
         _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
                        s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,
-                       mem_fraction_static, gpu_memory_gib, json_out)
+                       mem_fraction_static, gpu_memory_gib, json_out, dp)
         return
     if mem_fraction_static is not None:
         raise CapacityError("--mem-fraction-static: an SGLang setting (use it with --engine sglang)")
@@ -87,20 +93,20 @@ def memory(
 
 
 def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
-                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out) -> None:
+                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out, dp=1) -> None:
     """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
     card = load_card(model, weight_dtype, quant_group_size)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
     b = sglang_memory_answer(card, g, tp, engine, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
                              kv_cache_dtype=kv_dtype, chunked_prefill_size=max_num_batched_tokens,
-                             max_running=max_num_seqs)
+                             max_running=max_num_seqs, dp_attention=dp)
     if json_out:
         typer.echo(dumps(sglang_json(b)))
     else:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"SGLang {b.release} start-up memory: {card.name} on {g.name}, tp={tp} (GiB per rank)",
+        t = Table(title=f"SGLang {b.release} start-up memory: {card.name} on {g.name}, tp={tp}{f', DP attention {dp}' if dp > 1 else ''} (GiB per rank)",
                   title_justify="left")
         t.add_column("term")
         t.add_column("GiB", justify="right")
@@ -275,7 +281,7 @@ def engines(json_out: JsonOpt = False) -> None:
          "graphs_in_budget": False, "checked_against_logs": True, "current": r == SG_CURRENT} for r in SG_RELEASES]
     others += [{"engine": f"trtllm@{r}", "release": r, "runner": f"{b} backend",
                 "accounting": "0.9 x free after its profile" if b == "pytorch" else
-                "as the PyTorch profile (engine's own: not modelled)", "graphs_in_budget": True,
+                "engine, execution context, runtime and decoder buffers, then 0.9 x free", "graphs_in_budget": True,
                 "checked_against_logs": False, "current": r == TRT_CURRENT} for r, b in TRT_BACKEND.items()]
     rows += others
     if json_out:

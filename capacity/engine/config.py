@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from capacity.engine.settings import ENGINE_COMMANDS, setting
 from capacity.engine.speculative import SpeculativeConfig
@@ -87,6 +87,12 @@ class EngineConfig(BaseModel):
         "--enable-expert-parallel) instead of sharded by TP", flag="--enable-expert-parallel", set_to=True,
         help="MoE experts split whole over tp x dp ranks (vLLM --enable-expert-parallel)",
         vllm="--enable-expert-parallel")
+    enable_dp_attention: bool = setting(
+        False, description="SGLang's --enable-dp-attention with --dp data_parallel_size: attention runs data-parallel "
+        "inside the tensor_parallel_size GPUs (attention TP = tp / dp, each attention rank its own scheduler and KV "
+        "pool; MLP and experts stay TP over tp). SGLang only (capacity/engine/sglang/dpattn.py).",
+        flag="--enable-dp-attention", set_to=True, help="SGLang DP attention over --dp ranks inside the --tp GPUs "
+        "(--engine sglang)", commands=("memory",), sglang="--enable-dp-attention")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = setting(
         0.9, description="share of the GPU's memory vLLM may use for weights, activations and KV",
         flag="--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use", cli_default=0.9,
@@ -243,6 +249,19 @@ class EngineConfig(BaseModel):
         None, description="GB/s from one GPU to host memory for those loads; None: the GPU's host link at its "
         "nominal x16 rate", flag="--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory "
         "(default: its PCIe x16 rate)", commands=("simulate",))
+    trtllm_backend: Literal["pytorch", "engine"] | None = setting(
+        None, description="TensorRT-LLM only: the backend that serves (trtllm-serve --backend): pytorch (the PyTorch "
+        "backend's profiled start-up) or engine (the TensorRT engine (C++) backend: the engine's activation memory "
+        "fixed at build, runtime and decoder buffers, then free_gpu_memory_fraction of what is free; "
+        "capacity/engine/trtllm/cpp_memory.py). None: the release's default (trtllm@X.Y:pytorch|tensorrt names one).",
+        flag="--trtllm-backend", help="TensorRT-LLM backend: pytorch or engine (default: the release's)")
+
+    @model_validator(mode="after")
+    def _trtllm_backend_needs_trtllm(self) -> EngineConfig:
+        if self.trtllm_backend is not None and not self.engine.strip().lower().startswith("trtllm"):
+            raise ValueError(f"trtllm_backend {self.trtllm_backend}: a TensorRT-LLM setting; engine is "
+                             f"{self.engine} (use --engine trtllm)")
+        return self
 
     @field_validator("policy")
     @classmethod
@@ -250,6 +269,17 @@ class EngineConfig(BaseModel):
         if v not in POLICIES:
             raise ValueError(f"unknown policy {v!r}: use {', '.join(POLICIES)}")
         return v
+
+    @model_validator(mode="after")
+    def _dp_attention(self) -> EngineConfig:  # enable_dp_attention's own checks (SGLang's _handle_data_parallelism)
+        if self.enable_dp_attention:
+            if not self.engine.startswith("sglang"):
+                raise ValueError(f"enable_dp_attention: an SGLang setting (engine {self.engine})")
+            dp, tp = self.data_parallel_size, self.tensor_parallel_size
+            if dp < 2 or tp % dp:
+                raise ValueError(f"enable_dp_attention: data_parallel_size {dp} must be > 1 and divide "
+                                 f"tensor_parallel_size {tp} (SGLang asserts tp_size % dp_size == 0)")
+        return self
 
     @field_validator("engine")
     @classmethod
