@@ -200,7 +200,7 @@ def draw_attributes(spec: SpecView, rng: np.random.Generator, n: int, start_id: 
     return reqs if spec.images is None else spec.images.attach(reqs, rng)  # images: capacity.vision_requests
 
 
-def draw_one(spec: WorkloadSpec, rng: np.random.Generator, rid: int) -> Request:
+def draw_one(spec: SpecView, rng: np.random.Generator, rid: int) -> Request:
     """`draw_attributes(spec, rng, 1, start_id=rid)[0]` (a closed-loop user's next request, one at a time): built
     directly where that draws nothing from `rng` (one class, fixed lengths, no shared prefix, no images: the
     planner's capacity loops of fixed-length workloads and its context map), the same request; else that call."""
