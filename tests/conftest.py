@@ -129,7 +129,7 @@ TIERS = {
         trtllm mlperf serving_unseen gemm_efficiency gemm_floor bundled_profiles card_golden sim_ahead frontend""",
     "end_to_end": """adversarial app autoscale_views browser cli docs_commands export fidelity fleetday launch
         loadtest manifests pipeline plan_answers plan_compare planner progress reliability reliability_io
-        tiers engine_settings cli_lazy""",
+        tiers engine_settings engine_configs cli_lazy""",
 }
 TIER_OF = {f"test_{name}.py": tier for tier, names in TIERS.items() for name in names.split()}
 

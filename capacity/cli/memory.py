@@ -15,6 +15,7 @@ from capacity.cli.common import (
     WOpt,
     _scenario,
     app,
+    engine_config,
     load_card,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
@@ -56,8 +57,7 @@ def memory(
     engine = settings.get("engine")
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
         s = settings
-        if s["max_loras"] or s["pipeline_parallel_size"] != 1 or s["data_parallel_size"] != 1 or "enable_expert_parallel" in s:
-            raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang")
+        engine_config(**s)  # SglangConfig: a vLLM setting given (--max-loras, --pp, --dp ...) is refused in one line
         _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
                        s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,
                        mem_fraction_static, gpu_memory_gib, json_out)

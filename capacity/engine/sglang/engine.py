@@ -132,7 +132,8 @@ class Sglang(SglangMemory):
 
     # ---- configuration -------------------------------------------------------------------------------
     def _check(self, cfg: EngineConfig) -> None:
-        """Refuse, in one line, the EngineConfig knobs that have no SGLang meaning (rather than ignore them)."""
+        """Refuse, in one line, the shared knobs that have no SGLang meaning (rather than ignore them); vLLM's own
+        (max_loras, pipeline/data/expert parallelism, paged_kv ...) are not SglangConfig fields at all."""
         if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
             raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning (SGLang's "
                               "--mem-fraction-static is the release's default here); size the KV pool with "
@@ -140,19 +141,10 @@ class Sglang(SglangMemory):
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
                               "--schedule-policy fcfs) only; use policy continuous")
-        vllm_only = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget", "activation_bytes", "non_torch_bytes",
-                                 "cuda_graph_bytes", "kv_reservation") if getattr(cfg, k) is not None]
+        vllm_only = [k for k in ("activation_bytes", "non_torch_bytes", "cuda_graph_bytes", "kv_reservation")
+                     if getattr(cfg, k) is not None]
         vllm_only += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                       if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
-        if not cfg.paged_kv:
-            vllm_only.append("paged_kv")
-        if cfg.max_loras:
-            vllm_only.append("max_loras (SGLang's LoRA pools are not modelled)")
-        for k in ("pipeline_parallel_size", "data_parallel_size"):
-            if getattr(cfg, k) != 1:
-                vllm_only.append(f"{k} (not modelled for SGLang)")
-        if cfg.enable_expert_parallel:
-            vllm_only.append("enable_expert_parallel (not modelled for SGLang)")
         if vllm_only:
             raise ConfigError(f"{', '.join(vllm_only)}: vLLM settings with no SGLang meaning (engine {self.label})")
         if cfg.kv_cache_dtype == "int8":

@@ -126,7 +126,8 @@ class Trtllm:
 
     # ---- configuration -------------------------------------------------------------------------------
     def _check(self, cfg: EngineConfig) -> None:
-        """Refuse, in one line, the EngineConfig knobs that have no TensorRT-LLM meaning (rather than ignore them)."""
+        """Refuse, in one line, the shared knobs that have no TensorRT-LLM meaning (rather than ignore them); vLLM's own
+        (max_loras, pipeline/data/expert parallelism, paged_kv ...) are not TrtllmConfig fields at all."""
         if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
             raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no TensorRT-LLM meaning (its "
                               f"free_gpu_memory_fraction is the default {FREE_GPU_MEMORY_FRACTION} of the memory free "
@@ -135,11 +136,8 @@ class Trtllm:
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the TensorRT-LLM model schedules first come first served "
                               "(its capacity scheduler) only; use policy continuous")
-        other = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget") if getattr(cfg, k) is not None]
-        other += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
+        other = [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                   if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
-        if not cfg.paged_kv:
-            other.append("paged_kv")
         if cfg.usage_context != "serve":
             other.append("usage_context")
         if other:
@@ -163,11 +161,6 @@ class Trtllm:
         if card.state is not None:
             raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for {card.state.kind} state layers are not "
                               "modelled (use --engine vllm or sglang)")
-        if cfg.max_loras:
-            raise ConfigError(f"max_loras {cfg.max_loras}: TensorRT-LLM's LoRA cache is not modelled (use --engine vllm)")
-        if cfg.pipeline_parallel_size != 1 or cfg.data_parallel_size != 1 or cfg.enable_expert_parallel:
-            raise ConfigError("pipeline_parallel_size / data_parallel_size / enable_expert_parallel: not modelled for "
-                              "TensorRT-LLM (use --engine vllm)")
         used: list[str] = []
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
