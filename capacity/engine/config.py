@@ -314,7 +314,7 @@ def settings_fields() -> dict[str, FieldInfo]:
 
 
 def _short(v: Any) -> str:
-    text = repr(v)
+    text = v if isinstance(v, str) else repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
