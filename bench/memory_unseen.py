@@ -93,7 +93,8 @@ def logged_kv(case: dict[str, Any]) -> dict[str, Any]:
             fits = False
         return {"gib": None, "blocks": None, "tokens": tokens, "fits": fits if fits is not None else (True if tokens else None)}
     r = rec.get("readings") or {}
-    return {"gib": r.get("allocated_gib"), "blocks": None, "tokens": r.get("allocated_tokens") or r.get("kv_tokens"),
+    return {"gib": r.get("allocated_gib"), "blocks": r.get("primary_blocks"),
+            "tokens": r.get("allocated_tokens") or r.get("kv_tokens"),
             "fits": rec.get("fits", False if "fail" in rec["id"] else None)}
 
 

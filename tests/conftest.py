@@ -122,7 +122,9 @@ TIERS = {
         gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
         traces validate vision_requests whole_numbers workload workload_curve engine_release trtllm_limits
-        sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie
+        trtllm_cpp_memory
+        sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
+        family_glm family_kimi family_lfm2 family_jamba
         task_result_json""",
     "engine_oracle": """golden prefix_cache_golden scheduler sglang_sched sglang_scheduler_trace vllm_scheduler_trace
         simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen sglang sglang_startup_v3

@@ -33,6 +33,11 @@ KNOWN = {
     "aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi": "non-torch memory 2.10 GiB at TP 8 on an A100 "
         "NVSwitch board against 0.59 estimated (two NCCL communicators of 8 ranks: their channel count is not "
         "modelled); KV +6.1% in the middle, the conservative end below the log",
+    "trt4275-llama31-8b-fp8-rtx5090-0.19": "TensorRT-LLM 0.19's engine backend at trtllm-serve's defaults "
+        "(max_batch_size 2048, max_seq_len 131,072; the command is not in the issue): KV 11.43 GiB in the middle "
+        "against 16.05 logged (-29%, the safe side). The log leaves 5.55 GiB beside the weights; at those defaults "
+        "the logits (0.98 GiB) and the decoder (7.10: 2,048 slots x (128,256 x 12.5 B + 131,072 x 16 B)) alone "
+        "are more, so the run had a smaller max_batch_size or max_seq_len (not shown): left open, not fitted",
     "pr4454-phi2-super-marlin-a6000": "phi (a GELU MLP) is not a modelled family: refused, naming hidden_act",
     "llmd-llama4-scout-16e-h100-tp4-v0190": "Llama-4 (MoE, chunked attention, a vision tower) is not a modelled "
         "family: refused, naming the field",

@@ -275,7 +275,7 @@ def engines(json_out: JsonOpt = False) -> None:
          "graphs_in_budget": False, "checked_against_logs": True, "current": r == SG_CURRENT} for r in SG_RELEASES]
     others += [{"engine": f"trtllm@{r}", "release": r, "runner": f"{b} backend",
                 "accounting": "0.9 x free after its profile" if b == "pytorch" else
-                "as the PyTorch profile (engine's own: not modelled)", "graphs_in_budget": True,
+                "engine, execution context, runtime and decoder buffers, then 0.9 x free", "graphs_in_budget": True,
                 "checked_against_logs": False, "current": r == TRT_CURRENT} for r, b in TRT_BACKEND.items()]
     rows += others
     if json_out:

@@ -46,7 +46,7 @@ class StateSpaceCost:
         self.tp = tp
         self.params = params
         self.layers = st.num_layers
-        self.kind = st.kind
+        self.kind = "gated_deltanet" if st.kind == "kda" else st.kind  # KDA: a gated delta rule, per-channel decay
         self._bw = gpu.mem_bw_bytes_per_s * params.mem_bw_eff
         self._peak = gpu.peak_flops(card.dtype)
         self._gemm_peak = gemm_peak
@@ -71,7 +71,7 @@ class StateSpaceCost:
             self._inner = self._heads * self._p
             self._proj_act = h + (2 * self._inner + 2 * self._groups * self._n + self._heads) + self._inner + h
             self._chunk = st.chunk_size
-        elif st.kind == "gated_deltanet":
+        elif self.kind == "gated_deltanet":
             self._heads, self._p, self._n = st.heads // tp, st.head_dim, st.state_size  # value heads, dv, dk
             self._groups = st.groups // tp
             self._inner = self._heads * self._p

@@ -36,19 +36,22 @@ def memory_tables(b: MemoryBudget, table: list[dict], console: Any, verdict: boo
         t.add_row(f"usable = total x {b.gpu_memory_utilization}", _g(b.usable_bytes), "", "gpu_memory_utilization")
     t.add_row("- weights", _g(b.weights_bytes), _rng(b, "weights"), "from the card")
     t.add_row("- activation peak", _g(b.activation_bytes), _rng(b, "activation"),
-              ("vLLM's derivation, wider" if trt else "derived") if "activation" in est else "given")
+              (("execution context: 1 layer x 1-3.5" if "decoder" in est else "vLLM's derivation, wider") if trt
+               else "derived") if "activation" in est else "given")
     t.add_row("- CUDA context + NCCL" if trt else "- non-torch memory", _g(b.non_torch_bytes), _rng(b, "non_torch"),
               ("estimate" if trt else "from logs") if "non_torch" in est else "given")
-    if b.runner_buffers_bytes:
-        t.add_row("- runner buffers", _g(b.runner_buffers_bytes), "", "derived")
+    if b.runner_buffers_bytes:  # TensorRT-LLM's engine backend: its runtime and decoder buffers (with a range)
+        t.add_row("- runtime + decoder buffers" if trt else "- runner buffers", _g(b.runner_buffers_bytes),
+                  _rng(b, "runner_buffers") if trt else "", "derived")
     graph_basis = ("off (eager)" if not b.cuda_graph_bytes else
                    (("estimate" if trt else "from logs") if "cuda_graphs" in est else "given")
                    + (", in budget" if b.cuda_graphs_in_budget else ", outside"))
     t.add_row(("- " if b.cuda_graphs_in_budget else "  ") + "CUDA graphs", _g(b.cuda_graph_bytes),
               _rng(b, "cuda_graphs"), graph_basis)
     if trt:
-        free = b.total_bytes - b.weights_bytes - b.activation_bytes - b.non_torch_bytes - b.cuda_graph_bytes
-        t.add_row("= free after the profile", _g(free), "", "")
+        free = (b.total_bytes - b.weights_bytes - b.activation_bytes - b.non_torch_bytes - b.cuda_graph_bytes
+                - b.runner_buffers_bytes)
+        t.add_row("= free after the engine" if "decoder" in est else "= free after the profile", _g(free), "", "")
         t.add_row("= KV cache budget (x 0.9)", _g(b.kv_budget_bytes), _rng(b, "kv_budget"), "free_gpu_memory_fraction")
     else:
         t.add_row("= KV cache budget", _g(b.kv_budget_bytes), _rng(b, "kv_budget"), "")

@@ -70,7 +70,7 @@ class StateLayers(_Frozen):
     state per TP rank is sized as vLLM's MambaStateShapeCalculator sizes it (`state_elements`): a convolution
     state of conv_kernel - 1 columns and, but for short convolutions, an SSM/recurrent state."""
 
-    kind: Literal["mamba", "mamba2", "gated_deltanet", "short_conv"]
+    kind: Literal["mamba", "mamba2", "gated_deltanet", "short_conv", "kda"]  # kda: Kimi Delta Attention
     num_layers: PosInt  # decoder layers of this kind
     conv_kernel: PosInt  # the convolution's width (short_conv: L_cache)
     inner: PosInt  # mamba/mamba2: the inner width (heads x head_dim); short_conv: conv_dim; gated_deltanet: 1
@@ -91,7 +91,7 @@ class StateLayers(_Frozen):
             return k * (self.inner + 2 * ng * self.state_size) // tp, self.heads // tp * self.head_dim * self.state_size
         if self.kind == "mamba":
             return k * self.inner // tp, self.inner // tp * self.state_size
-        if self.kind == "gated_deltanet":
+        if self.kind in ("gated_deltanet", "kda"):  # kda: groups = heads, state_size = head_dim (q, k, v convs)
             conv = k * (2 * self.groups * self.state_size + self.heads * self.head_dim) // tp
             return conv, self.heads // tp * self.state_size * self.head_dim
         return k * self.inner // tp, 0
@@ -102,7 +102,7 @@ class VisionTower(_Frozen):
     Gemma-3), Pixtral (Mistral-3) and Mllama's tiled encoder (Llama-3.2-Vision), plus the projector into
     the language model."""
 
-    kind: Literal["clip", "siglip", "pixtral", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_vl"]
+    kind: Literal["clip", "siglip", "pixtral", "mllama", "qwen2_5_vl", "qwen2_vl", "qwen3_vl", "glm4v"]
     num_layers: PosInt  # encoder layers vLLM builds (LLaVA drops those past vision_feature_layer)
     hidden_size: PosInt
     intermediate_size: PosInt
@@ -131,12 +131,12 @@ class VisionTower(_Frozen):
     @property
     def gated_mlp(self) -> bool:
         """The encoder's MLP has gate and up projections (Qwen2.5-VL, Pixtral); the others one up projection."""
-        return self.kind in ("qwen2_5_vl", "pixtral")
+        return self.kind in ("qwen2_5_vl", "pixtral", "glm4v")
 
     @property
     def patch_frames(self) -> int:
         """Frames one patch embedding spans: the Qwen ViTs' 3D patches cover temporal_patch_size 2 frames."""
-        return 2 if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl") else 1
+        return 2 if self.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "glm4v") else 1
 
     @property
     def patches_per_tile(self) -> int:
@@ -159,6 +159,10 @@ class VisionTower(_Frozen):
         if self.kind == "qwen2_5_vl":  # RMSNorms, qkv with bias, gated MLP with biases, 3D patch embedding
             layer = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
             return self.num_layers * layer + 3 * 2 * p * p * h + self.projector_params
+        if self.kind == "glm4v":  # RMSNorms, qkv/proj and gated MLP without biases, a 3D patch linear with bias
+            layer = 2 * h + 4 * h * h + 3 * h * i  # (i: the blocks' MLP width, out_hidden_size)
+            embed = 3 * 2 * p * p * h + h + self.position_embeddings * h + 2 * h  # + post_conv and post RMSNorms
+            return self.num_layers * layer + embed + self.projector_params
         if self.kind == "pixtral":  # RMSNorms, gated MLP, no biases
             layer = 4 * h * h + 3 * h * i + 2 * h
             embed = 3 * p * p * h + h

@@ -128,6 +128,8 @@ def image_tokens(v: VisionTower, w: int, h: int) -> ImageTokens:
         raise ConfigError(f"image size {w}x{h}: each side must be 1 to {MAX_SIDE:,} pixels")
     if v.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         return qwen_vl(w, h, v.patch_size, v.merge_size, v.min_pixels or 3136, v.max_pixels or 12845056)
+    if v.kind == "glm4v":  # bounds compared with 2 frames x h x w (image_processing_glm4v.py smart_resize)
+        return qwen_vl(w, h, v.patch_size, v.merge_size, v.min_pixels, v.max_pixels, frames=2)
     if v.kind == "pixtral":
         return pixtral(w, h, v.patch_size, v.merge_size, v.longest_edge or v.image_size)
     if v.grid_pinpoints:  # LLaVA-NeXT

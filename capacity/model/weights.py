@@ -178,6 +178,15 @@ def _state_groups(card: ModelCard) -> list[TensorGroup]:
                 TensorGroup("state_heads", n, 2 * st.heads, 1, "column", None),  # dt_bias, A_log
                 TensorGroup("state_norm", n, 1, st.head_dim, "replicated", None),
                 TensorGroup("state_out_proj", n, h, v, "row", "attention")]
+    if st.kind == "kda":  # vLLM layers/kda.py KimiDeltaAttention: q/k/v, gate low-rank pairs, fp32 convs and decay
+        p, d, hd = st.heads * st.head_dim, st.head_dim, st.heads
+        return [TensorGroup("state_in_proj", n, 3 * p + hd, h, "column", "attention"),  # q/k/v_proj, b_proj
+                TensorGroup("state_gate_a", n, 2 * d, h, "replicated", "attention"),  # f_a_proj, g_a_proj
+                TensorGroup("state_gate_b", n, 2 * p, d, "column", "attention"),  # f_b_proj, g_b_proj
+                TensorGroup("state_conv", n, 3 * p, k, "column", "fp32"),  # q/k/v_conv1d (params_dtype float32)
+                TensorGroup("state_heads", n, p + hd, 1, "column", "fp32"),  # dt_bias, A_log (float32)
+                TensorGroup("state_norm", n, 1, d, "replicated", None),  # o_norm (FusedRMSNormGated)
+                TensorGroup("state_out_proj", n, h, p, "row", "attention")]
     return [TensorGroup("state_in_proj", n, 3 * st.inner, h, "column", "attention"),
             TensorGroup("state_conv", n, st.inner, k, "column", None),
             TensorGroup("state_out_proj", n, h, st.inner, "row", "attention")]
@@ -264,7 +273,8 @@ def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | N
     # dtype, allocated while loading and so reported inside "model weights take ..." (32 MiB for Llama-3.1).
     rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else card.head_dim_
     positions = sum(card.rope_caches) if card.rope_caches else card.max_position_embeddings
-    out["rope_cache"] = positions * rotary_dim * DTYPE_BYTES[cdt]
+    fam = family(card.architecture)
+    out["rope_cache"] = positions * rotary_dim * DTYPE_BYTES[cdt] if fam is None or fam.rotary else 0.0
     return out
 
 

@@ -202,6 +202,12 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # Re-recorded (notes only) for the front end's note: every simulate case whose front end comes from the engine's
 # defaults gains one line, "TTFT includes vllm's front end ..." (capacity.engine.frontend.note), at the end of the
 # engine's notes; nothing else moved. The memory and plan cases were not re-recorded (their outputs are unchanged).
+# Re-recorded (memory_deepseek_h200_tp8 only) for issue 46 item 5: DeepSeek-V3's router keeps
+# gate.e_score_correction_bias (vLLM deepseek_v2.py `DeepseekV2MoE`, topk_method noaux_tc), a plain float32
+# nn.Parameter of n_routed_experts per MoE layer, not sharded: 58 MoE layers x 256 experts x 4 B = 59,392 B on each
+# of the 8 ranks. weights_bytes and ranges.weights[0] +59,392; ranges.weights[1] (x 1.01) +59,985.92; kv_budget_bytes
+# and ranges.kv_budget[1] -59,392, ranges.kv_budget[0] -59,985.92; every batch_context_table kv_fraction (kv_bytes /
+# the KV budget) up by 59,392 / 39.51e9 = 1.5e-6 of itself. KV blocks, kv_bytes and fit verdicts are unchanged.
 CHANGES: dict[tuple[str, str], str] = {
     ("plan_small", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
     ("plan_a100_classes", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",

@@ -1,4 +1,5 @@
-"""The TensorRT-LLM engine model (`Trtllm`, `get_engine("trtllm")`): the PyTorch backend of `trtllm-serve` 1.x,
+"""The TensorRT-LLM engine model (`Trtllm`, `get_engine("trtllm")`): the PyTorch backend of `trtllm-serve` 1.x (the
+engine (C++) backend's start-up memory: `cpp_memory.py`, `trtllm_backend: engine`),
 its defaults, how it sizes its KV cache at start-up, its capacity scheduler and its launch command.
 
 Read in TensorRT-LLM's code (NVIDIA/TensorRT-LLM, 1.x; docs/trtllm.md has the hand checks):
@@ -49,7 +50,9 @@ from dataclasses import asdict, dataclass, field
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.trtllm.release import TrtllmRelease, parse_trtllm
+from capacity.engine.trtllm import cpp_memory
+from capacity.engine.trtllm.config import trtllm_backend
+from capacity.engine.trtllm.release import DEFAULT_BACKEND, TrtllmRelease, parse_trtllm
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
 from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
@@ -124,6 +127,15 @@ class Trtllm:
     def label(self) -> str:
         return self.rel.label
 
+    def _rel(self, cfg: EngineConfig) -> TrtllmRelease:
+        """The release with the backend `trtllm_backend` picks (None: the spec's); a spec that names the other,
+        non-default backend and a setting that disagrees are refused in one line."""
+        rel = self.rel.with_backend(trtllm_backend(cfg))
+        if rel.backend != self.rel.backend and self.rel.backend != DEFAULT_BACKEND[self.rel.version]:
+            raise ConfigError(f"trtllm_backend {trtllm_backend(cfg)}: engine {self.label} names the "
+                              f"{self.rel.backend} backend")
+        return rel
+
     # ---- configuration -------------------------------------------------------------------------------
     def _check(self, cfg: EngineConfig) -> None:
         """Refuse, in one line, the shared knobs that have no TensorRT-LLM meaning (rather than ignore them); vLLM's own
@@ -142,10 +154,11 @@ class Trtllm:
             other.append("usage_context")
         if other:
             raise ConfigError(f"{', '.join(other)}: vLLM settings with no TensorRT-LLM meaning (engine {self.label})")
-        if self.rel.engine_backend and cfg.async_scheduling:
+        rel = self._rel(cfg)
+        if rel.engine_backend and cfg.async_scheduling:
             raise ConfigError(f"async_scheduling {cfg.async_scheduling}: the overlap scheduler is the PyTorch "
-                              f"backend's; {self.label} runs the TensorRT engine backend (use "
-                              f"trtllm@{self.rel.version}:pytorch)")
+                              f"backend's; {rel.label} runs the TensorRT engine backend (use "
+                              f"trtllm@{rel.version}:pytorch)")
         if cfg.kv_cache_dtype == "int8":
             raise ConfigError(f"kv_cache_dtype {cfg.kv_cache_dtype}: the TensorRT-LLM model's are auto and fp8")
 
@@ -162,6 +175,7 @@ class Trtllm:
             raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for {card.state.kind} state layers are not "
                               "modelled (use --engine vllm or sglang)")
         used: list[str] = []
+        rel = self._rel(cfg)
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
@@ -169,18 +183,18 @@ class Trtllm:
             used.append("enable_chunked_prefill")
         seqs = cfg.max_num_seqs
         if seqs is None:
-            seqs = self.rel.max_batch_size
+            seqs = rel.max_batch_size
             used.append("max_num_seqs")
         mnbt = cfg.max_num_batched_tokens
         if mnbt is None:
-            mnbt = self.rel.max_num_tokens
+            mnbt = rel.max_num_tokens
             used.append("max_num_batched_tokens")
-        block: int = self.rel.tokens_per_block if cfg.block_size is None else cfg.block_size
+        block: int = rel.tokens_per_block if cfg.block_size is None else cfg.block_size
         if cfg.block_size is None:
             used.append("block_size")
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
         return ResolvedEngine(cfg, tp, ctx, seqs, mnbt, block, kv_dtype, tuple(used), chunked_prefill=chunked,
-                              cuda_graphs_in_budget=not cfg.enforce_eager, release=self.label)
+                              cuda_graphs_in_budget=not cfg.enforce_eager, release=rel.label)
 
     def default_max_num_batched_tokens(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> int:
         return self.rel.max_num_tokens
@@ -230,6 +244,9 @@ class Trtllm:
         0.9 x (total - peak). With check_fit, no pool at all raises DoesNotFit; a pool smaller than max_model_len
         lowers max_model_len (as TensorRT-LLM does), with a warning."""
         eng = self.resolve(cfg, card, gpu)
+        rel = self._rel(cfg)
+        if rel.engine_backend:  # the C++ executor: no profile (capacity/engine/trtllm/cpp_memory.py)
+            return cpp_memory.budget(card, gpu, cfg, eng, rel.label, check_fit=check_fit)
         pk = self.peak(card, gpu, eng)
         total = gpu.usable_memory_bytes
         bpt = kv_bytes_per_token(card, eng.kv_dtype, eng.tp)
@@ -242,10 +259,6 @@ class Trtllm:
         blocks, blocks_lo, blocks_hi = tok_mid // block, tok_lo // block, tok_hi // block
         planning = blocks_lo if cfg.kv_estimate == "conservative" else blocks
         warnings: list[str] = list(card.notes)
-        if self.rel.engine_backend:
-            warnings.append(f"{self.label}: the TensorRT engine backend's memory is taken as the PyTorch backend's "
-                            "profile (not modelled); its runtime batch size follows the KV capacity (dynamic batch "
-                            "size tuning, simulated)")
         ctx = eng.max_model_len
         plan_tokens = planning * block
         if 0 < plan_tokens < ctx:
@@ -268,7 +281,7 @@ class Trtllm:
             max_model_len=ctx, max_num_seqs=eng.max_num_seqs, max_num_batched_tokens=eng.max_num_batched_tokens,
             max_concurrency=tok_mid / ctx, paged_kv=True, contiguous_max_seqs=tok_mid // ctx,
             outside_budget_bytes=0.0, estimates=estimates, defaults_used=used, warnings=warnings, engine=self.name,
-            release=self.label, release_checked=False,
+            release=rel.label, release_checked=False,
             ranges={"weights": [pk.weights[1], pk.weights[2]], "activation": [pk.activation[1], pk.activation[2]],
                     "non_torch": [pk.context[1], pk.context[2]], "cuda_graphs": [pk.cuda_graphs[1], pk.cuda_graphs[2]],
                     "kv_budget": [kv_lo, kv_hi]},
@@ -307,7 +320,7 @@ class Trtllm:
                 prefix_caching=cfg.enable_prefix_caching, queue="fcfs", max_model_len=limits.max_model_len,
                 reserve_output=not max_util, reserve_full_input=not chunked, async_scheduling=overlap)
 
-        if self.rel.dynamic_batch_tuning:  # the engine backend: the runtime batch size follows the KV capacity
+        if self._rel(cfg).dynamic_batch_tuning:  # the engine backend: the runtime batch size follows the KV capacity
             TrtDynamicBatchScheduler(conf())
             return lambda: TrtDynamicBatchScheduler(conf())
         ContinuousScheduler(conf())
@@ -316,10 +329,11 @@ class Trtllm:
     def async_scheduling(self, cfg: EngineConfig) -> bool:
         """The overlap scheduler (PyTorch backend: on unless disable_overlap_scheduler; the engine backend has
         none)."""
-        if self.rel.engine_backend:
+        rel = self._rel(cfg)
+        if rel.engine_backend:
             return False
         if cfg.async_scheduling is None:
-            return self.rel.overlap_scheduler_default
+            return rel.overlap_scheduler_default
         return cfg.async_scheduling
 
     def step_overhead_s(self, cfg: EngineConfig) -> float:
@@ -342,7 +356,8 @@ class Trtllm:
                  f"enable_block_reuse: {str(cfg.enable_prefix_caching).lower()}"
                  + (", dtype: fp8" if cfg.kv_cache_dtype == "fp8" else "") + "}",
                  f"enable_chunked_prefill: {str(b.chunked_prefill).lower()}"]
-        if not self.rel.engine_backend:
+        rel = self._rel(cfg)
+        if not rel.engine_backend:
             extra.append(f"disable_overlap_scheduler: {str(not self.async_scheduling(cfg)).lower()}")
         if cfg.kv_reservation == "prompt":
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
@@ -350,7 +365,7 @@ class Trtllm:
             extra.append("cuda_graph_config: null")
         f = engine_flag  # the flag names: EngineConfig's declarations
         ref = model_reference(card, "trtllm")
-        cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {self.rel.backend}",
+        cmd = " ".join([f"trtllm-serve {ref.model}", f"--backend {rel.backend}",
                         f"{f('trtllm', 'tensor_parallel_size')} {b.tp}", f"{f('trtllm', 'max_num_seqs')} {b.max_num_seqs}",
                         f"{f('trtllm', 'max_num_batched_tokens')} {b.max_num_batched_tokens}",
                         f"{f('trtllm', 'max_model_len')} {b.max_model_len}",
@@ -359,12 +374,14 @@ class Trtllm:
         return with_comment(ref, "echo '{" + ", ".join(extra) + "}' > extra.yaml && " + cmd)
 
     def launch_notes(self, cfg: EngineConfig) -> list[str]:
-        notes = [f"memory and defaults modelled on TensorRT-LLM {self.release} ({self.rel.backend} backend), read "
-                 "from its code; the profile's terms are estimates not yet checked on a TensorRT-LLM log of this "
-                 "GPU: the plan uses the conservative end"]
-        if self.rel.engine_backend:
-            notes.append("TensorRT engine backend: its memory is taken as the PyTorch backend's profile (the engine "
-                         "backend's own accounting is not modelled); its dynamic batch size tuning is simulated")
+        rel = self._rel(cfg)
+        notes = [f"memory and defaults modelled on TensorRT-LLM {self.release} ({rel.backend} backend), read "
+                 "from its code; the estimated terms are not yet checked on a TensorRT-LLM log of this GPU: the "
+                 "plan uses the conservative end"]
+        if rel.engine_backend:
+            notes.append("TensorRT engine backend: memory from the C++ executor's start-up (engine, execution "
+                         "context, runtime and decoder buffers, then 0.9 of what is free; docs/trtllm.md); its "
+                         "dynamic batch size tuning is simulated")
         return notes
 
 

@@ -22,7 +22,9 @@ Backend = Literal["pytorch", "tensorrt"]
 #   cpp path." (tensorrt_llm/commands/serve.py; the 0.18.2 docs page commands/trtllm-serve.html prints it) -> the
 #   TensorRT engine backend; the PyTorch backend exists from 0.17 ("available in version 0.17 and later", torch.md).
 # 1.0, 1.1: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch".
-DEFAULT_BACKEND: dict[str, Backend] = {"0.17": "tensorrt", "0.18": "tensorrt", "0.19": "tensorrt",
+# 0.13: the engine backend only (an engine from trtllm-build, served by the C++ executor: Triton's tensorrtllm
+#   backend or the executor API; no PyTorch backend, no trtllm-serve), with trtllm-build's defaults.
+DEFAULT_BACKEND: dict[str, Backend] = {"0.13": "tensorrt", "0.17": "tensorrt", "0.18": "tensorrt", "0.19": "tensorrt",
                                        "0.20": "tensorrt", "1.0": "pytorch", "1.1": "pytorch"}
 CURRENT = "1.1"
 # BuildConfig.max_batch_size / max_num_tokens: trtllm-serve's `--max_batch_size` / `--max_num_tokens` defaults are
@@ -30,6 +32,8 @@ CURRENT = "1.1"
 # 2048 and 8192 in every release line modelled (2048 from 0.14; 256 before, docs/trtllm.md)
 MAX_BATCH_SIZE = 2048
 MAX_NUM_TOKENS = 8192
+MAX_BATCH_SIZE_BEFORE_0_14 = 256  # trtllm-build's --max_batch_size default through 0.13 (docs/trtllm.md)
+ENGINE_ONLY = ("0.13",)  # release lines before the PyTorch backend (0.17)
 
 
 @dataclass(frozen=True)
@@ -50,7 +54,7 @@ class TrtllmRelease:
 
     @property
     def max_batch_size(self) -> int:
-        return MAX_BATCH_SIZE
+        return MAX_BATCH_SIZE_BEFORE_0_14 if self.version in ENGINE_ONLY else MAX_BATCH_SIZE
 
     @property
     def max_num_tokens(self) -> int:
@@ -60,7 +64,7 @@ class TrtllmRelease:
     def tokens_per_block(self) -> int:
         """KvCacheConfig/engine tokens_per_block: 32 in the PyTorch backend; the engine backend's build default is
         64 through 0.18 and 32 from 0.19 (paged context FMHA; docs/trtllm.md, the TensorRT engine backend)."""
-        if self.engine_backend and self.version in ("0.17", "0.18"):
+        if self.engine_backend and self.version in ("0.13", "0.17", "0.18"):
             return 64
         return 32
 
@@ -68,7 +72,18 @@ class TrtllmRelease:
     def _early(self) -> bool:
         """0.17-0.18: trtllm-serve's `main` builds the LLM from LlmArgs.from_kwargs(build_config, kv_cache_config,
         ...) with no SchedulerConfig and no PyTorchConfig (the LLM API's defaults)."""
-        return self.version in ("0.17", "0.18")
+        return self.version in ("0.13", "0.17", "0.18")
+
+    def with_backend(self, setting: str | None) -> TrtllmRelease:
+        """This release line with the backend the `trtllm_backend` setting names (`engine`: the TensorRT engine
+        backend, `pytorch`; None: this one). A release line without the PyTorch backend refuses it in one line."""
+        if setting is None:
+            return self
+        backend: Backend = "tensorrt" if setting == "engine" else "pytorch"
+        if backend == "pytorch" and self.version in ENGINE_ONLY:
+            raise ConfigError(f"trtllm_backend {setting}: TensorRT-LLM {self.version} has only the engine backend "
+                              "(the PyTorch backend is from 0.17)")
+        return TrtllmRelease(self.version, backend)
 
     @property
     def dynamic_batch_tuning(self) -> bool:
@@ -106,6 +121,8 @@ def parse_trtllm(spec: str) -> TrtllmRelease:
         backend = "tensorrt"
     if backend not in ("pytorch", "tensorrt"):
         raise ConfigError(f"engine {spec!r}: backend {backend!r}: use pytorch or tensorrt")
+    if backend == "pytorch" and line in ENGINE_ONLY:
+        raise ConfigError(f"engine {spec!r}: TensorRT-LLM {line} has only the engine backend (PyTorch from 0.17)")
     return TrtllmRelease(line, backend)  # type: ignore[arg-type]
 
 

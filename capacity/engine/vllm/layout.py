@@ -92,7 +92,7 @@ def state_dtype_bytes(card: ModelCard, rel: Release) -> tuple[float, float]:
     """(convolution, SSM) state bytes per element as vLLM's MambaStateDtypeCalculator picks them with
     mamba_cache_dtype and mamba_ssm_cache_dtype left at auto: the model dtype, except Nemotron-H from 0.13 (the
     config's mamba_ssm_cache_dtype; float16 where it has none, float32 from 0.27) and gated DeltaNet from 0.17
-    (the config's dtype where it names one)."""
+    (the config's dtype where it names one); Kimi Delta Attention's recurrent state float32."""
     st = card.state
     assert st is not None
     conv = DTYPE_BYTES[card.dtype]
@@ -101,6 +101,8 @@ def state_dtype_bytes(card: ModelCard, rel: Release) -> tuple[float, float]:
         ssm = DTYPE_BYTES[st.ssm_dtype] if st.ssm_dtype else (4.0 if rel.version >= (0, 27, 0) else 2.0)
     elif st.kind == "gated_deltanet" and rel.version >= (0, 17, 0) and st.ssm_dtype:
         ssm = DTYPE_BYTES[st.ssm_dtype]
+    elif st.kind == "kda":  # kda_state_dtype: the recurrent state always float32
+        ssm = 4.0
     return conv, ssm
 
 

@@ -1,8 +1,31 @@
-"""GLM-4.5/4.6/4.7 (vLLM glm4_moe.py): DeepSeek-style routed and shared experts with the first
-first_k_dense_replace layers dense, GQA attention (no MLA), optional q/k biases and q/k norm."""
+"""GLM-4.5/4.6/4.7 (vLLM glm4_moe.py) and GLM-4.5V (glm4_1v.py over glm4_moe.py).
+
+glm4_moe: DeepSeek-style routed and shared experts with the first first_k_dense_replace layers dense, GQA attention
+(no MLA), optional q/k biases and q/k norm. The router (`Glm4MoE.__init__`): `gate = nn.Linear(hidden, n_routed_experts,
+bias=False, dtype=torch.float32)` and `gate.e_score_correction_bias = nn.Parameter(torch.empty(n_routed_experts,
+dtype=torch.float32))`, both replicated: the weight hook stores them in float32.
+
+glm4v_moe (GLM-4.5V): `Glm4vMoeForConditionalGeneration` (glm4_1v.py) builds its language model from text_config as
+`Glm4MoeForCausalLM` (the glm4_moe layout above) and a `Glm4vVisionTransformer`: a 3D patch embedding (a linear of
+3 x temporal_patch_size x patch^2 inputs, with bias), an RMSNorm, learned position embeddings over
+(image_size / patch)^2 positions, depth blocks (two RMSNorms, qkv and proj without bias, a gated MLP of
+out_hidden_size without bias), an RMSNorm, a Conv2d downsample (hidden -> out_hidden_size over merge x merge
+patches, with bias) and a merger (proj out x out, a LayerNorm, gate/up/down of vision intermediate_size, no biases):
+the downsample and the merger are the projector."""
 from __future__ import annotations
 
 from capacity.model.families.registry import Family, Need, register
+from capacity.model.hf_vision import text_config, vision_config
+from capacity.model.weights import TensorGroup
+
+# vLLM's profiling image for GLM-4.1V/4.5V (Glm4vProcessingInfo, glm4_1v.py): get_image_size_with_most_features is
+# smart_resize of a 9,999,999-pixel square at 16 frames under 28 x 28 x 2 x 30000 pixels: 61 x 28 = 1,708 pixels a
+# side (14,884 patches); get_max_image_tokens, what sizes the encoder budget's items, resizes that image again under
+# 28 x 28 x 2 x 6144 at 16 frames: 756 pixels, 8 x 54 x 54 patches, 5,832 tokens.
+PROFILE_SIDE, PROFILE_TOKENS = 1708, 5832
+# Glm4vImageProcessor's size (transformers image_processing_glm4v.py): shortest_edge 112 x 112, longest_edge
+# 28 x 28 x 15000 pixels, compared with 2 frames x h x w (capacity.model.vision_tokens.glm4v)
+GLM4V_PIXELS = {"min_pixels": 112 * 112, "max_pixels": 28 * 28 * 15000}
 
 
 def _shape(text: dict, card: dict, need: Need, source: str) -> None:
@@ -13,4 +36,35 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
     card.update(attention_bias=bool(text.get("attention_bias")), qk_norm=bool(text.get("use_qk_norm")))
 
 
-register(Family("glm4_moe", ("glm4_moe",), "vllm/model_executor/models/glm4_moe.py", shape=_shape))
+def _fp32_router(card, groups: list) -> list:
+    """Glm4MoE.gate (float32 nn.Linear) and gate.e_score_correction_bias (float32), replicated."""
+    out = []
+    for t in groups:
+        if t.name == "router":  # count: the MoE layers; rows: the routed experts; cols: hidden
+            out += [TensorGroup("router", t.count, t.rows, t.cols, "replicated", "fp32"),
+                    TensorGroup("router_score_bias", t.count, 1, t.rows, "replicated", "fp32")]
+        else:
+            out.append(t)
+    return out
+
+
+def _glm4v_moe_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
+    return text_config(cfg, mt, source), "glm4_moe"  # vLLM: architectures=["Glm4MoeForCausalLM"]
+
+
+def _glm4v_vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
+    _, need = vision_config(cfg, mt, ("glm4v_moe_vision", "glm4v_moe", "glm4v_vision", "glm4v", None), source)
+    h, out, ctx = need("hidden_size"), need("out_hidden_size"), need("intermediate_size")
+    p, merge, image = need("patch_size", 14), need("spatial_merge_size", 2), need("image_size", 336)
+    downsample = h * out * merge * merge + out  # Conv2d with bias
+    merger = out * out + 2 * out + 3 * out * ctx  # proj, post_projection_norm (LayerNorm), gate/up and down
+    return {"kind": "glm4v", "num_layers": need("depth"), "hidden_size": h, "intermediate_size": out,
+            "num_heads": need("num_heads"), "patch_size": p, "image_size": PROFILE_SIDE,
+            "position_embeddings": (image // p) ** 2, "projector_params": downsample + merger,
+            "tokens_per_image": PROFILE_TOKENS, "merge_size": merge, **GLM4V_PIXELS}
+
+
+register(Family("glm4_moe", ("glm4_moe",), "vllm/model_executor/models/glm4_moe.py", shape=_shape,
+                weights=_fp32_router),
+         Family("glm4v_moe", ("glm4v_moe",), "vllm/model_executor/models/glm4_1v.py, glm4_moe.py",
+                text=_glm4v_moe_text, vision=_glm4v_vision, weights=_fp32_router))

@@ -60,6 +60,8 @@ class Family:
     # vLLM from 0.13: the SSM state dtype is the config's mamba_ssm_cache_dtype (MambaStateDtypeCalculator's
     # model-specific branch, capacity.engine.vllm.layout.state_dtype_bytes)
     ssm_dtype_from_config: bool = False
+    # vLLM builds no rotary embedding (and so no cos/sin cache) for its attention: Kimi-Linear's MLA (mla_use_nope)
+    rotary: bool = True
 
 
 PLAIN = Family("plain", ())  # a text config of a model type no family claims, inside a known wrapper: no hooks
