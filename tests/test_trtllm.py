@@ -91,7 +91,7 @@ def test_hand_computed_budget_with_measured_terms():
     assert b.block_size == 32 and b.max_num_seqs == 2048 and b.max_num_batched_tokens == 8192
     assert not b.chunked_prefill and b.engine == "trtllm"
     # the same configuration under vLLM: 0.9 of the device, less everything -> a smaller pool by 0.1 x the rest
-    v = budget(card, gpu, EngineConfig(**{**cfg.model_dump(), "engine": "vllm", "block_size": 32}))
+    v = budget(card, gpu, EngineConfig(**{**cfg.model_dump(exclude_unset=True), "engine": "vllm", "block_size": 32}))
     assert v.kv_budget_bytes < b.kv_budget_bytes
 
 
