@@ -1,20 +1,19 @@
 """Requests and how they are drawn: the pieces `capacity.workload`, `capacity.sessions`, `capacity.vision_requests`
 and `capacity.replay` share (a `Request`, a token-length distribution, open-loop gaps, a request's class, lengths,
 prefix group and images). The workload spec itself (`capacity.workload.WorkloadSpec`) sits above them: the
-functions here take it, and its `images:` section, as values.
+functions here, and those of `capacity.sessions` and `capacity.replay`, take it through `SpecView` (what they read
+of it, declared here), so none of them imports the module that imports them.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Literal, Protocol
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.errors import ConfigError
-
-if TYPE_CHECKING:
-    from capacity.workload import Arrivals, WorkloadSpec
 
 PosFloat = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 NonNegFloat = Annotated[float, Field(ge=0, allow_inf_nan=False)]
@@ -95,7 +94,69 @@ def fixed(n: int) -> Lengths:
     return Lengths(kind="fixed", value=n)
 
 
-def interarrival_gaps(arr: Arrivals, rng: np.random.Generator, n: int) -> np.ndarray:
+class ArrivalsView(Protocol):
+    """What the draws read of the arrivals (`capacity.workload.Arrivals`)."""
+
+    @property
+    def kind(self) -> str: ...
+    @property
+    def rate_per_s(self) -> float | None: ...
+    @property
+    def cv(self) -> float: ...
+    @property
+    def max_concurrency(self) -> int | None: ...
+
+
+class ClassView(Protocol):
+    """What the draws read of a request class (`capacity.workload.RequestClass`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def weight(self) -> float: ...
+    @property
+    def priority(self) -> int: ...
+
+
+class PrefixView(Protocol):
+    """What the draws read of the shared prefixes (`capacity.workload.PrefixGroups`)."""
+
+    @property
+    def groups(self) -> int: ...
+    @property
+    def tokens(self) -> int: ...
+    @property
+    def share(self) -> float: ...
+    @property
+    def assign(self) -> str: ...
+
+
+class ImagesView(Protocol):
+    """The workload's `images:` section as the draws use it (`capacity.vision_requests.ImageRequests`)."""
+
+    def attach(self, reqs: list[Request], rng: np.random.Generator) -> list[Request]: ...
+
+
+class SpecView(Protocol):
+    """What the draws, the sessions and a trace's replay read of the workload spec (`capacity.workload.WorkloadSpec`,
+    which sits above them and imports them)."""
+
+    @property
+    def arrivals(self) -> ArrivalsView: ...
+    @property
+    def classes(self) -> Sequence[ClassView]: ...
+    @property
+    def prefix(self) -> PrefixView | None: ...
+    @property
+    def images(self) -> ImagesView | None: ...
+    @property
+    def num_requests(self) -> int: ...
+    @property
+    def trace(self) -> str | None: ...
+    def class_lengths(self, c: int) -> tuple[Lengths, Lengths]: ...
+
+
+def interarrival_gaps(arr: ArrivalsView, rng: np.random.Generator, n: int) -> np.ndarray:
     if arr.kind == "curve":
         raise ConfigError("arrivals.kind curve: the gaps change with time; draw the times with curve_arrivals()")
     if arr.rate_per_s is None:
@@ -111,7 +172,7 @@ def interarrival_gaps(arr: Arrivals, rng: np.random.Generator, n: int) -> np.nda
     raise ConfigError(f"arrivals.kind {arr.kind}: no open-loop gaps (closed-loop users are simulated)")
 
 
-def draw_attributes(spec: WorkloadSpec, rng: np.random.Generator, n: int, start_id: int = 0,
+def draw_attributes(spec: SpecView, rng: np.random.Generator, n: int, start_id: int = 0,
                     arrivals: np.ndarray | None = None) -> list[Request]:
     """Class, lengths and prefix group for `n` requests (arrival times given or 0)."""
     w = np.array([k.weight for k in spec.classes], dtype=float)

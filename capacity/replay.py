@@ -12,15 +12,11 @@ import json
 import math
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from capacity.draws import Request
+from capacity.draws import Request, SpecView
 from capacity.errors import ConfigError
 from capacity.files import short
 from capacity.traces import MAX_TRACE_ROWS, block_keys, trace_count, trace_line, trace_number
-
-if TYPE_CHECKING:
-    from capacity.workload import WorkloadSpec
 
 
 def _dicts(p: Path, want: int) -> Iterator[dict]:
@@ -55,7 +51,7 @@ def _dicts(p: Path, want: int) -> Iterator[dict]:
         raise ConfigError(f"trace {p}: not valid CSV ({exc})") from None
 
 
-def iter_trace(path: str | Path, spec: WorkloadSpec | None = None, max_rows: int | None = None) -> Iterator[Request]:
+def iter_trace(path: str | Path, spec: SpecView | None = None, max_rows: int | None = None) -> Iterator[Request]:
     """The trace's first `max_rows` requests (default: the spec's `num_requests`, else `MAX_TRACE_ROWS`), lazily."""
     p = Path(path)
     if not p.is_file():

@@ -22,17 +22,23 @@ think time sets how far apart a session's turns are, not how many there are.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated, Protocol
 
 import numpy as np
 from pydantic import Field
 
-from capacity.draws import Lengths, NonNegFloat, Request, _Strict, draw_attributes, fixed, interarrival_gaps
+from capacity.draws import (
+    Lengths,
+    NonNegFloat,
+    Request,
+    SpecView,
+    _Strict,
+    draw_attributes,
+    fixed,
+    interarrival_gaps,
+)
 from capacity.errors import ConfigError
 from capacity.limits import MAX_CV
-
-if TYPE_CHECKING:
-    from capacity.workload import WorkloadSpec
 
 KEY_TOKENS = 1 << 40  # a session's one prefix-key chunk: longer than any context, so every block lies inside it
 SESSION_ARRIVALS = ("poisson", "gamma", "constant")
@@ -47,7 +53,7 @@ class Sessions(_Strict):
     think_s: NonNegFloat = 10.0  # mean time from a turn's last token to the next turn's send, s
     think_cv: Annotated[float, Field(ge=0, le=MAX_CV, allow_inf_nan=False)] = 1.0  # think time's CV: 1 exponential, 0 fixed
 
-    def check(self, spec: WorkloadSpec) -> None:
+    def check(self, spec: SessionSpec) -> None:
         """The workload around it: sessions start at an open-loop process with a rate (ValueError otherwise)."""
         arr = spec.arrivals
         if arr.kind not in SESSION_ARRIVALS:
@@ -70,14 +76,21 @@ class Sessions(_Strict):
         return float(rng.gamma(shape, self.think_s / shape))
 
 
-def session_starts(spec: WorkloadSpec, rng: np.random.Generator, n: int) -> np.ndarray:
+class SessionSpec(SpecView, Protocol):
+    """The workload spec as the session draws read it (`capacity.workload.WorkloadSpec`, which imports this module)."""
+
+    @property
+    def sessions(self) -> Sessions | None: ...
+
+
+def session_starts(spec: SessionSpec, rng: np.random.Generator, n: int) -> np.ndarray:
     """The start times of up to `n` sessions (there are never more sessions than turns)."""
     if spec.arrivals.rate_per_s is None:
         raise ConfigError("arrivals.rate_per_s: sessions need a rate of new sessions/s")
     return np.cumsum(interarrival_gaps(spec.arrivals, rng, n))
 
 
-def first_turn(spec: WorkloadSpec, rng: np.random.Generator, session: int, rid: int) -> tuple[Request, int]:
+def first_turn(spec: SessionSpec, rng: np.random.Generator, session: int, rid: int) -> tuple[Request, int]:
     """A session's first request (class, lengths and prefix group drawn as for any request) and its turns."""
     sess = spec.sessions
     assert sess is not None
@@ -86,7 +99,7 @@ def first_turn(spec: WorkloadSpec, rng: np.random.Generator, session: int, rid: 
     return req, int(sess.turns.draw(rng, 1)[0])
 
 
-def next_turn(spec: WorkloadSpec, rng: np.random.Generator, prev: Request, rid: int, now_s: float) -> Request:
+def next_turn(spec: SessionSpec, rng: np.random.Generator, prev: Request, rid: int, now_s: float) -> Request:
     """The turn after `prev`: its whole context (prompt + output) plus new tokens; output drawn for its class."""
     sess = spec.sessions
     assert sess is not None
@@ -97,7 +110,7 @@ def next_turn(spec: WorkloadSpec, rng: np.random.Generator, prev: Request, rid: 
                    prev.session)
 
 
-def expected_prompt_tokens(spec: WorkloadSpec, turn: int) -> float:
+def expected_prompt_tokens(spec: SessionSpec, turn: int) -> float:
     """The mean prompt of turn `turn` (1-based), one class: the first prompt plus (turn - 1) outputs and new
     tokens, E[I] + (k - 1)(E[O] + E[N]). The prefix cache can hold all but the new tokens and the last output
     token's KV, rounded down to a block."""
@@ -107,7 +120,7 @@ def expected_prompt_tokens(spec: WorkloadSpec, turn: int) -> float:
     return li.expected + (turn - 1) * (lo.expected + sess.new_tokens.expected)
 
 
-def session_note(spec: WorkloadSpec) -> str:
+def session_note(spec: SessionSpec) -> str:
     """What a session workload offers, by hand (the closed forms above), for a run's notes."""
     sess, rate = spec.sessions, spec.arrivals.rate_per_s
     assert sess is not None and rate is not None

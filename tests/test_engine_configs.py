@@ -5,11 +5,12 @@ setting of another engine is refused when it is read, in one line naming the fie
 from __future__ import annotations
 
 import ast
+import re
 
 import pytest
 
 from capacity.engine import SglangConfig, TrtllmConfig, VllmConfig
-from capacity.engine.config import EngineConfig, own_settings
+from capacity.engine.config import DataParallelConfig, EngineConfig, own_settings
 from capacity.errors import ConfigError
 from capacity.files import read_mapping, validate
 from capacity.plan.colocate import Fleet
@@ -17,7 +18,7 @@ from capacity.plan.fleetday import DayFleet
 from capacity.plan.scenario import Scenario, load_scenario
 from tests.conftest import ROOT, run_cli
 
-VLLM_ONLY = ("pipeline_parallel_size", "pp_layer_partition", "data_parallel_size", "enable_expert_parallel",
+VLLM_ONLY = ("pipeline_parallel_size", "pp_layer_partition", "enable_expert_parallel",
              "large_gpu_defaults", "cuda_graphs_in_budget", "paged_kv", "max_loras", "max_lora_rank",
              "kv_offloading_size", "host_link_gbps")
 
@@ -42,18 +43,29 @@ def test_vllm_settings_are_vllm_fields_only():
         assert name not in EngineConfig.model_fields, name
     shared = set(EngineConfig.model_fields)
     assert shared <= set(SglangConfig.model_fields) and shared <= set(TrtllmConfig.model_fields)
+    # data parallelism is vLLM's and SGLang's (DP attention), declared once on the class both derive from
+    assert "data_parallel_size" in VllmConfig.model_fields and "data_parallel_size" in SglangConfig.model_fields
+    assert "data_parallel_size" not in TrtllmConfig.model_fields and "data_parallel_size" not in EngineConfig.model_fields
+    assert issubclass(VllmConfig, DataParallelConfig) and issubclass(SglangConfig, DataParallelConfig)
+    assert not issubclass(TrtllmConfig, DataParallelConfig)
+    assert "data_parallel_size" in DataParallelConfig.__annotations__  # its one declaration
+    assert not {"data_parallel_size"} & (set(VllmConfig.__annotations__) | set(SglangConfig.__annotations__))
+    assert "enable_dp_attention" in SglangConfig.model_fields and "enable_dp_attention" not in VllmConfig.model_fields
+    assert "trtllm_backend" in TrtllmConfig.model_fields and "trtllm_backend" not in SglangConfig.model_fields
 
 
-@pytest.mark.parametrize("engine, field, value", [
-    ("sglang", "max_loras", 2), ("sglang@0.4.6", "data_parallel_size", 4), ("trtllm", "pipeline_parallel_size", 2),
-    ("trtllm", "paged_kv", False), ("sglang", "kv_offloading_size", 8.0), ("trtllm:pytorch", "large_gpu_defaults", True),
+@pytest.mark.parametrize("engine, field, value, whose", [
+    ("sglang", "max_loras", 2, "vLLM"), ("trtllm@0.20", "data_parallel_size", 4, "vLLM and SGLang"),
+    ("trtllm", "pipeline_parallel_size", 2, "vLLM"), ("trtllm", "paged_kv", False, "vLLM"),
+    ("sglang", "kv_offloading_size", 8.0, "vLLM"), ("trtllm:pytorch", "large_gpu_defaults", True, "vLLM"),
+    ("vllm@0.11", "enable_dp_attention", True, "SGLang"), ("sglang@0.4.6", "trtllm_backend", "engine", "TensorRT-LLM"),
 ])
-def test_another_engines_setting_is_one_line_naming_it(engine, field, value):
+def test_another_engines_setting_is_one_line_naming_it(engine, field, value, whose):
+    want = f"{field} {value}: {whose} only (engine {engine} does not have this setting)"
     with pytest.raises(ConfigError) as e:
         validate(EngineConfig, {"engine": engine, field: value}, "engine")
-    msg = str(e.value)
-    assert "\n" not in msg and f"{field} {value}: a vLLM setting" in msg and f"engine {engine} " in msg
-    with pytest.raises(ValueError, match=f"{field} {value}: a vLLM setting"):
+    assert "\n" not in str(e.value) and str(e.value) == f"engine: {want}"
+    with pytest.raises(ValueError, match=re.escape(want)):
         EngineConfig(engine=engine, **{field: value})
 
 
@@ -62,7 +74,7 @@ def test_a_scenario_that_gives_sglang_a_vllm_setting_is_refused_in_one_line(tmp_
     sc.write_text("model: llama-3.1-8b\nengine: {engine: sglang, max_loras: 2}\n")
     r = run_cli("plan", "-m", str(sc))
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
-    assert "engine: max_loras 2: a vLLM setting, which engine sglang does not have" in r.stderr, r.stderr
+    assert "engine: max_loras 2: vLLM only (engine sglang does not have this setting)" in r.stderr, r.stderr
 
 
 def test_error_paths_do_not_show_the_union_tag():
@@ -87,7 +99,7 @@ def test_a_commands_defaults_for_another_engine_are_not_given():
     bad = run_cli("simulate", "-m", "llama-3.1-8b", "--engine", "sglang", "--kv-offload-gb", "8", "--rate", "1",
                   "--requests", "10")
     assert bad.returncode == 1 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
-    assert "kv_offloading_size 8.0: a vLLM setting, which engine sglang does not have" in bad.stderr
+    assert "kv_offloading_size 8.0: vLLM only (engine sglang does not have this setting)" in bad.stderr
 
 
 def test_the_bundled_scenarios_and_fleets_still_load():

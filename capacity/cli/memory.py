@@ -21,6 +21,7 @@ from capacity.cli.common import (
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.engine import memory as mem
 from capacity.engine.memory import kv_bytes_per_token
+from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
 from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
 from capacity.engine.trtllm.release import CURRENT as TRT_CURRENT
@@ -57,10 +58,14 @@ def memory(
     engine = settings.get("engine")
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
         s = settings
-        engine_config(**s)  # SglangConfig: a vLLM setting given (--max-loras, --pp, --dp ...) is refused in one line
+        cfg = engine_config(**s)  # SglangConfig: another engine's setting given (--max-loras, --pp ...) is refused in
+        dp = sglang_dp_attention(cfg)  # one line, and DP attention's own checks run (--dp N --enable-dp-attention)
+        if cfg.dp_size() != dp:
+            raise CapacityError(f"data_parallel_size {cfg.dp_size()}: SGLang's data parallelism is modelled with "
+                                "--enable-dp-attention only (its replicas behind a router are not)")
         _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
                        s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,
-                       mem_fraction_static, gpu_memory_gib, json_out)
+                       mem_fraction_static, gpu_memory_gib, json_out, dp)
         return
     if mem_fraction_static is not None:
         raise CapacityError("--mem-fraction-static: an SGLang setting (use it with --engine sglang)")
@@ -87,20 +92,20 @@ def memory(
 
 
 def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
-                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out) -> None:
+                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out, dp=1) -> None:
     """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
     card = load_card(model, weight_dtype, quant_group_size)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
     b = sglang_memory_answer(card, g, tp, engine, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
                              kv_cache_dtype=kv_dtype, chunked_prefill_size=max_num_batched_tokens,
-                             max_running=max_num_seqs)
+                             max_running=max_num_seqs, dp_attention=dp)
     if json_out:
         typer.echo(dumps(sglang_json(b)))
     else:
         from rich.console import Console
         from rich.table import Table
 
-        t = Table(title=f"SGLang {b.release} start-up memory: {card.name} on {g.name}, tp={tp} (GiB per rank)",
+        t = Table(title=f"SGLang {b.release} start-up memory: {card.name} on {g.name}, tp={tp}{f', DP attention {dp}' if dp > 1 else ''} (GiB per rank)",
                   title_justify="left")
         t.add_column("term")
         t.add_column("GiB", justify="right")

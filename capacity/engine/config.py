@@ -249,10 +249,10 @@ class EngineConfig(BaseModel, metaclass=_PickedByEngine):
         """Another engine's setting is refused in one line naming it, its value and whose it is."""
         if isinstance(data, dict):
             for k, v in data.items():
-                owner = None if k in cls.model_fields else _owner(k)
-                if owner is not None:
-                    raise ValueError(f"{k} {_short(v)}: a {ENGINE_LABELS.get(owner, owner)} setting, which engine "
-                                     f"{data.get('engine', cls.ENGINE)} does not have (engine {owner} only)")
+                owners = [] if k in cls.model_fields else _owners(k)
+                if owners:
+                    raise ValueError(f"{k} {_short(v)}: {' and '.join(ENGINE_LABELS.get(o, o) for o in owners)} only "
+                                     f"(engine {data.get('engine', cls.ENGINE)} does not have this setting)")
         return data
 
     @classmethod
@@ -273,6 +273,21 @@ class EngineConfig(BaseModel, metaclass=_PickedByEngine):
     def expert_parallel(self) -> bool:
         """MoE experts split whole over tp x dp ranks (False but for vLLM's enable_expert_parallel)."""
         return False
+
+
+class DataParallelConfig(EngineConfig):
+    """Data parallelism, which vLLM and SGLang have and TensorRT-LLM has not: both classes derive from this one, so
+    the setting is declared once."""
+
+    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = setting(
+        1, description="vLLM's --data-parallel-size (engines of their own, attention replicated) and "
+        "--enable-expert-parallel (experts split whole over tensor x data parallel ranks instead of sharded by TP); "
+        "SGLang's --dp with enable_dp_attention (attention data-parallel inside the tensor_parallel_size GPUs)",
+        flag="--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler and KV (vLLM "
+        "--data-parallel-size; docs/parallelism.md)", cli_default=1, vllm="--data-parallel-size")
+
+    def dp_size(self) -> int:
+        return self.data_parallel_size
 
 
 # ---- each engine's class ------------------------------------------------------------------------------------
@@ -318,8 +333,8 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _owner(name: str) -> str | None:
-    return next((c.ENGINE for c in settings_classes() if name in c.model_fields), None)
+def _owners(name: str) -> list[str]:
+    return [c.ENGINE for c in settings_classes() if name in c.model_fields]
 
 
 def pick(spec: Any) -> type[EngineConfig]:

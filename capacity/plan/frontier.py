@@ -3,8 +3,8 @@ of the load, the context trade-off map, the recommendation among the frontier's 
 statements a plan prints (batch cap, context limit, prompt length).
 
 Split from `capacity.plan.planner`, which searches rates and TP sizes and assembles the plan: these functions
-take the `Planner` (its scenario, executor, engines and budgets) and change only when what the plan shows
-across configurations changes.
+take the planner (its scenario, executor, engines and budgets: `capacity.plan.view.PlannerView`) and change only
+when what the plan shows across configurations changes.
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ from capacity.steady import CAPACITY_LOOP_ROUNDS
 from capacity.workload import Lengths, WorkloadSpec
 
 if TYPE_CHECKING:
-    from capacity.plan.planner import Planner
     from capacity.plan.tasks import SimTask
+    from capacity.plan.view import PlannerView
 
 CONTEXT_REQUESTS = 300  # requests per simulation of the context trade-off map
 TOKEN_BUDGETS = (2048, 4096, 8192, 16384)  # max_num_batched_tokens tried (vLLM's defaults run 2,048 to 16,384)
 GROUP_BLOCKS = 0.005  # frontier cells whose KV blocks differ by at most this share share one simulation
 
 
-def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
+def frontier(pl: PlannerView, tp: int, rate: float) -> list[Cell]:
     sc = pl.sc
     pl.frontier_tp = tp
     longest = pl.longest_request()
@@ -108,7 +108,7 @@ def frontier(pl: Planner, tp: int, rate: float) -> list[Cell]:
             c.meets_slo = ok and c.covers_workload
     return [cells[(s, m)] for s in seqs for m in lens]
 
-def context_frontier(pl: Planner, tp: int) -> list[ContextCell]:
+def context_frontier(pl: PlannerView, tp: int) -> list[ContextCell]:
     """max_num_seqs x the context requests carry (prompt + output: the workload's mean output length kept,
     the prompt filling the rest). Per cell: the peak tokens/s with the batch kept full, and P99 TTFT/TPOT,
     preemptions and queue wait when a replica runs at `headroom` x that cell's own capacity, the operating
@@ -174,7 +174,7 @@ def context_frontier(pl: Planner, tp: int) -> list[ContextCell]:
         cell.meets_slo = ok
     return cells
 
-def recommend(pl: Planner, frontier: list[Cell]) -> Cell | None:
+def recommend(pl: PlannerView, frontier: list[Cell]) -> Cell | None:
     good = [c for c in frontier if c.meets_slo]
     if not good:
         pl.notes.append("no frontier cell meets the SLOs at the per-replica load; keeping the engine defaults")
@@ -184,7 +184,7 @@ def recommend(pl: Planner, frontier: list[Cell]) -> Cell | None:
     # workload happens not to have (the trade-off line says what it costs in full-length concurrency)
     return max(good, key=lambda c: (round(c.capacity_tokens_per_s or 0, 6), c.max_model_len))
 
-def tradeoffs(pl: Planner, frontier: list[Cell], rec: Cell | None) -> list[str]:
+def tradeoffs(pl: PlannerView, frontier: list[Cell], rec: Cell | None) -> list[str]:
     m = rec.max_model_len if rec else max((c.max_model_len for c in frontier if c.feasible), default=None)
     row = [c for c in frontier if c.max_model_len == m and c.feasible and c.p_ttft is not None]
     out = []
@@ -221,7 +221,7 @@ def _flat(a: Cell, b: Cell) -> bool:
     return abs(b.p_ttft / a.p_ttft - 1) < 0.05 and abs(b.p_tpot / a.p_tpot - 1) < 0.05  # type: ignore[operator]
 
 
-def _context_tradeoff(pl: Planner, frontier: list[Cell], rec: Cell) -> list[str]:
+def _context_tradeoff(pl: PlannerView, frontier: list[Cell], rec: Cell) -> list[str]:
     """What a longer max_model_len costs: with paged KV, nothing in latency at this load (the cells of a row
     share one simulation), but fewer requests of that full length fit in the KV cache at once."""
     row = [c for c in frontier if c.max_num_seqs == rec.max_num_seqs and c.feasible and c.kv_tokens]
@@ -238,7 +238,7 @@ def _context_tradeoff(pl: Planner, frontier: list[Cell], rec: Cell) -> list[str]
             f"of {hi.max_model_len:,} tokens fit the KV cache at once vs {full(lo):,} of {lo.max_model_len:,} "
             f"(the workload's longest request is {pl.longest_request():,} tokens)"]
 
-def sensitivity(pl: Planner, engine: EngineConfig, rate: float) -> list[str]:
+def sensitivity(pl: PlannerView, engine: EngineConfig, rate: float) -> list[str]:
     """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
     wl = pl.sc.workload
     li = wl.input_len
@@ -279,7 +279,7 @@ def _ms(x: float | None, nd: int = 0) -> str:
     return "saturated" if not math.isfinite(x) else f"{x * 1e3:,.{nd}f} ms"
 
 
-def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, search, replicas: int):
+def tune_budget(pl: PlannerView, engine: EngineConfig, tp: int, max_num_seqs: int, search, replicas: int):
     """The token budget (vLLM's max_num_batched_tokens: how many prompt tokens a step carries next to its decodes,
     the trade of TTFT against TPOT; SGLang's chunked_prefill_size, the prompt tokens of a prefill batch) for the
     recommended configuration. Each of TOKEN_BUDGETS is probed at the rate a replica must sustain for one
@@ -322,7 +322,7 @@ def tune_budget(pl: Planner, engine: EngineConfig, tp: int, max_num_seqs: int, s
     return e, s, n
 
 
-def tp_sizes(pl: Planner) -> list[int]:
+def tp_sizes(pl: PlannerView) -> list[int]:
     """The TP sizes to search: the scenario's fixed one, or the search grid; with a profile, only the TP
     size it was measured at (a profile is never replaced by the roofline for some rows)."""
     sc = pl.sc

@@ -18,8 +18,8 @@ from capacity.units import DTYPE_BYTES
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
-    from capacity.plan.planner import Planner
     from capacity.plan.results import RateSearch
+    from capacity.plan.view import PlannerView
 
 NOT_READ_PER_TOKEN = ("embed_tokens", "rope_cache")  # a token reads one row of these, not the matrix
 
@@ -29,7 +29,7 @@ def weight_read_bytes(card, tp: int) -> float:
     return sum(v for k, v in weight_bytes_per_rank(card, tp).items() if k not in NOT_READ_PER_TOKEN)
 
 
-def infeasible_reason(pl: Planner, engine: EngineConfig, rs: RateSearch) -> str:
+def infeasible_reason(pl: PlannerView, engine: EngineConfig, rs: RateSearch) -> str:
     """One paragraph: which objective the trickle (2% of capacity) misses, by how much, the floor behind it, and
     the ways out with their estimates."""
     slo, pct = pl.sc.slo, pl.sc.slo.percentile
@@ -49,7 +49,7 @@ def infeasible_reason(pl: Planner, engine: EngineConfig, rs: RateSearch) -> str:
     return f"at {rate:.3g} req/s (2% of its capacity): " + "; ".join(parts)
 
 
-def _tpot(pl: Planner, engine: EngineConfig, rs: RateSearch, pp: float) -> str:
+def _tpot(pl: PlannerView, engine: EngineConfig, rs: RateSearch, pp: float) -> str:
     card, gpu, slo = pl.card, pl.gpu, pl.sc.slo
     tp = rs.tp
     floor = weight_read_bytes(card, tp) / gpu.mem_bw_bytes_per_s
@@ -81,7 +81,7 @@ def _tpot(pl: Planner, engine: EngineConfig, rs: RateSearch, pp: float) -> str:
     return out + "; would meet it: " + ", ".join(ways)
 
 
-def _ttft(pl: Planner, rs: RateSearch, pt: float) -> str:
+def _ttft(pl: PlannerView, rs: RateSearch, pt: float) -> str:
     slo, tp = pl.sc.slo, rs.tp
     ways = []
     for t in (2 * tp, 4 * tp):

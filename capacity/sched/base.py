@@ -1,5 +1,6 @@
-"""What every batching policy shares: the sequence state it schedules (`Seq`), the step it returns (`Step`),
-and the `Scheduler` protocol the simulator talks to. Plain Python, no SimPy, no clock of its own.
+"""What every batching policy shares: the sequence state it schedules (`Seq`, defined in `capacity.sched.seq`
+below the KV cache managers, re-exported here), the step it returns (`Step`), and the `Scheduler` protocol the
+simulator talks to. Plain Python, no SimPy, no clock of its own.
 
 A scheduler turns queue state into a step plan (`schedule(now)`), applies a finished step
 (`complete(step, end_s)`), and, for the simulator's decode fast path, says how many decode-only steps can run
@@ -10,57 +11,16 @@ policy's configuration or its block pool.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from mypy_extensions import mypyc_attr
 
 from capacity.cost.step import StepPlan
+from capacity.sched.kv import KVCacheManager
+from capacity.sched.seq import NAN, Seq
 from capacity.workload import Request
 
-if TYPE_CHECKING:
-    from capacity.sched.kv import KVCacheManager
-
-NAN = float("nan")
-
-
-@dataclass(slots=True, eq=False)
-class Seq:
-    """One request as the engine sees it: `computed` tokens have KV in the cache, `generated` outputs are out."""
-
-    req: Request
-    computed: int = 0  # tokens whose KV is in the cache (own blocks + shared prefix blocks)
-    generated: int = 0  # output tokens emitted so far
-    blocks: int = 0  # own KV blocks held (managed by the KV cache manager only)
-    shared_blocks: int = 0  # prefix-cache blocks referenced, not owned (KV cache manager only)
-    kv_capacity: int = 0  # tokens its blocks hold (set by the KV cache manager; read by schedulers)
-    first_scheduled_s: float = NAN
-    first_token_s: float = NAN
-    last_token_s: float = NAN
-    finish_s: float = NAN
-    preemptions: int = 0
-    replica: int = 0
-    prompt: int = 0  # copies of req.prompt_tokens / output_tokens: read in the hot loops
-    output: int = 0
-    phase: int = 0  # disaggregated serving: 1 in the prefill pool (one output token), 2 in the decode pool
-    inflight: int = 0  # async scheduling: tokens of its last step whose output the engine has not processed yet
-    loading: int = 0  # disaggregated decode pool: 1 its prompt's KV is to be loaded on admission, 2 it is loading
-    cached_tokens: int = 0  # prompt tokens found in the prefix cache at its first admission
-    spec_credit: float = 0.0  # speculative decoding: accepted draft tokens owed (the fraction of the mean not yet given)
-
-    def __post_init__(self) -> None:
-        self.prompt, self.output = self.req.prompt_tokens, self.req.output_tokens
-
-    @property
-    def num_tokens(self) -> int:
-        return self.prompt + self.generated
-
-    @property
-    def done(self) -> bool:
-        return self.generated >= self.output
-
-    @property
-    def is_decode(self) -> bool:
-        return self.generated > 0 and self.prompt + self.generated - self.computed == 1
+__all__ = ["NAN", "QueueView", "Scheduler", "Seq", "Step", "accept_drafts"]  # Seq: capacity.sched.seq's
 
 
 def accept_drafts(seq: Seq, kv: KVCacheManager, k: int, extra_mean: float) -> int:

@@ -21,54 +21,15 @@ the same sequences, the same preemptions, finishes and free blocks at every step
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from capacity.cost.step import PrefillChunk, StepPlan
-from capacity.errors import ConfigError
 from capacity.sched.base import NAN, Seq, Step, accept_drafts
+from capacity.sched.configs import ContinuousConfig
 from capacity.sched.kv_factory import make_kv_manager
 from capacity.sched.queues import make_queue
 from capacity.sched.stretch import DecodeStretches
 from capacity.workload import Request
 
 NO_STEP = StepPlan()  # frozen: one shared empty plan
-
-
-@dataclass
-class ContinuousConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    block_size: int = 16
-    num_blocks: int = 1 << 20
-    chunked_prefill: bool = True
-    prefix_caching: bool = False
-    queue: str = "fcfs"  # fcfs | priority | sjf (capacity.sched.queues)
-    max_model_len: int | None = None
-    kv_groups: tuple[int, ...] | None = None  # sliding-window layout: (full groups, sliding groups, window blocks[, window])
-    # Admit a waiting sequence only if its whole remaining input (prompt, plus outputs to recompute after a
-    # preemption) fits in free blocks, not just this step's chunk: vLLM's `scheduler_reserve_full_isl`
-    # (default on in vLLM 0.32), which keeps chunked prefill from over-admitting and thrashing the cache.
-    reserve_full_input: bool = True
-    # Reserve KV for the prompt and every output token at admission, so a running sequence never needs a block
-    # and nothing is preempted: TensorRT-LLM's GUARANTEED_NO_EVICT capacity scheduler (its default policy).
-    reserve_output: bool = False
-    # Tokens in flight that a sliding-window group reserves at admission on top of its window (vLLM's
-    # max_in_flight_tokens; None: one batch, max_num_batched_tokens, as with async scheduling off)
-    inflight_tokens: int | None = None
-    # vLLM's async scheduling (its GPU default from 0.32's code): the next batch is scheduled before the last
-    # one's output is processed, so a sequence that finished in a step keeps its blocks and its place in the
-    # running batch (counted against max_num_seqs, never scheduled) until after the next schedule call
-    async_scheduling: bool = False
-    # Speculative decoding (capacity.engine.speculative): k draft tokens per decoding sequence, which then costs
-    # 1 + k tokens of the step's budget (vLLM: num_tokens_with_spec - num_computed_tokens in schedule(),
-    # vllm/v1/core/sched/scheduler.py), and E - 1 drafts accepted per verify step on average (`accept_drafts`)
-    spec_tokens: int = 0
-    spec_extra_mean: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_blocks"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
 
 
 class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (same MRO; mypyc: one base)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from mypy_extensions import mypyc_attr
 
 from capacity.errors import ConfigError
-from capacity.sched.base import Seq
+from capacity.sched.seq import Seq
 
 
 class BlockPool:

@@ -32,7 +32,7 @@ from capacity.errors import ConfigError
 from capacity.sched.prefix_cache import PrefixCachingKVCacheManager
 
 if TYPE_CHECKING:
-    from capacity.sched.base import Seq
+    from capacity.sched.seq import Seq
 
 
 class OffloadingKVCacheManager(PrefixCachingKVCacheManager):

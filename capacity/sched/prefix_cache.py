@@ -39,7 +39,7 @@ from mypy_extensions import mypyc_attr
 from capacity.sched.kv import KVCacheManager
 
 if TYPE_CHECKING:
-    from capacity.sched.base import Seq
+    from capacity.sched.seq import Seq
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the trace tests change one rule in a subclass

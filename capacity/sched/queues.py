@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from capacity.errors import ConfigError
 
 if TYPE_CHECKING:
-    from capacity.sched.base import Seq
+    from capacity.sched.seq import Seq
 
 
 class FCFSQueue:

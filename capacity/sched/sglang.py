@@ -46,65 +46,17 @@ single decode steps give the same float: base - n x decay, floored at min once n
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 from mypy_extensions import mypyc_attr
 
 from capacity.cost.step import PrefillChunk, StepPlan
-from capacity.errors import ConfigError
 from capacity.sched.base import Seq, Step, accept_drafts
+from capacity.sched.configs import MAX_PREFILL_TOKENS as MAX_PREFILL_TOKENS  # capacity.engine.sglang's
+from capacity.sched.configs import SglangConfig
 from capacity.sched.kv import KVCacheManager, longest_stretch
 from capacity.sched.sglang_overlap import SglangOverlap
 from capacity.sched.stretch import advance_running
 from capacity.workload import Request
-
-# SGLang v0.5.5 defaults (srt/environ.py; srt/managers/schedule_policy.py; srt/server_args.py)
-INIT_NEW_TOKEN_RATIO = 0.7  # SGLANG_INIT_NEW_TOKEN_RATIO
-MIN_NEW_TOKEN_RATIO_FACTOR = 0.14  # SGLANG_MIN_NEW_TOKEN_RATIO_FACTOR
-NEW_TOKEN_RATIO_DECAY_STEPS = 600  # SGLANG_NEW_TOKEN_RATIO_DECAY_STEPS
-RETRACT_DECODE_STEPS = 20  # SGLANG_RETRACT_DECODE_STEPS
-CLIP_MAX_NEW_TOKENS = 4096  # SGLANG_CLIP_MAX_NEW_TOKENS_ESTIMATION
-MAX_PREFILL_TOKENS = 16384  # --max-prefill-tokens
-
-
-@dataclass
-class SglangConfig:
-    max_total_tokens: int  # KV pool, token slots (a multiple of page_size)
-    page_size: int = 1
-    max_running_requests: int = 2048
-    chunked_prefill_size: int | None = 8192  # None (SGLang's -1): no chunking
-    max_prefill_tokens: int = MAX_PREFILL_TOKENS
-    context_len: int | None = None  # None: no length limit but the pool's
-    schedule_conservativeness: float = 1.0
-    init_new_token_ratio: float = INIT_NEW_TOKEN_RATIO
-    min_new_token_ratio_factor: float = MIN_NEW_TOKEN_RATIO_FACTOR
-    new_token_ratio_decay_steps: int = NEW_TOKEN_RATIO_DECAY_STEPS
-    retract_decode_steps: int = RETRACT_DECODE_STEPS
-    clip_max_new_tokens: int = CLIP_MAX_NEW_TOKENS
-    # SGLang's overlap scheduler (its default; off: --disable-overlap-schedule): steps decided one step stale
-    overlap_schedule: bool = False
-    # Speculative decoding: k drafts per decode step, E - 1 accepted on average (capacity.sched.base.accept_drafts);
-    # SGLang v0.5.5 runs it without the overlap scheduler (server_args.py turns it off for EAGLE/MTP)
-    spec_tokens: int = 0
-    spec_extra_mean: float = 0.0
-
-    def __post_init__(self) -> None:
-        for name in ("max_total_tokens", "page_size", "max_running_requests", "max_prefill_tokens",
-                     "new_token_ratio_decay_steps", "clip_max_new_tokens"):
-            if getattr(self, name) <= 0:
-                raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        if self.chunked_prefill_size is not None and self.chunked_prefill_size <= 0:
-            raise ConfigError(f"chunked_prefill_size: must be > 0 or None (got {self.chunked_prefill_size})")
-        if self.max_total_tokens < self.page_size:
-            raise ConfigError(f"max_total_tokens {self.max_total_tokens}: less than one page of {self.page_size}")
-        if not self.schedule_conservativeness > 0:
-            raise ConfigError(f"schedule_conservativeness: must be > 0 (got {self.schedule_conservativeness})")
-
-    @property
-    def max_req_len(self) -> int:
-        """SGLang's longest request (tp_worker.py): min(context_len - 1, max_total_tokens - 1)."""
-        pool = self.max_total_tokens // self.page_size * self.page_size
-        return min(self.context_len - 1, pool - 1) if self.context_len is not None else pool - 1
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # the trace tests change one rule in a subclass

@@ -39,8 +39,8 @@ from capacity.cost.step import StepPlan
 from capacity.sched.base import NAN, QueueView, Seq, Step
 
 if TYPE_CHECKING:
+    from capacity.sched.configs import SglangConfig
     from capacity.sched.kv import KVCacheManager
-    from capacity.sched.sglang import SglangConfig
 
 
 @mypyc_attr(allow_interpreted_subclasses=True)  # SglangScheduler's base (its tests subclass it)

@@ -13,9 +13,9 @@ from capacity.sched.base import QueueView
 from capacity.sched.kv import longest_stretch
 
 if TYPE_CHECKING:
-    from capacity.sched.base import Seq
-    from capacity.sched.continuous import ContinuousConfig
+    from capacity.sched.configs import ContinuousConfig
     from capacity.sched.kv import KVCacheManager
+    from capacity.sched.seq import Seq
 
 
 def advance_running(kv: KVCacheManager, running: list[Seq], k: int, end_s: float) -> list[Seq]:

@@ -28,6 +28,8 @@ import math
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
+from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
 from capacity.engine.sglang.memory import (
     CURRENT,
     RELEASES,
@@ -40,6 +42,7 @@ from capacity.engine.sglang.memory import (
     version_key,
 )
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.swa import hybrid_swa_layers, swa_pin
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S
 from capacity.errors import ConfigError
@@ -65,29 +68,45 @@ def mem_fraction_static(b: MemoryBudget, card: ModelCard, cfg: EngineConfig,
     f = math.ceil((b.weights_bytes + b.planning_tokens * b.kv_bytes_per_token) / t0 * 100 - 1e-9) / 100
     top = math.floor((1 - (b.activation_bytes + b.cuda_graph_bytes) / t0) * 100 + 1e-9) / 100
     chunk = b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1
-    held = 0
+    held, pin = 0, _pin(card, CURRENT, gpu.arch or "", b.planning_tokens, 1)
     for step in range(int(round(max(f, 0.01) * 100)), int(round(min(top, 0.99) * 100)) + 1):
         f = step / 100
         held = sglang_budget(card, gpu, b.tp, mem_fraction_static=f, context_len=b.max_model_len,
                              kv_cache_dtype=cfg.kv_cache_dtype if cfg.kv_cache_dtype == "fp8" else "auto",
                              chunked_prefill_size=chunk, max_running=b.max_num_seqs,
-                             max_total_tokens=b.planning_tokens).kv_tokens_low
+                             max_total_tokens=pin).kv_tokens_low
         if held >= b.planning_tokens:
             break
     return f, held
 
 
+def _pin(card: ModelCard, release: str, arch: str, tokens: int, page: int) -> int:
+    """--max-total-tokens for a pool of `tokens`: itself, or for a hybrid SWA pool the count over every layer that
+    SGLang splits into an SWA pool of at least `tokens` (sglang/swa.py)."""
+    split = hybrid_swa_layers(card, version_key(release), arch)
+    return tokens if split is None else swa_pin(tokens, *split, page)
+
+
+def _arch(name: str) -> str:
+    """The architecture of the budget's GPU (a user's GPU YAML, not in the catalogue: unknown, i.e. not SM100)."""
+    try:
+        return get_gpu(name).arch or ""
+    except ConfigError:
+        return ""
+
+
 def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget, gpu: GPU | None = None) -> str:
     """The plan's vLLM configuration as an SGLang command, memory translated by meaning: F such that SGLang's
     own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static)."""
-    frac, held = mem_fraction_static(b, card, cfg, gpu)
+    g = gpu or get_gpu(b.gpu)
+    frac, held = mem_fraction_static(b, card, cfg, g)
     ref = model_reference(card, "sglang")
     pool = min(held, b.planning_tokens)
     f = engine_flag  # the flag names: EngineConfig's declarations
     parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
              f"{f('sglang', 'tensor_parallel_size')} {b.tp}", f"{f('sglang', 'max_num_seqs')} {b.max_num_seqs}",
              f"{f('sglang', 'max_model_len')} {b.max_model_len}",
-             f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {pool}",
+             f"--mem-fraction-static {frac:.2f}", f"--max-total-tokens {_pin(card, CURRENT, g.arch or '', pool, 1)}",
              f"{f('sglang', 'max_num_batched_tokens')} "
              f"{b.max_num_batched_tokens if cfg.enable_chunked_prefill is not False else -1}",
              f"{f('sglang', 'kv_cache_dtype')} {KV_DTYPE[cfg.kv_cache_dtype]}"]
@@ -145,6 +164,8 @@ class Sglang(SglangMemory):
                      if getattr(cfg, k) is not None]
         vllm_only += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                       if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
+        if cfg.dp_size() != 1 and self.dp_attention(cfg) == 1:
+            vllm_only.append("data_parallel_size (SGLang's data parallelism is modelled with enable_dp_attention)")
         if vllm_only:
             raise ConfigError(f"{', '.join(vllm_only)}: vLLM settings with no SGLang meaning (engine {self.label})")
         if cfg.kv_cache_dtype == "int8":
@@ -177,13 +198,21 @@ class Sglang(SglangMemory):
         sb = sglang_budget(card, gpu, tp, release=self.release, context_len=ctx, kv_cache_dtype=cfg.kv_cache_dtype,
                            chunked_prefill_size=mnbt if (cfg.max_num_batched_tokens is not None or not chunked) else None,
                            max_total_tokens=override * page if override is not None else None,
-                           max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg))
+                           max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
+                           dp_attention=self.dp_attention(cfg))
+        if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
+            mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))
         if cfg.max_num_seqs is None:
             used.append("max_num_seqs")
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
         eng = ResolvedEngine(cfg, tp, ctx, sb.max_running_requests, mnbt, page, kv_dtype, tuple(used),
                              chunked_prefill=chunked, release=self.label)
         return eng, sb
+
+    @staticmethod
+    def dp_attention(cfg: EngineConfig) -> int:
+        """DP attention's dp size (`--dp N --enable-dp-attention`; sglang/dpattn.py), 1 when off."""
+        return sglang_dp_attention(cfg)
 
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
         """Every knob the configuration leaves to SGLang, as SGLang fills it in: context_len (the model's),
@@ -201,6 +230,9 @@ class Sglang(SglangMemory):
         """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
         field named and not inside a simulation."""
         self._check(cfg)
+        if self.dp_attention(cfg) > 1:
+            raise ConfigError("enable_dp_attention: SGLang's DP attention is modelled for its start-up memory only "
+                              "(capacity memory); its schedulers per attention group are not simulated")
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: SGLang's split of the pool is not modelled")
         chunked = cfg.enable_chunked_prefill
@@ -248,13 +280,16 @@ class Sglang(SglangMemory):
         cut = runner_mm_factor(card, version_key(self.release))
         f = round(1 - b.activation_bytes / t0, 4) if cut == 1.0 else math.ceil((1 - b.activation_bytes / t0) / cut * 1e4) / 1e4
 
-        chunk = b.max_num_batched_tokens if b.chunked_prefill else -1
+        dp = self.dp_attention(cfg)  # SGLang divides the chunk and the request cap by dp: the flags are the totals
+        div = chunk_divisor(dp, version_key(self.release)) if dp > 1 else 1
+        chunk = b.max_num_batched_tokens * div if b.chunked_prefill else -1
         ref = model_reference(card, "sglang")
         parts = [f"python -m sglang.launch_server --model-path {ref.model}", *ref.flags,
-                 f"{engine_flag('sglang', 'tensor_parallel_size')} {b.tp}",
+                 f"{engine_flag('sglang', 'tensor_parallel_size')} {b.tp}", *([f"--dp {dp}"] if dp > 1 else []),
                  f"{engine_flag('sglang', 'max_model_len')} {b.max_model_len}",
-                 f"{engine_flag('sglang', 'max_num_seqs')} {b.max_num_seqs}",
-                 f"--mem-fraction-static {f}", f"--max-total-tokens {b.planning_blocks * b.block_size}",
+                 f"{engine_flag('sglang', 'max_num_seqs')} {b.max_num_seqs * dp}",
+                 f"--mem-fraction-static {f}",
+                 f"--max-total-tokens {_pin(card, self.release, _arch(b.gpu), b.planning_blocks * b.block_size, b.block_size)}",
                  f"{engine_flag('sglang', 'max_num_batched_tokens')} {chunk}"]
         if not b.chunked_prefill:
             parts.append(f"--max-prefill-tokens {b.max_num_batched_tokens}")

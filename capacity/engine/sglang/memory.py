@@ -38,7 +38,9 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
+from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.swa import SWA_FULL_TOKENS_RATIO, hybrid_swa_layers, split_pool, swa_note
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
@@ -55,8 +57,8 @@ LOAD_EXTRA_HIGH_GIB = 0.25
 # The release lines whose memory defaults differ (server_args.py, from 0.5.20 arg_groups/memory_hook.py), each
 # named by its first release; a release takes the rules of the latest line at or before it. Read from the PyPI
 # wheels of 0.3.6.post3, every 0.4.x patch from 0.4.5 and 0.5.1 to 0.5.23 (docs/sglang.md has the table).
-RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.5", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
-            "0.4.9.post3", "0.5.3", "0.5.5", "0.5.10", "0.5.20")
+RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.4.post1", "0.4.5", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
+            "0.4.9.post3", "0.5.3", "0.5.5", "0.5.8", "0.5.10", "0.5.20")  # 0.4.4.post1, 0.5.8: sglang/dpattn.py, swa.py
 NEWEST_READ = "0.5.23"
 CURRENT = "0.5.20"  # `sglang` without a version: the rules of the newest release read
 MiB = 1 << 20
@@ -243,6 +245,8 @@ class SglangBudget:
     kv_tokens_low: int  # the pool with the context at the high end of its range (what a plan may count on)
     notes: list[str] = field(default_factory=list)
     context_high_bytes: float = 0.0  # the high end of context_bytes (the one kv_tokens_low assumes)
+    dp_attention: int = 1  # DP attention's dp size (1: off); the figures are one attention group's rank
+    swa_tokens: int | None = None  # a hybrid SWA pool's sliding-layer pool (kv_tokens is its full pool)
 
     @property
     def fits(self) -> bool:
@@ -257,13 +261,16 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                   kv_cache_dtype: str = "auto", chunked_prefill_size: int | None = None,
                   cuda_graph_max_bs: int | None = None, max_total_tokens: int | None = None,
                   max_running: int | None = None, page_size: int = 1,
-                  context_bytes: float | None = None) -> SglangBudget:
+                  context_bytes: float | None = None, dp_attention: int = 1) -> SglangBudget:
     """SGLang's start-up memory for this model on this GPU at this TP (see the module docstring). T0 is the GPU's
     total less the CUDA context and, at TP > 1, the distributed init (`context_bytes` overrides both; by default
     the CUDA context of EngineConfig's memory parameters, 0.5 GiB, plus vLLM's measured NCCL / custom all-reduce
     buffers for this link: the same libraries; the logs show T0 0.4-1.0 GiB below the total at TP 1 and 1.96-2.01
     GiB of distributed init at TP 8 on an H200). A is T0 less the weights of one rank. `kv_tokens_low` is the pool
-    if the context takes the high end (1.0 GiB, and the high end of the NCCL term): what a plan may count on."""
+    if the context takes the high end (1.0 GiB, and the high end of the NCCL term): what a plan may count on.
+    `dp_attention` > 1: DP attention over that many groups of the tp GPUs (sglang/dpattn.py); a hybrid SWA model's
+    pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool."""
+    attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
     if context_bytes is None:
         ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, 1.0 * GiB
         if tp > 1:
@@ -275,9 +282,9 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         ctx_mid = ctx_high = context_bytes
 
     notes: list[str] = []
-    if card.num_sliding_layers:  # Gemma-2/3, gpt-oss, Mistral-7B v0.1, Phi-3: one cell over every layer
-        notes.append("sliding-window layers: SGLang sizes this model's pool as if every layer kept every token "
-                     "(its hybrid SWA pool is off for Gemma-2/3 and gpt-oss; Llama/Mistral/Phi-3 ignore the window)")
+    split = hybrid_swa_layers(card, _line(release), gpu.arch or "")
+    if card.num_sliding_layers and split is None:  # Gemma-2/3, gpt-oss before 0.5.8, Mistral-7B v0.1, Phi-3
+        notes.append(swa_note(None, card))
     if not 0 < (mem_fraction_static if mem_fraction_static is not None else 0.5) < 1:
         raise ConfigError(f"mem_fraction_static: must be in (0, 1) (got {mem_fraction_static})")
     if page_size <= 0:
@@ -290,7 +297,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     amd = "cdna" in (gpu.arch or "").lower()
     f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(
         gpu_mib, tp, release, chunked_prefill_size=chunked_prefill_size, cuda_graph_max_bs=cuda_graph_max_bs,
-        mla=card.mla is not None, vlm_factor=vlm, amd=amd)
+        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention)
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
     runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang/mm.py)
@@ -300,9 +307,9 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     kv_bytes = DTYPE_BYTES["fp8" if kv_cache_dtype == "fp8" else card.dtype] if kv_cache_dtype in ("auto", "fp8") else None
     if kv_bytes is None:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: SGLang's are auto and fp8 here")
-    cell = card.kv_elements_per_token_per_layer(tp) * card.num_kv_layers * int(kv_bytes)
+    cell = card.kv_elements_per_token_per_layer(attn_tp) * card.num_kv_layers * int(kv_bytes)
     t0 = total - ctx_mid
-    weights = sum(weight_bytes_per_rank(card, tp).values())
+    weights = sum((dp_attention_weights(card, tp, dp_attention) if dp_attention > 1 else weight_bytes_per_rank(card, tp)).values())
     state_share = 0.0
     if card.state is not None:
         state_share, state_note = _state_reserve(card, tp, release, max_running)
@@ -313,10 +320,19 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     t0_low = total - ctx_high
     low = pool_tokens(t0_low / GiB, (t0_low - weights - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
                       max_total_tokens, state_share)
+    swa = None
+    if split is not None:  # full pool = kv_tokens; the conservative end is the SWA pool (sglang/swa.py)
+        (tokens, swa), low = split_pool(tokens, *split, page_size), split_pool(low, *split, page_size)[1]
+        cell = int(card.kv_elements_per_token_per_layer(attn_tp) * kv_bytes * (split[0] + SWA_FULL_TOKENS_RATIO * split[1]))
+        notes.append(swa_note(split, card, tokens, swa))
+    if dp_attention > 1:
+        chunk = dp_chunk(chunk, dp_attention, _line(release))
+        max_running = max_running // dp_attention if max_running is not None else None
+        notes.append(dp_attention_note(tp, dp_attention, chunk))
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
                      t0 * (1 - f), cell, tokens, tokens * cell, ctx, page_size, chunk, graph_bs,
                      max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
-                     notes=notes)
+                     notes=notes, dp_attention=dp_attention, swa_tokens=swa)
     if tokens <= 0:
         b.notes.append("no KV pool: the weights take more than F x T0 (SGLang stops: 'Not enough memory. Please "
                        "try to increase --mem-fraction-static')")
@@ -367,12 +383,13 @@ class SglangMemory:
 
     def startup_memory(self, card: ModelCard, gpu: GPU, tp: int, *, mem_fraction_static: float | None,
                        context_len: int | None, kv_cache_dtype: str, chunked_prefill_size: int | None,
-                       max_running: int | None) -> SglangBudget:
+                       max_running: int | None, dp_attention: int = 1) -> SglangBudget:
         """SGLang's own start-up accounting (T0, F, the reserve, the pool) under this release's rules, in SGLang's
         terms (`capacity memory --engine sglang`): `sglang_budget` at SGLang's flags."""
         return sglang_budget(card, gpu, tp, release=self.release, mem_fraction_static=mem_fraction_static,
                              context_len=context_len, kv_cache_dtype=kv_cache_dtype,
-                             chunked_prefill_size=chunked_prefill_size, max_running=max_running)
+                             chunked_prefill_size=chunked_prefill_size, max_running=max_running,
+                             dp_attention=dp_attention)
 
     def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
         """SGLang's start-up memory as a MemoryBudget (see the module docstring for where each term goes). With

@@ -12,7 +12,8 @@ from capacity.engine.settings import setting
 
 
 class TrtllmConfig(EngineConfig):
-    """The settings every engine shares, as TensorRT-LLM reads them, and its own: the backend that serves."""
+    """TensorRT-LLM's own settings, beside those every engine shares: the backend that serves. (Its flags for the
+    shared ones: `trtllm=` in each declaration.)"""
 
     ENGINE: ClassVar[str] = "trtllm"
 

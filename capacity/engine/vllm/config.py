@@ -8,12 +8,12 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
-from capacity.engine.config import EngineConfig
+from capacity.engine.config import DataParallelConfig, EngineConfig
 from capacity.engine.settings import setting
 from capacity.errors import ConfigError
 
 
-class VllmConfig(EngineConfig):
+class VllmConfig(DataParallelConfig):
     """vLLM's own settings, beside those every engine shares: pipeline, data and expert parallelism, LoRA, the
     large-GPU defaults, CUDA graphs in the budget, contiguous KV, KV offloading to host memory."""
 
@@ -27,11 +27,6 @@ class VllmConfig(EngineConfig):
     pp_layer_partition: Annotated[list[Annotated[int, Field(gt=0, le=10**4)]], Field(max_length=64)] | None = setting(
         None, description="Layers per pipeline stage, first to last (vLLM's VLLM_PP_LAYER_PARTITION); None: as "
         "vLLM's get_pp_indices splits them (even, the remainder one layer each to the stages before the last)")
-    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = setting(
-        1, description="vLLM's --data-parallel-size (engines of their own, attention replicated) and "
-        "--enable-expert-parallel (experts split whole over tensor x data parallel ranks instead of sharded by TP)",
-        flag="--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler and KV (vLLM "
-        "--data-parallel-size; docs/parallelism.md)", cli_default=1, vllm="--data-parallel-size")
     enable_expert_parallel: bool = setting(
         False, description="MoE experts split whole over tensor x data parallel ranks (vLLM's "
         "--enable-expert-parallel) instead of sharded by TP", flag="--enable-expert-parallel", set_to=True,
@@ -73,9 +68,6 @@ class VllmConfig(EngineConfig):
 
     def pp_size(self) -> int:
         return self.pipeline_parallel_size
-
-    def dp_size(self) -> int:
-        return self.data_parallel_size
 
     def expert_parallel(self) -> bool:
         return self.enable_expert_parallel
