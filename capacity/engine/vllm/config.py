@@ -1,7 +1,8 @@
 """vLLM's own settings: the fields of `VllmConfig`, the engine configuration of a `vllm[@X.Y[:v0]]` scenario, on top
 of the settings every engine shares (`capacity.engine.config.EngineConfig`). Each is declared once with `setting(...)`
 (capacity/engine/settings.py), as vLLM's `EngineArgs` (vllm/engine/arg_utils.py) names it; another engine's scenario
-that sets one is refused when it is read (`max_loras 2: a vllm setting, not one of sglang's`)."""
+that sets one is refused when it is read (`max_loras 2: vLLM only (engine sglang does not have this setting)`).
+`data_parallel_size`, which SGLang has too, is declared once on `DataParallelConfig`, which this class derives from."""
 from __future__ import annotations
 
 from typing import Annotated, ClassVar, Literal
@@ -14,8 +15,8 @@ from capacity.errors import ConfigError
 
 
 class VllmConfig(DataParallelConfig):
-    """vLLM's own settings, beside those every engine shares: pipeline, data and expert parallelism, LoRA, the
-    large-GPU defaults, CUDA graphs in the budget, contiguous KV, KV offloading to host memory."""
+    """vLLM's own settings, beside those every engine shares and data parallelism: pipeline and expert parallelism,
+    LoRA, the large-GPU defaults, CUDA graphs in the budget, contiguous KV, KV offloading to host memory."""
 
     ENGINE: ClassVar[str] = "vllm"
 
