@@ -267,3 +267,58 @@ def test_no_kv_block_at_the_conservative_end_is_said_as_such():
     r = run_cli("simulate", "-m", "tiny", "--gpu-memory-gib", "0.7", "--rate", "1", "-n", "20")
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     assert "no KV block at the conservative end" in r.stderr and "9,368 blocks" in r.stderr
+
+
+# ---- the free-delta profiler of vLLM 0.4.0-0.6.3 (issue 46) ------------------------------------------------
+def _a6000_llama3(engine: str, kv_estimate: str = "middle"):
+    from pathlib import Path
+
+    from capacity.model.card import load_model_card
+
+    c = load_model_card(Path(__file__).parent / "data" / "hf" / "llama-3-8b.json")
+    return mem.budget(c, get_gpu("rtx-a6000"), EngineConfig(engine=engine, kv_estimate=kv_estimate), check_fit=False)
+
+
+def test_world_warmup_communicator_counted_at_tp1_until_0_5_0():
+    """0.4.0-0.5.0 run the world group's warm-up all_reduce after init_gpu_memory is read, at world size 1 too:
+    a single-rank NCCL communicator, 484 MiB on an RTX 3090 (NVIDIA/nccl#2366), 996 MiB with the NET shared
+    buffer. 0.5.1-0.6.3 create no communicator at TP 1; 0.6.4+ are other profilers (unchanged)."""
+    from capacity.engine.vllm.nontorch import first_comm
+    from capacity.engine.vllm.release import release
+
+    assert _a6000_llama3("vllm@0.4.1").non_torch_bytes == pytest.approx(0.15 * GiB + 484 * 2**20)
+    assert _a6000_llama3("vllm@0.4.1").ranges["non_torch"] == pytest.approx([0.30 * GiB, 0.40 * GiB + 996 * 2**20])
+    assert _a6000_llama3("vllm@0.5.0").non_torch_bytes == pytest.approx(0.15 * GiB + 484 * 2**20)
+    assert _a6000_llama3("vllm@0.5.1").non_torch_bytes == pytest.approx(0.15 * GiB)
+    assert _a6000_llama3("vllm@0.6.3").non_torch_bytes == pytest.approx(0.15 * GiB)
+    assert first_comm(release("0.6.3"), 2).mid == 484 * 2**20  # every free-delta release at TP > 1
+    assert first_comm(release("0.6.4"), 2).mid == first_comm(release("0.7.0"), 1).mid == 0
+
+
+def test_cached_segments_bound_by_hand():
+    """No empty_cache between profile_run and the free-memory reading: the sampler's segments beside the
+    forward's (the forward counted once, as its larger phase)."""
+    from capacity.engine.vllm.memory import cached_segments_bound
+
+    assert cached_segments_bound({"forward_attention": 1.0, "forward_mlp": 3.0, "sampler": 0.5}) == 0.5
+    assert cached_segments_bound({"forward_attention": 1.0, "forward_mlp": 0.5, "sampler": 2.0}) == 1.0
+    assert cached_segments_bound({"forward_mlp": 3.0}) == 0.0
+
+
+def test_llama3_8b_a6000_vllm_041_by_hand():
+    """Meta-Llama-3-8B-Instruct on an RTX A6000, vLLM 0.4.1 defaults (PR #4454, mgoin: '# GPU blocks: 13248').
+    Forward MLP at 8192 tokens: 8192 x 2 B x (3 x 4096 + 3 x 14336) = 905,969,664 B. Sampler (3 x 2 + 24 B a
+    logit, 256 rows): 256 x 128256 x 30 + hidden 8192 x 4096 x 2 + rows 256 x 4096 x 2 + cuBLAS 8.125 MiB
+    = 1,062,731,776 B. Weights 8,030,261,248 x 2 + rotary 8192 x 128 x 2 = 16,062,619,648 B."""
+    b = _a6000_llama3("vllm@0.4.1")
+    assert b.activation_phases["forward_mlp"] == 905_969_664
+    assert b.activation_bytes == 1_062_731_776 and b.weights_bytes == 16_062_619_648
+    # + 0.06 GiB, 10% allocator slack, 5% for a release not in LOG_CHECKED, and the forward's cached segments
+    act_hi = 1_062_731_776 * 1.15 + 0.06 * GiB + 905_969_664
+    assert b.ranges["activation"][1] == pytest.approx(act_hi)
+    usable = 51_045_686_313 * 0.9
+    kv = usable - 16_062_619_648 - 1_062_731_776 - 0.15 * GiB - 484 * 2**20
+    assert b.kv_budget_bytes == pytest.approx(kv)
+    assert b.num_blocks == math.floor(kv / 2**21)  # 16 tokens x 32 layers x 2 x 8 x 128 x 2 B = 2 MiB a block
+    assert abs(b.num_blocks - 13_248) / 13_248 < 0.02  # the log, within 2%
+    assert _a6000_llama3("vllm@0.4.1", "conservative").planning_blocks <= 13_248  # never more than the engine

@@ -62,6 +62,24 @@ NON_TORCH_PER_PEER_GIB = 0.04  # growth per extra rank (tp 2 -> 4: +0.06 to +0.1
 # NVLink. An estimate from NCCL's defaults, not measured: the range is wide.
 NCCL_COMM_GIB = {"nvls": (0.30, 0.10, 0.60), "nvlink": (0.25, 0.08, 0.60), "pcie": (0.06, 0.02, 0.15)}
 CUSTOM_AR_GIB = 0.026  # the custom all-reduce's 8 MiB meta + 8 MiB buffer + 8 MiB rank data (every release)
+# The first NCCL communicator a process creates, without peers (its kernels loaded, its device structures), GiB:
+# NVIDIA/nccl#2366 measured a single-rank communicator's initialisation on an RTX 3090 (sm86) at 484 MiB, and
+# 996 MiB where the 512 MiB NET shared buffer is set up (NCCL_RUNTIME_CONNECT=0; NCCL before 2.22, which
+# torch 2.2-2.4 ship, connects eagerly). The low end allows the 484 MiB to hold a CUDA context's share.
+NCCL_FIRST_COMM_GIB = (484 / 1024, 0.25, 996 / 1024)
+# The last release whose world group runs a warm-up all_reduce after `Worker.init_device` reads init_gpu_memory,
+# at every world size: worker.py `init_worker_distributed_environment` (0.4.0-0.4.2), parallel_state.py
+# `init_distributed_environment` (0.4.3-0.5.0). From 0.5.1 nothing creates an NCCL communicator at TP 1.
+WORLD_WARMUP_UNTIL = (0, 5, 0)
+
+
+def first_comm(rel: Release, tp: int) -> Est:
+    """The first NCCL communicator's fixed cost where the free-delta profiler (0.4.0-0.6.3) counts it: at TP 1
+    only while the world group's warm-up all_reduce runs after the baseline (0.4.0-0.5.0: a single-rank
+    communicator), at TP > 1 always (the world, pynccl and TP communicators are made after it)."""
+    if rel.accounting != "free-delta" or (tp == 1 and rel.version > WORLD_WARMUP_UNTIL):
+        return Est.exact(0.0)
+    return Est(*(x * GiB for x in NCCL_FIRST_COMM_GIB))
 
 
 def non_torch(rel: Release, eng: ResolvedEngine, gpu: GPU) -> Est:
@@ -81,7 +99,7 @@ def non_torch(rel: Release, eng: ResolvedEngine, gpu: GPU) -> Est:
     if tp == 1 and (eng.cfg.pp_size() > 1 or eng.cfg.dp_size() > 1):
         tp = 2  # one more communicator (the stages' send/recv, the data-parallel group): counted as at TP 2
     if tp == 1:
-        return base
+        return base if p.non_torch_bytes is not None else base + first_comm(rel, 1)
     link = "nvls" if gpu.nvls else ("nvlink" if gpu.interconnect.startswith("nvlink") else "pcie")
     if p.non_torch_multi_gpu_bytes is not None:
         multi = Est.exact(p.non_torch_multi_gpu_bytes)
@@ -108,8 +126,9 @@ def multi_gpu_non_torch(rel: Release, tp: int, link: str, context_bytes: float) 
       high end keeps the logs' figure: what NCCL connects lazily on a first large collective is unmeasured).
     - V0 0.6.4-0.10: pynccl, used eagerly from 0.6.5, and the lazy torch communicator of the input
       broadcast, plus the custom all-reduce's buffers.
-    - V0 0.4.0-0.6.3 (free memory consumed since init): the world group's, pynccl's and the TP group's
-      communicators (two from 0.5.5: no world warm-up), and the CUDA contexts other ranks open on this GPU:
+    - V0 0.4.0-0.6.3 (free memory consumed since init): the first communicator's fixed cost (`first_comm`), the
+      world group's, pynccl's and the TP group's buffers (two from 0.5.1: no world warm-up), and the CUDA
+      contexts other ranks open on this GPU:
       tp - 1 in 0.4.0 (`_can_actually_p2p` copies to every peer), one in 0.4.1-0.4.2 (rank 0 builds the P2P
       cache in-process on a first run), none from 0.4.3 (a subprocess)."""
     comm = NCCL_COMM_GIB[link]
@@ -119,9 +138,9 @@ def multi_gpu_non_torch(rel: Release, tp: int, link: str, context_bytes: float) 
         mid, lo, _ = comm
         return Est(mid * GiB, lo * GiB, NON_TORCH_MULTI[link][2] * GiB)
     if rel.accounting == "free-delta":
-        comms = 3 if rel.version <= (0, 5, 0) else 2
+        comms = 3 if rel.version <= WORLD_WARMUP_UNTIL else 2
         contexts = tp - 1 if rel.version < (0, 4, 1) else (1 if rel.version < (0, 4, 3) else 0)
         ctx = contexts * context_bytes
         return Est(comms * comm[0] * GiB + ctx + CUSTOM_AR_GIB * GiB, comms * comm[1] * GiB + 0.6 * ctx,
-                   comms * comm[2] * GiB + 1.6 * ctx + CUSTOM_AR_GIB * GiB)
+                   comms * comm[2] * GiB + 1.6 * ctx + CUSTOM_AR_GIB * GiB) + first_comm(rel, tp)
     return Est(*((2 * x + CUSTOM_AR_GIB) * GiB for x in comm))
