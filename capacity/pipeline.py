@@ -124,7 +124,7 @@ def overlapped_cpu_s(em: EngineModel, cfg: EngineConfig, profile: str | None, co
 def prepare(dep: Deployment) -> Prepared:
     em = get_engine(dep.engine.engine)
     e = dep.engine
-    if e.pipeline_parallel_size > 1:
+    if e.pp_size() > 1:
         raise ConfigError("pipeline_parallel_size: its memory is modelled (capacity memory), its step cost is not: "
                           "simulate and plan take tensor, data and expert parallelism (docs/parallelism.md)")
     b = em.budget(dep.card, dep.gpu, dep.engine)
@@ -138,7 +138,7 @@ def prepare(dep: Deployment) -> Prepared:
                           allow_mismatch=dep.allow_profile_mismatch,
                           step_overhead_s=0.0 if overlaps and dep.profile is None else em.step_overhead_s(dep.engine),
                           overhead_given=dep.engine.step_overhead_ms is not None)
-    cost = wrap(cost, dep.card, b.tp, e.data_parallel_size, e.enable_expert_parallel, dep.profile)  # MoE EP/DP
+    cost = wrap(cost, dep.card, b.tp, e.dp_size(), e.expert_parallel(), dep.profile)  # MoE EP/DP
     per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]

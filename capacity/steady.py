@@ -52,7 +52,7 @@ def full_batch(engine: EngineConfig, budget: MemoryBudget, wl: WorkloadSpec, max
     past its prefill holds its prompt's blocks). Where no bound is sure (prefix caching shares blocks; a trace;
     contiguous KV), max_num_seqs."""
     seqs = budget.max_num_seqs if max_num_seqs is None else max_num_seqs
-    if engine.enable_prefix_caching or wl.prefix is not None or wl.trace or not engine.paged_kv or not budget.paged_kv:
+    if engine.enable_prefix_caching or wl.prefix is not None or wl.trace or not budget.paged_kv:
         return seqs
     shortest = min(least_tokens(wl.class_lengths(c)[0]) for c in range(len(wl.classes)))
     return max(1, min(seqs, budget.planning_blocks // max(1, budget.blocks_for(max(1, shortest))) + 1))

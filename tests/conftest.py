@@ -132,7 +132,7 @@ TIERS = {
         frontend""",
     "end_to_end": """adversarial app autoscale_views browser cli docs_commands export fidelity fleetday launch
         loadtest manifests pipeline plan_answers plan_compare planner progress reliability reliability_io
-        tiers engine_settings cli_lazy""",
+        tiers engine_settings engine_configs cli_lazy""",
 }
 TIER_OF = {f"test_{name}.py": tier for tier, names in TIERS.items() for name in names.split()}
 

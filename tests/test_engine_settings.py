@@ -1,4 +1,4 @@
-"""Issue 50 item 1: an engine setting is declared once, on EngineConfig (capacity/engine/settings.py: its
+"""Issue 50 item 1: an engine setting is declared once, on EngineConfig or its engine's class (capacity/engine/settings.py: its
 description, bounds, CLI flag, the engines' launch flags and dashboard control), and the commands' options, the
 dashboard's controls, the launch commands and docs/schema.md are generated from it. The acceptance test declares
 one more setting in a fixture, and nowhere else, and finds it on all four surfaces."""
@@ -17,15 +17,16 @@ from tests.conftest import run_cli
 
 @pytest.fixture
 def prefill_boost(monkeypatch):
-    """EngineConfig plus one setting, `prefill_boost`, declared only here (flag, bounds, engines' flags, control)."""
-    cls = create_model(
-        "EngineConfigPlus", __base__=EngineConfig,
-        prefill_boost=(Annotated[int, Field(ge=1, le=64)] | None, setting(
-            None, description="A what-if setting declared only in this test", flag="--prefill-boost",
-            help="Prefill boost (declared in a test)", vllm="--prefill-boost", sglang="--prefill-boost-sg",
-            trtllm="--prefill_boost", ui={"label": "prefill boost", "kind": "number", "step": 1})))
-    monkeypatch.setattr(config_mod, "SETTINGS_CLASS", cls)
-    return cls
+    """One more shared setting, `prefill_boost`, declared only here (flag, bounds, engines' flags, control) and
+    given to each engine's configuration class; the fixture is `EngineConfig` (which builds the engine's class)."""
+    boost = (Annotated[int, Field(ge=1, le=64)] | None, setting(
+        None, description="A what-if setting declared only in this test", flag="--prefill-boost",
+        help="Prefill boost (declared in a test)", vllm="--prefill-boost", sglang="--prefill-boost-sg",
+        trtllm="--prefill_boost", ui={"label": "prefill boost", "kind": "number", "step": 1}))
+    classes = tuple(create_model(f"{c.__name__}Plus", __base__=c, prefill_boost=boost)
+                    for c in config_mod.settings_classes())
+    monkeypatch.setattr(config_mod, "SETTINGS_CLASSES", classes)
+    return EngineConfig
 
 
 @pytest.mark.parametrize("command", ENGINE_COMMANDS)
@@ -87,7 +88,7 @@ def test_every_declared_flag_is_in_its_commands_help():
     """The declarations' flags and help are what the commands show (fleet, autoscale, pools and disagg take a named subset)."""
     for command in (*ENGINE_COMMANDS, "fleet", "autoscale", "pools", "disagg"):
         text = " ".join(run_cli(command, "--help").stdout.split())
-        for name, (_f, cli) in declared(EngineConfig, "cli").items():
+        for name, (_f, cli) in declared(config_mod.settings_fields(), "cli").items():
             if in_command(cli, command):
                 assert cli["flag"].split("/")[0] in text, (command, name)
 

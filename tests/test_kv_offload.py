@@ -127,7 +127,9 @@ def test_an_admission_that_fails_gives_its_host_hits_back():
 @pytest.mark.parametrize("args, said", [
     (["--kv-offload-gb", "8"], "needs the prefix cache on (--prefix-caching)"),
     (["--kv-offload-gb", "0", "--prefix-caching"], "kv_offloading_size"),
-    (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "sglang"], "modelled for vLLM's OffloadingConnector only"),
+    (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "sglang"],
+     "kv_offloading_size 8.0: vLLM only (engine sglang does not have this setting)"),  # not an SglangConfig field
+    (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "vllm@0.11"], "modelled for vLLM's OffloadingConnector only"),
     (["--host-link-gbps", "20"], "host_link_gbps: applies to KV offloading"),
     (["--kv-offload-gb", "0.001", "--prefix-caching"], "less than one KV block of host memory"),
 ])

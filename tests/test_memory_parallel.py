@@ -78,7 +78,8 @@ def test_lora_buffers_as_the_unsloth_log_loads_them():
     (["--enable-expert-parallel", "--engine", "vllm@0.7"], "enable_expert_parallel: vllm@0.7.3 has no"),
     (["--pp", "2", "--engine", "vllm@0.5.0"], "pipeline_parallel_size 2: vllm@0.5.0 has no pipeline"),
     (["--enable-expert-parallel", "--tp", "8", "--dp", "32"], "256 ranks (tp x data parallel) for the 128 experts"),
-    (["--max-loras", "2", "--engine", "sglang"], "--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings"),
+    (["--max-loras", "2", "--engine", "sglang"], "max_loras 2: vLLM only (engine sglang does not have this setting)"),
+    (["--dp", "2", "--engine", "trtllm"], "data_parallel_size 2: vLLM and SGLang only (engine trtllm does not have this setting)"),
 ])
 def test_a_setting_the_release_or_model_cannot_take_is_one_line(args, msg):
     r = run_cli("memory", "-m", str(HF / "qwen3-30b-a3b.json"), "-g", "h100-sxm", "--max-model-len", "8192", *args)

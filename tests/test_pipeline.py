@@ -181,11 +181,23 @@ def test_static_batching_holds_kv_blocks_for_its_batch():
     assert kv.max() == 16 and kv[-1] == 0
 
 
-def test_a_second_engine_is_one_object_in_the_registry():
-    """The seam: an engine model with other defaults and another command, registered in one place, is used by
-    the memory budget, the scheduler and the launch command of the run pipeline."""
-    from capacity.engine import ENGINES
+def test_a_second_engine_is_one_object_in_the_registry(monkeypatch):
+    """The seam: an engine model with other defaults and another command, registered in one place (its model, its
+    builder, its configuration class), is used by the memory budget, the scheduler and the launch command of the
+    run pipeline."""
+    from typing import ClassVar
+
+    from capacity.engine import config as config_mod
+    from capacity.engine import registry
+    from capacity.engine.vllm.config import VllmConfig
     from capacity.engine.vllm.engine import VllmV1
+
+    for mod, name in ((config_mod, "_CLASSES"), (config_mod, "_SPECS"), (registry, "ENGINES"), (registry, "_BUILD"),
+                      (registry, "CONFIGS")):
+        monkeypatch.setattr(mod, name, dict(getattr(mod, name)))  # the registration ends with the test
+
+    class OtherConfig(VllmConfig):  # vLLM's settings under another engine's name
+        ENGINE: ClassVar[str] = "other"
 
     class Other(VllmV1):
         name = "other"
@@ -201,7 +213,7 @@ def test_a_second_engine_is_one_object_in_the_registry():
         def launch_command(self, card, cfg, b):
             return f"other-engine --batch-tokens {b.max_num_batched_tokens}"
 
-    ENGINES["other"] = Other()
+    registry.register(Other(), lambda spec: Other(), OtherConfig)
     try:
         dep = Deployment(CARD, get_gpu("h100-sxm"), EngineConfig(engine="other", max_num_seqs=64))
         p = prepare(dep)
@@ -211,7 +223,7 @@ def test_a_second_engine_is_one_object_in_the_registry():
                   RunOptions(ci=False))
         assert res.summary.n_requests > 0 and res.as_dict()["max_num_batched_tokens"] == 1024
     finally:
-        del ENGINES["other"]
+        monkeypatch.undo()
     with pytest.raises(ValueError, match="unknown engine 'other'"):
         EngineConfig(engine="other")
 

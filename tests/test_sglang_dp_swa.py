@@ -103,7 +103,7 @@ def test_up_to_0_4_4_dp_attention_is_over_every_rank_and_halves_the_chunk():
 def test_dp_attention_refusals_are_one_line_naming_the_field():
     with pytest.raises(ValidationError, match="enable_dp_attention: data_parallel_size 3 must be > 1 and divide"):
         EngineConfig(engine="sglang", tensor_parallel_size=8, data_parallel_size=3, enable_dp_attention=True)
-    with pytest.raises(ValidationError, match="enable_dp_attention: an SGLang setting"):
+    with pytest.raises(ValidationError, match=r"enable_dp_attention True: SGLang only \(engine vllm does not have this setting\)"):
         EngineConfig(engine="vllm", tensor_parallel_size=8, data_parallel_size=8, enable_dp_attention=True)
     with pytest.raises(ConfigError, match="enable_dp_attention: SGLang's llama model shards attention"):
         sglang_budget(_card(HF / "llama-3.1-8b.json"), get_gpu("h100"), 8, dp_attention=2)

@@ -91,7 +91,7 @@ def test_hand_computed_budget_with_measured_terms():
     assert b.block_size == 32 and b.max_num_seqs == 2048 and b.max_num_batched_tokens == 8192
     assert not b.chunked_prefill and b.engine == "trtllm"
     # the same configuration under vLLM: 0.9 of the device, less everything -> a smaller pool by 0.1 x the rest
-    v = budget(card, gpu, cfg.model_copy(update={"engine": "vllm", "block_size": 32}))
+    v = budget(card, gpu, EngineConfig(**{**cfg.model_dump(exclude_unset=True), "engine": "vllm", "block_size": 32}))
     assert v.kv_budget_bytes < b.kv_budget_bytes
 
 
@@ -174,9 +174,13 @@ def test_launch_command_pins_the_planned_pool():
     ({"large_gpu_defaults": True}, "large_gpu_defaults"),
 ])
 def test_settings_without_a_trtllm_meaning_are_one_line(update, field):
+    """A shared setting TensorRT-LLM cannot take is refused by its engine model; vLLM's own (paged_kv,
+    large_gpu_defaults) are no TrtllmConfig fields, refused when the configuration is read."""
+    from capacity.files import validate
+
     card = load_card("llama-3.1-8b", None, None, None)
     with pytest.raises(ConfigError) as e:
-        budget(card, get_gpu("h100-sxm"), EngineConfig(engine="trtllm", **update))
+        budget(card, get_gpu("h100-sxm"), validate(EngineConfig, {"engine": "trtllm", **update}, "engine"))
     assert field in str(e.value) and "\n" not in str(e.value)
 
 

@@ -17,7 +17,7 @@ from typer.main import get_group
 from capacity import __version__, compiled, stale_compiled
 from capacity.cli.commands import COMMANDS
 from capacity.cli.engine_options import engine_option
-from capacity.engine.config import settings_class
+from capacity.engine.config import EngineConfig, own_settings, settings_fields
 from capacity.errors import CapacityError
 from capacity.files import validate
 from capacity.model.card import load_named_card
@@ -144,7 +144,7 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
         if "=" not in spec or len(spec) > 200:
             raise CapacityError(f"{flag} {spec[:80]!r}: expected KEY=VALUE, e.g. max_num_seqs=64")
         key, raw = (x.strip() for x in spec.split("=", 1))
-        if key not in settings_class().model_fields or key == "tensor_parallel_size":
+        if key not in settings_fields() or key == "tensor_parallel_size":
             raise CapacityError(f"{flag} {key!r}: not an engine setting of one role (see `capacity schema`; the "
                                 "TP has its own option)")
         try:
@@ -156,12 +156,13 @@ def engine_overrides(specs: list[str] | None, flag: str) -> dict:
 
 def role_engine(cfg, tp: int, over: dict, flag: str):
     """`cfg` at TP `tp` with a role's own settings, validated (one line naming the flag if one is wrong)."""
-    return validate(settings_class(), {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
+    return validate(EngineConfig, {**cfg.model_dump(exclude_unset=True), "tensor_parallel_size": tp, **over}, flag)
 
 
 def engine_config(source: str = "options", **fields):
-    """An EngineConfig from CLI values (None = not given: the engine decides), validated strictly."""
-    return validate(settings_class(), {k: v for k, v in fields.items() if v is not None}, source)
+    """The configuration of the engine the CLI values name (None = not given: the engine decides), validated
+    strictly; another engine's setting left at its default (the options pass every default) is not given."""
+    return validate(EngineConfig, own_settings({k: v for k, v in fields.items() if v is not None}), source)
 
 
 def _scenario(model, gpu, settings: dict, weight_dtype=None, group=None, gpu_memory_gib=None):

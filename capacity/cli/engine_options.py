@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from capacity.engine.config import settings_class
+from capacity.engine.config import settings_fields
 from capacity.engine.settings import declared, in_command, meta, value_type
 from capacity.errors import CapacityError
 
@@ -41,7 +41,7 @@ def command_options(command: str, optional: bool = False, help: dict[str, str] |
     scenario file's value stands), as `capacity plan` needs; `help` and `defaults` (field -> value) are the
     command's own wording and defaults where they differ from the declaration's."""
     out = []
-    for name, (f, cli) in declared(settings_class(), "cli").items():
+    for name, (f, cli) in declared(settings_fields(), "cli").items():
         if not in_command(cli, command):
             continue
         flag, set_to = cli["flag"], cli.get("set_to")
@@ -81,7 +81,7 @@ def given(options: list[EngineOption], values: dict[str, Any]) -> dict[str, Any]
 
 def engine_option(name: str, help: str | None = None) -> Any:
     """The typer option of one declared setting, for a signature written by hand (`Annotated[int, this]`)."""
-    cli = meta(settings_class().model_fields[name], "cli")
+    cli = meta(settings_fields()[name], "cli")
     return typer.Option(cli["flag"], help=help or cli["help"])
 
 

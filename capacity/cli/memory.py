@@ -15,12 +15,13 @@ from capacity.cli.common import (
     WOpt,
     _scenario,
     app,
+    engine_config,
     load_card,
 )
 from capacity.cli.engine_options import FROM_DECLARATIONS, engine_options
 from capacity.engine import memory as mem
-from capacity.engine.config import EngineConfig
 from capacity.engine.memory import kv_bytes_per_token
+from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.memory import CURRENT as SG_CURRENT
 from capacity.engine.sglang.memory import RELEASES as SG_RELEASES
 from capacity.engine.trtllm.release import CURRENT as TRT_CURRENT
@@ -57,13 +58,11 @@ def memory(
     engine = settings.get("engine")
     if engine is not None and (engine == "sglang" or engine.startswith("sglang@")):
         s = settings
-        dp = s["data_parallel_size"] if s.get("enable_dp_attention") else 1  # --dp N --enable-dp-attention
-        if s.get("enable_dp_attention"):  # the field's own checks (EngineConfig._dp_attention), in one line
-            EngineConfig(engine=engine, tensor_parallel_size=s["tensor_parallel_size"], data_parallel_size=dp,
-                         enable_dp_attention=True)
-        if s["max_loras"] or s["pipeline_parallel_size"] != 1 or s["data_parallel_size"] != dp or "enable_expert_parallel" in s:
-            raise CapacityError("--max-loras/--pp/--dp/--enable-expert-parallel: vLLM settings not modelled for SGLang "
-                                "(--dp only with --enable-dp-attention)")
+        cfg = engine_config(**s)  # SglangConfig: another engine's setting given (--max-loras, --pp ...) is refused in
+        dp = sglang_dp_attention(cfg)  # one line, and DP attention's own checks run (--dp N --enable-dp-attention)
+        if cfg.dp_size() != dp:
+            raise CapacityError(f"data_parallel_size {cfg.dp_size()}: SGLang's data parallelism is modelled with "
+                                "--enable-dp-attention only (its replicas behind a router are not)")
         _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
                        s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,
                        mem_fraction_static, gpu_memory_gib, json_out, dp)

@@ -216,14 +216,14 @@ class ParallelCost:
 def dp_ranks(dep) -> int:
     """Schedulers the simulator runs for a deployment: every replica's data-parallel ranks (vLLM: an engine core
     with its own scheduler and KV pool per rank)."""
-    return dep.replicas * dep.engine.data_parallel_size
+    return dep.replicas * dep.engine.dp_size()
 
 
 def dp_router(dep) -> str:
     """The router in front of the ranks: the deployment's, except that the default round robin becomes the
     least-loaded choice at dp > 1, as vLLM's front end picks a rank (DPLBAsyncMPClient.get_core_engine_for_request,
     v1/engine/core_client.py: the fewest waiting x 4 + running; here the fewest outstanding)."""
-    if dep.engine.data_parallel_size > 1 and dep.router == "round_robin":
+    if dep.engine.dp_size() > 1 and dep.router == "round_robin":
         return "least_outstanding"
     return dep.router
 

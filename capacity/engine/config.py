@@ -1,18 +1,27 @@
-"""The engine configuration: every serving knob the project models, in vLLM's names, one strict pydantic
-model (`EngineConfig`) used by every command, the planner, the dashboard and validation. `None` means "let
-the engine choose": the engine model (`capacity.engine.vllm`) resolves it the way that engine does.
+"""The engine configuration: the serving knobs every engine shares, in vLLM's names (`EngineConfig`, a strict
+pydantic model), and under it each engine's class with its own knobs (`VllmConfig` in capacity/engine/vllm/config.py,
+`SglangConfig`, `TrtllmConfig`), the one an `engine:` spec names. Every command, the planner, the dashboard and
+validation use them. `None` means "let the engine choose": the engine model (`capacity.engine.vllm`) resolves it the
+way that engine does. A setting of another engine (`max_loras` under `engine: sglang`) is an error naming it.
+
+This module imports no engine and not the registry: the registry tells each class which specs its engine has
+(`bind_specs`), and each engine's class records itself when it is defined.
 
 Strict: a YAML `true` is not the integer 1, `8192.0` is not a token count, and an unknown knob (a typo such as
 `max_num_seqz`) is an error naming the field, not a silently ignored setting.
 """
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic._internal._model_construction import ModelMetaclass
+from pydantic.fields import FieldInfo
 
-from capacity.engine.settings import ENGINE_COMMANDS, setting
+from capacity.engine.settings import ENGINE_COMMANDS, ENGINE_LABELS, ENGINES, setting
 from capacity.engine.speculative import SpeculativeConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
@@ -50,10 +59,28 @@ class MemoryModelParams(BaseModel):
     cuda_graph_bytes_per_segment: NonNegFloat | None = None
 
 
-class EngineConfig(BaseModel):
-    """Serving knobs (vLLM's names). `None` means "let the engine choose" (the engine model resolves it)."""
+class _PickedByEngine(ModelMetaclass):
+    """`EngineConfig(engine="sglang", ...)` builds the class of the engine it names (SglangConfig; VllmConfig where
+    it names none), so a caller need not know which class holds its engine's settings."""
+
+    def __call__(cls, *args: Any, **kw: Any) -> Any:
+        if cls is EngineConfig and not args:
+            return type.__call__(pick(kw.get("engine", "vllm")), **kw)
+        return type.__call__(cls, *args, **kw)
+
+    def __init__(cls, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        if cls.__dict__.get("ENGINE"):  # an engine's own class (EngineConfig and a test's subclass have none)
+            _CLASSES[cls.__dict__["ENGINE"]] = cls  # type: ignore[assignment]
+
+
+class EngineConfig(BaseModel, metaclass=_PickedByEngine):
+    """The settings every engine shares (vLLM's names). `None` means "let the engine choose" (the engine model
+    resolves it). Each engine's class (VllmConfig, SglangConfig, TrtllmConfig) adds its own; `EngineConfig(...)` and
+    `EngineConfig.model_validate(...)` build the one the `engine` field names."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    ENGINE: ClassVar[str] = ""  # the engine whose settings a subclass holds ("": the shared ones)
 
     # Each setting is declared once (capacity/engine/settings.py): its description, bounds (in the type), the CLI
     # flag, the engines' own flags and the dashboard control; the commands, launch commands, dashboard and
@@ -69,30 +96,6 @@ class EngineConfig(BaseModel):
         1, description="GPUs per replica (heads must divide it, as vLLM requires)", flag="--tp",
         help="Tensor-parallel size", cli_default=1, commands=(*ENGINE_COMMANDS, "autoscale", "pools"), vllm="--tensor-parallel-size", sglang="--tp", trtllm="--tp_size",
         ui={"label": "Tensor parallel size", "kind": "select_slider", "options": [1, 2, 4, 8]})
-    pipeline_parallel_size: Annotated[int, Field(gt=0, le=64)] = setting(
-        1, description="vLLM's --pipeline-parallel-size: the layers split into this many stages "
-        "(VLLM_PP_LAYER_PARTITION as pp_layer_partition), each on tensor_parallel_size GPUs; the engine keeps the "
-        "blocks of its tightest stage.", flag="--pp", help="Pipeline-parallel stages (vLLM --pipeline-parallel-size)",
-        cli_default=1, commands=("memory",), vllm="--pipeline-parallel-size")
-    pp_layer_partition: Annotated[list[Annotated[int, Field(gt=0, le=10**4)]], Field(max_length=64)] | None = setting(
-        None, description="Layers per pipeline stage, first to last (vLLM's VLLM_PP_LAYER_PARTITION); None: as "
-        "vLLM's get_pp_indices splits them (even, the remainder one layer each to the stages before the last)")
-    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = setting(
-        1, description="vLLM's --data-parallel-size (engines of their own, attention replicated) and "
-        "--enable-expert-parallel (experts split whole over tensor x data parallel ranks instead of sharded by TP)",
-        flag="--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler and KV (vLLM "
-        "--data-parallel-size; docs/parallelism.md)", cli_default=1, vllm="--data-parallel-size")
-    enable_expert_parallel: bool = setting(
-        False, description="MoE experts split whole over tensor x data parallel ranks (vLLM's "
-        "--enable-expert-parallel) instead of sharded by TP", flag="--enable-expert-parallel", set_to=True,
-        help="MoE experts split whole over tp x dp ranks (vLLM --enable-expert-parallel)",
-        vllm="--enable-expert-parallel")
-    enable_dp_attention: bool = setting(
-        False, description="SGLang's --enable-dp-attention with --dp data_parallel_size: attention runs data-parallel "
-        "inside the tensor_parallel_size GPUs (attention TP = tp / dp, each attention rank its own scheduler and KV "
-        "pool; MLP and experts stay TP over tp). SGLang only (capacity/engine/sglang/dpattn.py).",
-        flag="--enable-dp-attention", set_to=True, help="SGLang DP attention over --dp ranks inside the --tp GPUs "
-        "(--engine sglang)", commands=("memory",), sglang="--enable-dp-attention")
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = setting(
         0.9, description="share of the GPU's memory vLLM may use for weights, activations and KV",
         flag="--gpu-memory-utilization", help="Fraction of GPU memory vLLM may use", cli_default=0.9,
@@ -194,17 +197,6 @@ class EngineConfig(BaseModel):
     usage_context: Literal["serve", "llm"] = setting(
         "serve", description="`vllm serve` or the offline LLM class (different defaults)", flag="--usage-context",
         help="serve (vllm serve, default) or llm (the offline LLM class): different defaults")
-    large_gpu_defaults: bool | None = setting(
-        None, description="vLLM's larger batching defaults (1024 sequences; 8192 tokens for serve). None: the "
-        "release's own test on the GPU (memory >= 70 GiB and, from 0.9, not an A100 by device name); True/False forces "
-        "it.", flag="--large-gpu-defaults/--small-gpu-defaults", help="Force vLLM's large-GPU batching defaults on/off "
-        "(default: the release's rule on memory and name)")
-    cuda_graphs_in_budget: bool | None = setting(
-        None, description="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS: subtract the CUDA-graph estimate from the KV "
-        "budget. None: the release's default (on from vLLM 0.20; before, graphs are captured outside "
-        "gpu_memory_utilization).", flag="--cuda-graphs-in-budget/--cuda-graphs-outside-budget",
-        help="VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS=1/0 (default: the release's; on from vLLM 0.20)",
-        commands=("memory",))
     kv_estimate: Literal["conservative", "middle"] = setting(
         "conservative", description="Which end of the predicted KV range the planner and the simulator use: "
         "conservative (the default: the blocks the engine will have even if every estimated term is at the high end "
@@ -212,20 +204,8 @@ class EngineConfig(BaseModel):
         help="Plan on the middle of the KV estimate, not its conservative end", commands=(*ENGINE_COMMANDS, "fleet"),
         ui={"label": "plan KV on", "kind": "radio", "options": ["conservative", "middle"],
             "help": "the end of the predicted KV range the simulation uses"})
-    paged_kv: bool = setting(
-        True, description="False: contiguous per-sequence reservation of max_model_len slots", flag="--contiguous",
-        set_to=False, help="Contiguous (non-paged) KV reservation", commands=("memory",))
     num_gpu_blocks_override: PosInt | None = setting(
         None, description="vLLM's --num-gpu-blocks-override: KV blocks as given", vllm="--num-gpu-blocks-override")
-    max_loras: Annotated[int, Field(ge=0, le=256)] = setting(
-        0, description="LoRA adapters served beside the model (vLLM's --enable-lora --max-loras N --max-lora-rank R): "
-        "their stacked A/B buffers are allocated while the model loads. 0: LoRA off.", flag="--max-loras",
-        help="LoRA adapter slots (vLLM --enable-lora --max-loras); 0: LoRA off", cli_default=0, commands=("memory",),
-        vllm="--max-loras")
-    max_lora_rank: Literal[1, 8, 16, 32, 64, 128, 256, 320, 512] = setting(
-        16, description="the largest LoRA rank served (vLLM's --max-lora-rank); sizes the adapters' buffers",
-        flag="--max-lora-rank", help="vLLM --max-lora-rank (with --max-loras)", cli_default=16, commands=("memory",),
-        vllm="--max-lora-rank")
     activation_bytes: NonNegFloat | None = setting(
         None, description="Measured overrides for the estimated terms (bytes); None = use the estimate.",
         flag="--activation-gib", help="Measured activation peak, GiB", scale=GiB, commands=("memory",))
@@ -239,29 +219,6 @@ class EngineConfig(BaseModel):
     # Speculative decoding (vLLM's --speculative-config, SGLang's --speculative-algorithm ...): method, drafts per
     # step, the acceptance assumed; None: off. See capacity/engine/speculative.py and docs/speculative.md.
     speculative: SpeculativeConfig | None = None
-    kv_offloading_size: Annotated[float, Field(gt=0, le=1 << 20, allow_inf_nan=False)] | None = setting(
-        None, description="KV offloading to host memory (vLLM's --kv-offloading-size, native backend: GiB, summed "
-        "over the TP ranks): a write-through LRU tier under the prefix cache (capacity/sched/offload.py, "
-        "docs/kv-offload.md). None: off.", flag="--kv-offload-gb", help="KV offloading to host memory, GiB summed "
-        "over the TP ranks (vLLM's --kv-offloading-size; needs --prefix-caching; docs/kv-offload.md)",
-        commands=("simulate",), vllm="--kv-offloading-size")
-    host_link_gbps: Annotated[float, Field(gt=0, le=10_000, allow_inf_nan=False)] | None = setting(
-        None, description="GB/s from one GPU to host memory for those loads; None: the GPU's host link at its "
-        "nominal x16 rate", flag="--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory "
-        "(default: its PCIe x16 rate)", commands=("simulate",))
-    trtllm_backend: Literal["pytorch", "engine"] | None = setting(
-        None, description="TensorRT-LLM only: the backend that serves (trtllm-serve --backend): pytorch (the PyTorch "
-        "backend's profiled start-up) or engine (the TensorRT engine (C++) backend: the engine's activation memory "
-        "fixed at build, runtime and decoder buffers, then free_gpu_memory_fraction of what is free; "
-        "capacity/engine/trtllm/cpp_memory.py). None: the release's default (trtllm@X.Y:pytorch|tensorrt names one).",
-        flag="--trtllm-backend", help="TensorRT-LLM backend: pytorch or engine (default: the release's)")
-
-    @model_validator(mode="after")
-    def _trtllm_backend_needs_trtllm(self) -> EngineConfig:
-        if self.trtllm_backend is not None and not self.engine.strip().lower().startswith("trtllm"):
-            raise ValueError(f"trtllm_backend {self.trtllm_backend}: a TensorRT-LLM setting; engine is "
-                             f"{self.engine} (use --engine trtllm)")
-        return self
 
     @field_validator("policy")
     @classmethod
@@ -270,37 +227,130 @@ class EngineConfig(BaseModel):
             raise ValueError(f"unknown policy {v!r}: use {', '.join(POLICIES)}")
         return v
 
-    @model_validator(mode="after")
-    def _dp_attention(self) -> EngineConfig:  # enable_dp_attention's own checks (SGLang's _handle_data_parallelism)
-        if self.enable_dp_attention:
-            if not self.engine.startswith("sglang"):
-                raise ValueError(f"enable_dp_attention: an SGLang setting (engine {self.engine})")
-            dp, tp = self.data_parallel_size, self.tensor_parallel_size
-            if dp < 2 or tp % dp:
-                raise ValueError(f"enable_dp_attention: data_parallel_size {dp} must be > 1 and divide "
-                                 f"tensor_parallel_size {tp} (SGLang asserts tp_size % dp_size == 0)")
-        return self
-
     @field_validator("engine")
     @classmethod
     def _known_engine(cls, v: str) -> str:
-        from capacity.engine.registry import get_engine  # here: registry -> engine.vllm (package) -> this module
-
+        name = engine_name(v)
+        check = _SPECS.get(name) or next(iter(_SPECS.values()), None)  # a malformed spec: the registry says why
         try:
-            get_engine(v)
+            if check is not None:
+                check(v)
         except ConfigError as exc:
             raise ValueError(str(exc)) from None
+        if name not in _SPECS:
+            raise ValueError(f"unknown engine {v!r}: use {', '.join(_SPECS)} (optionally with @VERSION)")
+        if name != cls.ENGINE:
+            raise ValueError(f"engine {v!r}: {cls.__name__} holds {cls.ENGINE or 'no engine'}'s settings")
         return v
 
+    @model_validator(mode="before")
+    @classmethod
+    def _own_settings(cls, data: Any) -> Any:
+        """Another engine's setting is refused in one line naming it, its value and whose it is."""
+        if isinstance(data, dict):
+            for k, v in data.items():
+                owners = [] if k in cls.model_fields else _owners(k)
+                if owners:
+                    raise ValueError(f"{k} {_short(v)}: {' and '.join(ENGINE_LABELS.get(o, o) for o in owners)} only "
+                                     f"(engine {data.get('engine', cls.ENGINE)} does not have this setting)")
+        return data
 
-# The class whose fields are the declared engine settings: every generated surface (the commands' options, the
-# dashboard's controls, the schema reference) reads it through settings_class(), so a test can declare one more.
-SETTINGS_CLASS: type[EngineConfig] = EngineConfig
+    @classmethod
+    def model_validate(cls, obj: Any, *args: Any, **kw: Any) -> Self:
+        """EngineConfig.model_validate({...}) validates into the class of the engine the data names."""
+        if cls is EngineConfig and isinstance(obj, dict):
+            return pick(obj.get("engine", "vllm")).model_validate(obj, *args, **kw)  # type: ignore[return-value]
+        return super().model_validate(obj, *args, **kw)
+
+    def pp_size(self) -> int:
+        """Pipeline stages (1 but for an engine that models them: vLLM's pipeline_parallel_size)."""
+        return 1
+
+    def dp_size(self) -> int:
+        """Data-parallel ranks per replica (1 but for an engine that models them: vLLM's data_parallel_size)."""
+        return 1
+
+    def expert_parallel(self) -> bool:
+        """MoE experts split whole over tp x dp ranks (False but for vLLM's enable_expert_parallel)."""
+        return False
 
 
-def settings_class() -> type[EngineConfig]:
-    """The engine configuration class the surfaces are generated from (EngineConfig; a test's subclass)."""
-    return SETTINGS_CLASS
+class DataParallelConfig(EngineConfig):
+    """Data parallelism, which vLLM and SGLang have and TensorRT-LLM has not: both classes derive from this one, so
+    the setting is declared once."""
+
+    data_parallel_size: Annotated[int, Field(gt=0, le=1024)] = setting(
+        1, description="vLLM's --data-parallel-size (engines of their own, attention replicated) and "
+        "--enable-expert-parallel (experts split whole over tensor x data parallel ranks instead of sharded by TP); "
+        "SGLang's --dp with enable_dp_attention (attention data-parallel inside the tensor_parallel_size GPUs)",
+        flag="--dp", help="Data-parallel ranks per replica, each --tp GPUs with its own scheduler and KV (vLLM "
+        "--data-parallel-size; docs/parallelism.md)", cli_default=1, vllm="--data-parallel-size")
+
+    def dp_size(self) -> int:
+        return self.data_parallel_size
+
+
+# ---- each engine's class ------------------------------------------------------------------------------------
+# An engine's configuration class (`capacity/engine/<name>/config.py`) derives from EngineConfig, names its engine
+# in ENGINE and declares its own settings; the registry tells it which specs its engine has (`bind_specs`).
+_CLASSES: dict[str, type[EngineConfig]] = {}  # engine name -> its configuration class, as each is defined
+_SPECS: dict[str, Callable[[str], object]] = {}  # engine name -> the registry's check of a spec (raises ConfigError)
+# The classes whose fields are the declared engine settings: every generated surface (the commands' options, the
+# dashboard's controls, the schema reference) reads them through settings_classes(), so a test can declare more.
+# Empty: the engines' own classes, in capacity.engine.settings.ENGINES order.
+SETTINGS_CLASSES: tuple[type[EngineConfig], ...] = ()
+
+
+def bind_specs(cls: type[EngineConfig], check: Callable[[str], object]) -> None:
+    """The registry's check of `cls`'s engine specs (`sglang@0.4.6`): EngineConfig's `engine` field calls it."""
+    _SPECS[cls.ENGINE] = check
+
+
+def engine_name(spec: str) -> str:
+    """The engine a spec names: `vllm@0.11` -> vllm, `trtllm:pytorch` -> trtllm (the name before `@` or `:`)."""
+    return re.split(r"[@:]", spec.strip().lower(), maxsplit=1)[0]
+
+
+def settings_classes() -> tuple[type[EngineConfig], ...]:
+    """The engines' configuration classes the surfaces are generated from (a test's subclasses where it sets them)."""
+    if SETTINGS_CLASSES:
+        return SETTINGS_CLASSES
+    order = {n: i for i, n in enumerate(ENGINES)}
+    return tuple(sorted(_CLASSES.values(), key=lambda c: order.get(c.ENGINE, len(order))))
+
+
+def settings_fields() -> dict[str, FieldInfo]:
+    """Every engine setting, once: the shared ones, then each engine's own (in settings_classes() order)."""
+    out: dict[str, FieldInfo] = {}
+    for c in settings_classes():
+        for name, f in c.model_fields.items():
+            out.setdefault(name, f)
+    return out
+
+
+def _short(v: Any) -> str:
+    text = v if isinstance(v, str) else repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _owners(name: str) -> list[str]:
+    return [c.ENGINE for c in settings_classes() if name in c.model_fields]
+
+
+def pick(spec: Any) -> type[EngineConfig]:
+    """The configuration class of the engine a spec names (the first engine's where it names none it knows: its
+    `engine` field then says the spec is unknown)."""
+    classes = settings_classes()
+    name = engine_name(spec) if isinstance(spec, str) else ""
+    return next((c for c in classes if c.ENGINE == name), classes[0])
+
+
+def own_settings(data: dict[str, Any]) -> dict[str, Any]:
+    """`data` less the settings the engine it names does not have that are at their declared default (a command's
+    options pass every default; a value other than the default is kept, and refused when validated)."""
+    cls, fields = pick(data.get("engine", "vllm")), settings_fields()
+    return {k: v for k, v in data.items()
+            if k in cls.model_fields or k not in fields or v != fields[k].get_default(call_default_factory=True)}
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ import shlex
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from capacity.engine.config import EngineConfig, settings_class
+from capacity.engine.config import EngineConfig, settings_fields
 from capacity.engine.settings import declared, meta, value_type
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard, load_named_card
@@ -75,7 +75,7 @@ SPELLED = {
 def engine_flag(engine: str, name: str, on: bool = True) -> str:
     """The engine's own flag for setting `name`, as declared on EngineConfig (`--max-num-seqs` for vLLM,
     `--max-running-requests` for SGLang); of a pair `--x/--no-x`, the half for `on`."""
-    flag = meta(EngineConfig.model_fields[name], "launch")[engine]
+    flag = meta(settings_fields()[name], "launch")[engine]
     on_flag, _, off_flag = flag.partition("/")
     return on_flag if on or not off_flag else off_flag
 
@@ -104,7 +104,7 @@ def _declared_tables(engine: str) -> tuple[dict[str, tuple[str | None, type]], d
     """The reader's flag and switch tables for the settings declared with a flag for `engine`."""
     flags: dict[str, tuple[str | None, type]] = {}
     switches: dict[str, tuple[str | None, object]] = {}
-    for name, (f, launch) in declared(settings_class(), "launch").items():
+    for name, (f, launch) in declared(settings_fields(), "launch").items():
         flag = launch.get(engine)
         if flag is None:
             continue
@@ -288,7 +288,7 @@ def launch_fit(spec: LaunchSpec, gpu: GPU, engine_release: str | None = None) ->
     from capacity.engine.registry import get_engine
 
     settings = {k: v for k, v in spec.settings.items() if k != "mem_fraction_static"}
-    cfg = EngineConfig(engine=release, tensor_parallel_size=spec.tp, **settings)  # type: ignore[arg-type]
+    cfg = EngineConfig(engine=release, tensor_parallel_size=spec.tp, **settings)
     em = get_engine(cfg.engine)
     try:
         b = em.budget(card, gpu, cfg)

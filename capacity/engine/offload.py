@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from capacity.engine.budget import MemoryBudget, SchedulerFactory, kv_bytes_per_token
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import ConfigError
 from capacity.sched.base import Scheduler
 from capacity.sched.offload import OffloadingKVCacheManager
@@ -78,6 +79,8 @@ def offloading(factory: SchedulerFactory, dep: Any, b: MemoryBudget) -> Schedule
     """`factory` itself without `kv_offloading_size`; else an `Offloading` builder (one-line errors where the tier
     is not modelled). `dep`: a capacity.pipeline.Deployment (a layer above this one)."""
     e = dep.engine
+    if not isinstance(e, VllmConfig):  # another engine's configuration has no host tier to set
+        return factory
     if e.kv_offloading_size is None:
         if e.host_link_gbps is not None:
             raise ConfigError("host_link_gbps: applies to KV offloading (kv_offloading_size / --kv-offload-gb)")

@@ -2,21 +2,20 @@
 engine (`ENGINES`) and `get_engine(spec)` for a release spec (`vllm@0.11`, `sglang@0.4.6`, `trtllm@1.1:tensorrt`).
 An engine package registers its model and a builder from its specs (`register`, called by capacity/engine/__init__.py
 in the order the engines are listed); this module imports no engine, so `EngineConfig` (config.py) can ask it
-whether an engine spec is known without an import circle. `name@version:runner` specs of no registered prefix are
+whether an engine spec is known without an import circle (`register` hands each engine's configuration class
+`get_engine`; config.py imports nothing of this module). `name@version:runner` specs of no registered prefix are
 read by vLLM's spec parser (capacity.engine.vllm.release.parse_engine), whose release vLLM's builder then reads."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory
+from capacity.engine.config import EngineConfig, ResolvedEngine, bind_specs
 from capacity.engine.vllm.release import parse_engine
 from capacity.errors import ConfigError
-
-if TYPE_CHECKING:
-    from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory
-    from capacity.engine.config import EngineConfig, ResolvedEngine
-    from capacity.model.card import ModelCard
-    from capacity.model.gpus import GPU
+from capacity.model.card import ModelCard
+from capacity.model.gpus import GPU
 
 
 class EngineModel(Protocol):
@@ -48,14 +47,20 @@ class EngineModel(Protocol):
 Build = Callable[[str], EngineModel]  # an engine's spec ("sglang@0.4.6") -> that release's engine model
 ENGINES: dict[str, EngineModel] = {}  # the current release of each engine, in the order registered
 _BUILD: dict[str, Build] = {}
+CONFIGS: dict[str, type[EngineConfig]] = {}  # engine name -> its configuration class
 _PREFIXES: dict[str, str] = {}  # spec prefix -> engine name (sglang@, trtllm@, trtllm:)
 _BY_SPEC: dict[str, EngineModel] = {}
 
 
-def register(model: EngineModel, build: Build, *prefixes: str) -> None:
-    """Add an engine: its current release's model, the builder of a release from a spec, and the spec prefixes that
-    name it (none: its specs are `name@version:runner`, read by parse_engine)."""
+def register(model: EngineModel, build: Build, config_cls: type[EngineConfig], *prefixes: str) -> None:
+    """Add an engine: its current release's model, the builder of a release from a spec, its configuration class
+    (`engine/<name>/config.py`: the settings it reads; its `engine` field checks a spec here) and the spec prefixes
+    that name it (none: its specs are `name@version:runner`, read by parse_engine)."""
+    if config_cls.ENGINE != model.name:
+        raise ValueError(f"register: {config_cls.__name__} holds {config_cls.ENGINE!r}'s settings, not {model.name!r}'s")
     ENGINES[model.name] = model
+    CONFIGS[model.name] = config_cls
+    bind_specs(config_cls, get_engine)
     _BUILD[model.name] = build
     for p in prefixes:
         _PREFIXES[p] = model.name
@@ -83,4 +88,4 @@ def get_engine(spec: str) -> EngineModel:
     return model
 
 
-__all__ = ["ENGINES", "EngineModel", "get_engine", "register"]
+__all__ = ["CONFIGS", "ENGINES", "EngineModel", "get_engine", "register"]

@@ -27,6 +27,7 @@ from pydantic.fields import FieldInfo
 # Commands that take the whole set of engine settings (a setting declared without `commands` appears in each)
 ENGINE_COMMANDS = ("simulate", "memory", "plan")
 ENGINES = ("vllm", "sglang", "trtllm")
+ENGINE_LABELS = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
 
 
 def setting(default: Any = None, *, description: str, flag: str | None = None, help: str | None = None,
@@ -62,9 +63,10 @@ def meta(f: FieldInfo, part: str) -> dict:
 
 
 def declared(cls: Any, part: str) -> dict[str, tuple[FieldInfo, dict]]:
-    """field name -> (its FieldInfo, its `part` declaration), for the fields of `cls` that declare `part`."""
+    """field name -> (its FieldInfo, its `part` declaration), for the fields of `cls` (a class, or its fields: name ->
+    FieldInfo) that declare `part`."""
     out = {}
-    for name, f in cls.model_fields.items():
+    for name, f in (cls if isinstance(cls, dict) else cls.model_fields).items():
         m = meta(f, part)
         if m:
             out[name] = (f, m)
@@ -77,7 +79,7 @@ def in_command(cli: dict, command: str) -> bool:
 
 def engine_flag(cls: Any, name: str, engine: str) -> str:
     """The engine's own launch flag for field `name` (KeyError where the declaration names none)."""
-    return meta(cls.model_fields[name], "launch")[engine]
+    return meta((cls if isinstance(cls, dict) else cls.model_fields)[name], "launch")[engine]
 
 
 @dataclass(frozen=True)
@@ -144,5 +146,5 @@ def optional(f: FieldInfo) -> bool:
     return typing.get_origin(ann) in (typing.Union, types.UnionType) and type(None) in typing.get_args(ann)
 
 
-__all__ = ["ENGINES", "ENGINE_COMMANDS", "Bounds", "bounds", "declared", "engine_flag", "in_command", "meta",
+__all__ = ["ENGINE_LABELS", "ENGINES", "ENGINE_COMMANDS", "Bounds", "bounds", "declared", "engine_flag", "in_command", "meta",
            "optional", "setting", "value_type"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from capacity.engine.config import settings_class
+from capacity.engine.config import settings_fields
 from capacity.engine.settings import bounds, meta, value_type
 
 
@@ -47,9 +47,9 @@ def _kind(typ: type, choices: tuple | None) -> str:
 
 def engine_controls(cls: Any = None) -> dict[str, Control]:
     """field -> its Control, in the declaration's order, for every setting with a CLI flag or a `ui` entry."""
-    cls = cls or settings_class()
+    fields = cls.model_fields if cls is not None else settings_fields()
     out: dict[str, Control] = {}
-    for name, f in cls.model_fields.items():
+    for name, f in fields.items():
         ui, cli = meta(f, "ui"), meta(f, "cli")
         if not ui and not cli:
             continue

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from capacity.engine.configs import one_of_the_engines
 from capacity.errors import ConfigError
 from capacity.pipeline import Deployment, RunOptions, run
 from capacity.plan.executors import make_executor
@@ -106,7 +107,7 @@ def max_rate_per_replica(card: ModelCard, gpu: GPU, engine: EngineConfig, worklo
     ttft = slo_ttft_s if slo_ttft_s is not None else 3600.0
     slo = SLOSpec(ttft_s=ttft, tpot_s=slo_tpot_s if slo_tpot_s is not None else ttft)
     tp = engine.tensor_parallel_size
-    sc = Scenario(model=card.model_dump(), gpu=gpu.name, engine=engine, workload=steady(workload, 1.0, 1000),
+    sc = Scenario(model=card.model_dump(), gpu=gpu.name, engine=one_of_the_engines(engine), workload=steady(workload, 1.0, 1000),
                   slo=slo, headroom=headroom)
     planner = Planner(sc, card, make_executor("serial", progress=False))
     e, b = planner.fitting_engine(tp)

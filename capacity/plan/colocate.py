@@ -26,6 +26,8 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from capacity.engine.config import EngineConfig
+from capacity.engine.configs import AnyEngineConfig
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard, load_named_card
 from capacity.model.gpus import GPU, get_gpu
@@ -49,7 +51,7 @@ class FleetModel(_Strict):
     slo_tpot_s: Annotated[float, Field(gt=0)] | None = None  # P99 TPOT objective, s
     replicas: Annotated[int, Field(ge=1, le=256)] = 1  # separate layout: replicas (GPUs x TP) of its own
     share: Annotated[float, Field(gt=0, lt=1)] | None = None  # shared layout: its gpu_memory_utilization (default 0.9 / models)
-    engine: EngineConfig = EngineConfig()  # engine knobs (tensor_parallel_size 1 in the shared layout)
+    engine: AnyEngineConfig = VllmConfig()  # engine knobs (tensor_parallel_size 1 in the shared layout)
 
 
 def check_models(models: list, most: int) -> None:

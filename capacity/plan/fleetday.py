@@ -29,7 +29,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from capacity.engine.config import EngineConfig
+from capacity.engine.configs import AnyEngineConfig
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import ConfigError
 from capacity.files import strict_json
 from capacity.model.card import load_named_card
@@ -58,7 +59,7 @@ class DayModel(_Strict):
     workload: WorkloadSpec  # curve arrivals: the model's day
     slo_ttft_s: Pos | None = None  # P99 TTFT objective, s (at least one of the two)
     slo_tpot_s: Pos | None = None  # P99 TPOT objective, s
-    engine: EngineConfig = EngineConfig()
+    engine: AnyEngineConfig = VllmConfig()
     share: Annotated[float, Field(gt=0, lt=1)] | None = None  # shared layout: its gpu_memory_utilization
     per_replica_rate: Pos | None = None  # req/s one replica sustains under the SLO (default: the planner's x headroom)
     target: Pos | None = None  # reactive: requests in flight per replica (default: Little's law at that rate)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from capacity.cost.parallel import Layout, check_layout
 from capacity.engine import get_engine
 from capacity.engine.budget import check_tp
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.plan.planner import Planner
 from capacity.units import GiB
@@ -84,7 +85,12 @@ def compare_layouts(sc, card, ex, layouts: list[Layout]) -> tuple[list[LayoutRes
             check_tp(card, lay.tp)
             # the planner's own treatment of a TP size: the scenario's engine, or a shorter max_model_len where the
             # model's whole context does not fit (said in a note)
-            eng = sc.engine.model_copy(update={"data_parallel_size": lay.dp, "enable_expert_parallel": lay.ep})
+            if isinstance(sc.engine, VllmConfig):
+                eng = sc.engine.model_copy(update={"data_parallel_size": lay.dp, "enable_expert_parallel": lay.ep})
+            elif lay.dp > 1 or lay.ep:
+                raise ConfigError(f"engine {sc.engine.engine}: data and expert parallelism are vLLM settings")
+            else:
+                eng = sc.engine
             pl = Planner(sc.model_copy(update={"engine": eng}), card, ex)
             eng, b = pl.fitting_engine(lay.tp)
             r.notes = list(pl.notes)

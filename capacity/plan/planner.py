@@ -38,6 +38,7 @@ from capacity.engine.config import EngineConfig
 from capacity.engine.memory import batch_context_table, default_batches, default_contexts
 from capacity.engine.memory import budget as memory_budget
 from capacity.engine.sglang.engine import launch_command as sglang_command
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.model.gpus import catalogue, get_gpu, with_memory
 from capacity.pipeline import check_policy, overlapped_cpu_s
@@ -187,7 +188,7 @@ class Planner:
         """Throughput with the queue never empty (`capacity.steady.capacity_loop`, as `capacity simulate` measures it)."""
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)
-        dp = engine.data_parallel_size  # a replica of dp ranks, each with its own scheduler: dp x the users
+        dp = engine.dp_size()  # a replica of dp ranks, each with its own scheduler: dp x the users
         return self.ex.run(self.tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
                                        requests=wl.num_requests * dp))[0]
 
@@ -228,7 +229,7 @@ class Planner:
         sc.workload.check_context(*context_of(sc.engine, card))
         getattr(self.ex, "prestart", lambda: None)()  # a pool's workers start while the first budgets are worked out
         tps = tp_sizes(self)
-        dp = sc.engine.data_parallel_size  # GPUs of a replica: tp x dp
+        dp = sc.engine.dp_size()  # GPUs of a replica: tp x dp
         searches: list[RateSearch] = []
         fit_errors: list[str] = []
         config_errors: set[str] = set()  # settings the engine refuses whatever the TP
@@ -404,9 +405,9 @@ def memory_command(card, gpu: str, e: EngineConfig) -> str:
         parts.append("--enforce-eager")
     if e.usage_context != "serve":
         parts.append(f"--usage-context {e.usage_context}")
-    if e.large_gpu_defaults is not None:
+    if isinstance(e, VllmConfig) and e.large_gpu_defaults is not None:
         parts.append("--large-gpu-defaults" if e.large_gpu_defaults else "--small-gpu-defaults")
-    if e.cuda_graphs_in_budget is not None:
+    if isinstance(e, VllmConfig) and e.cuda_graphs_in_budget is not None:
         parts.append("--cuda-graphs-in-budget" if e.cuda_graphs_in_budget else "--cuda-graphs-outside-budget")
     if e.kv_estimate == "middle":
         parts.append("--optimistic")

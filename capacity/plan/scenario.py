@@ -9,7 +9,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from capacity.cost.factory import DEFAULT_GPU, profile_gpu
 from capacity.cost.profile import resolve_profile
-from capacity.engine.config import EngineConfig
+from capacity.engine.configs import AnyEngineConfig
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import ConfigError
 from capacity.files import read_mapping, validate
 from capacity.model.card import ModelCard, load_named_card, resolve_model_path
@@ -66,9 +67,9 @@ class Scenario(_Strict):
     model: str | dict[str, Any]  # card path / bundled name, or an inline card
     gpu: str | None = None  # catalogue name or GPU YAML; None: the profile's GPU, or h100-sxm
     gpu_memory_gib: Annotated[float, Field(ge=0.5, le=4096, allow_inf_nan=False)] | None = None  # total memory the engine sees (overrides the GPU's)
-    # Every knob of the engine (capacity.engine.config.EngineConfig). tensor_parallel_size is searched over
+    # Every knob of the engine (the class of the engine it names: capacity.engine.configs). tensor_parallel_size is searched over
     # `search.tp` unless given here; max_num_seqs and max_model_len are searched by the frontier.
-    engine: EngineConfig = EngineConfig()
+    engine: AnyEngineConfig = VllmConfig()
     workload: WorkloadSpec = WorkloadSpec()  # the traffic shape; its rate comes from target_rate_per_s
     slo: SLOSpec = SLOSpec()  # latency objectives (classes may carry their own)
     target_rate_per_s: Rate = 10.0  # requests/s the whole service must sustain

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from capacity.engine.offload import Offloading
+from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import CapacityError
 from capacity.pipeline import Deployment, Disagg, RunOptions, RunResult, disagg_report, prepare, run
 from capacity.workload import WorkloadSpec
@@ -17,7 +18,7 @@ def simulation_report(dep: Deployment, spec: WorkloadSpec, opts: RunOptions,
     (both pools' with `disagg`) and requests; `kv_offload` (the CPU tier's counters) when the engine offloads KV,
     `disaggregated` (capacity.pipeline.disagg_report) for a prefill pool (`dep`) beside a decode pool."""
     prep = None
-    if dep.engine.kv_offloading_size is not None:  # prepared here, so that its tier's counters can be read after
+    if isinstance(dep.engine, VllmConfig) and dep.engine.kv_offloading_size is not None:  # prepared here, so that its tier's counters can be read after
         if disagg is not None:
             raise CapacityError("--kv-offload-gb: not modelled with --disagg")
         prep = prepare(dep)

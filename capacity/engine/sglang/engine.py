@@ -28,6 +28,7 @@ import math
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
 from capacity.engine.sglang.memory import (
     CURRENT,
@@ -150,7 +151,8 @@ class Sglang(SglangMemory):
 
     # ---- configuration -------------------------------------------------------------------------------
     def _check(self, cfg: EngineConfig) -> None:
-        """Refuse, in one line, the EngineConfig knobs that have no SGLang meaning (rather than ignore them)."""
+        """Refuse, in one line, the shared knobs that have no SGLang meaning (rather than ignore them); vLLM's own
+        (max_loras, pipeline/data/expert parallelism, paged_kv ...) are not SglangConfig fields at all."""
         if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
             raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning (SGLang's "
                               "--mem-fraction-static is the release's default here); size the KV pool with "
@@ -158,19 +160,12 @@ class Sglang(SglangMemory):
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
                               "--schedule-policy fcfs) only; use policy continuous")
-        vllm_only = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget", "activation_bytes", "non_torch_bytes",
-                                 "cuda_graph_bytes", "kv_reservation") if getattr(cfg, k) is not None]
+        vllm_only = [k for k in ("activation_bytes", "non_torch_bytes", "cuda_graph_bytes", "kv_reservation")
+                     if getattr(cfg, k) is not None]
         vllm_only += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                       if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
-        if not cfg.paged_kv:
-            vllm_only.append("paged_kv")
-        if cfg.max_loras:
-            vllm_only.append("max_loras (SGLang's LoRA pools are not modelled)")
-        for k in ("pipeline_parallel_size", "data_parallel_size"):
-            if getattr(cfg, k) != 1 and not (k == "data_parallel_size" and cfg.enable_dp_attention):
-                vllm_only.append(f"{k} (not modelled for SGLang)")
-        if cfg.enable_expert_parallel:
-            vllm_only.append("enable_expert_parallel (not modelled for SGLang)")
+        if cfg.dp_size() != 1 and self.dp_attention(cfg) == 1:
+            vllm_only.append("data_parallel_size (SGLang's data parallelism is modelled with enable_dp_attention)")
         if vllm_only:
             raise ConfigError(f"{', '.join(vllm_only)}: vLLM settings with no SGLang meaning (engine {self.label})")
         if cfg.kv_cache_dtype == "int8":
@@ -217,7 +212,7 @@ class Sglang(SglangMemory):
     @staticmethod
     def dp_attention(cfg: EngineConfig) -> int:
         """DP attention's dp size (`--dp N --enable-dp-attention`; sglang/dpattn.py), 1 when off."""
-        return cfg.data_parallel_size if cfg.enable_dp_attention else 1
+        return sglang_dp_attention(cfg)
 
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
         """Every knob the configuration leaves to SGLang, as SGLang fills it in: context_len (the model's),
@@ -235,7 +230,7 @@ class Sglang(SglangMemory):
         """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
         field named and not inside a simulation."""
         self._check(cfg)
-        if cfg.enable_dp_attention:
+        if self.dp_attention(cfg) > 1:
             raise ConfigError("enable_dp_attention: SGLang's DP attention is modelled for its start-up memory only "
                               "(capacity memory); its schedulers per attention group are not simulated")
         if limits.kv_groups is not None:

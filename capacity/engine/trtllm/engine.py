@@ -51,6 +51,7 @@ from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, 
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.trtllm import cpp_memory
+from capacity.engine.trtllm.config import trtllm_backend
 from capacity.engine.trtllm.release import DEFAULT_BACKEND, TrtllmRelease, parse_trtllm
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
 from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
@@ -129,15 +130,16 @@ class Trtllm:
     def _rel(self, cfg: EngineConfig) -> TrtllmRelease:
         """The release with the backend `trtllm_backend` picks (None: the spec's); a spec that names the other,
         non-default backend and a setting that disagrees are refused in one line."""
-        rel = self.rel.with_backend(cfg.trtllm_backend)
+        rel = self.rel.with_backend(trtllm_backend(cfg))
         if rel.backend != self.rel.backend and self.rel.backend != DEFAULT_BACKEND[self.rel.version]:
-            raise ConfigError(f"trtllm_backend {cfg.trtllm_backend}: engine {self.label} names the "
+            raise ConfigError(f"trtllm_backend {trtllm_backend(cfg)}: engine {self.label} names the "
                               f"{self.rel.backend} backend")
         return rel
 
     # ---- configuration -------------------------------------------------------------------------------
     def _check(self, cfg: EngineConfig) -> None:
-        """Refuse, in one line, the EngineConfig knobs that have no TensorRT-LLM meaning (rather than ignore them)."""
+        """Refuse, in one line, the shared knobs that have no TensorRT-LLM meaning (rather than ignore them); vLLM's own
+        (max_loras, pipeline/data/expert parallelism, paged_kv ...) are not TrtllmConfig fields at all."""
         if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
             raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no TensorRT-LLM meaning (its "
                               f"free_gpu_memory_fraction is the default {FREE_GPU_MEMORY_FRACTION} of the memory free "
@@ -146,11 +148,8 @@ class Trtllm:
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the TensorRT-LLM model schedules first come first served "
                               "(its capacity scheduler) only; use policy continuous")
-        other = [k for k in ("large_gpu_defaults", "cuda_graphs_in_budget") if getattr(cfg, k) is not None]
-        other += [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
+        other = [f"memory_params.{k}" for k, v in cfg.memory_params.model_dump().items()
                   if k != "cuda_context_bytes" and v != MemoryModelParams.model_fields[k].default]
-        if not cfg.paged_kv:
-            other.append("paged_kv")
         if cfg.usage_context != "serve":
             other.append("usage_context")
         if other:
@@ -175,11 +174,6 @@ class Trtllm:
         if card.state is not None:
             raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for {card.state.kind} state layers are not "
                               "modelled (use --engine vllm or sglang)")
-        if cfg.max_loras:
-            raise ConfigError(f"max_loras {cfg.max_loras}: TensorRT-LLM's LoRA cache is not modelled (use --engine vllm)")
-        if cfg.pipeline_parallel_size != 1 or cfg.data_parallel_size != 1 or cfg.enable_expert_parallel:
-            raise ConfigError("pipeline_parallel_size / data_parallel_size / enable_expert_parallel: not modelled for "
-                              "TensorRT-LLM (use --engine vllm)")
         used: list[str] = []
         rel = self._rel(cfg)
         ctx = resolve_max_model_len(cfg, card, used)

@@ -14,6 +14,7 @@ from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, 
 from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.speculative import launch_flags
+from capacity.engine.vllm.config import vllm_config
 from capacity.engine.vllm.layout import hybrid_block_size
 from capacity.engine.vllm.memory import VllmMemory
 from capacity.engine.vllm.release import Release, parse_engine, release
@@ -42,6 +43,7 @@ class Vllm(VllmMemory):
 
     # ---- defaults ------------------------------------------------------------------------------------
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
+        vc = vllm_config(cfg)  # vLLM's own settings
         rel = self.release
         tp = cfg.tensor_parallel_size
         check_tp(card, tp)
@@ -58,7 +60,7 @@ class Vllm(VllmMemory):
         seqs_d, mnbt_d, large = rel.default_limits(
             chunked=chunked, max_model_len=max_model_len, usage=cfg.usage_context,
             gpu_gib=gpu.usable_memory_bytes / GiB, device_name=gpu.device_name or gpu.name,
-            large=cfg.large_gpu_defaults, multimodal=card.vision is not None)
+            large=vc.large_gpu_defaults, multimodal=card.vision is not None)
         max_num_seqs = cfg.max_num_seqs
         if max_num_seqs is None:
             max_num_seqs = seqs_d
@@ -86,14 +88,14 @@ class Vllm(VllmMemory):
         else:
             block_size = cfg.block_size
         kv_dtype = card.dtype if cfg.kv_cache_dtype == "auto" else cfg.kv_cache_dtype
-        if cfg.pipeline_parallel_size > 1 and rel.version < (0, 5, 1):
-            raise ConfigError(f"pipeline_parallel_size {cfg.pipeline_parallel_size}: {rel.label} has no pipeline "
+        if vc.pipeline_parallel_size > 1 and rel.version < (0, 5, 1):
+            raise ConfigError(f"pipeline_parallel_size {vc.pipeline_parallel_size}: {rel.label} has no pipeline "
                               "parallelism (from vLLM 0.5.1)")
-        if (cfg.data_parallel_size > 1 or cfg.enable_expert_parallel) and (rel.runner != "v1" or rel.version < (0, 8, 0)):
-            raise ConfigError(f"{'data_parallel_size' if cfg.data_parallel_size > 1 else 'enable_expert_parallel'}: "
+        if (vc.data_parallel_size > 1 or vc.enable_expert_parallel) and (rel.runner != "v1" or rel.version < (0, 8, 0)):
+            raise ConfigError(f"{'data_parallel_size' if vc.data_parallel_size > 1 else 'enable_expert_parallel'}: "
                               f"{rel.label} has no --data-parallel-size / --enable-expert-parallel (V1 from vLLM 0.8)")
-        if cfg.enable_expert_parallel:
-            ep = tp * cfg.data_parallel_size
+        if vc.enable_expert_parallel:
+            ep = tp * vc.data_parallel_size
             if card.moe is None:
                 raise ConfigError(f"enable_expert_parallel: {card.name} has no experts")
             if ep > card.moe.num_experts:
@@ -104,7 +106,7 @@ class Vllm(VllmMemory):
                 raise ConfigError(f"engine {rel.label}: hybrid models ({card.state.kind} layers) are modelled from vLLM "
                                   "0.10.2 (the V1 hybrid allocator); V0's MambaCacheManager is not")
             block_size = hybrid_block_size(card, rel, tp, kv_dtype, block_size)
-        graphs_in = cfg.cuda_graphs_in_budget
+        graphs_in = vc.cuda_graphs_in_budget
         if graphs_in is None:
             graphs_in = rel.cuda_graphs_in_budget_default
         elif graphs_in and not rel.cuda_graphs_in_budget_possible:
@@ -160,6 +162,7 @@ class Vllm(VllmMemory):
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`vllm serve` with every knob that decides the simulated configuration spelled out."""
+        vc = vllm_config(cfg)  # vLLM's own settings
         f = engine_flag  # the flag names: EngineConfig's declarations
         rel = self.release
         ref = model_reference(card, "vllm")
@@ -176,20 +179,21 @@ class Vllm(VllmMemory):
         elif chunked and rel.runner == "v0":
             parts.append(f("vllm", "enable_chunked_prefill"))
         parts.append(f("vllm", "enable_prefix_caching", self.prefix_caching(cfg)))
-        if cfg.kv_offloading_size is not None:  # the native OffloadingConnector (capacity/engine/offload.py)
-            parts.append(f"{f('vllm', 'kv_offloading_size')} {cfg.kv_offloading_size:g} --kv-offloading-backend native")
+        if vc.kv_offloading_size is not None:  # the native OffloadingConnector (capacity/engine/offload.py)
+            parts.append(f"{f('vllm', 'kv_offloading_size')} {vc.kv_offloading_size:g} "
+                         "--kv-offloading-backend native")
         if cfg.async_scheduling is not None or rel.default_async_scheduling:  # the flag exists in the releases read
             parts.append(f("vllm", "async_scheduling", self.async_scheduling(cfg)))
         if cfg.enforce_eager:
             parts.append(f("vllm", "enforce_eager"))
-        if cfg.max_loras:
-            parts.append(f"--enable-lora {f('vllm', 'max_loras')} {cfg.max_loras} "
-                         f"{f('vllm', 'max_lora_rank')} {cfg.max_lora_rank}")
-        if cfg.pipeline_parallel_size > 1:
-            parts.append(f"{f('vllm', 'pipeline_parallel_size')} {cfg.pipeline_parallel_size}")
-        if cfg.data_parallel_size > 1:
-            parts.append(f"{f('vllm', 'data_parallel_size')} {cfg.data_parallel_size}")
-        if cfg.enable_expert_parallel:
+        if vc.max_loras:
+            parts.append(f"--enable-lora {f('vllm', 'max_loras')} {vc.max_loras} "
+                         f"{f('vllm', 'max_lora_rank')} {vc.max_lora_rank}")
+        if vc.pipeline_parallel_size > 1:
+            parts.append(f"{f('vllm', 'pipeline_parallel_size')} {vc.pipeline_parallel_size}")
+        if vc.data_parallel_size > 1:
+            parts.append(f"{f('vllm', 'data_parallel_size')} {vc.data_parallel_size}")
+        if vc.enable_expert_parallel:
             parts.append(f("vllm", "enable_expert_parallel"))
         if cfg.policy == "priority":
             parts.append(f"{f('vllm', 'policy')} priority")
@@ -198,8 +202,9 @@ class Vllm(VllmMemory):
 
         parts += launch_flags("vllm", cfg.speculative) + declared_flags("vllm", cfg)
         env = []
-        if cfg.cuda_graphs_in_budget is not None and cfg.cuda_graphs_in_budget != rel.cuda_graphs_in_budget_default:
-            env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(cfg.cuda_graphs_in_budget)}")
+        graphs_in = vc.cuda_graphs_in_budget
+        if graphs_in is not None and graphs_in != rel.cuda_graphs_in_budget_default:
+            env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(graphs_in)}")
         if rel.runner == "v0" and rel.version >= (0, 8, 0):
             env.append("VLLM_USE_V1=0")
         cmd = with_comment(ref, " ".join(env + parts))
@@ -221,7 +226,7 @@ class Vllm(VllmMemory):
         notes = []
         if cfg.policy in ("sjf", "static"):
             notes.append(f"policy {cfg.policy} is not a vLLM scheduling policy: the command runs vLLM's fcfs")
-        if not cfg.paged_kv:
+        if not vllm_config(cfg).paged_kv:
             notes.append("contiguous KV (paged_kv false) is a what-if: vLLM always pages its KV cache")
         if cfg.kv_reservation == "prompt_and_output":
             notes.append("kv_reservation prompt_and_output (TensorRT-LLM's GUARANTEED_NO_EVICT) is a what-if: vLLM "

@@ -30,6 +30,7 @@ from dataclasses import replace
 
 from capacity.engine.budget import KVGroups, MemoryBudget, check_fits, fit_problem, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, ResolvedEngine
+from capacity.engine.vllm.config import vllm_config
 from capacity.engine.vllm.layout import (
     _stage_sizes,
     kv_groups,
@@ -144,8 +145,8 @@ class VllmMemory:
             cap = rel.fused_moe_chunk(p.fused_moe_chunk_tokens)
             chunk = n if cap is None else min(n, cap)
             # expert parallelism keeps whole experts on a rank; otherwise TP splits each expert
-            mi = (moe.moe_intermediate_size if eng.cfg.enable_expert_parallel  # data parallel: split over tp x dp
-                  else math.ceil(moe.moe_intermediate_size / (tp * eng.cfg.data_parallel_size)))
+            mi = (moe.moe_intermediate_size if eng.cfg.expert_parallel()  # data parallel: split over tp x dp
+                  else math.ceil(moe.moe_intermediate_size / (tp * eng.cfg.dp_size())))
             si = math.ceil(moe.shared_intermediate / tp)
             # wn: rows of the fused gate/up weight per rank (up alone for a non-gated MLP); kk: the width the
             # experts read (a latent MoE's latent size, else hidden)
@@ -281,13 +282,14 @@ class VllmMemory:
         """The VRAM budget. With check_fit, a model or max_model_len that does not fit raises DoesNotFit. With
         pipeline parallelism, every stage's budget (`pp_stages`), and the stage with the fewest blocks is the
         engine's (V1's KV cache config takes the minimum over workers)."""
-        pp = cfg.pipeline_parallel_size
+        vc = vllm_config(cfg)  # vLLM's own settings
+        pp = vc.pipeline_parallel_size
         if pp == 1:
             return self._budget(card, gpu, cfg, check_fit=check_fit)
-        stages = [self._budget(c, gpu, cfg, check_fit=False) for c in pp_stages(card, pp, cfg.pp_layer_partition)]
+        stages = [self._budget(c, gpu, cfg, check_fit=False) for c in pp_stages(card, pp, vc.pp_layer_partition)]
         worst = min(range(pp), key=lambda i: stages[i].num_blocks)
         b = replace(stages[worst], model=card.name, warnings=list(stages[worst].warnings))
-        sizes = ", ".join(map(str, _stage_sizes(card, pp, cfg.pp_layer_partition)))
+        sizes = ", ".join(map(str, _stage_sizes(card, pp, vc.pp_layer_partition)))
         b.warnings.append(f"pipeline parallel {pp}: stages of {sizes} layers hold {', '.join(f'{s.num_blocks:,}' for s in stages)} blocks; the engine keeps stage "
                           f"{worst}'s (each stage on {b.tp} GPU{'s' if b.tp > 1 else ''})")
         if check_fit and not b.fits:
@@ -296,6 +298,7 @@ class VllmMemory:
 
     def _budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
         """The VRAM budget of one rank holding `card` (the whole model, or one pipeline stage)."""
+        vc = vllm_config(cfg)  # vLLM's own settings
         eng = self.resolve(cfg, card, gpu)
         rel = self.release
         estimates: list[str] = []
@@ -305,11 +308,11 @@ class VllmMemory:
         # bitsandbytes: a double-quantised absmax is dequantised to fp32 at load from 0.10 (`_dequantize_dq`;
         # absent in 0.9.2, present in 0.10.2), kept nested before
         nested = rel.version < (0, 10, 0)
-        ep = eng.tp * cfg.data_parallel_size if cfg.enable_expert_parallel else 1
-        moe_tp = eng.tp * cfg.data_parallel_size  # without expert parallelism the experts split over tp x dp
+        ep = eng.tp * vc.data_parallel_size if vc.enable_expert_parallel else 1
+        moe_tp = eng.tp * vc.data_parallel_size  # without expert parallelism the experts split over tp x dp
         weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep, moe_tp=moe_tp).values())
         # LoRA adapters' buffers are made while the model loads: inside "model weights"
-        weights += lora_bytes_per_rank(card, eng.tp, cfg.max_loras, cfg.max_lora_rank)
+        weights += lora_bytes_per_rank(card, eng.tp, vc.max_loras, vc.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
         if layout is not None:  # the swizzled scale layouts pad a little more than counted here
@@ -395,7 +398,7 @@ class VllmMemory:
             kv_bytes_per_token=kvpt, block_size=eng.block_size, num_blocks=num_blocks, kv_tokens=kv_tokens,
             max_model_len=eng.max_model_len, max_num_seqs=eng.max_num_seqs,
             max_num_batched_tokens=eng.max_num_batched_tokens, max_concurrency=num_blocks / per_seq,
-            paged_kv=cfg.paged_kv, contiguous_max_seqs=contiguous, outside_budget_bytes=outside,
+            paged_kv=vc.paged_kv, contiguous_max_seqs=contiguous, outside_budget_bytes=outside,
             estimates=estimates, defaults_used=list(eng.defaults_used), activation_phases=phases,
             warnings=warnings, engine=self.name, release=rel.label, release_checked=rel.checked,
             runner_buffers_bytes=buffers,

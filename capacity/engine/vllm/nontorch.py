@@ -96,7 +96,7 @@ def non_torch(rel: Release, eng: ResolvedEngine, gpu: GPU) -> Est:
     if p.non_torch_bytes is not None:
         base = Est.exact(p.non_torch_bytes)
     tp = eng.tp
-    if tp == 1 and (eng.cfg.pipeline_parallel_size > 1 or eng.cfg.data_parallel_size > 1):
+    if tp == 1 and (eng.cfg.pp_size() > 1 or eng.cfg.dp_size() > 1):
         tp = 2  # one more communicator (the stages' send/recv, the data-parallel group): counted as at TP 2
     if tp == 1:
         return base if p.non_torch_bytes is not None else base + first_comm(rel, 1)

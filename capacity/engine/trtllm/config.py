@@ -1,0 +1,33 @@
+"""TensorRT-LLM's configuration: `TrtllmConfig`, the engine configuration of a `trtllm[@X.Y][:backend]` scenario.
+TensorRT-LLM's own settings are declared here with `setting(...)` (capacity/engine/settings.py), as `trtllm-serve`
+(tensorrt_llm/commands/serve.py) names them; the shared ones are `capacity.engine.config.EngineConfig`'s, and another
+engine's (vLLM's `max_loras`, `data_parallel_size` ...) are refused when the configuration is read, as this one's
+`trtllm_backend` is under another engine."""
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from capacity.engine.config import EngineConfig
+from capacity.engine.settings import setting
+
+
+class TrtllmConfig(EngineConfig):
+    """TensorRT-LLM's own settings, beside those every engine shares: the backend that serves. (Its flags for the
+    shared ones: `trtllm=` in each declaration.)"""
+
+    ENGINE: ClassVar[str] = "trtllm"
+
+    trtllm_backend: Literal["pytorch", "engine"] | None = setting(
+        None, description="TensorRT-LLM only: the backend that serves (trtllm-serve --backend): pytorch (the PyTorch "
+        "backend's profiled start-up) or engine (the TensorRT engine (C++) backend: the engine's activation memory "
+        "fixed at build, runtime and decoder buffers, then free_gpu_memory_fraction of what is free; "
+        "capacity/engine/trtllm/cpp_memory.py). None: the release's default (trtllm@X.Y:pytorch|tensorrt names one).",
+        flag="--trtllm-backend", help="TensorRT-LLM backend: pytorch or engine (default: the release's)")
+
+
+def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:
+    """The backend `cfg` names (None: the release's; a probe built as another engine's configuration names none)."""
+    return cfg.trtllm_backend if isinstance(cfg, TrtllmConfig) else None
+
+
+__all__ = ["TrtllmConfig", "trtllm_backend"]
