@@ -15,8 +15,6 @@ from typing import Any
 
 import numpy as np
 
-from capacity.sim.intervals import percentile_ci, slope_greater
-
 PCTS = (50, 90, 95, 99)
 BOOTSTRAP_CELLS = 8_000_000  # resampled values held at once by the P99 interval (64 MB)
 DEFINITIONS = "vllm bench serve conventions: TTFT includes queueing; TPOT excludes the first token; ITL per token"
@@ -108,14 +106,17 @@ def _pcts(x: np.ndarray) -> Dist:
 
 def p99_ci(x: np.ndarray, rng: np.random.Generator, confidence: float = 0.95, resamples: int = 400) -> tuple[float, float]:
     """Bootstrap percentile interval for the 99th percentile."""
+    from scipy.stats import bootstrap
+
     x = x[~np.isnan(x)]
     if x.size < 100:
         return (float("nan"), float("nan"))
     # a million samples x 400 resamples would be 3.2 GB at once: past BOOTSTRAP_CELLS, in batches (the same
-    # draws from the same generator, so the same interval: scipy 1.17, tests/test_trace_stream.py); scipy.stats'
-    # bootstrap as numpy (capacity.sim.intervals: the same numbers, without importing scipy.stats)
+    # draws from the same generator, so the same interval: scipy 1.17, tests/test_trace_stream.py)
     batch = None if x.size * resamples <= BOOTSTRAP_CELLS else max(1, BOOTSTRAP_CELLS // x.size)
-    return percentile_ci(x, lambda a, axis: np.percentile(a, 99, axis=axis), rng, resamples, confidence, batch)
+    res = bootstrap((x,), lambda a, axis: np.percentile(a, 99, axis=axis), vectorized=True, batch=batch,
+                    n_resamples=resamples, confidence_level=confidence, method="percentile", random_state=rng)
+    return (float(res.confidence_interval.low), float(res.confidence_interval.high))
 
 
 DIST_FIELDS = ("ttft_s", "tpot_s", "itl_s", "e2e_s", "queue_wait_s")
@@ -222,6 +223,8 @@ def ttft_trend(arrival: np.ndarray, first_token: np.ndarray, batches: int = TREN
     request that never got its first token, or when every TTFT is the same."""
     if len(arrival) < 10 * batches or not np.all(np.isfinite(first_token)):
         return None
+    from scipy import stats
+
     order = np.argsort(arrival, kind="stable")
     t = np.asarray(arrival, dtype=float)[order]
     y = np.asarray(first_token, dtype=float)[order] - t
@@ -229,8 +232,9 @@ def ttft_trend(arrival: np.ndarray, first_token: np.ndarray, batches: int = TREN
     yb = np.array([c.mean() for c in np.array_split(y, batches)])
     if np.ptp(tb) <= 0 or np.ptp(yb) <= 0:
         return None
-    slope, p = slope_greater(tb, yb)  # scipy.stats.linregress(tb, yb, alternative="greater") (capacity.sim.intervals)
-    return Trend(float(yb[0]), float(yb[-1]), slope, p, float(slope * (tb[-1] - tb[0])), float(yb.mean()))
+    lr = stats.linregress(tb, yb, alternative="greater")
+    return Trend(float(yb[0]), float(yb[-1]), float(lr.slope), float(lr.pvalue),
+                 float(lr.slope * (tb[-1] - tb[0])), float(yb.mean()))
 
 
 def tokens_in_window(rec: Records, t0: float, t1: float) -> tuple[float, float]:
