@@ -195,8 +195,11 @@ def draw_attributes(spec: SpecView, rng: np.random.Generator, n: int, start_id: 
         prompt[has] = np.maximum(prompt[has], spec.prefix.tokens + 1)  # a prefix leaves >= 1 token to compute
         ptoks[has] = spec.prefix.tokens
     arr = np.zeros(n) if arrivals is None else arrivals
-    reqs = [Request(start_id + i, float(arr[i]), int(prompt[i]), int(out[i]), int(cls[i]),
-                    spec.classes[int(cls[i])].priority, int(group[i]), int(ptoks[i])) for i in range(n)]
+    # tolist(): the Python floats and ints float()/int() of each element give, converted in one call
+    prio = [k.priority for k in spec.classes]
+    reqs = [Request(start_id + i, a, p, o, c, prio[c], g, t) for i, (a, p, o, c, g, t) in enumerate(zip(
+        np.asarray(arr, dtype=float).tolist(), prompt.tolist(), out.tolist(), cls.tolist(), group.tolist(),
+        ptoks.tolist()))]
     return reqs if spec.images is None else spec.images.attach(reqs, rng)  # images: capacity.vision_requests
 
 

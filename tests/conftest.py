@@ -125,7 +125,7 @@ TIERS = {
         trtllm_cpp_memory
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba
-        task_result_json import_graph""",
+        task_result_json import_graph cost_factory_cache metrics_percentiles""",
     "engine_oracle": """golden prefix_cache_golden scheduler sglang_sched sglang_scheduler_trace vllm_scheduler_trace
         simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen sglang sglang_startup_v3 sglang_dp_swa
         trtllm mlperf serving_unseen gemm_efficiency gemm_floor bundled_profiles card_golden sim_ahead sim_ahead_closed

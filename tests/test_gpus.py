@@ -88,3 +88,16 @@ def test_more_gpus_dense_figures():
     with pytest.raises(ConfigError, match="no dense fp8 tensor rate"):
         v100.peak_flops("fp8")
     assert get_gpu("dgx-spark").name == "gb10" and get_gpu("a100-pcie").interconnect == "pcie"
+
+
+def test_catalogue_reads_as_safe_load_does():
+    """catalogue() parses with libyaml's CSafeLoader where present: the bundled file must read the same as with
+    PyYAML's pure-Python safe_load, value for value."""
+    import yaml
+
+    from capacity.model.gpus import CATALOGUE, GPU
+
+    text = CATALOGUE.read_text()
+    data = yaml.safe_load(text)
+    assert yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)) == data
+    assert catalogue() == {name: GPU(name=name, **spec) for name, spec in data["gpus"].items()}

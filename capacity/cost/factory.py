@@ -21,6 +21,27 @@ from capacity.model.compute import gemm_dtypes
 from capacity.model.gpus import GPU, get_gpu
 
 DEFAULT_GPU = "h100-sxm"
+_ROOFLINES: dict[tuple, RooflineCost] = {}  # roofline_cost's, most recently used last
+ROOFLINES_KEPT = 16
+
+
+def roofline_cost(card: ModelCard, gpu: GPU, tp: int, kv_dtype: str | None,
+                  step_overhead_s: float | None) -> RooflineCost:
+    """The roofline step cost of these inputs, one per process for equal inputs (the card and the GPU compared
+    by value, every field): a plan's simulations of one model on one GPU share it and with it the memo of step
+    terms it fills as it is asked (`RooflineCost._terms`), which each simulation otherwise rebuilt from
+    nothing. Nothing writes to a RooflineCost after it is built (the wrappers of `capacity.pipeline.prepare`
+    hold it; only a calibrated cost's `overhead_s` is ever set), so sharing one changes no step time
+    (tests/test_cost_factory_cache.py). The ROOFLINES_KEPT most recently used are kept."""
+    key = (type(card), card.model_dump_json(), type(gpu), gpu.model_dump_json(), tp, kv_dtype, step_overhead_s)
+    got = _ROOFLINES.pop(key, None)
+    if got is None:
+        got = (RooflineCost(card, gpu, tp, kv_dtype=kv_dtype) if step_overhead_s is None else
+               RooflineCost(card, gpu, tp, kv_dtype=kv_dtype, params=RooflineParams(step_overhead_s=step_overhead_s)))
+        while len(_ROOFLINES) >= ROOFLINES_KEPT:
+            del _ROOFLINES[next(iter(_ROOFLINES))]
+    _ROOFLINES[key] = got
+    return got
 
 
 def profile_gpu(profile: str) -> str:
@@ -38,10 +59,7 @@ def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dt
     kv = None if kv_dtype in (None, "auto") else kv_dtype
     if profile is None:
         g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or DEFAULT_GPU)
-        if step_overhead_s is None:
-            return RooflineCost(card, g, tp, kv_dtype=kv)
-
-        return RooflineCost(card, g, tp, kv_dtype=kv, params=RooflineParams(step_overhead_s=step_overhead_s))
+        return roofline_cost(card, g, tp, kv, step_overhead_s)
     path = resolve_profile(profile)
     prof = load_profile(path)
     label = profile_label(path)

@@ -55,13 +55,18 @@ class SLO:
 
 def weighted_percentile(values: np.ndarray, weights: np.ndarray, q: float) -> float:
     """Inverted-CDF percentile of a weighted sample (ITL values, each weighted by how many tokens saw it)."""
+    return weighted_percentiles(values, weights, (q,))[0]
+
+
+def weighted_percentiles(values: np.ndarray, weights: np.ndarray, qs: tuple[float, ...]) -> list[float]:
+    """`weighted_percentile` at each of `qs`, the sample sorted once for all of them."""
     if len(values) == 0:
-        return float("nan")
+        return [float("nan")] * len(qs)
     order = np.argsort(values, kind="stable")
     v, w = values[order], weights[order]
     cum = np.cumsum(w)
-    i = int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left"))
-    return float(v[min(i, len(v) - 1)])
+    last = len(v) - 1
+    return [float(v[min(int(np.searchsorted(cum, q / 100.0 * cum[-1], side="left")), last)]) for q in qs]
 
 
 @dataclass(frozen=True)
@@ -332,7 +337,7 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
     itl = Dist()
     if len(itl_values):
         itl = Dist(int(itl_weights.sum()), float(np.average(itl_values, weights=itl_weights)),
-                   *(weighted_percentile(itl_values, itl_weights, p) for p in PCTS))
+                   *weighted_percentiles(itl_values, itl_weights, PCTS))
     t0, t1 = float(done.arrival.min()), float(done.finish.max())
     extra_tokens, extra_done = 0.0, 0.0
     if others is not None:  # warm-up requests still running in the window: the part of them done in it counts
