@@ -198,3 +198,42 @@ def test_dsr1_rocm_7691_is_the_default_fraction_with_experts_held_twice():
     w = dp_attention_weights(ds, 8, 8)
     held = sum(w.values()) + w["experts_gate_up"] + w["experts_down"] + absorbed_copy_bytes(ds, 1, (0, 4, 8, 1), amd=True)
     assert abs(held / GiB - fig["weights_gib"]) <= 0.25
+
+
+def test_aiter_cuts_f_on_amd_past_8k_tokens():
+    """sglang/rocm.py (0.4.8.post1 `model_specific_adjustment`, 0.5.5 `_handle_attention_backend_compatibility`):
+    on ROCm the default backend is aiter (MLA: when num_key_value_heads / tp is 16 or 128), and with a context over
+    8,192 F is multiplied by 0.85, given or default. DeepSeek-V3 (num_key_value_heads 128, context 163,840) on an
+    MI300X at TP 8 (16 heads a rank), F 0.95 given: 0.95 x 0.85 = 0.8075. Not at a context of 8,192, not at TP 4
+    (32 heads: triton), not before 0.4.7 (0.4.6.post5 has aiter but no cut), not on an H100."""
+    ds, mi300x = load_model_card(HF / "deepseek-v3.json"), get_gpu("mi300x")
+
+    def f(gpu, tp=8, rel="sglang@0.4.8.post1", ctx=None):
+        return sglang_budget(ds, gpu, tp, release=parse_release(rel), mem_fraction_static=0.95,
+                             context_len=ctx).mem_fraction_static
+
+    assert f(mi300x) == pytest.approx(0.95 * 0.85) == pytest.approx(0.8075)
+    assert f(mi300x, rel="sglang@0.5.5") == pytest.approx(0.8075)
+    assert f(mi300x, ctx=8192) == 0.95
+    assert f(mi300x, tp=4) == 0.95
+    assert f(mi300x, rel="sglang@0.4.6.post5") == 0.95
+    assert f(get_gpu("h100-sxm")) == 0.95
+    # the default F of the 0.4.7.post1 rules with DP attention 8 (32 + 4 GiB reserved), then the cut
+    b = sglang_budget(ds, mi300x, 8, release=parse_release("sglang@0.4.8.post1"), dp_attention=8)
+    assert b.mem_fraction_static == pytest.approx(0.812 * 0.85)
+
+
+def test_launch_command_undoes_the_aiter_cut():
+    """On an AMD GPU past 8k tokens SGLang multiplies the flag by 0.85 (sglang/rocm.py), so the command asks for
+    F / 0.85 for the F the budget used (Llama-3.1-8B: aiter for every non-MLA model)."""
+    from capacity.engine import get_engine
+    from capacity.engine.config import EngineConfig
+
+    card, gpu = load_model_card(HF / "llama-3.1-8b.json"), get_gpu("mi300x")
+    for ctx, cut in ((32768, 0.85), (8192, 1.0)):
+        em = get_engine("sglang@0.5.5")
+        cfg = EngineConfig(engine="sglang@0.5.5", max_model_len=ctx)
+        b = em.budget(card, gpu, cfg)
+        f_budget = 1 - b.activation_bytes / (b.total_bytes - b.non_torch_bytes)
+        flag = float(em.launch_command(card, cfg, b).split("--mem-fraction-static ")[1].split()[0])
+        assert flag * cut == pytest.approx(f_budget, abs=2e-4) and flag * cut >= f_budget - 1e-4

@@ -41,6 +41,7 @@ from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngi
 from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
 from capacity.engine.sglang.mla import absorbed_copy_bytes
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.rocm import apply_aiter_cut
 from capacity.engine.sglang.swa import SWA_FULL_TOKENS_RATIO, hybrid_swa_layers, split_pool, swa_note
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
@@ -318,6 +319,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         notes.append(state_note)
     avail = t0 - weights
     ctx = context_len or card.max_position_embeddings
+    f = apply_aiter_cut(card, tp, _line(release), ctx, amd, f, notes)  # AMD's aiter backend (sglang/rocm.py)
     tokens = pool_tokens(t0 / GiB, avail / GiB, f, cell, page_size, max_total_tokens, state_share)
     t0_low = total - ctx_high
     low = pool_tokens(t0_low / GiB, (t0_low - weights - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
