@@ -42,6 +42,7 @@ from capacity.engine.sglang.memory import (
     version_key,
 )
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.rocm import aiter_cut
 from capacity.engine.sglang.swa import hybrid_swa_layers, swa_pin
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S
@@ -276,8 +277,10 @@ class Sglang(SglangMemory):
         sent with ignore_eos take a stricter path)."""
         t0 = b.total_bytes - b.non_torch_bytes
         # the reserve is T0 x (1 - F); before 0.4.9 the model runner cuts a multimodal model's flag again (sglang/mm.py),
-        # so the flag is F / cut, rounded up so that the pool SGLang profiles is not below the one pinned
-        cut = runner_mm_factor(card, version_key(self.release))
+        # and on AMD the aiter backend cuts any flag past 8k tokens (sglang/rocm.py), so the flag is F / cut, rounded
+        # up so that the pool SGLang profiles is not below the one pinned
+        line = version_key(self.release)
+        cut = runner_mm_factor(card, line) * aiter_cut(card, b.tp, line, b.max_model_len, "cdna" in _arch(b.gpu).lower())
         f = round(1 - b.activation_bytes / t0, 4) if cut == 1.0 else math.ceil((1 - b.activation_bytes / t0) / cut * 1e4) / 1e4
 
         dp = self.dp_attention(cfg)  # SGLang divides the chunk and the request cap by dp: the flags are the totals

@@ -39,7 +39,9 @@ from dataclasses import asdict, dataclass, field
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
 from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
+from capacity.engine.sglang.mla import absorbed_copy_bytes
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.rocm import apply_aiter_cut
 from capacity.engine.sglang.swa import SWA_FULL_TOKENS_RATIO, hybrid_swa_layers, split_pool, swa_note
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
@@ -310,12 +312,14 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     cell = card.kv_elements_per_token_per_layer(attn_tp) * card.num_kv_layers * int(kv_bytes)
     t0 = total - ctx_mid
     weights = sum((dp_attention_weights(card, tp, dp_attention) if dp_attention > 1 else weight_bytes_per_rank(card, tp)).values())
+    weights += absorbed_copy_bytes(card, attn_tp, _line(release), amd)  # DeepSeek's w_kc / w_vc (sglang/mla.py)
     state_share = 0.0
     if card.state is not None:
         state_share, state_note = _state_reserve(card, tp, release, max_running)
         notes.append(state_note)
     avail = t0 - weights
     ctx = context_len or card.max_position_embeddings
+    f = apply_aiter_cut(card, tp, _line(release), ctx, amd, f, notes)  # AMD's aiter backend (sglang/rocm.py)
     tokens = pool_tokens(t0 / GiB, avail / GiB, f, cell, page_size, max_total_tokens, state_share)
     t0_low = total - ctx_high
     low = pool_tokens(t0_low / GiB, (t0_low - weights - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
