@@ -19,6 +19,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from capacity.cost.kernels import allreduce_call_s, kernel_floor_extra_s
 from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.state_space import StateSpaceCost
 from capacity.cost.step import StepPlan
@@ -79,6 +80,9 @@ class RooflineCost:
         self._kv_tok = c.kv_elements_per_token_per_layer(self.tp) * DTYPE_BYTES[self.kv_dtype]
         p = self.params
         # ideal decode attention of one layer = keys x this + launch (both roofline terms scale with keys)
+        # (b) vLLM's kernels per layer x their floor, beyond the launch charges of the ops (capacity/cost/kernels.py)
+        self._kernel_s = (kernel_floor_extra_s(c, p.kernel_floor_s, p.kernel_launch_s, self._shared_w > 0)
+                          if p.kernel_count_floor else 0.0)
         self._decode_s_per_key = max(self._per_key_flops / (self._attn_peak * p.attn_flops_eff),
                                      self._kv_tok / (self.gpu.mem_bw_bytes_per_s * p.mem_bw_eff))
         self._state: StateSpaceCost | None = None  # a hybrid's state layers (capacity/cost/state_space.py)
@@ -214,6 +218,9 @@ class RooflineCost:
             return 0.0
         p = self.params
         bytes_ = tokens * self.card.hidden_size * self._b
+        if p.allreduce_algorithms:  # (c): the algorithm vLLM runs for this message (capacity/cost/kernels.py)
+            return 2 * allreduce_call_s(self.tp, bytes_, self.gpu.interconnect,
+                                        self.gpu.interconnect_bytes_per_s * p.comm_bw_eff, p.allreduce_latency_s)
         ring = 2 * (self.tp - 1) / self.tp * bytes_ / (self.gpu.interconnect_bytes_per_s * p.comm_bw_eff)
         return 2 * (ring + p.allreduce_latency_s)  # after attention and after the MLP
 
@@ -250,7 +257,7 @@ class RooflineCost:
         attn = self._La * (keys * self._decode_s_per_key + self.params.kernel_launch_s)
         if self._state is not None:
             attn += self._state.scan_step_s([], batch)
-        return gemm + norms + comm + samp + attn + self.params.step_overhead_s
+        return gemm + norms + comm + samp + attn + self._kernel_s + self.params.step_overhead_s
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         n = plan.num_tokens
@@ -267,6 +274,8 @@ class RooflineCost:
             attn += keys * self._decode_key_s(plan.decode_queries) + self.params.kernel_launch_s
         out = {"gemm": gemm, "attention": self._La * attn, "norms": norms, "communication": comm,
                "sampling": samp, "overhead": self.params.step_overhead_s}
+        if self._kernel_s:
+            out["kernels"] = self._kernel_s
         if self._state is not None:
             out["state"] = self._state_scan_s(plan)
         return out
@@ -294,6 +303,8 @@ class RooflineCost:
             "sampling": sampler,
             "overhead": self.params.step_overhead_s,
         }
+        if self._kernel_s:  # (a constant: not in the `_terms` memo's four)
+            out["kernels"] = self._kernel_s
         if self._state is not None:  # the state layers' projections (GEMMs) and their conv + scan
             out["gemm"] += self._state.gemm_step_s(n)
             out["state"] = self._state_scan_s(plan)
@@ -312,7 +323,7 @@ class RooflineCost:
         if plan.decode_contexts:
             keys = sum(plan.decode_contexts) + len(plan.decode_contexts)
             attn += keys * self._decode_key_s(plan.decode_queries) + self.params.kernel_launch_s
-        return math.fsum((gemm, self._La * attn, norms, comm, samp, self.params.step_overhead_s))
+        return math.fsum((gemm, self._La * attn, norms, comm, samp, self._kernel_s, self.params.step_overhead_s))
 
     def decode_line(self, contexts) -> tuple[float, float]:
         """(f0, g): k decode-only steps of the same batch last f0 + g x j (j = 0..k-1). Every term but attention

@@ -44,3 +44,12 @@ class RooflineParams(BaseModel):
     # kernels' fixed costs at small shapes and their dip below the ridge. MoE experts (grouped GEMMs) and the LM
     # head are not bounded. False: the roofline alone.
     measured_gemm_floor: bool = True
+    # (b) of capacity/cost/kernels.py: a step's fixed kernel time is at least vLLM's kernels per layer (counted per
+    # family from its model code) x kernel_floor_s, one small kernel inside a replayed CUDA graph: 1.68 us on the
+    # project's H200 (calibrate/profiles/llama-3.1-8b-h200.json, linear.elementwise at 1 token / 32 kernels).
+    # False: the roofline's kernel_launch_s per op alone.
+    kernel_count_floor: bool = True
+    kernel_floor_s: Secs = 5.3632e-05 / 32
+    # (c): the TP all-reduce vLLM runs (custom one-shot / two-shot on NVLink or 2 GPUs, else NCCL, whose ring latency
+    # is NCCL's own tuning model); False: allreduce_latency_s + the ring's bytes for every call.
+    allreduce_algorithms: bool = True

@@ -1,0 +1,108 @@
+"""Kernels per decoder layer and the TP all-reduce's algorithm: two fixed costs of a step at small batch (issue 47).
+
+**(b) Kernels per layer.** The roofline charges `kernel_launch_s` once per op it costs (attention GEMMs, attention,
+two norms, the MLP; for a MoE layer the experts, the router and the shared experts): 5 a dense layer, 6-7 a MoE
+layer. vLLM launches more kernels than that in a decode step, each with a fixed GPU-side cost even inside a
+replayed CUDA graph. Counted from vLLM's model code (docs/fidelity.md, "Decode at small batch", names each file):
+
+- attention, GQA/MHA (`models/llama.py`, `models/qwen3.py`, `attention/layer.py` + the FlashAttention backend):
+  the input `fused_add_rms_norm`, `qkv_proj`, Qwen3's `q_norm` and `k_norm` (card.qk_norm), `rotary_emb`,
+  `reshape_and_cache_flash`, the attention kernel, `o_proj`: 6, 8 with q/k norms.
+- attention, MLA (`models/deepseek_v2.py` `DeepseekV2MLAAttention`, `v1/attention/backends/mla/common.py`
+  `MLACommonImpl.forward` and `flashmla.py`): the input norm, `q_a_proj`, `kv_a_proj_with_mqa`, `q_a_layernorm`,
+  `kv_a_layernorm`, `q_b_proj`, `rotary_emb`, `o_proj`, then the decode path's `concat_and_cache_mla`, the `W_UK_T`
+  bmm, the cat of q_nope and q_pe, `flash_mla_with_kvcache` and its combine kernel, the `W_UV` bmm, the reshape
+  copy and the copy into the output: 16 (14 without q_lora_rank: one `q_proj` instead of q_a, its norm and q_b).
+- dense MLP (`LlamaMLP`, `Qwen3MLP`): the post-attention `fused_add_rms_norm`, `gate_up_proj`, `silu_and_mul`,
+  `down_proj`: 4 (3 without a gate: one up projection and the activation).
+- MoE (`layers/fused_moe/fused_moe.py`, `FusedMoE.forward`): the norm, the router `gate`, the top-k
+  (`topk_softmax`: 1; DeepSeek's `grouped_topk`: its torch ops, about 4 after Inductor), `moe_align_block_size`,
+  the two expert GEMMs (Triton `fused_moe` or `fused_marlin_moe`), the activation, `moe_sum`: 8, 11 with
+  grouped top-k; shared experts (`DeepseekV2MoE`) add their gate_up, activation, down and the add: 4.
+- The TP all-reduces (two a layer at TP > 1) are not counted here: (c) below costs them.
+
+A kernel's floor is `RooflineParams.kernel_floor_s`: what one small kernel costs inside a replayed CUDA graph,
+measured on the project's H200 (`calibrate/profiles/llama-3.1-8b-h200.json`, `linear.elementwise` at one token,
+53.6 us for the 32 kernels of calibrate/stack.py's `Layer.elementwise`: 1.68 us each;
+tests/test_cost_kernels.py recomputes it from that file). The step's fixed kernel time is the larger of the two
+counts: the roofline's launch charges, or vLLM's kernels x the floor (`kernel_floor_extra_s`: the difference, or 0).
+
+**(c) The TP all-reduce's algorithm.** vLLM's `CustomAllreduce` (distributed/device_communicators/
+custom_all_reduce.py) is used when the world size is 2, 4, 6 or 8, the message is under its `max_size` (8 MiB),
+and the GPUs are fully NVLink-connected or there are only 2 of them (`__init__`: "not supported on more than two
+PCIe-only GPUs"); its kernel (csrc/custom_all_reduce.cuh, `allreduce`) runs one-shot (every rank reads every
+other rank's whole buffer) for 2 GPUs, or on NVLink below 512 KiB at <= 4 GPUs and below 256 KiB at <= 8, else
+two-shot (reduce-scatter + all-gather: the ring's bytes). Otherwise NCCL: its own tuning model
+(src/graph/tuning.cc: `baseLat` and `hwLat`) puts a ring all-reduce's latency in the LL protocol at 6.6 us +
+2 (ranks - 1) hops of 0.6 us on NVLink or 1.0 us on PCIe. The custom kernels' latency is `allreduce_latency_s`
+(8 us, an assumption not measured here: the range 8-20 us is in docs/fidelity.md). SGLang runs the same custom
+all-reduce (sgl-kernel); TensorRT-LLM's AUTO strategy picks its own one-/two-shot kernels alike.
+"""
+from __future__ import annotations
+
+from capacity.model.card import ModelCard
+
+# NCCL src/graph/tuning.cc: baseLat[Ring][LL] and hwLat[NVLINK|PCI][Ring][LL], microseconds
+NCCL_RING_LL_BASE_S = 6.6e-6
+NCCL_RING_LL_HOP_S = {"nvlink": 0.6e-6, "pcie": 1.0e-6}
+CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024  # CustomAllreduce max_size (8192 * 1024)
+CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
+
+
+def attention_kernels(card: ModelCard) -> int:
+    """Kernels of one attention block in a decode step (the input norm included), from vLLM's model code."""
+    if card.mla is not None:
+        return 16 if card.mla.q_lora_rank is not None else 14
+    return 8 if card.qk_norm else 6
+
+
+def mlp_kernels(card: ModelCard, moe_layer: bool) -> int:
+    """Kernels of one MLP block (the post-attention norm included), from vLLM's model code."""
+    if not moe_layer:
+        return 4 if card.gated_mlp else 3
+    assert card.moe is not None
+    topk = 4 if card.architecture.startswith("deepseek") else 1  # grouped_topk's torch ops vs topk_softmax
+    n = 7 + topk
+    if card.moe.shared_intermediate:
+        n += 4
+    return n
+
+
+def kernel_floor_extra_s(card: ModelCard, kernel_floor_s: float, kernel_launch_s: float, shared: bool) -> float:
+    """(b): the fixed kernel time of one step beyond what the roofline's launch charges already hold, over all the
+    layers: max(0, vLLM's kernels x the floor - the roofline's ops x kernel_launch_s). `shared`: the roofline costs
+    a shared-expert op."""
+    La, Ld, Lm = card.num_kv_layers, card.num_dense_layers, card.num_moe_layers
+    kernels = La * attention_kernels(card) + Ld * mlp_kernels(card, False)
+    if Lm:
+        kernels += Lm * mlp_kernels(card, True)
+    # the roofline's ops: attention GEMMs and attention per attention layer, two norms per layer, the MLP's ops
+    ops = 2 * La + 2 * card.num_layers + Ld + Lm * (2 + (1 if shared else 0))
+    return max(0.0, kernels * kernel_floor_s - ops * kernel_launch_s)
+
+
+def allreduce_plan(tp: int, nbytes: float, interconnect: str) -> str:
+    """Which all-reduce vLLM runs for a message of `nbytes` at this TP size: "one-shot", "two-shot" (the custom
+    kernels) or "nccl" (module docstring)."""
+    nvlink = "nvlink" in interconnect  # the catalogue's "nvlink/infinity-fabric": fully connected (NVSwitch)
+    if tp in CUSTOM_AR_WORLD_SIZES and nbytes < CUSTOM_AR_MAX_BYTES and (nvlink or tp == 2):
+        if tp == 2 or (tp <= 4 and nbytes < 512 * 1024) or (tp <= 8 and nbytes < 256 * 1024):
+            return "one-shot"
+        return "two-shot"
+    return "nccl"
+
+
+def allreduce_call_s(tp: int, nbytes: float, interconnect: str, link_bytes_per_s: float,
+                     custom_latency_s: float) -> float:
+    """One all-reduce of `nbytes` over `tp` ranks: the algorithm's latency + its bytes over the link (each rank reads
+    tp - 1 other buffers one-shot; the ring's 2 (tp - 1) / tp of the message two-shot and in NCCL)."""
+    if tp == 1:
+        return 0.0
+    algo = allreduce_plan(tp, nbytes, interconnect)
+    if algo == "one-shot":
+        return custom_latency_s + (tp - 1) * nbytes / link_bytes_per_s
+    ring = 2 * (tp - 1) / tp * nbytes / link_bytes_per_s
+    if algo == "two-shot":
+        return custom_latency_s + ring
+    hop = NCCL_RING_LL_HOP_S["nvlink" if "nvlink" in interconnect else "pcie"]
+    return NCCL_RING_LL_BASE_S + 2 * (tp - 1) * hop + ring
