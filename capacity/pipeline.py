@@ -24,6 +24,7 @@ from capacity import steady as steady_notes
 from capacity.cost.factory import make_step_cost
 from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
+from capacity.cost.piecewise import piecewise_wrap
 from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
 from capacity.engine.budget import kv_bytes_per_token
@@ -139,6 +140,7 @@ def prepare(dep: Deployment) -> Prepared:
                           step_overhead_s=0.0 if overlaps and dep.profile is None else em.step_overhead_s(dep.engine),
                           overhead_given=dep.engine.step_overhead_ms is not None)
     cost = wrap(cost, dep.card, b.tp, e.dp_size(), e.expert_parallel(), dep.profile)  # MoE EP/DP
+    cost = piecewise_wrap(cost, em, e, dep.card, 0.0 if overlaps else em.step_overhead_s(e), dep.profile)
     per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
