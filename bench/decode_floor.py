@@ -1,6 +1,8 @@
 """Decode at small batch (issue 47): what each candidate mechanism adds to capacity's batch-1 decode step, case by
-case, from vLLM's code rules and the project's own H200 measurements. An analysis, not a model change: it prints
-the table in docs/fidelity.md ("Decode at small batch") and changes no prediction.
+case, from vLLM's code rules and the project's own H200 measurements. (b), (c) and (e) are in the step cost now
+(capacity/cost/kernels.py, capacity/cost/piecewise.py): the table shows capacity's step before them (their switches
+off) and each as the cost code charges it; (a) and (d) stay analyses. It prints the table in docs/fidelity.md
+("Decode at small batch").
 
     python bench/decode_floor.py            # the table (about 2 s)
     python bench/decode_floor.py --json     # the same as JSON
@@ -29,16 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from capacity.cli.common import load_card  # noqa: E402
-from capacity.cost.factory import make_step_cost  # noqa: E402
+from capacity.cost.kernels import attention_kernels, mlp_kernels  # noqa: E402
+from capacity.cost.piecewise import VIEW_RANGE_S, VIEW_S, PiecewiseGraphCost, layer_dispatch_s  # noqa: E402
+from capacity.cost.roofline import RooflineCost  # noqa: E402
+from capacity.cost.roofline_params import RooflineParams  # noqa: E402
 from capacity.cost.step import StepPlan  # noqa: E402
+from capacity.model.gpus import get_gpu  # noqa: E402
 
 ELEMENTWISE_KERNELS = 32  # calibrate/stack.py Layer.elementwise, counted (module docstring)
 EAGER_OPS_PER_LAYER = 42  # calibrate/stack.py decode step, counted (module docstring)
-# ... and its view/slice ops per layer that launch no kernel (qkv's split and 3 views, rope's 4 slices, decode
-# attention's q.view, kv[0], kv[1], o.reshape): their CPU time is inside the same eager measurement
-STACK_VIEWS_PER_LAYER = 12
-# CPU cost of one view/slice op (a Python call into the dispatcher, no kernel launch): not measured here, a range
-VIEW_COST_RANGE_S = (0.0, 5e-6)
+# (its 12 view/slice ops a layer and the view-cost range: capacity/cost/piecewise.py, STACK_VIEWS, VIEW_RANGE_S)
 
 # Kernels of one decoder layer in a batch-1 decode step, from vLLM's code. "eager" marks the ops that vLLM < 0.11
 # runs outside the CUDA graph (CompilationConfig.set_splitting_ops_for_v1: the attention custom ops split the
@@ -112,26 +114,29 @@ def gpu_name(g: str) -> str:
         return g
 
 
-def eager_layer_cpu_s(kernels: dict, t_eager: float, view_s: float) -> float:
-    """CPU time of one layer's eager attention + one graph replay: the kernel-launching calls at the per-op cost
-    left once `view_s` per view is taken out of the measured stack's ops, plus the views at `view_s`."""
-    per_call = (t_eager * EAGER_OPS_PER_LAYER - STACK_VIEWS_PER_LAYER * view_s) / EAGER_OPS_PER_LAYER
-    return (kernels["eager_calls"] + 1) * per_call + kernels["eager_views"] * view_s
+def _cost(card, g: str, tp: int, kv, kernels: bool, allreduce: bool) -> RooflineCost:
+    p = RooflineParams(kernel_count_floor=kernels, allreduce_algorithms=allreduce)
+    return RooflineCost(card, get_gpu(g), tp, kv_dtype=kv, params=p)
 
 
 def analyse(t_small: float, t_eager: float) -> list[dict]:
+    """Per case: capacity's batch-1 decode step before the terms (b), (c), (e) went into the cost (their switches
+    off), each term as the cost code now charges it, and (a), (d), which stay analyses (nothing to add)."""
     out = []
     for label, model, wd, g, tp, kv, engine, piecewise, kernels, published, source in CASES:
         card = load_card(model, wd)
-        cost = make_step_cost(card, g, tp, kv_dtype=kv)
-        p = cost.params
-        bd = cost.breakdown(StepPlan(decode_contexts=(CONTEXT,)))
+        plan = StepPlan(decode_contexts=(CONTEXT,))
+        base = _cost(card, g, tp, kv, False, False)
+        with_b = _cost(card, g, tp, kv, True, False)
+        now = _cost(card, g, tp, kv, True, True)
+        p = base.params
+        bd = base.breakdown(plan)
         L = card.num_layers
         moe = card.moe is not None
         # ops the roofline charges kernel_launch_s for, per layer: attention GEMMs, attention, two norms, and the
         # MLP (dense: 1; MoE: experts, router, shared experts if any)
         roof_ops = 4 + (1 if not moe else 2 + (1 if card.moe.shared_intermediate else 0))
-        n_kernels = count(kernels["graph"]) + (count(kernels["eager"]) if kernels is DSV3_LAYER else 0)
+        n_kernels = attention_kernels(card) + mlp_kernels(card, moe)
         # (a) padding of each active expert's rows to BLOCK_SIZE_M: FLOPs only; bytes are the k experts' weights,
         # which the roofline already reads (touched = e(1 - (1 - k/e)^1) = k)
         a_extra = 0.0
@@ -139,36 +144,37 @@ def analyse(t_small: float, t_eager: float) -> list[dict]:
         if moe:
             k = card.moe.experts_per_token
             block_m = 8 if wd == "int4" else 16  # fused_marlin_moe's smallest block_size_m; Triton M <= E: 16
-            exp_w = cost._expert_w
-            elems = cost._elems(exp_w, "experts")
-            flops_s = 2.0 * k * block_m * elems / (cost._fam_peak["experts"] * cost._fam_eff["experts"])
-            bytes_s = k * exp_w / (cost.gpu.mem_bw_bytes_per_s * p.mem_bw_eff)
+            exp_w = base._expert_w
+            elems = base._elems(exp_w, "experts")
+            flops_s = 2.0 * k * block_m * elems / (base._fam_peak["experts"] * base._fam_eff["experts"])
+            bytes_s = k * exp_w / (base.gpu.mem_bw_bytes_per_s * p.mem_bw_eff)
             a_extra = L * max(0.0, flops_s - bytes_s)
             a_note = f"padded FLOPs {flops_s * 1e6:.1f} us vs bytes {bytes_s * 1e6:.1f} us a layer"
-        b_extra = L * (n_kernels * t_small - roof_ops * p.kernel_launch_s)
-        c_lo = c_hi = 0.0
-        if tp > 1:
-            c_lo = 2 * L * (AR_LATENCY_RANGE_S[0] - p.allreduce_latency_s)
-            c_hi = 2 * L * (AR_LATENCY_RANGE_S[1] - p.allreduce_latency_s)
+        before = base.step_s(plan)
+        b_extra = with_b.step_s(plan) - before
+        c_extra = now.step_s(plan) - with_b.step_s(plan)
+        c_hi = 2 * L * (AR_LATENCY_RANGE_S[1] - p.allreduce_latency_s) if tp > 1 else 0.0  # top of the range
         # (d) the logits gather over TP (one collective) and about 8 sampler kernels, beyond the roofline's sampler
         d_extra = (p.allreduce_latency_s if tp > 1 else 0.0) + 8 * t_small
-        gpu_s = bd["gemm"] + bd["attention"] + bd["norms"] + bd["communication"] + bd.get("state", 0.0) + b_extra
-        e_lo = e_hi = cpu_lo = cpu_hi = 0.0
-        if piecewise:  # each layer: the eager attention ops + one graph replay, dispatched from Python
-            cpu_lo = L * eager_layer_cpu_s(kernels, t_eager, VIEW_COST_RANGE_S[0])
-            cpu_hi = L * eager_layer_cpu_s(kernels, t_eager, VIEW_COST_RANGE_S[1])
-            e_lo, e_hi = max(0.0, cpu_lo - gpu_s), max(0.0, cpu_hi - gpu_s)
-        now = sum(bd.values())
+        gpu_s = now.step_s(plan) - p.step_overhead_s
+        after = now.step_s(plan)
+        e = {}
+        for name, view_s in (("lo", VIEW_RANGE_S[0]), ("mid", VIEW_S), ("hi", VIEW_RANGE_S[1])):
+            cpu = card.num_kv_layers * layer_dispatch_s(card, t_eager, view_s)
+            w = PiecewiseGraphCost(now, cpu, p.step_overhead_s, piecewise)
+            e[name] = (cpu, w.step_s(plan) - after)
         row = {"case": label, "engine": engine, "gpu": gpu_name(g), "tp": tp, "layers": L,
-               "published_tpot_ms": published, "source": source, "predicted_ms": now * 1e3,
-               "roofline_gpu_ms": (gpu_s - b_extra) * 1e3, "overhead_ms": bd["overhead"] * 1e3,
+               "published_tpot_ms": published, "source": source, "before_ms": before * 1e3,
+               "roofline_gpu_ms": (before - p.step_overhead_s) * 1e3, "overhead_ms": bd["overhead"] * 1e3,
                "kernels_per_layer": n_kernels, "roofline_ops_per_layer": roof_ops,
                "a_moe_padding_ms": a_extra * 1e3, "a_note": a_note, "b_kernel_floors_ms": b_extra * 1e3,
-               "c_allreduce_ms": (c_lo * 1e3, c_hi * 1e3), "d_logits_sampler_ms": d_extra * 1e3,
-               "e_piecewise_cpu_ms": (cpu_lo * 1e3, cpu_hi * 1e3), "e_piecewise_extra_ms": (e_lo * 1e3, e_hi * 1e3),
+               "c_allreduce_ms": c_extra * 1e3, "c_allreduce_top_of_range_ms": c_hi * 1e3,
+               "d_logits_sampler_ms": d_extra * 1e3,
+               "e_piecewise_cpu_ms": tuple(e[k][0] * 1e3 for k in ("lo", "mid", "hi")),
+               "e_piecewise_extra_ms": tuple(e[k][1] * 1e3 for k in ("lo", "mid", "hi")),
                "gpu_with_floors_ms": gpu_s * 1e3}
-        row["with_all_ms"] = (now + a_extra + b_extra + c_lo + d_extra + e_lo) * 1e3, \
-            (now + a_extra + b_extra + c_hi + d_extra + e_hi) * 1e3
+        row["now_ms"] = (after + e["mid"][1]) * 1e3  # what capacity charges now (the views at the middle)
+        row["now_range_ms"] = ((after + e["lo"][1]) * 1e3, (after + e["hi"][1]) * 1e3)
         out.append(row)
     return out
 
@@ -185,17 +191,19 @@ def main() -> int:
     print(f"T_SMALL {t_small * 1e6:.2f} us (H200 graph replay), T_EAGER {t_eager * 1e6:.1f} us (H200 host, eager)")
     for r in rows:
         pub = "-" if r["published_tpot_ms"] is None else "{:.1f}-{:.1f}".format(*r["published_tpot_ms"])
-        print(f"\n{r['case']} ({r['source']}): published TPOT {pub} ms, capacity {r['predicted_ms']:.2f} ms "
-              f"(GPU terms {r['roofline_gpu_ms']:.2f} + overhead {r['overhead_ms']:.2f})")
-        print(f"  (a) MoE padding to BLOCK_SIZE_M   {r['a_moe_padding_ms']:+.2f} ms  ({r['a_note']})")
+        print(f"\n{r['case']} ({r['source']}): published TPOT {pub} ms, capacity before {r['before_ms']:.2f} ms "
+              f"(GPU terms {r['roofline_gpu_ms']:.2f} + overhead {r['overhead_ms']:.2f}), now {r['now_ms']:.2f} ms "
+              "({:.2f}-{:.2f} over the view-cost range)".format(*r["now_range_ms"]))
+        print(f"  (a) MoE padding to BLOCK_SIZE_M   {r['a_moe_padding_ms']:+.2f} ms  ({r['a_note']}; not in the cost)")
         print(f"  (b) kernel floors {r['kernels_per_layer']} kernels vs {r['roofline_ops_per_layer']} ops a layer"
-              f"  {r['b_kernel_floors_ms']:+.2f} ms")
-        print("  (c) all-reduce latency range      {:+.2f} to {:+.2f} ms".format(*r["c_allreduce_ms"]))
-        print(f"  (d) logits gather + sampler       {r['d_logits_sampler_ms']:+.2f} ms")
+              f"  {r['b_kernel_floors_ms']:+.2f} ms  (in the cost)")
+        print(f"  (c) all-reduce algorithm          {r['c_allreduce_ms']:+.2f} ms  (in the cost; a 20 us one-shot: "
+              f"{r['c_allreduce_top_of_range_ms']:+.2f})")
+        print(f"  (d) logits gather + sampler       {r['d_logits_sampler_ms']:+.2f} ms  (not in the cost)")
         e, cpu = r["e_piecewise_extra_ms"], r["e_piecewise_cpu_ms"]
-        print(f"  (e) piecewise graphs, eager attn  {e[0]:+.2f} to {e[1]:+.2f} ms  (CPU {cpu[0]:.2f}-{cpu[1]:.2f} ms "
-              f"for the layers against {r['gpu_with_floors_ms']:.2f} ms of GPU)")
-        print("  all of them                        {:.2f} to {:.2f} ms".format(*r["with_all_ms"]))
+        print(f"  (e) piecewise graphs, eager attn  {e[1]:+.2f} ms ({e[0]:+.2f} to {e[2]:+.2f})  (CPU {cpu[1]:.2f} "
+              f"({cpu[0]:.2f}-{cpu[2]:.2f}) ms for the layers against {r['gpu_with_floors_ms']:.2f} ms of GPU; "
+              "in the cost)")
     return 0
 
 
