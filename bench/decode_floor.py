@@ -123,7 +123,7 @@ def analyse(t_small: float, t_eager: float) -> list[dict]:
     """Per case: capacity's batch-1 decode step before the terms (b), (c), (e) went into the cost (their switches
     off), each term as the cost code now charges it, and (a), (d), which stay analyses (nothing to add)."""
     out = []
-    for label, model, wd, g, tp, kv, engine, piecewise, kernels, published, source in CASES:
+    for label, model, wd, g, tp, kv, engine, piecewise, _kernels, published, source in CASES:
         card = load_card(model, wd)
         plan = StepPlan(decode_contexts=(CONTEXT,))
         base = _cost(card, g, tp, kv, False, False)

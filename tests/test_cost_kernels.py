@@ -9,10 +9,14 @@ from pathlib import Path
 import pytest
 
 from capacity.cli.common import load_card
-from capacity.cost.kernels import (allreduce_call_s, allreduce_plan, attention_kernels, kernel_floor_extra_s,
-                                   mlp_kernels)
-from capacity.cost.piecewise import EAGER_OP_S, PiecewiseGraphCost, decode_is_piecewise, layer_dispatch_s, \
-    piecewise_wrap
+from capacity.cost.kernels import allreduce_call_s, allreduce_plan, attention_kernels, kernel_floor_extra_s, mlp_kernels
+from capacity.cost.piecewise import (
+    EAGER_OP_S,
+    PiecewiseGraphCost,
+    decode_is_piecewise,
+    layer_dispatch_s,
+    piecewise_wrap,
+)
 from capacity.cost.roofline import RooflineCost
 from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.step import LinearCost, PrefillChunk, StepPlan, decode_run_s

@@ -38,7 +38,7 @@ neither is modelled (the decode path's count is used for every piecewise step).
 """
 from __future__ import annotations
 
-from capacity.cost.step import StepPlan, decode_run_s
+from capacity.cost.step import StepCost, StepPlan, decode_run_s
 from capacity.model.card import ModelCard
 
 STACK_OPS = 42  # kernel-launching ops a layer in calibrate/stack.py's eager decode step
@@ -79,7 +79,8 @@ class PiecewiseGraphCost:
         self.overhead_s = overhead_s
         self.decode_piecewise = decode_piecewise
         src = getattr(inner, "source", type(inner).__name__)
-        self.source = f"{src}; piecewise CUDA graphs: {cpu_s * 1e3:.2f} ms of eager dispatch a step"
+        which = "every step" if decode_piecewise else "steps with a prefill"
+        self.source = f"{src}; piecewise CUDA graphs in {which}: {cpu_s * 1e3:.2f} ms of eager dispatch"
         if decode_piecewise:  # max() of a line is not a line: the engine loop must use decode_run_s
             self.decode_line = None
 
@@ -115,7 +116,8 @@ class PiecewiseGraphCost:
         return self.overhead_s + np.maximum(durs - self.overhead_s, self.cpu_s)
 
 
-def piecewise_wrap(cost, engine_model, cfg, card: ModelCard, overhead_s: float, profile: str | None):
+def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_s: float,
+                   profile: str | None) -> StepCost:
     """`cost` wrapped in PiecewiseGraphCost where vLLM V1 runs piecewise graphs (not with a measured profile, which
     timed the real steps, nor with enforce_eager, whose every op is eager: not modelled), else `cost`."""
     rel = getattr(engine_model, "release", None)
