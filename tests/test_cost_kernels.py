@@ -141,3 +141,12 @@ def test_piecewise_wrap_only_where_vllm_runs_it():
     assert piecewise_wrap(inner, Vllm.from_spec("vllm@0.7.3:v0"), cfg, ds, 2e-3, None) is inner
     eager = EngineConfig(enforce_eager=True)
     assert piecewise_wrap(inner, Vllm.from_spec("vllm@0.9"), eager, ds, 2e-3, None) is inner
+
+
+def test_the_switch_turns_the_wrapper_off(monkeypatch):
+    import capacity.cost.piecewise as pw
+
+    inner = LinearCost(fixed_s=2e-3)
+    monkeypatch.setattr(pw, "PIECEWISE_GRAPHS", False)
+    assert piecewise_wrap(inner, Vllm.from_spec("vllm@0.9"), EngineConfig(), load_card("deepseek-v3"), 2e-3,
+                          None) is inner

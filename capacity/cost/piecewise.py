@@ -46,6 +46,8 @@ STACK_VIEWS = 12  # and its views a layer
 EAGER_OP_S = 19.308e-3 / (32 * STACK_OPS)  # 14.37 us: one eager op with the stack's views folded in (H200 host)
 VIEW_RANGE_S = (0.0, 5e-6)  # one view/slice op alone: an assumption
 VIEW_S = (VIEW_RANGE_S[0] + VIEW_RANGE_S[1]) / 2
+# The switch: False leaves every step cost unwrapped (the model before issue 47's term (e); docs/fidelity.md).
+PIECEWISE_GRAPHS = True
 
 
 def eager_attention_ops(card: ModelCard) -> tuple[int, int]:
@@ -121,7 +123,7 @@ def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_
     """`cost` wrapped in PiecewiseGraphCost where vLLM V1 runs piecewise graphs (not with a measured profile, which
     timed the real steps, nor with enforce_eager, whose every op is eager: not modelled), else `cost`."""
     rel = getattr(engine_model, "release", None)
-    if getattr(engine_model, "name", "") != "vllm" or rel is None or rel.runner != "v1" or profile is not None \
+    if not PIECEWISE_GRAPHS or getattr(engine_model, "name", "") != "vllm" or rel is None or rel.runner != "v1" or profile is not None \
             or getattr(cfg, "enforce_eager", False) or not card.num_kv_layers:
         return cost
     return PiecewiseGraphCost(cost, card.num_kv_layers * layer_dispatch_s(card), overhead_s,
