@@ -96,9 +96,9 @@ class PiecewiseGraphCost:
 
     def step_s(self, plan: StepPlan) -> float:
         t = self.inner.step_s(plan)
-        if plan.num_tokens == 0 or not self._piecewise(plan):
-            return t
-        return self.overhead_s + max(t - self.overhead_s, self.cpu_s)
+        if plan.num_tokens == 0 or not self._piecewise(plan) or t - self.overhead_s >= self.cpu_s:
+            return t  # (as it was, to the last bit, where the GPU is the longer)
+        return self.overhead_s + self.cpu_s
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         b = dict(self.inner.breakdown(plan))
@@ -115,7 +115,7 @@ class PiecewiseGraphCost:
         durs = decode_run_s(self.inner, contexts, k)
         if not self.decode_piecewise:
             return durs
-        return self.overhead_s + np.maximum(durs - self.overhead_s, self.cpu_s)
+        return np.where(durs - self.overhead_s >= self.cpu_s, durs, self.overhead_s + self.cpu_s)
 
 
 def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_s: float,
