@@ -208,6 +208,14 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # of the 8 ranks. weights_bytes and ranges.weights[0] +59,392; ranges.weights[1] (x 1.01) +59,985.92; kv_budget_bytes
 # and ranges.kv_budget[1] -59,392, ranges.kv_budget[0] -59,985.92; every batch_context_table kv_fraction (kv_bytes /
 # the KV budget) up by 59,392 / 39.51e9 = 1.5e-6 of itself. KV blocks, kv_bytes and fit verdicts are unchanged.
+# Re-recorded for issue 47's decode floor (capacity/cost/kernels.py, capacity/cost/piecewise.py; docs/fidelity.md,
+# "Decode at small batch"): every simulate, sweep and plan case's step-cost source (step_cost_source, `source` in
+# plans and sweeps) gains "; piecewise CUDA graphs in steps with a prefill: N ms of eager dispatch" (vLLM 0.33's
+# FULL_AND_PIECEWISE mode runs a step with a prefill piecewise; N = the attention layers x 3 eager calls, 1.36-1.55
+# ms here). No figure moved: every golden model is a dense Llama/Qwen/Mistral, whose 10 kernels a layer x 1.68 us
+# stay under the roofline's 5 launch charges of 4 us (term (b) adds 0), the all-reduce vLLM picks (c) moved none of
+# them, and no golden step with a prefill is shorter on the GPU than its eager dispatch (e). The memory cases are
+# unchanged.
 CHANGES: dict[tuple[str, str], str] = {
     ("plan_small", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
     ("plan_a100_classes", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
