@@ -7,7 +7,7 @@ Record (only on purpose, and say why in the commit): `python -m tests.test_prefi
 
 Re-recorded for issue 47's term (e) (capacity/cost/piecewise.py): vLLM 0.33 runs a step with a prefill in it as
 piecewise CUDA graphs, so such a step lasts at least its eager dispatch. Every case's step_cost_source says so. The
-tiny model's mixed steps are shorter on the GPU than their eager dispatch (0.12 ms), so its two cases move:
+tiny model's mixed steps are shorter on the GPU than their eager dispatch (0.19 ms), so its two cases move:
 tiny_large_pool mean TTFT 5.30 -> 5.34 ms, mean E2E 0.5392 -> 0.5395 s, 10,981 -> 10,975 steps; tiny_small_pool_evict
 mean TTFT 5.26 -> 5.33 ms, mean E2E 0.2712 -> 0.2715 s, 47,265 -> 47,235 steps. The Qwen2.5-7B case's figures do
 not move.
