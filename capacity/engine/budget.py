@@ -20,7 +20,8 @@ def kv_bytes_per_token(card: ModelCard, kv_dtype: str, tp: int = 1) -> float:
     """KV-cache bytes one token takes on one TP rank, all layers: 2 x layers x kv_heads x head_dim x
     dtype bytes for GQA/MHA (kv_heads per rank, at least 1); layers x (latent + rope) x bytes for MLA.
     (Sliding-window layers hold only their window: see KVGroups.)"""
-    return card.num_kv_layers * card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
+    indexer = card.mla.indexer_bytes_per_token if card.mla is not None else 0  # DeepSeek-V3.2's indexer keys
+    return card.num_kv_layers * (card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype] + indexer)
 
 
 @dataclass(frozen=True)

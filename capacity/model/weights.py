@@ -271,7 +271,7 @@ def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | N
         out[t.name] = b
     # vLLM's rotary embedding keeps a cos/sin cache of max_position_embeddings x rotary_dim in the compute
     # dtype, allocated while loading and so reported inside "model weights take ..." (32 MiB for Llama-3.1).
-    rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else card.head_dim_
+    rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else card.rotary_dim or card.head_dim_
     positions = sum(card.rope_caches) if card.rope_caches else card.max_position_embeddings
     fam = family(card.architecture)
     out["rope_cache"] = positions * rotary_dim * DTYPE_BYTES[cdt] if fam is None or fam.rotary else 0.0
