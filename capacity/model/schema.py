@@ -62,17 +62,6 @@ class MLA(_Frozen):
     qk_nope_head_dim: PosInt
     qk_rope_head_dim: PosInt
     v_head_dim: PosInt
-    # DeepSeek-V3.2's lightning indexer (vLLM deepseek_v2.py `Indexer`): index_n_heads query heads of
-    # index_head_dim, and a key cache of its own beside the KV cache (0: no indexer)
-    index_head_dim: NonNegInt = 0
-    index_n_heads: NonNegInt = 0
-
-    @property
-    def indexer_bytes_per_token(self) -> int:
-        """Bytes the indexer's key cache holds per token and layer: vLLM's `DeepseekV32IndexerCache` is an
-        MLAAttentionSpec of one uint8 head of index_head_dim + index_head_dim // 128 x 4 (fp8 keys and an fp32
-        scale per quant_block_size 128), whatever the KV cache dtype."""
-        return self.index_head_dim + self.index_head_dim // 128 * 4 if self.index_head_dim else 0
 
 
 class StateLayers(_Frozen):
@@ -244,7 +233,6 @@ class ModelCard(_Frozen):
     # Positions of each rotary cos/sin cache vLLM builds (empty: one of max_position_embeddings). Linear rope
     # scaling builds its cache max_position_embeddings x factor long; Gemma-3 keeps a local and a global one.
     rope_caches: list[PosInt] = []
-    rotary_dim: PosInt | None = None  # the rotated width where it is partial (GLM: head_dim x 0.5); None: head_dim
     cross_attention_layers: NonNegInt = 0  # Mllama: decoder layers that attend to the image instead of the text
     extra_vocab: NonNegInt = 0  # embedding rows past vocab_size (Mllama's image tokens)
     vision: VisionTower | None = None  # the image encoder of a vision-language model
