@@ -97,3 +97,40 @@ def test_qwen3_vl_wrong_vision_type_names_the_field():
     cfg["vision_config"] = {**cfg["vision_config"], "model_type": "siglip_vision_model"}
     with pytest.raises(ConfigError, match="vision_config.model_type 'siglip_vision_model'"):
         from_hf_config(cfg, "x")
+
+
+def test_qwen3_5_35b_a3b():
+    """Qwen3.5-35B-A3B: 30 gated DeltaNet + 10 gated full-attention layers, every layer a MoE with a shared expert."""
+    card = load_model_card(DATA / "qwen3.5-35b-a3b.json")
+    h, L, vocab, nq, nkv, hd = 2048, 40, 248320, 16, 2, 256
+    full, linear = 10, 30  # layer_types: every 4th layer full_attention
+    kh, kd, vh, vd, conv = 16, 128, 32, 128, 4  # linear_num_key_heads x key dim, value heads x dim, conv kernel
+    e, mi, shared = 256, 512, 512
+    attn = 2 * nq * hd * h + 2 * nkv * hd * h + h * nq * hd + 2 * hd  # q + its output gate, k/v, o, q/k norms
+    key, value = kh * kd, vh * vd
+    deltanet = ((2 * key + 2 * value) * h + 2 * vh * h  # in_proj_qkvz, in_proj_ba
+                + (2 * key + value) * conv + 2 * vh + vd + h * value)  # conv1d, dt_bias + A_log, gated norm, out_proj
+    moe = e * 3 * h * mi + e * h + 3 * h * shared + h  # experts, router, shared expert, shared_expert_gate
+    text = 2 * vocab * h + full * attn + linear * deltanet + L * (moe + 2 * h) + h
+    assert text == 34_660_610_688
+    vh_, vi, p, out = 1152, 4304, 16, 2048  # the ViT: no deepstack mergers (deepstack_visual_indexes [])
+    block = 4 * vh_ + (3 * vh_ * vh_ + 3 * vh_) + (vh_ * vh_ + vh_) + (2 * vh_ * vi + vi + vh_)
+    vision = 27 * block + 3 * 2 * p * p * vh_ + vh_ + 2304 * vh_ + (2 * vh_ + (4 * vh_) ** 2 + 4 * vh_ + 4 * vh_ * out
+                                                                       + out)
+    assert count_params(card) == text + vision == 35_107_181_936  # Qwen3.5-35B-A3B: "35B total"
+    assert card.moe is not None and card.moe.shared_intermediate == shared
+    groups = weight_bytes_per_rank(card, 1)
+    assert groups["rope_cache"] == 262144 * (hd // 4) * BF16  # partial_rotary_factor 0.25: 64 of 256 rotated
+    assert groups["shared_expert_gate"] == L * h * BF16
+    # KV: only the 10 full-attention layers; the DeltaNet layers keep a per-sequence state instead
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * full * BF16 == 20_480
+    assert card.state is not None and card.state.num_layers == linear
+    assert card.state.state_elements(1) == ((conv - 1) * (2 * key + value), vh * kd * vd)  # (24,576, 524,288)
+    assert card.state.ssm_dtype == "fp32"  # mamba_ssm_dtype float32: 2 MiB of recurrent state per layer
+
+
+def test_qwen3_5_moe_refuses_another_partial_rotary():
+    cfg = _cfg("qwen3.5-35b-a3b.json")
+    cfg["text_config"] = {**cfg["text_config"], "partial_rotary_factor": 0.5}
+    with pytest.raises(ConfigError, match="partial_rotary_factor 0.5"):
+        from_hf_config(cfg, "x")

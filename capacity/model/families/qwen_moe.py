@@ -17,7 +17,9 @@ text_config (qwen3_5_moe_text) is Qwen3-Next's hybrid (families/hybrid.py `_delt
 every full_attention_interval-th layer full gated attention) with every layer a `Qwen3NextSparseMoeBlock`: routed
 experts, one shared expert of shared_expert_intermediate_size and its shared_expert_gate (hidden -> 1). Its
 configs have no intermediate_size (no layer is dense): the text hook fills it with moe_intermediate_size, which
-no tensor then uses. The ViT is Qwen3.5's (Qwen3-VL's without deepstack mergers).
+no tensor then uses. Its attention rotates a quarter of each head (partial_rotary_factor 0.25: the cos/sin cache
+is max_position x head_dim / 4; another factor is refused). The MTP layer (mtp_num_hidden_layers) is loaded only
+with speculative decoding and is not counted. The ViT is Qwen3.5's (Qwen3-VL's without deepstack mergers).
 """
 from __future__ import annotations
 
@@ -66,6 +68,10 @@ def _qwen3_vl_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
 
 
 def _qwen3_5_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
+    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    factor = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
+    if factor != 0.25:  # vLLM get_rope(rotary_dim=head_dim x 0.25): the family's cos/sin cache width
+        raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for qwen3_5_moe (0.25 only)")
     _deltanet(text, card, need, source, moe=True)
 
 
@@ -78,7 +84,7 @@ def _nested_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
 
 
 _VISION_TYPES = {"qwen3_vl": ("qwen3_vl", None), "qwen3_vl_moe": ("qwen3_vl_moe", "qwen3_vl", None),
-                 "qwen3_5_moe": ("qwen3_5_moe", "qwen3_5", None)}
+                 "qwen3_5_moe": ("qwen3_5_moe_vision", "qwen3_5_moe", "qwen3_5", None)}
 
 
 def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
@@ -99,6 +105,6 @@ register(Family("qwen2_moe", ("qwen2_moe",), "vllm/model_executor/models/qwen2_m
          Family("qwen3_vl_moe", ("qwen3_vl_moe",), "vllm/model_executor/models/qwen3_vl_moe.py", text=_nested_text,
                 vision=_vision),
          Family("qwen3_5_moe_text", ("qwen3_5_moe_text",), "vllm/model_executor/models/qwen3_5.py",
-                shape=_qwen3_5_moe_text, weights=_shared_gate),
+                shape=_qwen3_5_moe_text, weights=_shared_gate, partial_rotary=0.25),
          Family("qwen3_5_moe", ("qwen3_5_moe",), "vllm/model_executor/models/qwen3_5.py", text=_nested_text,
-                vision=_vision, weights=_shared_gate))
+                vision=_vision, weights=_shared_gate, partial_rotary=0.25))
