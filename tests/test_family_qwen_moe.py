@@ -134,3 +134,17 @@ def test_qwen3_5_moe_refuses_another_partial_rotary():
     cfg["text_config"] = {**cfg["text_config"], "partial_rotary_factor": 0.5}
     with pytest.raises(ConfigError, match="partial_rotary_factor 0.5"):
         from_hf_config(cfg, "x")
+
+
+def test_qwen3_vl_8b():
+    """Qwen3-VL-8B-Instruct (`qwen3_vl`, dense): the config tests/data/startup_v3/hf/SOURCES.md records."""
+    card = load_model_card(Path(__file__).parent / "data" / "startup_v3" / "hf" / "qwen3-vl-8b-instruct.json")
+    h, L, hd, nq, nkv, inter, vocab = 4096, 36, 128, 32, 8, 12288, 151936
+    text = 2 * vocab * h + L * (nq * hd * h + 2 * nkv * hd * h + h * nq * hd + 2 * hd + 3 * h * inter + 2 * h) + h
+    vh, vi, p, out = 1152, 4304, 16, 4096
+    block = 4 * vh + (3 * vh * vh + 3 * vh) + (vh * vh + vh) + (2 * vh * vi + vi + vh)
+    merger = 2 * vh + (4 * vh) ** 2 + 4 * vh + 4 * vh * out + out
+    vision = 27 * block + 3 * 2 * p * p * vh + vh + 2304 * vh + 4 * merger  # the merger and 3 deepstack mergers
+    assert count_params(card) == text + vision == 8_767_102_960  # Qwen3-VL-8B: "8B" (8.77B with the ViT)
+    assert card.qk_norm and card.moe is None and card.vision is not None and card.vision.extra_mergers == 3
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 147_456
