@@ -1,0 +1,45 @@
+"""Phi-2 (`phi`, capacity/model/families/phi.py), derived by hand from its config and vLLM's phi.py (a parallel
+block with one LayerNorm, biases on q/k/v, dense, fc1, fc2, the final LayerNorm and the LM head, a non-gated GELU
+MLP, a rotary over 0.4 of each head). Config source: tests/data/startup_v3/hf/SOURCES.md (phi-2.json)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from capacity.engine.budget import kv_bytes_per_token
+from capacity.errors import ConfigError
+from capacity.model.card import load_model_card
+from capacity.model.hf import from_hf_config
+from capacity.model.weights import count_params, weight_bytes_per_rank
+
+DATA = Path(__file__).parent / "data" / "families"
+FP16 = 2
+
+
+def test_phi_2():
+    card = load_model_card(DATA / "phi-2.json")
+    assert card.notes == [] and card.dtype == "fp16" and not card.gated_mlp
+    h, L, nq, hd, inter, vocab = 2560, 32, 32, 80, 10240, 51200
+    attn = 4 * h * h + 3 * h + h  # q/k/v and dense, with biases
+    mlp = 2 * h * inter + inter + h  # fc1 and fc2, with biases
+    layer = attn + mlp + 2 * h  # one LayerNorm (weight and bias)
+    params = 2 * vocab * h + L * layer + 2 * h + vocab  # untied; final LayerNorm and LM-head bias
+    assert params == 2_779_683_840 == count_params(card)  # Phi-2: "2.7B" (2.78B)
+    rope = 2048 * int(0.4 * hd) * FP16  # rotary_dim 32 of head_dim 80, max_position_embeddings 2048
+    groups = weight_bytes_per_rank(card, 1)
+    assert groups["rope_cache"] == rope == 131_072
+    assert sum(groups.values()) == params * FP16 + rope
+    assert kv_bytes_per_token(card, "fp16", 1) == 2 * nq * hd * L * FP16 == 327_680
+
+
+@pytest.mark.parametrize("over, field", [({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5"),
+                                         ({"partial_rotary_factor": None}, "partial_rotary_factor 0.5"),
+                                         ({"qk_layernorm": True}, "qk_layernorm true"),
+                                         ({"hidden_act": "silu"}, "hidden_act 'silu'")])
+def test_phi_refuses_what_it_cannot_size(over, field):
+    cfg = json.loads((DATA / "phi-2.json").read_text())
+    cfg.update(over)
+    with pytest.raises(ConfigError, match=field):
+        from_hf_config(cfg, "x")
