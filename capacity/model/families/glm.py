@@ -41,7 +41,8 @@ GLM4V_PIXELS = {"min_pixels": 112 * 112, "max_pixels": 28 * 28 * 15000}
 
 
 def _half_rotary(text: dict, source: str) -> None:
-    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    params = text.get("rope_parameters")
+    rope: dict = params if isinstance(params, dict) else {}
     factor = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.5))
     if factor != 0.5:
         raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for "

@@ -68,7 +68,8 @@ def _qwen3_vl_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
 
 
 def _qwen3_5_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
-    rope = text.get("rope_parameters") if isinstance(text.get("rope_parameters"), dict) else {}
+    params = text.get("rope_parameters")
+    rope: dict = params if isinstance(params, dict) else {}
     factor = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
     if factor != 0.25:  # vLLM get_rope(rotary_dim=head_dim x 0.25): the family's cos/sin cache width
         raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for qwen3_5_moe (0.25 only)")
