@@ -24,7 +24,7 @@ with speculative decoding and is not counted. The ViT is Qwen3.5's (Qwen3-VL's w
 from __future__ import annotations
 
 from capacity.errors import ConfigError
-from capacity.model.families.hybrid import _deltanet
+from capacity.model.families.hybrid import QUARTER, _deltanet
 from capacity.model.families.qwen_vl import _qwen_vit
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.hf_vision import text_config
@@ -68,12 +68,7 @@ def _qwen3_vl_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
 
 
 def _qwen3_5_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
-    params = text.get("rope_parameters")
-    rope: dict = params if isinstance(params, dict) else {}
-    factor = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.25))
-    if factor != 0.25:  # vLLM get_rope(rotary_dim=head_dim x 0.25): the family's cos/sin cache width
-        raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for qwen3_5_moe (0.25 only)")
-    _deltanet(text, card, need, source, moe=True)
+    _deltanet(text, card, need, source, moe=True)  # refuses a partial_rotary_factor other than 0.25
 
 
 def _nested_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
@@ -106,6 +101,6 @@ register(Family("qwen2_moe", ("qwen2_moe",), "vllm/model_executor/models/qwen2_m
          Family("qwen3_vl_moe", ("qwen3_vl_moe",), "vllm/model_executor/models/qwen3_vl_moe.py", text=_nested_text,
                 vision=_vision),
          Family("qwen3_5_moe_text", ("qwen3_5_moe_text",), "vllm/model_executor/models/qwen3_5.py",
-                shape=_qwen3_5_moe_text, weights=_shared_gate, partial_rotary=0.25),
+                shape=_qwen3_5_moe_text, weights=_shared_gate, partial_rotary=QUARTER),
          Family("qwen3_5_moe", ("qwen3_5_moe",), "vllm/model_executor/models/qwen3_5.py", text=_nested_text,
-                vision=_vision, weights=_shared_gate, partial_rotary=0.25))
+                vision=_vision, weights=_shared_gate, partial_rotary=QUARTER))
