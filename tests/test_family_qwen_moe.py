@@ -148,3 +148,11 @@ def test_qwen3_vl_8b():
     assert count_params(card) == text + vision == 8_767_102_960  # Qwen3-VL-8B: "8B" (8.77B with the ViT)
     assert card.qk_norm and card.moe is None and card.vision is not None and card.vision.extra_mergers == 3
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 147_456
+
+
+@pytest.mark.parametrize("name", ["qwen3-next-80b-a3b-thinking.json", "qwen3.5-9b.json"])
+def test_qwen3_next_and_qwen3_5_cache_a_quarter_of_each_head(name):
+    """vLLM qwen3_next.py / qwen3_5.py: get_rope(head_dim 256, rotary_dim 256 x 0.25, max_position 262,144)."""
+    card = load_model_card(Path(__file__).parent / "data" / "startup_v3" / "hf" / name)
+    assert card.head_dim == 256 and card.max_position_embeddings == 262144
+    assert weight_bytes_per_rank(card, 1)["rope_cache"] == 262144 * 64 * BF16 == 32 * 2**20
