@@ -201,12 +201,16 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", choices=("dev", "heldout"), default="dev")
     ap.add_argument("--set", choices=sorted(SETS), default="v3", help="which round of logs (default v3)")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
     rows = [score(c) for c in load_cases(a.group, SETS[a.set])]
     result = {"set": a.set, "group": a.group, "host": platform.node() or "?", "summary": summary(rows), "cases": rows}
     out = ROOT / "bench" / "results" / (f"memory_unseen-{a.group}.json" if a.set == "v3" else f"memory_unseen-{a.set}-{a.group}.json")
