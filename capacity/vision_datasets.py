@@ -48,10 +48,11 @@ REAL: dict[str, RealImages] = {
     "vision-arena-bench": RealImages(
         "vllm bench serve --dataset-name hf --dataset-path lmarena-ai/vision-arena-bench-v0.1",
         VISIONARENA.small, VISIONARENA.large, VISIONARENA.output_len),
-    "mmmu": RealImages("python -m sglang.bench_serving --dataset-name mmmu", ("640x480",), ("1700x1600",),
+    # small: the size of the whole split's measured mean (Qwen2.5-VL 336 tokens; SGLang PR #9812: 334.5)
+    "mmmu": RealImages("python -m sglang.bench_serving --dataset-name mmmu", ("588x448",), ("1024x768",),
                        "--random-output-len (sglang's default 1024; 256 where it is None)"),
-    "mmstar": RealImages("vllm bench serve --dataset-name hf --dataset-path Lin-Chen/MMStar", ("640x480",),
-                         ("1700x1600",), "128 (MMStarDataset.DEFAULT_OUTPUT_LEN; --hf-output-len)"),
+    "mmstar": RealImages("vllm bench serve --dataset-name hf --dataset-path Lin-Chen/MMStar", ("588x448",),
+                         ("1024x768",), "128 (MMStarDataset.DEFAULT_OUTPUT_LEN; --hf-output-len)"),
     # MMMU-Pro's vision subset (vLLM's benchmark_serving.py before the datasets module): a published average, one point
     "mmmu-pro-vision": RealImages(
         "python benchmarks/benchmark_serving.py --dataset-path MMMU/MMMU_Pro --hf-subset vision",

@@ -93,6 +93,24 @@ def test_sglang_image_two_1080p_images():
     assert {r.prompt_tokens for r in reqs} == {100 + 2 * 2691}
 
 
+def test_sglang_image_against_a_published_count():
+    # SGLang PR #9812: Qwen2.5-VL-7B, --dataset-name image --image-count 1 --image-resolution 1120x700 (height 1120,
+    # width 700), 768 requests: "Total input vision tokens: 769536" = 1002 a request, the image's 25 x 40 = 1000
+    # placeholder tokens plus <|vision_start|> and <|vision_end|> (the chat template's, counted with the text here)
+    assert expand("sglang-image:count=1,resolution=1120x700")["sizes"] == ["700x1120"]
+    _, reqs = _bound({"dataset": "sglang-image:count=1,resolution=1120x700"}, n=20)
+    assert {r.prompt_tokens - 100 for r in reqs} == {769536 // 768 - 2}
+
+
+def test_mmmu_small_end_is_the_measured_mean():
+    # SGLang PR #9812, --dataset-name mmmu on Qwen2.5-VL-7B: all 505 requests of MMMU Math test, "Total input
+    # vision tokens: 169941" = 336.5 a request, 334.5 without the two structural tokens; 588 x 448 is 21 x 16 = 336
+    bound, reqs = _bound({"dataset": "mmmu:small"}, n=10)
+    assert bound.sizes == ["588x448"] and {r.prompt_tokens - 100 for r in reqs} == {336}
+    assert abs(336 - (169941 / 505 - 2)) < 2
+    assert _bound({"dataset": "mmmu"}, n=10)[0].sizes == ["1024x768"]  # the conservative end for Qwen2.5-VL
+
+
 def test_sglang_resolution_forms():
     # a custom resolution is HEIGHTxWIDTH (parse_image_resolution); presets as written
     assert expand("sglang-image:resolution=720x1280")["sizes"] == ["1280x720"]
