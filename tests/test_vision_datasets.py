@@ -201,3 +201,19 @@ def test_cli_dataset_is_the_same_run_as_the_explicit_flags():
     d = run_cli(*base)
     assert c.returncode == 0 and d.returncode == 0, c.stderr + d.stderr
     assert json.loads(c.stdout)["summary"] == json.loads(d.stdout)["summary"]
+
+
+def test_plan_takes_the_dataset():
+    base = ["plan", "-m", str(QWEN_CFG), "-g", "h100-sxm", "--target-rate", "2", "--input-len", "200",
+            "--output-len", "100", "--requests", "100", "--seeds", "1", "--executor", "serial", "--tp", "1",
+            "--max-num-seqs", "64", "--max-model-len", "8192", "--no-cache", "--json"]
+    got = {}
+    # SGLang's custom resolution is HEIGHTxWIDTH: 768x1024 is the 1024-wide, 768-high image of --image-size 1024x768
+    for name, flags in (("dataset", ["--image-dataset", "sglang-image:resolution=768x1024"]),
+                        ("flags", ["--image-size", "1024x768"])):
+        r = run_cli(*base, *flags, timeout=300)
+        assert r.returncode == 0, r.stderr
+        got[name] = json.loads(r.stdout)["recommended"]["stats"]["ttft"]
+    assert got["dataset"] == got["flags"]
+    r = run_cli(*base, "--image-dataset", "random-mm:ratio=-1")
+    assert r.returncode == 1 and "--image-dataset 'random-mm:ratio=-1'" in r.stderr
