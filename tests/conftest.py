@@ -121,7 +121,7 @@ TIERS = {
     "unit": """autoscale autoscale_bound compare compute_dtype costs dashboard_views decode_floor expert_parallel
         gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
-        traces validate vision_requests whole_numbers workload workload_curve engine_release trtllm_limits
+        traces validate vision_requests vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
         trtllm_cpp_memory
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba
