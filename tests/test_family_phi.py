@@ -43,3 +43,40 @@ def test_phi_refuses_what_it_cannot_size(over, field):
     cfg.update(over)
     with pytest.raises(ConfigError, match=field):
         from_hf_config(cfg, "x")
+
+
+def test_phi_3_5_moe():
+    """Phi-3.5-MoE (`phimoe`): vLLM phimoe.py, derived by hand (biases on q/k/v/o, two LayerNorms with bias a
+    layer, 16 experts of 6400, top 2, a final LayerNorm with bias and an LM-head bias)."""
+    card = load_model_card(DATA / "phi-3.5-moe.json")
+    h, L, nq, nkv, hd, e, k, inter, vocab = 4096, 32, 32, 8, 128, 16, 2, 6400, 32064
+    attn = nq * hd * h + 2 * nkv * hd * h + h * nq * hd + nq * hd + 2 * nkv * hd + h  # with q/k/v and o biases
+    moe = e * 3 * h * inter + e * h
+    params = 2 * vocab * h + L * (attn + moe + 4 * h) + 2 * h + vocab
+    assert params == 41_873_153_344 == count_params(card)  # Phi-3.5-MoE: "41.9B total"
+    active = 2 * vocab * h + L * (attn + k * 3 * h * inter + e * h + 4 * h) + 2 * h + vocab
+    assert 6.5e9 < active < 6.7e9  # "6.6B active"
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * FP16 == 131_072
+
+
+def test_longrope_keeps_short_long_and_joined_caches():
+    """vLLM Phi3LongRoPEScaledRotaryEmbedding registers short_cos_sin_cache (original_max_position_embeddings),
+    long_cos_sin_cache (max_position_embeddings) and their concatenation, long_short_cos_sin_cache."""
+    cfg = json.loads((DATA / "phi-3.5-moe.json").read_text())
+    cfg["rope_scaling"] = {"type": "longrope", "short_factor": [1.0] * 64, "long_factor": [1.0] * 64}
+    card = from_hf_config(cfg, "x")
+    assert weight_bytes_per_rank(card, 1)["rope_cache"] == (4096 + 131072 + 135168) * 128 * FP16
+    phi3 = {**cfg, "model_type": "phi3", "num_local_experts": None}  # Phi-3's family reads the same caches
+    assert from_hf_config(phi3, "y").rope_caches == [4096, 131072, 135168]
+    del cfg["original_max_position_embeddings"]
+    with pytest.raises(ConfigError, match="original_max_position_embeddings None"):
+        from_hf_config(cfg, "x")
+
+
+@pytest.mark.parametrize("over, field", [({"lm_head_bias": False}, "lm_head_bias False"),
+                                         ({"attention_bias": None}, "attention_bias None")])
+def test_phimoe_refuses_what_it_cannot_size(over, field):
+    cfg = json.loads((DATA / "phi-3.5-moe.json").read_text())
+    cfg.update(over)
+    with pytest.raises(ConfigError, match=field):
+        from_hf_config(cfg, "x")
