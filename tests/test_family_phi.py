@@ -80,3 +80,23 @@ def test_phimoe_refuses_what_it_cannot_size(over, field):
     cfg.update(over)
     with pytest.raises(ConfigError, match=field):
         from_hf_config(cfg, "x")
+
+
+def test_starcoder2_3b():
+    """StarCoder2-3B (`starcoder2`, families/starcoder.py): vLLM starcoder2.py, derived by hand (biases on q/k/v/o
+    and the GELU MLP's c_fc/c_proj, two LayerNorms with bias a layer, tied embeddings, every layer sliding)."""
+    card = load_model_card(DATA / "starcoder2-3b.json")
+    h, L, nq, nkv, hd, inter, vocab = 3072, 30, 24, 2, 128, 12288, 49152
+    attn = nq * hd * h + 2 * nkv * hd * h + h * nq * hd + nq * hd + 2 * nkv * hd + h
+    mlp = 2 * h * inter + inter + h
+    params = vocab * h + L * (attn + mlp + 4 * h) + 2 * h  # tied; final LayerNorm with bias
+    assert params == 3_030_371_328 == count_params(card)  # StarCoder2-3B: "3B" (3.03B)
+    assert (card.num_sliding_layers, card.sliding_window) == (30, 4096)  # window 4,096 < 16,384 positions
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * FP16 == 30_720
+
+
+def test_starcoder2_refuses_unbiased_layers():
+    cfg = json.loads((DATA / "starcoder2-3b.json").read_text())
+    cfg["use_bias"] = False
+    with pytest.raises(ConfigError, match="use_bias false"):
+        from_hf_config(cfg, "x")
