@@ -100,3 +100,31 @@ def test_starcoder2_refuses_unbiased_layers():
     cfg["use_bias"] = False
     with pytest.raises(ConfigError, match="use_bias false"):
         from_hf_config(cfg, "x")
+
+
+def test_gpt_bigcode_santacoder():
+    """SantaCoder (`gpt_bigcode`, families/starcoder.py): vLLM gpt_bigcode.py, derived by hand from the GPT-2 style
+    fields (multi-query attention: one K/V head of 128; learned positions; LayerNorms, attention and MLP with
+    biases; the LM head tied to wte; no rotary cache)."""
+    card = load_model_card(DATA / "gpt_bigcode-santacoder.json")
+    h, L, nq, hd, inter, vocab, positions = 2048, 24, 16, 128, 8192, 49280, 2048
+    c_attn = h * (nq * hd + 2 * hd) + nq * hd + 2 * hd  # q of 16 heads, one shared k and v, with bias
+    layer = 2 * h + c_attn + (h * h + h) + 2 * h + (h * inter + inter) + (inter * h + h)
+    params = vocab * h + positions * h + L * layer + 2 * h
+    assert params == 1_124_886_528 == count_params(card)  # SantaCoder: "1.1B"
+    groups = weight_bytes_per_rank(card, 1)
+    assert groups["rope_cache"] == 0 and groups["position_embeddings"] == positions * h * FP16
+    assert card.num_kv_heads == 1
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * 1 * hd * L * FP16 == 12_288
+    assert kv_bytes_per_token(card, "bf16", 4) == 12_288  # the one K/V head is replicated on every rank
+
+
+def test_gpt_bigcode_refuses_another_activation():
+    cfg = json.loads((DATA / "gpt_bigcode-santacoder.json").read_text())
+    cfg["activation_function"] = "relu"
+    with pytest.raises(ConfigError, match="activation_function 'relu'"):
+        from_hf_config(cfg, "x")
+    cfg = json.loads((DATA / "gpt_bigcode-santacoder.json").read_text())
+    del cfg["n_layer"]
+    with pytest.raises(ConfigError, match="field 'n_layer' is missing"):
+        from_hf_config(cfg, "x")
