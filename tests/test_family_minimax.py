@@ -39,6 +39,9 @@ def test_minimax_m2():
     tp8 = weight_bytes_per_rank(card, 8)
     assert tp8["q_norm"] + tp8["k_norm"] == L * (nq * hd // 8 + hd) * BF16
     assert tp8["router"] + tp8["router_score_bias"] == L * router * FP32
+    # ep=8 (tp 8): whole experts, 256 / 8 = 32 on each rank, gate/up and down unsplit
+    ep8 = weight_bytes_per_rank(card, 8, ep=8)
+    assert ep8["experts_gate_up"] + ep8["experts_down"] == L * 32 * 3 * h * mi * BF16
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 253_952
     assert kv_bytes_per_token(card, "fp8", 8) == 2 * 1 * hd * L
 

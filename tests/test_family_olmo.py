@@ -44,6 +44,10 @@ def test_olmoe_1b_7b():
     active = 2 * vocab * h + L * (attn + k * 3 * h * mi + e * h + 2 * h) + h
     assert 1.2e9 < active < 1.4e9  # "1.3B active"
     assert card.max_position_embeddings == 4096  # OlmoeConfig's default (the config leaves it out)
+    ep4 = weight_bytes_per_rank(card, 4, ep=4)  # 64 experts, 16 whole ones a rank
+    assert ep4["experts_gate_up"] + ep4["experts_down"] == L * 16 * 3 * h * mi * BF16
+    tp4 = weight_bytes_per_rank(card, 4)  # without EP: every expert split along its intermediate size
+    assert tp4["experts_gate_up"] + tp4["experts_down"] == L * e * 3 * h * (mi // 4) * BF16
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nq * hd * L * BF16 == 131_072
 
 
