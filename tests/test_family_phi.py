@@ -1,6 +1,8 @@
-"""Phi-2 (`phi`, capacity/model/families/phi.py), derived by hand from its config and vLLM's phi.py (a parallel
-block with one LayerNorm, biases on q/k/v, dense, fc1, fc2, the final LayerNorm and the LM head, a non-gated GELU
-MLP, a rotary over 0.4 of each head). Config source: tests/data/startup_v3/hf/SOURCES.md (phi-2.json)."""
+"""Families with LayerNorms, biases and non-gated MLPs: Phi-2 and Phi-3.5-MoE (capacity/model/families/phi.py),
+StarCoder2 and GPT-BigCode (starcoder.py), OPT (opt.py), each derived by hand from its config and the vLLM model
+file its module names (phi.py: a parallel block with one LayerNorm, biases on q/k/v, dense, fc1, fc2, the final
+LayerNorm and the LM head, a non-gated GELU MLP, a rotary over 0.4 of each head). Config sources:
+tests/data/families/SOURCES.md."""
 from __future__ import annotations
 
 import json
@@ -127,4 +129,28 @@ def test_gpt_bigcode_refuses_another_activation():
     cfg = json.loads((DATA / "gpt_bigcode-santacoder.json").read_text())
     del cfg["n_layer"]
     with pytest.raises(ConfigError, match="field 'n_layer' is missing"):
+        from_hf_config(cfg, "x")
+
+
+def test_opt_125m():
+    """OPT-125m (`opt`, families/opt.py): vLLM opt.py, derived by hand (biases everywhere, two LayerNorms with bias
+    a layer, a ReLU MLP of ffn_dim, 2,048 + 2 learned positions, the LM head tied to the embedding)."""
+    card = load_model_card(DATA / "opt-125m.json")
+    h, L, ffn, vocab, positions = 768, 12, 3072, 50272, 2048 + 2
+    layer = (4 * h * h + 4 * h) + 4 * h + (h * ffn + ffn) + (ffn * h + h)
+    params = vocab * h + positions * h + L * layer + 2 * h
+    assert params == 125_239_296 == count_params(card)  # OPT-125m: "125M"
+    groups = weight_bytes_per_rank(card, 1)
+    assert groups["rope_cache"] == 0 and groups["position_embeddings"] == positions * h * FP16
+    assert kv_bytes_per_token(card, "fp16", 1) == 2 * 12 * 64 * L * FP16 == 36_864
+
+
+@pytest.mark.parametrize("over, field", [({"word_embed_proj_dim": 512}, "word_embed_proj_dim 512"),
+                                         ({"do_layer_norm_before": False}, "do_layer_norm_before False"),
+                                         ({"activation_function": "gelu"}, "activation_function 'gelu'"),
+                                         ({"ffn_dim": None}, "field 'ffn_dim' is missing")])
+def test_opt_refuses_what_it_cannot_size(over, field):
+    cfg = json.loads((DATA / "opt-125m.json").read_text())
+    cfg.update(over)
+    with pytest.raises(ConfigError, match=field):
         from_hf_config(cfg, "x")
