@@ -50,7 +50,8 @@ def test_minimax_m2():
                                          ({"rotary_dim": None}, "'rotary_dim' is missing"),
                                          ({"qk_norm_type": "per_head"}, "qk_norm_type 'per_head'"),
                                          ({"shared_intermediate_size": 1536}, "shared_intermediate_size 1536"),
-                                         ({"num_local_experts": None}, "'num_local_experts' is missing")])
+                                         ({"num_local_experts": None}, "'num_local_experts' is missing"),
+                                         ({"attn_type_list": [0, 1]}, "attn_type_list with linear-attention")])
 def test_minimax_m2_refuses_what_it_cannot_size(over, field):
     cfg = json.loads((DATA / "minimax-m2.json").read_text())
     cfg.update(over)

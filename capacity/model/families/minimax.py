@@ -28,6 +28,10 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
                           f"{ROTARY_SHARE} = {int(hd * ROTARY_SHARE)} only: the cos/sin cache is sized for it)")
     if text.get("use_qk_norm", True) and text.get("qk_norm_type", "per_layer") != "per_layer":
         raise ConfigError(f"{source}: qk_norm_type {text.get('qk_norm_type')!r} is not supported (per_layer only)")
+    types = text.get("attn_type_list")
+    if isinstance(types, list) and any(t != 1 for t in types):  # 0: MiniMax-01's lightning (linear) attention
+        raise ConfigError(f"{source}: attn_type_list with linear-attention layers (0) is not supported for "
+                          "minimax_m2 (every layer full attention)")
     if text.get("shared_intermediate_size"):
         raise ConfigError(f"{source}: shared_intermediate_size {text['shared_intermediate_size']!r} is not "
                           "supported for minimax_m2 (no shared expert)")
