@@ -50,6 +50,10 @@ class Gate:
         return ref if self.since == "none known" else f"added in {self.since}, {ref}"
 
 
+def _block(size: int) -> Callable[[Any], bool]:
+    return lambda c: c.block_size == size
+
+
 def _spec(*methods: str) -> Callable[[Any], bool]:
     return lambda c: c.speculative is not None and c.speculative.method in methods
 
@@ -71,11 +75,11 @@ GATES: tuple[Gate, ...] = (
     *(Gate("block_size", str(bs), f"--block-size {bs}", (0, 6, 3), "0.6.4 to 0.9.0 (not pinned)",
            f"{DOCS}/v0.6.3.post1/models/engine_args.html (--block-size {{8,16,32}}, as in v0.4.2 and v0.5.3); "
            f"{DOCS}/v0.9.0/api/vllm/config.html (BlockSize = Literal[1, 8, 16, 32, 64, 128])",
-           lambda c, bs=bs: c.block_size == bs, ref="0.6.3's --block-size choices are 8, 16, 32")
+           _block(bs), ref="0.6.3's --block-size choices are 8, 16, 32")
       for bs in (1, 64, 128)),
     Gate("block_size", "256", "--block-size 256", (0, 10, 0), "a release after 0.10.0 (not pinned)",
          f"{DOCS}/v0.10.0/api/vllm/config.html (BlockSize = Literal[1, 8, 16, 32, 64, 128])",
-         lambda c: c.block_size == 256, ref="0.10.0's BlockSize is 1 to 128"),
+         _block(256), ref="0.10.0's BlockSize is 1 to 128"),
     Gate("kv_cache_dtype", "int8", "--kv-cache-dtype int8", (0, 10, 0), "none known",
          f"not a choice in any release checked: {DOCS}/v0.4.2/models/engine_args.html ({{auto,fp8}}), v0.5.3, "
          "v0.6.3.post1, v0.6.6.post1, v0.8.1, v0.8.4 ({auto,fp8,fp8_e5m2,fp8_e4m3}), v0.9.0, v0.10.0 (CacheDType)",
