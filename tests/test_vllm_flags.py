@@ -30,9 +30,9 @@ def command(engine: str, **kw) -> str:
 
 # (setting, the newest release without it, the first release with it (or the first after the unpinned gap))
 BOUNDARIES = [
-    (dict(async_scheduling=True), "vllm@0.9.1", "vllm@0.9.2"),  # #19970 opened 2025-06-23; 0.9.1 out 2025-06-10
+    (dict(async_scheduling=True), "vllm@0.9.2", "vllm@0.10.0"),  # 0.10.0's notes: --async-scheduling (#19970)
     (dict(policy="priority"), "vllm@0.6.2:v0", "vllm@0.6.3:v0"),  # #8956 (EngineArgs.scheduling_policy)
-    (dict(policy="priority"), "vllm@0.9.0", "vllm@0.9.1"),  # V1: #19057 (#18700 opened 2025-05-26)
+    (dict(policy="priority"), "vllm@0.9.1", "vllm@0.9.2"),  # 0.9.2's notes: priority in the V1 engine (#19057)
     (dict(block_size=64), "vllm@0.6.3", "vllm@0.9.0"),  # 0.6.3.post1: {8,16,32}; 0.9.0: Literal[1..128]
     (dict(block_size=128), "vllm@0.6.3", "vllm@0.9.0"),
     (dict(block_size=256), "vllm@0.10.0", "vllm"),  # 0.10.0: Literal[1, 8, 16, 32, 64, 128]
@@ -62,13 +62,22 @@ def test_int8_kv_is_no_vllm_choice_in_the_releases_checked_and_the_current_one_s
     resolve("vllm", kv_cache_dtype="int8")  # unchanged for the current release (docs/vllm-releases.md)
 
 
+def test_draft_models_left_with_v0s_spec_decode_workers_in_0_10_and_were_still_missing_in_0_13():
+    spec = {"method": "draft_model", "draft_model": "llama-3.1-8b", **SPEC}
+    for engine in ("vllm@0.10.0", "vllm@0.10.2:v0", "vllm@0.11", "vllm@0.13.0"):  # #21152, #22047, #31883
+        with pytest.raises(ConfigError, match="speculative.method draft_model: vllm@0.1[0-3]"):
+            resolve(engine, speculative=spec)
+    for engine in ("vllm@0.9.2", "vllm@0.9.2:v0", "vllm@0.14.0", "vllm"):  # 0.9.2 ran it (#22047); #24322 after 0.13
+        resolve(engine, speculative=spec)
+
+
 def test_the_v0_engine_of_a_release_keeps_priority():
     resolve("vllm@0.8.5:v0", policy="priority")
 
 
 @pytest.mark.parametrize("args, said", [
     (("simulate", "--rate", "1", "-n", "20", "--engine", "vllm@0.6", "--async-scheduling"),
-     "async_scheduling true: vllm@0.6.6 has no --async-scheduling (added in 0.9.2 or 0.10.0, vllm-project/vllm#19970)"),
+     "async_scheduling true: vllm@0.6.6 has no --async-scheduling (added in 0.10.0, vllm-project/vllm#19970)"),
     (("simulate", "--rate", "1", "-n", "20", "--engine", "vllm@0.4", "--speculative", "eagle3:3", "--acceptance",
       "0.7"), "speculative.method eagle3: vllm@0.4.3 has no --speculative-config"),
     (("simulate", "--rate", "1", "-n", "20", "--engine", "vllm@0.7", "--speculative", "eagle:3", "--acceptance",

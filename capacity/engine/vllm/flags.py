@@ -2,7 +2,7 @@
 lack, each with the last release known WITHOUT it, the first known WITH it and where that comes from (a pull
 request, a release's notes, a release's own engine-arguments page). `check` refuses a setting the pinned release
 lacks in one line naming the field, the value, the release and the flag (`async_scheduling true: vllm@0.6.6 has
-no --async-scheduling (added in 0.9.2 or 0.10.0, vllm-project/vllm#19970)`). docs/vllm-releases.md has the table
+no --async-scheduling (added in 0.10.0, vllm-project/vllm#19970)`). docs/vllm-releases.md has the table
 and the settings left unchecked.
 
 Only absence with evidence is refused: a flag is refused on releases up to `absent_through` (a release whose
@@ -43,11 +43,14 @@ class Gate:
     runner: str | None = None  # only this engine (V1) of a release lacks it
     hint: str = ""  # what to do instead, appended to the error
     ref: str = ""  # the short citation the error names (default: the source's first words)
+    absent_from: Version = (0, 0, 0)  # for a flag removed and later restored: the first release without it
 
     def why(self) -> str:
         """The parenthesis of the one-line error: where the flag starts and the evidence."""
         ref = self.ref or self.source.split(" (")[0]
-        return ref if self.since == "none known" else f"added in {self.since}, {ref}"
+        if self.since == "none known" or self.absent_from > (0, 0, 0):
+            return ref
+        return f"added in {self.since}, {ref}"
 
 
 def _block(size: int) -> Callable[[Any], bool]:
@@ -58,19 +61,20 @@ def _spec(*methods: str) -> Callable[[Any], bool]:
     return lambda c: c.speculative is not None and c.speculative.method in methods
 
 
-ASYNC_ABSENT_THROUGH: Version = (0, 9, 1)
+ASYNC_ABSENT_THROUGH: Version = (0, 9, 2)
+NOTES = "https://github.com/vllm-project/vllm/releases/tag"
 GATES: tuple[Gate, ...] = (
-    Gate("async_scheduling", "true", "--async-scheduling", ASYNC_ABSENT_THROUGH, "0.9.2 or 0.10.0",
-         "vllm-project/vllm#19970 (\"Implement Async Scheduling\", opened 2025-06-23, after 0.9.1's release on "
-         "2025-06-10; which of 0.9.2/0.10.0 first shipped it is not pinned)",
+    Gate("async_scheduling", "true", "--async-scheduling", ASYNC_ABSENT_THROUGH, "0.10.0",
+         f"{NOTES}/v0.10.0 (Engine Core: 'Experimental async scheduling `--async-scheduling` flag ... (#19970)'; "
+         "not in 0.9.2's notes of 2025-07-07; vllm-project/vllm#19970 opened 2025-06-23)",
          lambda c: c.async_scheduling is True, ref="vllm-project/vllm#19970"),
     Gate("policy", "priority", "--scheduling-policy priority", (0, 6, 2), "0.6.3",
          "vllm-project/vllm#8956 (EngineArgs.scheduling_policy, opened 2024-09-30, after 0.6.2's release on "
          "2024-09-25; the priority policy itself #5958); xorbitsai/inference#2700: 'since version 0.6.3'",
          lambda c: c.policy == "priority", ref="vllm-project/vllm#8956"),
-    Gate("policy", "priority", "--scheduling-policy priority", (0, 9, 0), "0.9.1 or 0.9.2 (V1)",
-         "vllm-project/vllm#19057 (priority scheduling in the V1 engine; its first version #18700 was opened "
-         "2025-05-26, after 0.9.0's release on 2025-05-15)", lambda c: c.policy == "priority", runner="v1",
+    Gate("policy", "priority", "--scheduling-policy priority", (0, 9, 1), "0.9.2 (V1)",
+         f"{NOTES}/v0.9.2 (Engine Core: 'Priority Scheduling is now implemented in V1 engine (#19057)')",
+         lambda c: c.policy == "priority", runner="v1",
          hint="; its V0 engine has it (e.g. vllm@0.8.5:v0)", ref="vllm-project/vllm#19057"),
     *(Gate("block_size", str(bs), f"--block-size {bs}", (0, 6, 3), "0.6.4 to 0.9.0 (not pinned)",
            f"{DOCS}/v0.6.3.post1/models/engine_args.html (--block-size {{8,16,32}}, as in v0.4.2 and v0.5.3); "
@@ -97,6 +101,14 @@ GATES: tuple[Gate, ...] = (
     Gate("speculative.method", "draft_model", "--speculative-model", (0, 4, 0), "0.4.1",
          "vllm-project/vllm#3706 (--speculative-model, --num-speculative-tokens; merged 2024-04-03, after 0.4.0's "
          "release on 2024-03-30)", _spec("draft_model"), ref="vllm-project/vllm#3706"),
+    Gate("speculative.method", "draft_model", "a draft-model proposer", (0, 13, 0),
+         "a release after 0.13.0 (vllm-project/vllm#24322)",
+         f"{NOTES}/v0.10.0 (V0's 'Spec Decode workers (#21152)' removed); vllm-project/vllm#22047 (0.10.0 raises "
+         "NotImplementedError for a draft model, 0.9.2 ran it); vllm-project/vllm#31883 (0.13.0: 'Speculative decoding "
+         "with draft model is not supported yet'); vllm-project/vllm#24322 brings it to V1", _spec("draft_model"),
+         absent_from=(0, 10, 0), ref="removed in 0.10.0 with V0's spec-decode workers, vllm-project/vllm#21152, "
+         "#22047; still missing in 0.13.0, #31883; back with #24322",
+         hint="; pin 0.9.2 or older, or a release after 0.13"),
 )
 
 
@@ -104,7 +116,8 @@ def check(rel: Release, cfg: Any) -> None:
     """Refuse, in one line, a setting of `cfg` (a VllmConfig) that release `rel` lacks (never the current release:
     every gate's absent_through is far older)."""
     for g in GATES:
-        if rel.version <= g.absent_through and (g.runner is None or g.runner == rel.runner) and g.applies(cfg):
+        if (g.absent_from <= rel.version <= g.absent_through and (g.runner is None or g.runner == rel.runner)
+                and g.applies(cfg)):
             engine = f"the V1 engine of {rel.label}" if g.runner else rel.label
             raise ConfigError(f"{g.field} {g.value}: {engine} has no {g.flag} ({g.why()}){g.hint}")
 
