@@ -9,7 +9,7 @@ Only absence with evidence is refused: a flag is refused on releases up to `abse
 engine arguments are known to lack it, or one released before the pull request adding it was opened); a flag
 added later is taken to stay (the choice lists below only grew). Between `absent_through` and the first release
 known to have it the setting is accepted: the gap is written in `since`. `vllm` without a version (the current
-release, 0.33) is never refused: every gate below is far older.
+release, 0.33) is never refused: every gate below ends by 0.13.
 
 Launch-command spelling that changed with the release (`spelling_*` below) is decided here too and used by
 capacity/engine/vllm/engine.py's launch_command and capacity/engine/speculative.py's launch_flags.
@@ -23,9 +23,10 @@ from typing import Any
 from capacity.engine.vllm.release import Release, Version, fmt
 from capacity.errors import ConfigError
 
-# Release dates used below (PyPI's release history of vllm).
-RELEASED = {(0, 4, 0): "2024-03-30", (0, 6, 2): "2024-09-25", (0, 7, 3): "2025-02-20", (0, 9, 0): "2025-05-15",
-            (0, 9, 1): "2025-06-10"}
+# Release dates the sources below are compared with (PyPI's release history of vllm; 0.9.2 and 0.10.0 as their
+# release notes date them).
+RELEASED = {(0, 4, 0): "2024-03-30", (0, 6, 2): "2024-09-25", (0, 7, 3): "2025-02-20", (0, 9, 2): "2025-07-07",
+            (0, 10, 0): "2025-07-23"}
 DOCS = "https://docs.vllm.ai/en"
 
 
