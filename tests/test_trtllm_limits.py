@@ -159,5 +159,6 @@ def test_engines_lists_the_trtllm_releases():
     r = run_cli("engines", "--json")
     assert r.returncode == 0, r.stderr
     trt = [row["engine"] for row in json.loads(r.stdout) if row["engine"].startswith("trtllm")]
-    assert trt == ["trtllm@0.13", "trtllm@0.17", "trtllm@0.18", "trtllm@0.19", "trtllm@0.20", "trtllm@1.0", "trtllm@1.1"]
-    np.testing.assert_equal(len(trt), 7)
+    assert trt == ["trtllm@0.13", "trtllm@0.17", "trtllm@0.18", "trtllm@0.19", "trtllm@0.20", "trtllm@0.21", "trtllm@1.0",
+                   "trtllm@1.1", "trtllm@1.2"]
+    np.testing.assert_equal(len(trt), 9)

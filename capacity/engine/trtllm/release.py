@@ -13,6 +13,8 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
+KvProfile = Literal["forward", "executor", "creator"]
+
 from capacity.errors import ConfigError
 
 Backend = Literal["pytorch", "tensorrt"]
@@ -21,11 +23,15 @@ Backend = Literal["pytorch", "tensorrt"]
 # 0.17-0.20: `--backend` is click.Choice(["pytorch"]), default None, "Set to 'pytorch' for pytorch path. Default is
 #   cpp path." (tensorrt_llm/commands/serve.py; the 0.18.2 docs page commands/trtllm-serve.html prints it) -> the
 #   TensorRT engine backend; the PyTorch backend exists from 0.17 ("available in version 0.17 and later", torch.md).
-# 1.0, 1.1: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch".
+# 0.21: taken as 0.20's (the engine backend; not read at the tag: 0.21.0rc0's users pass `--backend pytorch`,
+#   NVIDIA/TensorRT-LLM issue 4599).
+# 1.0, 1.1, 1.2: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch" (serve.py `get_llm_args(...,
+#   backend: str = "pytorch", ...)` at commit 00209af, a 1.2-era main with the gRPC server).
 # 0.13: the engine backend only (an engine from trtllm-build, served by the C++ executor: Triton's tensorrtllm
 #   backend or the executor API; no PyTorch backend, no trtllm-serve), with trtllm-build's defaults.
 DEFAULT_BACKEND: dict[str, Backend] = {"0.13": "tensorrt", "0.17": "tensorrt", "0.18": "tensorrt", "0.19": "tensorrt",
-                                       "0.20": "tensorrt", "1.0": "pytorch", "1.1": "pytorch"}
+                                       "0.20": "tensorrt", "0.21": "tensorrt", "1.0": "pytorch", "1.1": "pytorch",
+                                       "1.2": "pytorch"}
 CURRENT = "1.1"
 # BuildConfig.max_batch_size / max_num_tokens: trtllm-serve's `--max_batch_size` / `--max_num_tokens` defaults are
 # BuildConfig's (`default=BuildConfig.max_batch_size`, later `BuildConfig.model_fields["max_batch_size"].default`),
@@ -84,6 +90,39 @@ class TrtllmRelease:
             raise ConfigError(f"trtllm_backend {setting}: TensorRT-LLM {self.version} has only the engine backend "
                               "(the PyTorch backend is from 0.17)")
         return TrtllmRelease(self.version, backend)
+
+    @property
+    def kv_profile(self) -> KvProfile:
+        """How the PyTorch backend measures the peak its KV pool is sized from (`_torch/pyexecutor/_util.py`;
+        docs/trtllm.md, "The PyTorch backend's KV estimate by release"):
+
+        - "forward" (0.17): `estimate_max_kv_cache_tokens(model_engine, executor_config, mapping)` runs one
+          `model_engine.forward` of dummy context requests of max_num_tokens in all, with no KV manager at all;
+          peak = torch's peak allocated + (device used - torch allocated); tokens = int((total - peak) x fraction
+          // bytes per token). CUDA graphs (PyTorchConfig.use_cuda_graph, off by default) are not captured yet.
+        - "executor" (0.18-0.21): `estimate_max_kv_cache_tokens(py_executor, ...)` (earlier
+          `..._maybe_update_executor`) enqueues the dummy requests into a started PyExecutor whose temporary KV
+          pool holds `get_token_num_for_estimation` = max(max_batch_size, max_num_tokens, max_seq_len) tokens
+          (later + ceil(max_num_tokens / max_seq_len) x tokens_per_block, capped at 0.9 of what is free);
+          `cal_max_tokens` adds that pool back: (total - peak + pool) x fraction (the first copy adds back its
+          unused blocks only: (max_num_blocks - used_num_blocks) x tokens_per_block, the used ones freed when the
+          dummy requests finish).
+        - "creator" (1.0+): `KvCacheCreator.estimate_max_tokens` / `_cal_max_memory`, the same formula with the
+          temporary pool's allocated bytes added back, after the warm-up that captures the CUDA graphs and runs
+          the autotuner."""
+        if self.version == "0.17":
+            return "forward"
+        return "creator" if self.version.startswith("1.") else "executor"
+
+    @property
+    def cuda_graphs_default(self) -> tuple[bool, bool]:
+        """Whether the PyTorch backend captures decode CUDA graphs with no options (low end, high end):
+        PyTorchConfig.use_cuda_graph / TorchLlmArgs.use_cuda_graph default False through 0.20; from 1.0
+        TorchLlmArgs.cuda_graph_config has default_factory=CudaGraphConfig (on). 0.21 is either (the switch
+        from use_cuda_graph to cuda_graph_config was not read at its tag): a range."""
+        if self.version.startswith("1."):
+            return (True, True)
+        return (False, True) if self.version == "0.21" else (False, False)
 
     @property
     def dynamic_batch_tuning(self) -> bool:
