@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.trtllm import cpp_memory
+from capacity.engine.trtllm import cpp_memory, kv_estimate
 from capacity.engine.trtllm.config import trtllm_backend
 from capacity.engine.trtllm.parallel import moe_layout, weights_per_rank
 from capacity.engine.trtllm.release import DEFAULT_BACKEND, TrtllmRelease, parse_trtllm
@@ -296,6 +296,11 @@ class Trtllm:
                    f"{gpu.name}'s {total / GiB:.1f} GiB at tp={eng.tp}; raise tp")
         elif blocks == 0:
             why = f"no KV blocks: 0.9 x the {(total - pk.total(0)) / GiB:.2f} GiB free after the profile at tp={eng.tp}"
+        elif kv_estimate.pool_request_fails(rel.version, kv_mid, free := total - pk.total(0) + pk.activation[0],
+                                            f := kv_estimate.inflation(card, eng.kv_dtype, eng.tp, bpt)):
+            why = (f"TensorRT-LLM {rel.version} sizes the pool from max_tokens counted at {card.num_kv_heads} KV heads / "
+                   f"tp {eng.tp} of a head per rank, the pool keeps a whole head: {kv_mid * f / GiB:.1f} GiB asked of "
+                   f"{free / GiB:.1f} free ('could not be created: KV cache'); tp <= {card.num_kv_heads} or 1.1+")
         b.fits, b.reason = why is None, why or ""
         if check_fit and why:
             raise DoesNotFit(why)
