@@ -217,6 +217,8 @@ class Trtllm:
         lo_f, hi_f = ACTIVATION_SPREAD
         act = ((cfg.activation_bytes,) * 3 if cfg.activation_bytes is not None
                else (fwd, fwd * lo_f, fwd * hi_f + ACTIVATION_EXTRA_HIGH_GIB * GiB))
+        if self._rel(cfg).kv_profile == "forward" and cfg.activation_bytes is None:  # 0.17: one copy read device
+            act = (act[0], act[1], act[2] + fwd * hi_f)  # use before empty_cache, counting torch's cached blocks twice
         c_mid, c_lo, c_hi = (x * GiB for x in CONTEXT_GIB)
         if cfg.memory_params.cuda_context_bytes != MemoryModelParams().cuda_context_bytes:
             c_mid = c_lo = c_hi = cfg.memory_params.cuda_context_bytes

@@ -13,11 +13,10 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-KvProfile = Literal["forward", "executor", "creator"]
-
 from capacity.errors import ConfigError
 
 Backend = Literal["pytorch", "tensorrt"]
+KvProfile = Literal["forward", "executor", "creator"]
 
 # Release lines modelled, oldest first, with the backend `trtllm-serve` runs when `--backend` is not given:
 # 0.17-0.20: `--backend` is click.Choice(["pytorch"]), default None, "Set to 'pytorch' for pytorch path. Default is
