@@ -231,10 +231,12 @@ class Trtllm:
         if cfg.non_torch_bytes is not None:
             context = (cfg.non_torch_bytes,) * 3
         graphs_lo, graphs_hi = self._rel(cfg).cuda_graphs_default  # the release's default: off, on or either
-        if cfg.enforce_eager or not graphs_hi:
+        if cfg.enforce_eager:
             graphs = (0.0, 0.0, 0.0)
-        elif cfg.cuda_graph_bytes is not None:
+        elif cfg.cuda_graph_bytes is not None:  # given: graphs captured (use_cuda_graph / cuda_graph_config set)
             graphs = (cfg.cuda_graph_bytes,) * 3
+        elif not graphs_hi:
+            graphs = (0.0, 0.0, 0.0)
         else:  # whole-model graphs: one piece per layer and size, as vLLM's V0 graphs cost; the largest's activations
             sizes = [s for s in CUDA_GRAPH_SIZES if s <= min(128, eng.max_num_seqs)]
             segs = len(sizes) * (card.num_layers + 1)
