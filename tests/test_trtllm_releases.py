@@ -36,7 +36,7 @@ def trt(spec: str, **kw) -> EngineConfig:
     ("trtllm@0.18:pytorch", "pytorch", "executor", (False, False)),
     ("trtllm@0.19:pytorch", "pytorch", "executor", (False, False)),
     ("trtllm@0.20:pytorch", "pytorch", "executor", (False, False)),
-    ("trtllm@0.21:pytorch", "pytorch", "executor", (False, True)),  # use_cuda_graph or cuda_graph_config: unread
+    ("trtllm@0.21:pytorch", "pytorch", "executor", (False, False)),  # PR 5480 (graphs on) after the 0.21 branch
     # 1.x: KvCacheCreator after the warm-up; TorchLlmArgs.cuda_graph_config default_factory=CudaGraphConfig
     ("trtllm@1.0", "pytorch", "creator", (True, True)),
     ("trtllm@1.1", "pytorch", "creator", (True, True)),
@@ -74,11 +74,11 @@ def test_cuda_graphs_enter_the_peak_from_1_0_only():
     np.testing.assert_allclose(old.kv_budget_bytes - new.kv_budget_bytes, 0.9 * new.cuda_graph_bytes, rtol=1e-9)
 
 
-def test_0_21s_graphs_are_a_range():
+def test_a_release_with_graphs_off_counts_a_given_graph_term():
+    """cuda_graph_bytes given (use_cuda_graph / cuda_graph_config set in the options file) enters 0.21's peak."""
     card, gpu = load_model_card(LLAMA_8B), get_gpu("h100-sxm")
-    b = get_engine("trtllm@0.21:pytorch").budget(card, gpu, trt("trtllm@0.21:pytorch"))
-    one = get_engine("trtllm@1.0").budget(card, gpu, trt("trtllm@1.0"))
-    assert b.ranges["cuda_graphs"][0] == 0.0 and b.ranges["cuda_graphs"][1] == one.ranges["cuda_graphs"][1]
+    b = get_engine("trtllm@0.21:pytorch").budget(card, gpu, trt("trtllm@0.21:pytorch", cuda_graph_bytes=GiB))
+    assert b.cuda_graph_bytes == GiB and b.ranges["cuda_graphs"] == [GiB, GiB]
 
 
 def test_0_17s_high_end_counts_the_cached_activation_twice():

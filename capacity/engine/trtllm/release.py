@@ -22,8 +22,9 @@ KvProfile = Literal["forward", "executor", "creator"]
 # 0.17-0.20: `--backend` is click.Choice(["pytorch"]), default None, "Set to 'pytorch' for pytorch path. Default is
 #   cpp path." (tensorrt_llm/commands/serve.py; the 0.18.2 docs page commands/trtllm-serve.html prints it) -> the
 #   TensorRT engine backend; the PyTorch backend exists from 0.17 ("available in version 0.17 and later", torch.md).
-# 0.21: taken as 0.20's (the engine backend; not read at the tag: 0.21.0rc0's users pass `--backend pytorch`,
-#   NVIDIA/TensorRT-LLM issue 4599).
+# 0.21: the engine backend still: PyTorch became the LLM API's default in NVIDIA/TensorRT-LLM PR 5312 ("promote
+#   PyTorch to be the default LLM backend", 2025-06-18), landed on main after "we have already branch out 0.21
+#   branch" (its review); issue 8223: "v0.21.0 ... Backend: TRT Engine (default)", 1.0.0 "PyTorch (default)".
 # 1.0, 1.1, 1.2: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch" (serve.py `get_llm_args(...,
 #   backend: str = "pytorch", ...)` at commit 00209af, a 1.2-era main with the gRPC server).
 # 0.13: the engine backend only (an engine from trtllm-build, served by the C++ executor: Triton's tensorrtllm
@@ -116,12 +117,11 @@ class TrtllmRelease:
     @property
     def cuda_graphs_default(self) -> tuple[bool, bool]:
         """Whether the PyTorch backend captures decode CUDA graphs with no options (low end, high end):
-        PyTorchConfig.use_cuda_graph / TorchLlmArgs.use_cuda_graph default False through 0.20; from 1.0
-        TorchLlmArgs.cuda_graph_config has default_factory=CudaGraphConfig (on). 0.21 is either (the switch
-        from use_cuda_graph to cuda_graph_config was not read at its tag): a range."""
-        if self.version.startswith("1."):
-            return (True, True)
-        return (False, True) if self.version == "0.21" else (False, False)
+        PyTorchConfig.use_cuda_graph / TorchLlmArgs.use_cuda_graph default False through 0.21; from 1.0
+        TorchLlmArgs.cuda_graph_config has default_factory=CudaGraphConfig (on): NVIDIA/TensorRT-LLM PR 5480
+        ("Enable cuda graph by default", opened 2025-06-25, after the 0.21 branch). A pair, so that a release
+        read less surely can say (False, True): a range."""
+        return (True, True) if self.version.startswith("1.") else (False, False)
 
     @property
     def dynamic_batch_tuning(self) -> bool:
