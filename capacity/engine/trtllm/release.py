@@ -68,11 +68,12 @@ class TrtllmRelease:
 
     @property
     def tokens_per_block(self) -> int:
-        """KvCacheConfig/engine tokens_per_block: 32 in the PyTorch backend; the engine backend's build default is
-        64 through 0.18 and 32 from 0.19 (paged context FMHA; docs/trtllm.md, the TensorRT engine backend)."""
-        if self.engine_backend and self.version in ("0.13", "0.17", "0.18"):
-            return 64
-        return 32
+        """PluginConfig.tokens_per_block, the engine build's default: 64 through 0.18 and 32 from 0.19 (paged
+        context FMHA; docs/trtllm.md, the TensorRT engine backend). The PyTorch backend of 0.17-0.18 takes the same
+        (`_torch/pyexecutor/config.py` `update_executor_config`: `executor_config.tokens_per_block =
+        build_config.plugin_config.tokens_per_block`, the PyTorchConfig copies with `enable_overlap_scheduler:
+        bool = False`); 1.x's KvCacheConfig.tokens_per_block is 32."""
+        return 64 if self.version in ("0.13", "0.17", "0.18") else 32
 
     @property
     def _early(self) -> bool:
