@@ -45,7 +45,7 @@ from capacity.engine.vllm.release import Release
 from capacity.errors import DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
+from capacity.model.weights import experts_only_alternative, lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB, MiB
 
 # ---- empirical terms, from the real start-up logs (tests/data/vllm_startup/logs.yaml) ----------------------
@@ -315,6 +315,9 @@ class VllmMemory:
         weights += lora_bytes_per_rank(card, eng.tp, vc.max_loras, vc.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
+        if (alt_card := experts_only_alternative(card)) is not None:  # which layers the checkpoint quantises
+            w_hi = max(w_hi, sum(weight_bytes_per_rank(alt_card, eng.tp, layout, ep=ep, moe_tp=moe_tp).values()))
+            estimates.append(f"weights ({card.weight_format} layers not named: experts alone at the high end)")
         if layout is not None:  # the swizzled scale layouts pad a little more than counted here
             alt = mxfp4_layout_alternative(layout, rel)
             w_alt = sum(weight_bytes_per_rank(card, eng.tp, alt).values()) if alt is not None else weights
