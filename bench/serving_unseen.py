@@ -34,6 +34,7 @@ MAPE is also given without them (`mean_ttft_ms, cold-prefill runs`).
     python bench/serving_unseen.py                   # dev group: table + bench/results/serving_unseen_dev.json
     python bench/serving_unseen.py --dry-run         # the commands only, nothing simulated
     python bench/serving_unseen.py --group heldout   # once, at the end
+    python bench/serving_unseen.py --set v2          # round 2 (tests/data/serving_unseen_v2), dev group
 """
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ sys.path.insert(0, str(ROOT))
 from bench.sim_speed import host_cpu  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "serving_unseen"
+# the collections: round 1 (v1, the default) and round 2 (v2: TensorRT-LLM, ShareGPT on an RTX 3090, a VLM's text sweep)
+SETS = {"v1": DATA, "v2": ROOT / "tests" / "data" / "serving_unseen_v2"}
 OUT = ROOT / "bench" / "results"
 GROUPS = ("dev", "heldout")
 # published metric -> (summary field of `capacity simulate --json`, statistic, scale to the published unit)
@@ -76,10 +79,12 @@ def group_of(source: str) -> str:
     return "heldout" if int(hashlib.sha256(source.encode()).hexdigest(), 16) % 3 == 0 else "dev"
 
 
-def load_runs(group: str) -> list[dict[str, Any]]:
+def load_runs(group: str, set_: str = "v1") -> list[dict[str, Any]]:
     if group not in GROUPS:
         raise SystemExit(f"--group: dev or heldout (got {group!r})")
-    return list((yaml.safe_load((DATA / f"{group}.yaml").read_text()) or {}).get("runs") or [])
+    if set_ not in SETS:
+        raise SystemExit(f"--set: {' or '.join(SETS)} (got {set_!r})")
+    return list((yaml.safe_load((SETS[set_] / f"{group}.yaml").read_text()) or {}).get("runs") or [])
 
 
 def _inf(x: Any) -> bool:
@@ -106,6 +111,8 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
         a += ["--weight-dtype", str(run["weight_dtype"])]
     if run.get("kv_dtype"):  # the server's --kv-cache-dtype, where the source states one
         a += ["--kv-dtype", str(run["kv_dtype"])]
+    if run.get("max_num_seqs"):  # the server's batch cap (TensorRT-LLM: the engine's max_batch_size)
+        a += ["--max-num-seqs", str(run["max_num_seqs"])]
     if run.get("image_dataset"):  # a VLM run on a benchmark dataset's images (capacity/vision_datasets.py)
         a += ["--image-dataset", str(run["image_dataset"])]
     if int(run.get("dp") or 1) > 1:
@@ -202,10 +209,11 @@ def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", default="dev", choices=GROUPS)
+    ap.add_argument("--set", default="v1", choices=tuple(SETS), dest="set_", help="which collection (v2: round 2)")
     ap.add_argument("--dry-run", action="store_true", help="print each run's command; simulate nothing")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    runs = load_runs(a.group)
+    runs = load_runs(a.group, a.set_)
     t0 = time.time()
     res = score(runs, a.dry_run)
     if a.dry_run:
@@ -218,11 +226,13 @@ def main() -> None:
     print(f"{'metric':34s}{'n':>4s}{'MAPE':>9s}{'median |e|':>12s}{'median e':>10s}")
     for m, s in res["summary"].items():
         print(f"{m:34s}{s['n']:>4d}{s['mape']:>9.1%}{s['median_abs']:>12.1%}{s['median_signed']:>+10.1%}")
-    out = a.out or OUT / f"serving_unseen_{a.group}.json"
+    tag = "" if a.set_ == "v1" else f"{a.set_}_"
+    out = a.out or OUT / f"serving_unseen_{tag}{a.group}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "command": "python bench/serving_unseen.py" + ("" if a.group == "dev" else f" --group {a.group}"),
-        "data": str((DATA / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group,
+        "command": "python bench/serving_unseen.py" + ("" if a.set_ == "v1" else f" --set {a.set_}")
+                   + ("" if a.group == "dev" else f" --group {a.group}"),
+        "data": str((SETS[a.set_] / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group, "set": a.set_,
         "host": {"cpu": host_cpu(), "machine": platform.machine(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **res}, indent=1) + "\n")
     print(f"wrote {out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out}")
