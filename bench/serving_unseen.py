@@ -91,11 +91,21 @@ def _inf(x: Any) -> bool:
     return x is None or x == "inf" or (isinstance(x, (int, float)) and math.isinf(x))
 
 
-def output_len(run: dict[str, Any]) -> int:
-    """The published output length; without --ignore-eos, the printed mean (EOS ended some requests early)."""
+def output_len(run: dict[str, Any]) -> int | str:
+    """The published output length; without --ignore-eos, the printed mean (EOS ended some requests early); a
+    "LOW-HIGH" string where the load generator drew lengths uniformly (a range ratio)."""
     if not run.get("ignore_eos") and run.get("output_tokens_total"):
         return max(1, round(run["output_tokens_total"] / run["num_prompts"]))
-    return int(run["output_len"])
+    return _length(run["output_len"])
+
+
+def _length(v: Any) -> int | str:
+    return v if isinstance(v, str) else int(v)
+
+
+def _mid(v: Any) -> float:
+    """A length's middle (the mean of a uniform LOW-HIGH range)."""
+    return sum(map(float, v.split("-"))) / 2 if isinstance(v, str) else float(v)
 
 
 def simulate_args(run: dict[str, Any]) -> list[str]:
@@ -103,7 +113,7 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
     if not run.get("expressible"):
         raise ValueError(f"{run['id']}: not expressible ({run.get('reason')})")
     a = ["simulate", "-m", str(run["card"]), "-g", str(run["gpu"]), "--tp", str(run["tp"]),
-         "-n", str(run["num_prompts"]), "--input-len", str(int(run["input_len"])), "--output-len", str(output_len(run)),
+         "-n", str(run["num_prompts"]), "--input-len", str(_length(run["input_len"])), "--output-len", str(output_len(run)),
          "--warmup", "0", "--seed", "0", "--json"]
     if run.get("engine_arg"):
         a += ["--engine", str(run["engine_arg"])]
@@ -111,6 +121,9 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
         a += ["--weight-dtype", str(run["weight_dtype"])]
     if run.get("kv_dtype"):  # the server's --kv-cache-dtype, where the source states one
         a += ["--kv-dtype", str(run["kv_dtype"])]
+    for key in ("gpu_memory_utilization", "max_model_len"):  # the server's, where the source states them
+        if run.get(key):
+            a += ["--" + key.replace("_", "-"), str(run[key])]
     if run.get("max_num_seqs"):  # the server's batch cap (TensorRT-LLM: the engine's max_batch_size)
         a += ["--max-num-seqs", str(run["max_num_seqs"])]
     if run.get("image_dataset"):  # a VLM run on a benchmark dataset's images (capacity/vision_datasets.py)
@@ -136,7 +149,7 @@ def cold_prefill_bound_ms(run: dict[str, Any]) -> float:
     moe = card.moe
     active = sum(t.params * (moe.experts_per_token / moe.num_experts if moe and t.family == "experts" else 1)
                  for t in tensor_groups(card) if t.family in ("attention", "dense_mlp", "experts", "shared_experts"))
-    return 2 * active * int(run["input_len"]) / (get_gpu(str(run["gpu"])).bf16_flops * int(run["tp"])) * 1e3
+    return 2 * active * _mid(run["input_len"]) / (get_gpu(str(run["gpu"])).bf16_flops * int(run["tp"])) * 1e3
 
 
 def command(run: dict[str, Any]) -> str:
