@@ -18,7 +18,10 @@ For each run the bench builds the `capacity simulate` command a user would type 
 - arrivals as the load generator sends them: request rate inf with --max-concurrency C is a closed loop of C
   users with no think time; rate inf without a cap is an offline batch (every request at t=0); rate R is a
   Poisson process, behind the client's cap when one is given (`--max-concurrency`);
-- every request is measured (`--warmup 0`: the load generators count all of them), seed 0.
+- every request is measured (`--warmup 0`: the load generators count all of them), seed 0;
+- round 2 (`--set v2`, tests/data/serving_unseen_v2) adds what those sources state: `max_num_seqs` (TensorRT-LLM's
+  engine batch cap), `gpu_memory_utilization`, `max_model_len`, `image_dataset`, and "LOW-HIGH" lengths where the
+  load generator drew them uniformly (`--random-range-ratio`).
 
 Scored, where printed: mean and median TTFT, TPOT and ITL, mean and median E2E latency, output tokens/s and
 requests/s. MAPE per metric over the runs that print it; runs that capacity cannot express today
