@@ -29,6 +29,7 @@ from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, 
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
+from capacity.engine.sglang.config import ep_size as sglang_ep_size
 from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
 from capacity.engine.sglang.memory import (
     CURRENT,
@@ -42,6 +43,7 @@ from capacity.engine.sglang.memory import (
     version_key,
 )
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.releases import SPEC_ALGORITHM
 from capacity.engine.sglang.rocm import aiter_cut
 from capacity.engine.sglang.swa import hybrid_swa_layers, swa_pin
 from capacity.engine.speculative import launch_flags
@@ -200,7 +202,8 @@ class Sglang(SglangMemory):
                            chunked_prefill_size=mnbt if (cfg.max_num_batched_tokens is not None or not chunked) else None,
                            max_total_tokens=override * page if override is not None else None,
                            max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
-                           dp_attention=self.dp_attention(cfg))
+                           dp_attention=self.dp_attention(cfg), ep_size=sglang_ep_size(cfg),
+                           speculative=SPEC_ALGORITHM[cfg.speculative.method] if cfg.speculative else None)
         if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
             mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))
         if cfg.max_num_seqs is None:
