@@ -72,6 +72,13 @@ from capacity.units import DTYPE_BYTES, GiB
 # here (Llama-3.1-8B on an H100 twice, a Qwen2.5-7B-architecture model on an RTX 3090); not read from code, so
 # only the conservative end of the pool (kv_tokens_low) takes it, at a little above the largest seen.
 LOAD_EXTRA_HIGH_GIB = 0.25
+# Memory taken before T0 at TP 1 (the CUDA context, and on a desktop the display server or WDDM on the same GPU):
+# not in SGLang's code, so a range. Seen in the logs (catalogue total - T0 - the logged distributed init): MI300X
+# 0.17, L4 0.34, H100 0.35, H200 0.50 GiB; RTX 3090 0.82 (jerryzsj), RTX 4090 1.17 (sglang#4895, Docker), a 24 GiB
+# card under Docker Desktop 1.24 if a 4090 (maxuhl98). The middle is EngineConfig's 0.5 GiB (the data-centre
+# figure). The conservative end takes 1.0 here plus LOAD_EXTRA_HIGH_GIB: 1.25 GiB together, above every log's
+# context + load residue (RTX 3090 0.82 + 0.20, maxuhl98 1.24 + 0.00 with the fp32 rope cache counted).
+CONTEXT_HIGH_GIB = 1.0
 MiB = 1 << 20
 
 
@@ -154,7 +161,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
     check_ep(card, tp, ep_size, _line(release))
     if context_bytes is None:
-        ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, 1.0 * GiB
+        ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, CONTEXT_HIGH_GIB * GiB
         if tp > 1:
             link = "nvls" if gpu.nvls else ("nvlink" if gpu.interconnect.startswith("nvlink") else "pcie")
             mid, _, high = NON_TORCH_MULTI[link]

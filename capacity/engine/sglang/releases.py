@@ -215,10 +215,10 @@ def rope_cache_factor(card: ModelCard, release: str, amd: bool = False) -> float
     """What SGLang's rotary cos/sin cache weighs against the card's (max positions x rotary dim in the compute
     dtype, vLLM's): from 0.4.2 (0.4.2.post4 read; 0.4.1 uses vLLM's get_rope) `layers/rotary_embedding.py` keeps
     it in float32 on CUDA ("cache needs to be in FP32 for numerical stability"), so 4 / dtype bytes; on ROCm
-    the dtype's. Gemma-3 (0.4.4.post2-0.5.9) runs transformers-style `Gemma3RotaryEmbedding` (inv_freq only, no
+    the dtype's. Gemma-3 (0.4.4.post2-0.5.9; no earlier release loads it) runs transformers-style `Gemma3RotaryEmbedding` (inv_freq only, no
     cache): 0; from 0.5.10 its attention takes `get_rope` again (float32)."""
     line = _line(release)
-    if card.architecture == "gemma3" and (0, 4, 4, 1) <= line < (0, 5, 10, 0):
+    if card.architecture == "gemma3" and line < (0, 5, 10, 0):  # every release that loads it (0.4.4.post2+)
         return 0.0
     return 1.0 if line < (0, 4, 2, 0) or amd else 4 / DTYPE_BYTES[card.dtype]
 
