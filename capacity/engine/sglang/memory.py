@@ -52,6 +52,7 @@ from capacity.engine.sglang.releases import (
     mm_reservation_bytes,
     parse_release,
     piecewise_graph_tokens,
+    refusal,
     rope_cache_factor,
     spec_reserve_mib,
     version_key,
@@ -240,8 +241,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                      max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
                      notes=notes, dp_attention=dp_attention, swa_tokens=swa)
     if tokens <= 0:
-        b.notes.append("no KV pool: the weights take more than F x T0 (SGLang stops: 'Not enough memory. Please "
-                       "try to increase --mem-fraction-static')")
+        b.notes.append(f"no KV pool: the weights take more than F x T0 (SGLang stops: {refusal(release)})")
     elif not b.fits:
         b.notes.append(f"the pool holds {tokens:,} tokens, less than one request of context_len {ctx:,}")
     b.notes.append("activations, CUDA graphs, the request table and attention workspaces must fit in the reserve "
@@ -341,8 +341,7 @@ class SglangMemory:
         f, t0 = sb.mem_fraction_static, sb.free_at_start_bytes
         if sb.kv_tokens <= 0:
             return (f"no KV pool: weights {sb.weights_bytes / GiB:.2f} GiB per rank leave nothing of F x T0 = {f} x "
-                    f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: 'Not enough memory. Please try to increase "
-                    "--mem-fraction-static'); raise tp")
+                    f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: {refusal(self.release)}); raise tp")
         if sb.kv_tokens < b.max_model_len:
             return (f"one request of context_len {b.max_model_len} tokens needs {b.max_model_len:,} KV slots, but the "
                     f"pool holds {sb.kv_tokens:,} at tp={b.tp} (SGLang would start and cut requests at the pool); "

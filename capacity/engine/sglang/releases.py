@@ -223,6 +223,14 @@ def rope_cache_factor(card: ModelCard, release: str, amd: bool = False) -> float
     return 1.0 if line < (0, 4, 2, 0) or amd else 4 / DTYPE_BYTES[card.dtype]
 
 
+def refusal(release: str) -> str:
+    """What SGLang says when the weights leave no pool: `init_memory_pool`'s RuntimeError when the token count is
+    <= 0 (0.3.0-0.5.12), from 0.5.15 first `_profile_available_bytes`' ValueError when the rest is <= 0."""
+    if _line(release) >= (0, 5, 15, 0):
+        return "'Loaded weights leave no GPU memory for the KV cache under --mem-fraction-static=...'"
+    return "'Not enough memory. Please try to increase --mem-fraction-static'"
+
+
 __all__ = ["CURRENT", "NEWEST_READ", "RELEASES", "SPEC_ALGORITHM", "default_chunked_prefill_size",
            "default_cuda_graph_max_bs", "default_mem_fraction_static", "mm_reservation_bytes", "parse_release",
-           "piecewise_graph_tokens", "rope_cache_factor", "spec_reserve_mib", "version_key", "vlm_fraction_factor"]
+           "piecewise_graph_tokens", "refusal", "rope_cache_factor", "spec_reserve_mib", "version_key", "vlm_fraction_factor"]
