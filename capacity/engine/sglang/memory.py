@@ -20,8 +20,8 @@ subtracts nothing for activations, CUDA graphs, the request-to-token table or at
 have to fit in what F leaves, T0 x (1 - F). Its OOMs come at graph capture or at the first large prefill, not at
 pool sizing; vLLM instead measures its activation peak and graph memory and subtracts them. The default F,
 chunked_prefill_size and cuda_graph_max_bs depend on the GPU's memory, TP and the release
-(`_handle_gpu_memory_settings` in server_args.py); `RELEASES` lists the releases whose rules are modelled (0.4.3,
-0.4.6, 0.4.9 and 0.5.5).
+(`_handle_gpu_memory_settings` in server_args.py); those rules, release line by release line, are
+`capacity.engine.sglang.releases` (re-exported here).
 
 Checked on 11 real start-up logs (tests/data/sglang_startup/, hand checks in docs/sglang.md): given a log's T0,
 A and F, the formula gives its token count within 0.12% (median 0.02%); predicted from the model card and the GPU
