@@ -170,3 +170,25 @@ def test_ep_size_on_the_command_line():
     bad = run_cli(*args, "--ep-size", "3")
     assert bad.returncode == 1 and "ep_size: 3 must divide tensor_parallel_size 4" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and "Traceback" not in bad.stderr
+
+
+def test_mem_fraction_static_setting():
+    """SglangConfig.mem_fraction_static is SGLang's --mem-fraction-static: rest = A - T0 (1 - F). Llama-3.1-8B on
+    the catalogue H100 at 0.4.6: T0 = total - 0.5 GiB (the context's middle), A = T0 - (8,030,261,248 x 2 B + the
+    float32 rope cache 131,072 x 128 x 4 B), cell 131,072 B; F 0.8 given, so no default rule. The launch command
+    spells it once; out of (0, 1) it is refused naming the field."""
+    from capacity.engine import get_engine
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+
+    c, gpu = card("models/llama-3.1-8b.yaml"), get_gpu("h100-sxm")
+    cfg = validate(EngineConfig, {"engine": "sglang@0.4.6", "mem_fraction_static": 0.8}, "engine")
+    em = get_engine("sglang@0.4.6")
+    b = em.budget(c, gpu, cfg)
+    t0 = gpu.usable_memory_bytes - 0.5 * 2**30
+    a = t0 - (8_030_261_248 * 2 + 131_072 * 128 * 4)
+    assert b.kv_tokens == int((a - t0 * 0.2) // 131_072)
+    assert "mem_fraction_static" not in b.defaults_used
+    assert em.launch_command(c, cfg, b).count("--mem-fraction-static") == 1
+    with pytest.raises(ConfigError, match="mem_fraction_static"):
+        validate(EngineConfig, {"engine": "sglang", "mem_fraction_static": 1.0}, "engine")

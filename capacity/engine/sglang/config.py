@@ -26,6 +26,10 @@ class SglangConfig(DataParallelConfig):
         flag="--enable-dp-attention", set_to=True, help="SGLang DP attention over --dp ranks inside the --tp GPUs "
         "(--engine sglang)", commands=("memory",), sglang="--enable-dp-attention")
 
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = setting(
+        None, description="SGLang's --mem-fraction-static F: weights + KV pool as a share of the free memory at "
+        "start-up (T0). None: the release's default rule (capacity/engine/sglang/releases.py). In an engine "
+        "block; `capacity memory --engine sglang` takes it as --mem-fraction-static.", sglang="--mem-fraction-static")
     ep_size: Annotated[int, Field(gt=0, le=1024)] = setting(
         1, description="SGLang's --ep-size (0.5.x; 0.4.1-0.5.2's --enable-ep-moe sets it to tensor_parallel_size): "
         "MoE experts split whole over ep_size ranks of the tensor_parallel_size GPUs (each expert's intermediate "
@@ -54,6 +58,11 @@ class SglangConfig(DataParallelConfig):
         return self
 
 
+def mem_fraction(cfg: EngineConfig) -> float | None:
+    """SGLang's --mem-fraction-static when the configuration sets it (None: the release's default)."""
+    return cfg.mem_fraction_static if isinstance(cfg, SglangConfig) else None
+
+
 def ep_size(cfg: EngineConfig) -> int:
     """SGLang's --ep-size (sglang/ep.py), 1 when off (or not SGLang's configuration)."""
     return cfg.ep_size if isinstance(cfg, SglangConfig) else 1
@@ -64,4 +73,4 @@ def dp_attention(cfg: EngineConfig) -> int:
     return cfg.data_parallel_size if isinstance(cfg, SglangConfig) and cfg.enable_dp_attention else 1
 
 
-__all__ = ["SglangConfig", "dp_attention", "ep_size"]
+__all__ = ["SglangConfig", "dp_attention", "ep_size", "mem_fraction"]

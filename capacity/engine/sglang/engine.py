@@ -9,7 +9,7 @@ flags: max_model_len = --context-length, max_num_seqs = --max-running-requests (
 pool), max_num_batched_tokens = --chunked-prefill-size (--max-prefill-tokens with chunking off), block_size =
 --page-size (default 1), num_gpu_blocks_override x page = --max-total-tokens (SGLang takes the smaller of it
 and the profiled pool), memory_params.cuda_context_bytes = everything taken before T0 (SGLang's free memory at
-start-up). F (--mem-fraction-static) is always the release's default (EngineConfig has no field for it): a
+start-up). F (--mem-fraction-static) is SglangConfig's mem_fraction_static, else the release's default: a
 gpu_memory_utilization other than 0.9 is refused, as are the other vLLM-only knobs. Scheduling follows v0.5.5
 for every release (older ones differ in details: 0.4.3 retracts until the kept requests have 20 decode steps of
 room).
@@ -30,6 +30,7 @@ from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngi
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.config import ep_size as sglang_ep_size
+from capacity.engine.sglang.config import mem_fraction
 from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
 from capacity.engine.sglang.memory import (
     CURRENT,
@@ -203,6 +204,7 @@ class Sglang(SglangMemory):
                            max_total_tokens=override * page if override is not None else None,
                            max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
                            dp_attention=self.dp_attention(cfg), ep_size=sglang_ep_size(cfg),
+                           mem_fraction_static=mem_fraction(cfg),
                            speculative=SPEC_ALGORITHM[cfg.speculative.method] if cfg.speculative else None)
         if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
             mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))
