@@ -35,8 +35,8 @@ def card(path: str):
 def test_tp8_fraction_of_the_0_3_lines():
     """server_args.py `__post_init__`: 0.83 at TP 8 in 0.3.0-0.3.5 (read in 0.3.0, 0.3.1, 0.3.2, 0.3.4, 0.3.5), 0.82
     in 0.3.6 and 0.3.6.post3, 0.81 from 0.4.0; the rest of the table (0.88, 0.87, 0.85, 0.79) is unchanged."""
-    assert [parse_release(f"sglang@{v}") for v in ("0.3.1", "0.3.5", "0.3.6.post3", "0.4.1")] == \
-        ["0.3.0", "0.3.2", "0.3.6", "0.4.0"]
+    assert [parse_release(f"sglang@{v}") for v in ("0.3.0", "0.3.1", "0.3.5", "0.3.6.post3", "0.4.1")] == \
+        ["0.3.0", "0.3.1", "0.3.2", "0.3.6", "0.4.0"]
     assert default_mem_fraction_static(H100, 8, "0.3.0") == 0.83
     assert default_mem_fraction_static(H100, 8, "0.3.6") == 0.82
     assert default_mem_fraction_static(H100, 8, "0.4.0") == 0.81
@@ -192,3 +192,16 @@ def test_mem_fraction_static_setting():
     assert em.launch_command(c, cfg, b).count("--mem-fraction-static") == 1
     with pytest.raises(ConfigError, match="mem_fraction_static"):
         validate(EngineConfig, {"engine": "sglang", "mem_fraction_static": 1.0}, "engine")
+
+
+def test_request_table_cap_of_0_3_0():
+    """model_runner.py init_memory_pool: max_num_reqs = min(max(int(tokens / context_len x 512), 2048), cap), cap
+    5120 in 0.3.0 and 4096 from 0.3.1 (read in 0.3.1, 0.3.2, 0.3.4-0.3.6). The request table: ReqToTokenPool(
+    max_num_reqs) in 0.3.0-0.3.1, max_num_reqs + 1 rows from 0.3.2; max_running_requests = min(tokens // 2,
+    req_to_token_pool.size - 1) in 0.3.0 (tp_worker.py), min(.., size) in 0.3.1-0.4.8. MI300X log: 1,256,440 tokens
+    at context 8,192: int(1,256,440 / 8,192 x 512) = 78,527, capped."""
+    from capacity.engine.sglang.memory import max_running_requests
+
+    assert max_running_requests(1_256_440, 8192, release="0.3.0") == 5120 - 1
+    assert max_running_requests(1_256_440, 8192, release="0.3.1") == 4096
+    assert max_running_requests(1_256_440, 8192, release="0.3.2") == 4096 + 1

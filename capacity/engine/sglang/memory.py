@@ -101,8 +101,12 @@ def pool_tokens(t0_gib: float, avail_gib: float, mem_fraction: float, cell_bytes
 
 def max_running_requests(tokens: int, context_len: int, flag: int | None = None, release: str = CURRENT) -> int:
     """Requests SGLang runs at once: the request-to-token table's size (max(tokens / context x 512, 2048), at
-    most 4096; one more slot before 0.4.9), capped by half the pool's tokens unless the flag sets it."""
-    reqs = min(max(int(tokens / context_len * 512), 2048), 4096) + (1 if _line(release) < (0, 4, 9, 0) else 0)
+    most 4096, 5120 in 0.3.0; one slot more in 0.3.2-0.4.8, one less in 0.3.0), capped by half the pool's tokens
+    unless the flag sets it (model_runner.py init_memory_pool: ReqToTokenPool(max_num_reqs), + 1 row from 0.3.2;
+    tp_worker.py / scheduler.py: min(..., req_to_token_pool.size), size - 1 in 0.3.0)."""
+    line = _line(release)
+    cap, extra = (5120, -1) if line < (0, 3, 1, 0) else (4096, 0 if line < (0, 3, 2, 0) or line >= (0, 4, 9, 0) else 1)
+    reqs = min(max(int(tokens / context_len * 512), 2048), cap) + extra
     return min(flag if flag is not None else tokens // 2, reqs)
 
 

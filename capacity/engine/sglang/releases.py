@@ -21,7 +21,7 @@ from capacity.model.card import ModelCard
 from capacity.model.families.registry import traits
 from capacity.units import DTYPE_BYTES
 
-RELEASES = ("0.3.0", "0.3.2", "0.3.6", "0.4.0", "0.4.2", "0.4.3", "0.4.4.post1", "0.4.5", "0.4.5.post3", "0.4.6",
+RELEASES = ("0.3.0", "0.3.1", "0.3.2", "0.3.6", "0.4.0", "0.4.2", "0.4.3", "0.4.4.post1", "0.4.5", "0.4.5.post3", "0.4.6",
             "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9", "0.4.9.post3", "0.5.2", "0.5.3", "0.5.5", "0.5.8", "0.5.10",
             "0.5.15", "0.5.18", "0.5.20")  # 0.4.4.post1, 0.5.8: sglang/dpattn.py, swa.py
 NEWEST_READ = "0.5.23"
