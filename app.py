@@ -208,6 +208,20 @@ def sidebar():
     out = sb.number_input("output tokens (mean)", 1, 32768, 256, 16)
     lengths = sb.selectbox("length distribution", ["fixed", "lognormal"])
     requests = sb.select_slider("requests simulated", [300, 1000, 2000, 5000], value=1000)
+    images = None
+    if card.get("vision"):  # a vision-language card: the images its requests carry (docs/vision_datasets.md)
+        from capacity.vision_datasets import NAMES
+
+        shown = sb.selectbox("images per request", ["none", "one image", *NAMES],
+                             help="none: text only; one image of the size below in every request; or a benchmark "
+                             "dataset's images (real-image datasets: the end of their size bracket that gives "
+                             "this model more image tokens)")
+        if shown == "one image":
+            size = sb.selectbox("image size (WxH)", ["640x480", "1024x768", "1280x720", "1920x1080", "3840x2160"],
+                                index=1)
+            images = {"sizes": [size]}
+        elif shown != "none":
+            images = {"dataset": shown}
     ttft = sb.number_input("SLO P99 TTFT (ms)", 10, 60000, 1500, 50)
     tpot = sb.number_input("SLO P99 TPOT (ms)", 1, 1000, 50, 1)
     sb.header("Step costs and price")
@@ -231,7 +245,8 @@ def sidebar():
 
     workload = {"arrivals": {"kind": arrival, "rate_per_s": rate, "cv": cv}, "input_len": dist(inp),
                 "output_len": dist(out), "num_requests": requests,
-                "classes": [{"slo_ttft_s": ttft / 1e3, "slo_tpot_s": tpot / 1e3}]}
+                "classes": [{"slo_ttft_s": ttft / 1e3, "slo_tpot_s": tpot / 1e3}],
+                **({"images": images} if images else {})}
     return card, gpu, engine, workload, {"ttft_s": ttft / 1e3, "tpot_s": tpot / 1e3}, \
         (None if source == "roofline" else str(ROOT / "calibrate/profiles" / f"{source}.json")), price
 

@@ -17,6 +17,7 @@ the flags the log shows), or why the case cannot be scored (`skip`). The predict
 
     python bench/memory_unseen.py                  # development group: table + bench/results/memory_unseen-dev.json
     python bench/memory_unseen.py --group heldout  # once, at the end
+    python bench/memory_unseen.py --set v4         # round 4 (tests/data/startup_v4), development group
 """
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
 V3 = DATA / "startup_v3"
+SETS = {"v3": V3, "v4": DATA / "startup_v4"}  # --set: which round of logs (v4: tests/data/startup_v4, 2026-12-07)
 GiB = 1024**3
 
 
@@ -42,11 +44,11 @@ def _records(path: Path) -> list[dict[str, Any]]:
     return list(d)
 
 
-def load_cases(group: str) -> list[dict[str, Any]]:
+def load_cases(group: str, folder: Path = V3) -> list[dict[str, Any]]:
     """Every log of a group with its engine kind and its inputs (None where inputs.yaml has none)."""
-    inputs = (yaml.safe_load((V3 / "inputs.yaml").read_text()) or {}).get("cases") or {}
+    inputs = (yaml.safe_load((folder / "inputs.yaml").read_text()) or {}).get("cases") or {}
     out = []
-    for f in sorted(V3.glob(f"*_{group}.yaml")):
+    for f in sorted(folder.glob(f"*_{group}.yaml")):
         kind = f.name.split("_")[0]
         for rec in _records(f):
             out.append({"id": rec["id"], "kind": kind, "file": f.name, "log": rec, "inputs": inputs.get(rec["id"])})
@@ -199,14 +201,19 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str]) -> int:
+def parse(argv: list[str]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", choices=("dev", "heldout"), default="dev")
+    ap.add_argument("--set", choices=sorted(SETS), default="v3", help="which round of logs (default v3)")
     ap.add_argument("--json", action="store_true")
-    a = ap.parse_args(argv)
-    rows = [score(c) for c in load_cases(a.group)]
-    result = {"group": a.group, "host": platform.node() or "?", "summary": summary(rows), "cases": rows}
-    out = ROOT / "bench" / "results" / f"memory_unseen-{a.group}.json"
+    return ap.parse_args(argv)
+
+
+def main(argv: list[str]) -> int:
+    a = parse(argv)
+    rows = [score(c) for c in load_cases(a.group, SETS[a.set])]
+    result = {"set": a.set, "group": a.group, "host": platform.node() or "?", "summary": summary(rows), "cases": rows}
+    out = ROOT / "bench" / "results" / (f"memory_unseen-{a.group}.json" if a.set == "v3" else f"memory_unseen-{a.set}-{a.group}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     if a.json:

@@ -106,6 +106,8 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
         a += ["--weight-dtype", str(run["weight_dtype"])]
     if run.get("kv_dtype"):  # the server's --kv-cache-dtype, where the source states one
         a += ["--kv-dtype", str(run["kv_dtype"])]
+    if run.get("image_dataset"):  # a VLM run on a benchmark dataset's images (capacity/vision_datasets.py)
+        a += ["--image-dataset", str(run["image_dataset"])]
     if int(run.get("dp") or 1) > 1:
         a += ["--replicas", str(run["dp"]), "--router", "least_outstanding"]
     rate, conc = run.get("request_rate"), run.get("max_concurrency")

@@ -11,7 +11,9 @@ keys a block holding image tokens by the image's hash, `_gen_mm_extra_hash_keys`
 so only an identical image hits). With `identical: true` every request's images are the same picture(s) (a
 benchmark resending one image): they extend the request's shared prefix (its prefix group's, or a group of their
 own), so the prefix cache shares their blocks, and the encoder cache (keyed by the same hash,
-`EncoderCacheManager.check_and_update_cache`) shares their encoder output.
+`EncoderCacheManager.check_and_update_cache`) shares their encoder output. `dataset` names a load generator's
+benchmark dataset instead (`capacity.vision_datasets`: VisionArena, vLLM random-mm, SGLang image, MMMU): its
+images per request and sizes fill the fields not given.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from pydantic import Field, PrivateAttr, field_validator, model_validator
 
 from capacity.draws import Lengths, Request, _Strict, fixed
 from capacity.errors import ConfigError
+from capacity.vision_datasets import alternatives, expand
 
 SIZE = re.compile(r"^\s*(\d{1,7})\s*[xX]\s*(\d{1,7})\s*$")
 MAX_SIDE = 1 << 16  # pixels (capacity.model.vision_tokens.MAX_SIDE)
@@ -53,7 +56,19 @@ class ImageRequests(_Strict):
     sizes: Annotated[list[str], Field(min_length=1, max_length=64)] = ["1024x768"]  # image resolutions, WxH pixels
     weights: list[Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = None  # relative weight of each size (none: equal)
     identical: bool = False  # every request's images are the same picture(s): shared by the prefix and encoder caches (needs a fixed per_request and one size)
+    dataset: str | None = None  # a benchmark dataset (visionarena, random-mm:base=2,ratio=0.5, sglang-image:count=2,resolution=720p...; docs/vision_datasets.md): fills the fields not given
     _shapes: list[ImageShape] | None = PrivateAttr(default=None)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _dataset(cls, data: object) -> object:
+        if isinstance(data, dict) and data.get("dataset") is not None:
+            given = {k: v for k, v in data.items() if v is not None}
+            preset = expand(data["dataset"])
+            if "sizes" in given:  # the dataset's weights go with its sizes
+                preset.pop("weights", None)
+            data = preset | given
+        return data
 
     @field_validator("sizes")
     @classmethod
@@ -82,7 +97,15 @@ class ImageRequests(_Strict):
 
     def bind(self, shape: Callable[[int, int], ImageShape]) -> ImageRequests:
         """A copy that knows what each size becomes for one model (`shape(w, h)`)."""
-        out = self.model_copy()
+        ends = alternatives(self.dataset)
+        if ends and self.sizes in ends and self.weights is None:  # a real-image dataset's bracket: the end with
+            # more image tokens for this model (the conservative one), then more encoder tokens
+            def load(sizes: list[str]) -> tuple[int, int]:
+                s = [shape(*parse_size(x)) for x in sizes]
+                return sum(t for t, _, _ in s), sum(q * n for _, q, n in s)
+            out = self.model_copy(update={"sizes": max(ends, key=load)})
+        else:
+            out = self.model_copy()
         out._shapes = [shape(*parse_size(s)) for s in self.sizes]
         return out
 
@@ -123,13 +146,20 @@ class ImageRequests(_Strict):
 
 
 def image_flags(per_request: str | None, sizes: str | None, share: float | None,
-                lengths: Callable[[str, str], Lengths]) -> dict | None:
-    """The `images:` mapping from the CLI's --images-per-request, --image-size and --image-share (None: none
-    given). --images-per-request: N, LOW-HIGH or lognormal:MEAN:CV; --image-size: WxH[,WxH...] or
-    WxH:WEIGHT[,...]. `lengths`: the CLI's length parser."""
-    if per_request is None and sizes is None and share is None:
+                lengths: Callable[[str, str], Lengths], dataset: str | None = None) -> dict | None:
+    """The `images:` mapping from the CLI's --images-per-request, --image-size, --image-share and --image-dataset
+    (None: none given). --images-per-request: N, LOW-HIGH or lognormal:MEAN:CV; --image-size: WxH[,WxH...] or
+    WxH:WEIGHT[,...]; --image-dataset: a benchmark dataset (capacity.vision_datasets), the other flags over it.
+    `lengths`: the CLI's length parser."""
+    if per_request is None and sizes is None and share is None and dataset is None:
         return None
     out: dict = {}
+    if dataset is not None:
+        try:
+            expand(dataset)
+        except ConfigError as exc:
+            raise ConfigError(str(exc).replace("images.dataset:", "--image-dataset", 1)) from None
+        out["dataset"] = dataset
     if per_request is not None:
         v = per_request.strip()
         if v.startswith("-") or v == "0":

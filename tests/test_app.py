@@ -334,3 +334,22 @@ def test_plan_tab_shows_the_plans_notes():
     assert not again.exception, [e.value for e in again.exception]
     assert [c.value for c in again.caption if c.value.startswith("plan note: ")] == \
         [c.value for c in at.caption if c.value.startswith("plan note: ")]
+
+
+@pytest.mark.slow  # three runs of the app: CI's slow group
+def test_a_vision_card_offers_images_and_they_reach_the_run():
+    """A vision-language card gets an 'images per request' control (a text-only card does not); a benchmark
+    dataset chosen there is the scenario's `images: {dataset: ...}`, and the numbers shown are the library's run
+    of that scenario: the encoder and the image tokens lengthen the TTFT the text-only run shows."""
+    at = AppTest.from_file(str(ROOT / "app.py"), default_timeout=300).run()
+    assert not [w for w in at.sidebar.selectbox if w.label == "images per request"]  # llama-3.1-8b: text only
+    widget(at, "selectbox", "Bundled model card").set_value("llama-3.2-11b-vision").run()
+    assert not at.exception, [e.value for e in at.exception]
+    text_only = shown_scenario(at)
+    assert "images" not in text_only["workload"]
+    widget(at, "selectbox", "images per request").set_value("visionarena").run()
+    assert not at.exception, [e.value for e in at.exception]
+    sc = shown_scenario(at)
+    assert sc["workload"]["images"]["dataset"] == "visionarena"
+    assert_shows_library(at)
+    assert library(sc)[1].summary.ttft_s.p50 > library(text_only)[1].summary.ttft_s.p50

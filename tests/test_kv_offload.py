@@ -129,7 +129,9 @@ def test_an_admission_that_fails_gives_its_host_hits_back():
     (["--kv-offload-gb", "0", "--prefix-caching"], "kv_offloading_size"),
     (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "sglang"],
      "kv_offloading_size 8.0: vLLM only (engine sglang does not have this setting)"),  # not an SglangConfig field
-    (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "vllm@0.11"], "modelled for vLLM's OffloadingConnector only"),
+    (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "vllm@0.11"],
+     "engine vllm@0.11 has no --kv-offloading-size (vLLM 0.14.0 added it"),  # its 0.11-0.13 form is --kv-transfer-config
+    (["--kv-offload-gb", "8", "--prefix-caching", "--engine", "vllm@0.13.0"], "has no --kv-offloading-size"),
     (["--host-link-gbps", "20"], "host_link_gbps: applies to KV offloading"),
     (["--kv-offload-gb", "0.001", "--prefix-caching"], "less than one KV block of host memory"),
 ])
@@ -137,3 +139,11 @@ def test_bad_input_is_one_line(args, said):
     r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "20", *args)
     assert r.returncode == 1 and said in r.stderr, r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_a_release_with_the_flag_is_accepted():
+    """vllm@X from 0.14 on (pull request 24498) takes the tier; before, the engine spec with a version was refused."""
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "--rate", "1", "-n", "20", "--engine", "vllm@0.14",
+                "--kv-offload-gb", "8", "--prefix-caching", timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "KV offload:" in r.stdout

@@ -161,3 +161,26 @@ def test_the_draft_takes_its_memory_from_the_kv_cache(card):
     assert d.kv_bytes_per_token == b.kv_bytes_per_token + kv == 33 * 4096 * 32 // 32  # 32 layers + the head's one
     bb, bb_new = b.block_bytes, b.block_bytes * 33 / 32
     assert d.planning_blocks == int((b.planning_blocks * bb - w) // bb_new)
+
+
+def test_the_planner_sizes_with_the_draft_as_its_simulations_do(card):
+    """The plan's frontier, full batch, memory section and SGLang --max-total-tokens read the planner's budget; the
+    simulations read capacity.pipeline.prepare's. With a draft both take its weights and KV from the pool (the
+    planner's budget once kept the draft's 1.5 GiB in the KV cache: 6% more tokens than the runs had)."""
+    from capacity.engine.config import EngineConfig
+    from capacity.model.gpus import get_gpu
+    from capacity.pipeline import Deployment, prepare
+    from capacity.plan.planner import Planner, Scenario
+
+    c = card("llama-3.1-8b")
+    s = Scenario.model_validate({"model": "llama-3.1-8b", "engine": {
+        "max_model_len": 8192, "speculative": {"method": "eagle3", "num_speculative_tokens": 3,
+                                               "acceptance_rate": 0.7}}})
+    p = Planner(s, c, None)
+    e = p.engine(1)
+    planned = p.budget(e)
+    ran = prepare(Deployment(c, get_gpu("h100-sxm"), e)).budget
+    assert planned.planning_blocks == ran.planning_blocks and planned.kv_tokens == ran.kv_tokens
+    plain = p.budget(EngineConfig(max_model_len=8192))
+    assert planned.kv_bytes_per_token == plain.kv_bytes_per_token + 4096  # the EAGLE-3 head's one layer, bf16
+    assert planned.planning_blocks < plain.planning_blocks

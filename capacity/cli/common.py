@@ -103,6 +103,7 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="Machine-readable output")
 ImagesOpt = Annotated[Optional[str], typer.Option("--images-per-request", help="Images in a request with images (docs/vision.md): N, LOW-HIGH or lognormal:MEAN:CV")]
 ImageSizeOpt = Annotated[Optional[str], typer.Option("--image-size", help="Image resolution WxH, or several WxH[:WEIGHT],... drawn by weight (default 1024x768)")]
 ImageShareOpt = Annotated[Optional[float], typer.Option("--image-share", help="Share of requests with images, in [0, 1] (default 1 when an image flag is given)")]
+ImageDatasetOpt = Annotated[Optional[str], typer.Option("--image-dataset", help="The images a benchmark dataset sends (docs/vision_datasets.md): visionarena[:small|large], mmmu, random-mm:base=N,ratio=R,limit=L,buckets={...}, sglang-image:count=N,resolution=720p")]
 OutputOpt = Annotated[Optional[str], typer.Option("--output", "-o", help="table (default), json, csv or md")]
 
 
@@ -193,9 +194,9 @@ def _lengths(flag: str, value: str):
 
 
 
-def image_section(per_request: str | None, sizes: str | None, share: float | None) -> dict:
-    """--images-per-request, --image-size and --image-share as a workload's `images:` ({}: none given)."""
-    img = image_flags(per_request, sizes, share, lambda f, v: _lengths(f, v).model_dump())
+def image_section(per_request: str | None, sizes: str | None, share: float | None, dataset: str | None = None) -> dict:
+    """--images-per-request, --image-size, --image-share and --image-dataset as a workload's `images:` ({}: none)."""
+    img = image_flags(per_request, sizes, share, lambda f, v: _lengths(f, v).model_dump(), dataset)
     return {"images": img} if img else {}
 
 

@@ -12,6 +12,7 @@ from capacity.cli.common import (
     DraftVocabOpt,
     GpuMemOpt,
     GroupOpt,
+    ImageDatasetOpt,
     ImageShareOpt,
     ImageSizeOpt,
     ImagesOpt,
@@ -91,7 +92,7 @@ def plan(
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
     images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
-    json_out: JsonOpt = False, output: OutputOpt = None,
+    image_dataset: ImageDatasetOpt = None, json_out: JsonOpt = False, output: OutputOpt = None,
     emit: Annotated[Optional[tuple[str, str]], typer.Option("--emit", metavar="TARGET DIR", help="Also write manifests "
                     "that deploy the plan; TARGET: k8s, kserve, production-stack or llm-d (docs/deploy.md)")] = None,
     emit_autoscale: Annotated[Optional[str], typer.Option("--emit-autoscale", help="--emit's autoscaler: concurrency "
@@ -121,7 +122,7 @@ def plan(
         wl["input_len"] = _lengths("--input-len", input_len).model_dump()
     if output_len:
         wl["output_len"] = _lengths("--output-len", output_len).model_dump()
-    wl |= image_section(images_per_request, image_size, image_share)
+    wl |= image_section(images_per_request, image_size, image_share, image_dataset)
     if wl:
         flags["workload"] = wl
     eng_flags = dict(settings)

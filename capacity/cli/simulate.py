@@ -13,6 +13,7 @@ from capacity.cli.common import (
     DraftVocabOpt,
     GpuMemOpt,
     GroupOpt,
+    ImageDatasetOpt,
     ImageShareOpt,
     ImageSizeOpt,
     ImagesOpt,
@@ -104,7 +105,7 @@ def simulate(
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
     images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
-    json_out: JsonOpt = False, output: OutputOpt = None,
+    image_dataset: ImageDatasetOpt = None, json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
     kind = output_kind(output, json_out)
@@ -158,8 +159,9 @@ def simulate(
                                        "input_len": _lengths("--input-len", input_len),
                                        "output_len": _lengths("--output-len", output_len), "num_requests": requests,
                                        "classes": [cls], "sessions": sess}, "--requests")
-    if (img := image_flags(images_per_request, image_size, image_share, _lengths)) is not None:
+    if (img := image_flags(images_per_request, image_size, image_share, _lengths, image_dataset)) is not None:
         base = spec.images.model_dump(exclude={"weights"} if "sizes" in img else set()) if spec.images else {}
+        base = {} if "dataset" in img else base  # --image-dataset replaces the file's `images:`
         img = base | img  # the flags over the file's `images:` (new sizes drop its weights)
         spec = spec.model_copy(update={"images": validate(ImageRequests, img, "images")})
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,

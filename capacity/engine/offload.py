@@ -19,6 +19,7 @@ from typing import Any
 
 from capacity.engine.budget import MemoryBudget, SchedulerFactory, kv_bytes_per_token
 from capacity.engine.vllm.config import VllmConfig
+from capacity.engine.vllm.release import Version, fmt, parse_engine, release
 from capacity.errors import ConfigError
 from capacity.sched.base import Scheduler
 from capacity.sched.offload import OffloadingKVCacheManager
@@ -26,6 +27,11 @@ from capacity.sched.offload import OffloadingKVCacheManager
 GEN5 = ("h100", "h200", "h20", "h800", "b200", "gb10", "rtx-5090", "rtx-5080", "rtx-pro-6000", "mi300x", "mi325x")
 GEN3 = ("v100", "t4")
 LINK_GBPS = {"gen5": 64.0, "gen4": 32.0, "gen3": 16.0, "gh200": 450.0}
+
+# The release whose CLI has --kv-offloading-size / --kv-offloading-backend (vllm-project/vllm pull request 24498;
+# the vLLM blog's "Inside vLLM's New KV Offloading Connector", 2026-01-08, expects it in 0.14.0; 0.11.0 brought the
+# OffloadingConnector itself, configured through --kv-transfer-config).
+KV_OFFLOADING_SIZE_SINCE: Version = (0, 14, 0)
 
 
 def host_link_gbps(gpu_name: str) -> tuple[float, str]:
@@ -86,9 +92,13 @@ def offloading(factory: SchedulerFactory, dep: Any, b: MemoryBudget) -> Schedule
             raise ConfigError("host_link_gbps: applies to KV offloading (kv_offloading_size / --kv-offload-gb)")
         return factory
     what = f"kv_offloading_size {e.kv_offloading_size:g}"
-    if e.engine != "vllm":
+    name, version, runner = parse_engine(e.engine)
+    if name != "vllm":
         raise ConfigError(f"{what}: modelled for vLLM's OffloadingConnector only (engine {e.engine}; SGLang's "
                           "HiCache sits on its radix cache, whose prefix reuse the simulation does not model)")
+    if release(version, runner).version < KV_OFFLOADING_SIZE_SINCE:
+        raise ConfigError(f"{what}: engine {e.engine} has no --kv-offloading-size (vLLM {fmt(KV_OFFLOADING_SIZE_SINCE)}"
+                          " added it; 0.11-0.13 set the OffloadingConnector through --kv-transfer-config)")
     if not e.enable_prefix_caching:
         raise ConfigError(f"{what}: needs the prefix cache on (--prefix-caching): the tier serves its lookups")
     if e.policy == "static" or b.kv_groups.as_tuple() is not None or e.speculative is not None:

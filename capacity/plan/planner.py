@@ -38,6 +38,7 @@ from capacity.engine.config import EngineConfig
 from capacity.engine.memory import batch_context_table, default_batches, default_contexts
 from capacity.engine.memory import budget as memory_budget
 from capacity.engine.sglang.engine import launch_command as sglang_command
+from capacity.engine.speculative import run_notes, with_draft
 from capacity.engine.vllm.config import VllmConfig
 from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.model.gpus import catalogue, get_gpu, with_memory
@@ -119,7 +120,12 @@ class Planner:
         raise first
 
     def budget(self, engine: EngineConfig):
-        return memory_budget(self.card, self.gpu, engine)
+        """The engine's budget as the simulations see it (capacity.pipeline.prepare): with speculative decoding,
+        the draft's weights and KV taken from the pool, so the frontier, full batch and tables agree with them."""
+        b = memory_budget(self.card, self.gpu, engine)
+        if engine.speculative is not None:
+            b = with_draft(b, self.card, engine.speculative, engine=get_engine(engine.engine).name)
+        return b
 
     def check_source(self, tp: int) -> str:
         """Build the step cost once for this TP: a profile that cannot serve it is refused here, in one line."""
@@ -321,6 +327,8 @@ class Planner:
         em = get_engine(rec_engine.engine)
         vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
+        if rec_engine.speculative is not None:  # what every figure above assumes (simulate prints the same)
+            self.notes += run_notes(rec_engine.speculative, rb.warnings)
         phase(self.ex, "trade-offs", len(tps) + 4, len(tps))
         trade = self.tradeoffs(frontier, rec)
         trade += self.sensitivity(rec_engine, per_replica)
