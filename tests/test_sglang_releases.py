@@ -205,3 +205,23 @@ def test_request_table_cap_of_0_3_0():
     assert max_running_requests(1_256_440, 8192, release="0.3.0") == 5120 - 1
     assert max_running_requests(1_256_440, 8192, release="0.3.1") == 4096
     assert max_running_requests(1_256_440, 8192, release="0.3.2") == 4096 + 1
+
+
+def test_draft_is_outside_the_pool_before_0_5_15():
+    """Up to 0.5.12 (read in 0.4.3-0.5.10) the EAGLE/STANDALONE draft worker is built after the target's pool is
+    sized (its weights and its own pool come out of T0 x (1 - F), which the default F's speculative reserve makes
+    room for); from 0.5.15 `_profile_available_bytes` counts 'Loaded weights (target + draft)'. So the draft leaves
+    the 0.5.5 pool alone and takes from the 0.5.20 one."""
+    from capacity.engine import get_engine, speculative
+    from capacity.engine.config import EngineConfig
+    from capacity.files import validate
+
+    c, gpu = card("models/llama-3.1-8b.yaml"), get_gpu("h100-sxm")
+    spec = {"method": "draft_model", "num_speculative_tokens": 3, "acceptance_rate": 0.7,
+            "draft_model": str(HF / "llama-3.2-1b.json")}
+    for rel, moved in (("sglang@0.5.5", False), ("sglang@0.5.20", True)):
+        cfg = validate(EngineConfig, {"engine": rel, "speculative": spec}, "engine")
+        b = get_engine(rel).budget(c, gpu, cfg)
+        out = speculative.with_draft(b, c, cfg.speculative, engine="sglang")
+        assert (out.planning_blocks < b.planning_blocks) is moved, rel
+        assert out.weights_bytes > b.weights_bytes if moved else any("reserve" in w for w in out.warnings)
