@@ -147,7 +147,7 @@ def test_summary_of_the_development_group():
     rows = [mu.score(c) for c in DEV.values()]
     s = mu.summary(rows)["all"]
     assert s["plan_over_by_more_than_5pct"] == []  # never promise KV the engine will not have
-    assert s["pass"] >= 16 and s["does_not_fit_predicted"] == "4/5"
+    assert s["pass"] >= 16 and s["does_not_fit_predicted"] == "5/6"  # trt5872 scored (EP, 2026-12-07)
 
 
 # The held-out group, scored once at the end of the session that collected it (2026-12-06) and pinned as it came

@@ -25,7 +25,9 @@ from tests.conftest import ROOT, run_cli
     # and `main` builds LlmArgs.from_kwargs(..., build_config=build_config, kv_cache_config=kv_cache_config,
     # backend=...) with no scheduler_config: no dynamic batch size tuning, no overlap scheduler
     ("trtllm@0.18", "tensorrt", 2048, 8192, 64, False, False),
-    ("trtllm@0.17:pytorch", "pytorch", 2048, 8192, 32, False, False),
+    # the PyTorch backend of 0.17-0.18 takes the build's PluginConfig.tokens_per_block (update_executor_config:
+    # `executor_config.tokens_per_block = build_config.plugin_config.tokens_per_block`): 64 before 0.19
+    ("trtllm@0.17:pytorch", "pytorch", 2048, 8192, 64, False, False),
     # 0.19.0rc0 / 0.20.0rc1 docs, commands/trtllm-serve.html: "trtllm-serve <model> [--backend pytorch --tp_size
     # <tp> ...]": the PyTorch backend only when asked for; 0.19 builds with paged context FMHA: 32-token blocks;
     # serve.py's get_llm_args: `dynamic_batch_config = DynamicBatchConfig(enable_batch_size_tuning=True, ...)`,
@@ -159,5 +161,6 @@ def test_engines_lists_the_trtllm_releases():
     r = run_cli("engines", "--json")
     assert r.returncode == 0, r.stderr
     trt = [row["engine"] for row in json.loads(r.stdout) if row["engine"].startswith("trtllm")]
-    assert trt == ["trtllm@0.13", "trtllm@0.17", "trtllm@0.18", "trtllm@0.19", "trtllm@0.20", "trtllm@1.0", "trtllm@1.1"]
-    np.testing.assert_equal(len(trt), 7)
+    assert trt == ["trtllm@0.13", "trtllm@0.17", "trtllm@0.18", "trtllm@0.19", "trtllm@0.20", "trtllm@0.21", "trtllm@1.0",
+                   "trtllm@1.1", "trtllm@1.2"]
+    np.testing.assert_equal(len(trt), 9)

@@ -219,12 +219,13 @@ def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig, engine
     return out
 
 
-def launch_flags(engine: str, spec: SpeculativeConfig | None) -> list[str]:
+def launch_flags(engine: str, spec: SpeculativeConfig | None, legacy: bool = False) -> list[str]:
     """The launch command's flags: vLLM's --speculative-config JSON (vllm/config/speculative.py: method, model,
     num_speculative_tokens); SGLang's --speculative-algorithm (EAGLE for eagle and the DeepSeek MTP/NextN head,
     EAGLE3, STANDALONE for a draft model) with --speculative-num-steps k, --speculative-eagle-topk 1 and
     --speculative-num-draft-tokens k + 1 (a chain, python/sglang/srt/server_args.py). The draft's path: draft_path,
-    else the draft model's card's hf_id; an EAGLE head without one is named DRAFT_PATH to fill in."""
+    else the draft model's card's hf_id; an EAGLE head without one is named DRAFT_PATH to fill in. `legacy`: vLLM
+    0.4.1-0.8.2's --speculative-model PATH --num-speculative-tokens k (capacity/engine/vllm/flags.py)."""
     if spec is None:
         return []
     import json
@@ -239,6 +240,8 @@ def launch_flags(engine: str, spec: SpeculativeConfig | None) -> list[str]:
         algo = {"eagle": "EAGLE", "mtp": "EAGLE", "eagle3": "EAGLE3", "draft_model": "STANDALONE"}[spec.method]
         out = [f"--speculative-algorithm {algo}"] + ([f"--speculative-draft-model-path {path}"] if path else [])
         return out + [f"--speculative-num-steps {k} --speculative-eagle-topk 1 --speculative-num-draft-tokens {k + 1}"]
+    if legacy and spec.method == "draft_model":  # flags.check refuses eagle/mtp before --speculative-config
+        return [f"--speculative-model {path} --num-speculative-tokens {k}"]
     cfg: dict = {"method": spec.method, "num_speculative_tokens": k}
     if path:
         cfg["model"] = path

@@ -5,7 +5,9 @@ engine's (vLLM's `max_loras`, `data_parallel_size` ...) are refused when the con
 `trtllm_backend` is under another engine."""
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field
 
 from capacity.engine.config import EngineConfig
 from capacity.engine.settings import setting
@@ -23,6 +25,14 @@ class TrtllmConfig(EngineConfig):
         "fixed at build, runtime and decoder buffers, then free_gpu_memory_fraction of what is free; "
         "capacity/engine/trtllm/cpp_memory.py). None: the release's default (trtllm@X.Y:pytorch|tensorrt names one).",
         flag="--trtllm-backend", help="TensorRT-LLM backend: pytorch or engine (default: the release's)")
+    moe_expert_parallel_size: Annotated[int, Field(gt=0, le=1024)] | None = setting(
+        None, description="TensorRT-LLM only: trtllm-serve --ep_size (LlmArgs.moe_expert_parallel_size): the MoE "
+        "experts split whole over this many of the tensor_parallel_size ranks, each expert's intermediate "
+        "dimension over the other tensor_parallel_size / ep (Mapping: moe_tp x moe_ep x moe_cluster = tp); "
+        "attention stays tensor parallel. None: 1 (Mapping's default, the experts TP-sharded). PyTorch backend "
+        "only; must divide tensor_parallel_size and the model's expert count (capacity/engine/trtllm/parallel.py)",
+        flag="--trtllm-ep-size", help="TensorRT-LLM expert parallelism (trtllm-serve --ep_size): experts whole over "
+        "this many of the --tp ranks", trtllm="--ep_size")
 
 
 def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:
@@ -30,4 +40,10 @@ def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:
     return cfg.trtllm_backend if isinstance(cfg, TrtllmConfig) else None
 
 
-__all__ = ["TrtllmConfig", "trtllm_backend"]
+def trtllm_ep_size(cfg: EngineConfig) -> int:
+    """The expert-parallel size `cfg` names (1: none, or a probe built as another engine's configuration)."""
+    ep = cfg.moe_expert_parallel_size if isinstance(cfg, TrtllmConfig) else None
+    return 1 if ep is None else ep
+
+
+__all__ = ["TrtllmConfig", "trtllm_backend", "trtllm_ep_size"]

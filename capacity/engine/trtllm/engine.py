@@ -50,8 +50,9 @@ from dataclasses import asdict, dataclass, field
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.trtllm import cpp_memory
+from capacity.engine.trtllm import cpp_memory, kv_estimate
 from capacity.engine.trtllm.config import trtllm_backend
+from capacity.engine.trtllm.parallel import moe_layout, weights_per_rank
 from capacity.engine.trtllm.release import DEFAULT_BACKEND, TrtllmRelease, parse_trtllm
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
 from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
@@ -59,7 +60,6 @@ from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GI
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import weight_bytes_per_rank
 from capacity.sched.continuous import ContinuousConfig, ContinuousScheduler
 from capacity.sched.trt_dynamic import TrtDynamicBatchScheduler
 from capacity.units import GiB, MiB
@@ -176,6 +176,7 @@ class Trtllm:
                               "modelled (use --engine vllm or sglang)")
         used: list[str] = []
         rel = self._rel(cfg)
+        moe_layout(card, cfg, tp, rel.engine_backend)  # refuses an expert-parallel size the ranks cannot hold
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
         if chunked is None:
@@ -203,7 +204,7 @@ class Trtllm:
     def peak(self, card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> TrtllmPeak:
         """The terms of the profile's peak on one rank (see the module docstring for what is estimated)."""
         cfg = eng.cfg
-        w = sum(weight_bytes_per_rank(card, eng.tp).values())
+        w = weights_per_rank(card, cfg, eng.tp)  # experts whole over ep ranks (parallel.py)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         weights = (w, w, w * (1.002 if plain else 1.01))
         # vLLM's derivation of a max_num_tokens forward (the dummy requests' prompts), its forward phases only
@@ -216,6 +217,8 @@ class Trtllm:
         lo_f, hi_f = ACTIVATION_SPREAD
         act = ((cfg.activation_bytes,) * 3 if cfg.activation_bytes is not None
                else (fwd, fwd * lo_f, fwd * hi_f + ACTIVATION_EXTRA_HIGH_GIB * GiB))
+        if self._rel(cfg).kv_profile == "forward" and cfg.activation_bytes is None:  # 0.17: one copy read device
+            act = (act[0], act[1], act[2] + fwd * hi_f)  # use before empty_cache, counting torch's cached blocks twice
         c_mid, c_lo, c_hi = (x * GiB for x in CONTEXT_GIB)
         if cfg.memory_params.cuda_context_bytes != MemoryModelParams().cuda_context_bytes:
             c_mid = c_lo = c_hi = cfg.memory_params.cuda_context_bytes
@@ -227,16 +230,19 @@ class Trtllm:
         context = (c_mid, c_lo, c_hi)
         if cfg.non_torch_bytes is not None:
             context = (cfg.non_torch_bytes,) * 3
+        graphs_lo, graphs_hi = self._rel(cfg).cuda_graphs_default  # the release's default: off, on or either
         if cfg.enforce_eager:
             graphs = (0.0, 0.0, 0.0)
-        elif cfg.cuda_graph_bytes is not None:
+        elif cfg.cuda_graph_bytes is not None:  # given: graphs captured (use_cuda_graph / cuda_graph_config set)
             graphs = (cfg.cuda_graph_bytes,) * 3
+        elif not graphs_hi:
+            graphs = (0.0, 0.0, 0.0)
         else:  # whole-model graphs: one piece per layer and size, as vLLM's V0 graphs cost; the largest's activations
             sizes = [s for s in CUDA_GRAPH_SIZES if s <= min(128, eng.max_num_seqs)]
             segs = len(sizes) * (card.num_layers + 1)
             act_g = max(sizes) * fwd / eng.max_num_batched_tokens
             g_mid, g_lo, g_hi = (act_g + segs * x * MiB for x in GRAPH_SEGMENT_MIB)
-            graphs = (g_mid, g_lo, g_hi)
+            graphs = (g_mid, g_lo if graphs_lo else 0.0, g_hi)
         return TrtllmPeak(weights, act, context, graphs)
 
     def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
@@ -294,6 +300,11 @@ class Trtllm:
                    f"{gpu.name}'s {total / GiB:.1f} GiB at tp={eng.tp}; raise tp")
         elif blocks == 0:
             why = f"no KV blocks: 0.9 x the {(total - pk.total(0)) / GiB:.2f} GiB free after the profile at tp={eng.tp}"
+        elif kv_estimate.pool_request_fails(rel.version, kv_mid, free := total - pk.total(0) + pk.activation[0],
+                                            f := kv_estimate.inflation(card, eng.kv_dtype, eng.tp, bpt)):
+            why = (f"TensorRT-LLM {rel.version} sizes the pool from max_tokens counted at {card.num_kv_heads} KV heads / "
+                   f"tp {eng.tp} of a head per rank, the pool keeps a whole head: {kv_mid * f / GiB:.1f} GiB asked of "
+                   f"{free / GiB:.1f} free ('could not be created: KV cache'); tp <= {card.num_kv_heads} or 1.1+")
         b.fits, b.reason = why is None, why or ""
         if check_fit and why:
             raise DoesNotFit(why)

@@ -16,16 +16,22 @@ from typing import Literal
 from capacity.errors import ConfigError
 
 Backend = Literal["pytorch", "tensorrt"]
+KvProfile = Literal["forward", "executor", "creator"]
 
 # Release lines modelled, oldest first, with the backend `trtllm-serve` runs when `--backend` is not given:
 # 0.17-0.20: `--backend` is click.Choice(["pytorch"]), default None, "Set to 'pytorch' for pytorch path. Default is
 #   cpp path." (tensorrt_llm/commands/serve.py; the 0.18.2 docs page commands/trtllm-serve.html prints it) -> the
 #   TensorRT engine backend; the PyTorch backend exists from 0.17 ("available in version 0.17 and later", torch.md).
-# 1.0, 1.1: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch".
+# 0.21: the engine backend still: PyTorch became the LLM API's default in NVIDIA/TensorRT-LLM PR 5312 ("promote
+#   PyTorch to be the default LLM backend", 2025-06-18), landed on main after "we have already branch out 0.21
+#   branch" (its review); issue 8223: "v0.21.0 ... Backend: TRT Engine (default)", 1.0.0 "PyTorch (default)".
+# 1.0, 1.1, 1.2: `--backend` is Choice(["pytorch", "tensorrt", ...]), default "pytorch" (serve.py `get_llm_args(...,
+#   backend: str = "pytorch", ...)` at commit 00209af, a 1.2-era main with the gRPC server).
 # 0.13: the engine backend only (an engine from trtllm-build, served by the C++ executor: Triton's tensorrtllm
 #   backend or the executor API; no PyTorch backend, no trtllm-serve), with trtllm-build's defaults.
 DEFAULT_BACKEND: dict[str, Backend] = {"0.13": "tensorrt", "0.17": "tensorrt", "0.18": "tensorrt", "0.19": "tensorrt",
-                                       "0.20": "tensorrt", "1.0": "pytorch", "1.1": "pytorch"}
+                                       "0.20": "tensorrt", "0.21": "tensorrt", "1.0": "pytorch", "1.1": "pytorch",
+                                       "1.2": "pytorch"}
 CURRENT = "1.1"
 # BuildConfig.max_batch_size / max_num_tokens: trtllm-serve's `--max_batch_size` / `--max_num_tokens` defaults are
 # BuildConfig's (`default=BuildConfig.max_batch_size`, later `BuildConfig.model_fields["max_batch_size"].default`),
@@ -62,11 +68,12 @@ class TrtllmRelease:
 
     @property
     def tokens_per_block(self) -> int:
-        """KvCacheConfig/engine tokens_per_block: 32 in the PyTorch backend; the engine backend's build default is
-        64 through 0.18 and 32 from 0.19 (paged context FMHA; docs/trtllm.md, the TensorRT engine backend)."""
-        if self.engine_backend and self.version in ("0.13", "0.17", "0.18"):
-            return 64
-        return 32
+        """PluginConfig.tokens_per_block, the engine build's default: 64 through 0.18 and 32 from 0.19 (paged
+        context FMHA; docs/trtllm.md, the TensorRT engine backend). The PyTorch backend of 0.17-0.18 takes the same
+        (`_torch/pyexecutor/config.py` `update_executor_config`: `executor_config.tokens_per_block =
+        build_config.plugin_config.tokens_per_block`, the PyTorchConfig copies with `enable_overlap_scheduler:
+        bool = False`); 1.x's KvCacheConfig.tokens_per_block is 32."""
+        return 64 if self.version in ("0.13", "0.17", "0.18") else 32
 
     @property
     def _early(self) -> bool:
@@ -84,6 +91,38 @@ class TrtllmRelease:
             raise ConfigError(f"trtllm_backend {setting}: TensorRT-LLM {self.version} has only the engine backend "
                               "(the PyTorch backend is from 0.17)")
         return TrtllmRelease(self.version, backend)
+
+    @property
+    def kv_profile(self) -> KvProfile:
+        """How the PyTorch backend measures the peak its KV pool is sized from (`_torch/pyexecutor/_util.py`;
+        docs/trtllm.md, "The PyTorch backend's KV estimate by release"):
+
+        - "forward" (0.17): `estimate_max_kv_cache_tokens(model_engine, executor_config, mapping)` runs one
+          `model_engine.forward` of dummy context requests of max_num_tokens in all, with no KV manager at all;
+          peak = torch's peak allocated + (device used - torch allocated); tokens = int((total - peak) x fraction
+          // bytes per token). CUDA graphs (PyTorchConfig.use_cuda_graph, off by default) are not captured yet.
+        - "executor" (0.18-0.21): `estimate_max_kv_cache_tokens(py_executor, ...)` (earlier
+          `..._maybe_update_executor`) enqueues the dummy requests into a started PyExecutor whose temporary KV
+          pool holds `get_token_num_for_estimation` = max(max_batch_size, max_num_tokens, max_seq_len) tokens
+          (later + ceil(max_num_tokens / max_seq_len) x tokens_per_block, capped at 0.9 of what is free);
+          `cal_max_tokens` adds that pool back: (total - peak + pool) x fraction (the first copy adds back its
+          unused blocks only: (max_num_blocks - used_num_blocks) x tokens_per_block, the used ones freed when the
+          dummy requests finish).
+        - "creator" (1.0+): `KvCacheCreator.estimate_max_tokens` / `_cal_max_memory`, the same formula with the
+          temporary pool's allocated bytes added back, after the warm-up that captures the CUDA graphs and runs
+          the autotuner."""
+        if self.version == "0.17":
+            return "forward"
+        return "creator" if self.version.startswith("1.") else "executor"
+
+    @property
+    def cuda_graphs_default(self) -> tuple[bool, bool]:
+        """Whether the PyTorch backend captures decode CUDA graphs with no options (low end, high end):
+        PyTorchConfig.use_cuda_graph / TorchLlmArgs.use_cuda_graph default False through 0.21; from 1.0
+        TorchLlmArgs.cuda_graph_config has default_factory=CudaGraphConfig (on): NVIDIA/TensorRT-LLM PR 5480
+        ("Enable cuda graph by default", opened 2025-06-25, after the 0.21 branch). A pair, so that a release
+        read less surely can say (False, True): a range."""
+        return (True, True) if self.version.startswith("1.") else (False, False)
 
     @property
     def dynamic_batch_tuning(self) -> bool:

@@ -15,6 +15,13 @@ from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_mod
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.config import vllm_config
+from capacity.engine.vllm.flags import (
+    check,
+    spelling_async,
+    spelling_legacy_speculative,
+    spelling_no_prefix_caching,
+    v1_env,
+)
 from capacity.engine.vllm.layout import hybrid_block_size
 from capacity.engine.vllm.memory import VllmMemory
 from capacity.engine.vllm.release import Release, parse_engine, release
@@ -45,6 +52,7 @@ class Vllm(VllmMemory):
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
         vc = vllm_config(cfg)  # vLLM's own settings
         rel = self.release
+        check(rel, vc)  # a setting this release has no flag for (capacity/engine/vllm/flags.py)
         tp = cfg.tensor_parallel_size
         check_tp(card, tp)
         used: list[str] = []
@@ -178,11 +186,12 @@ class Vllm(VllmMemory):
             parts.append(f("vllm", "enable_chunked_prefill", False))
         elif chunked and rel.runner == "v0":
             parts.append(f("vllm", "enable_chunked_prefill"))
-        parts.append(f("vllm", "enable_prefix_caching", self.prefix_caching(cfg)))
+        if self.prefix_caching(cfg) or spelling_no_prefix_caching(rel):  # off is the old releases' default
+            parts.append(f("vllm", "enable_prefix_caching", self.prefix_caching(cfg)))
         if vc.kv_offloading_size is not None:  # the native OffloadingConnector (capacity/engine/offload.py)
             parts.append(f"{f('vllm', 'kv_offloading_size')} {vc.kv_offloading_size:g} "
                          "--kv-offloading-backend native")
-        if cfg.async_scheduling is not None or rel.default_async_scheduling:  # the flag exists in the releases read
+        if (cfg.async_scheduling is not None or rel.default_async_scheduling) and spelling_async(rel):
             parts.append(f("vllm", "async_scheduling", self.async_scheduling(cfg)))
         if cfg.enforce_eager:
             parts.append(f("vllm", "enforce_eager"))
@@ -200,13 +209,12 @@ class Vllm(VllmMemory):
         if cfg.num_gpu_blocks_override is not None:
             parts.append(f"{f('vllm', 'num_gpu_blocks_override')} {cfg.num_gpu_blocks_override}")
 
-        parts += launch_flags("vllm", cfg.speculative) + declared_flags("vllm", cfg)
+        parts += launch_flags("vllm", cfg.speculative, spelling_legacy_speculative(rel)) + declared_flags("vllm", cfg)
         env = []
         graphs_in = vc.cuda_graphs_in_budget
         if graphs_in is not None and graphs_in != rel.cuda_graphs_in_budget_default:
             env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(graphs_in)}")
-        if rel.runner == "v0" and rel.version >= (0, 8, 0):
-            env.append("VLLM_USE_V1=0")
+        env += v1_env(rel)
         cmd = with_comment(ref, " ".join(env + parts))
         if cfg.usage_context == "llm":
             return "# offline: LLM(model=..., same keyword arguments); as a server:\n" + cmd
