@@ -158,8 +158,8 @@ class Sglang(SglangMemory):
         """Refuse, in one line, the shared knobs that have no SGLang meaning (rather than ignore them); vLLM's own
         (max_loras, pipeline/data/expert parallelism, paged_kv ...) are not SglangConfig fields at all."""
         if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
-            raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning (SGLang's "
-                              "--mem-fraction-static is the release's default here); size the KV pool with "
+            raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning; set SGLang's "
+                              "--mem-fraction-static as mem_fraction_static, or size the KV pool with "
                               "num_gpu_blocks_override (SGLang's --max-total-tokens, in pages)")
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
@@ -325,7 +325,8 @@ class Sglang(SglangMemory):
                  "speculative draft trees (top-k > 1), DP attention, priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
-                 "gpu_memory_utilization has no SGLang meaning: F is the release's default, spelled out in the command"]
+                 "gpu_memory_utilization has no SGLang meaning: F is mem_fraction_static or the release's default, "
+                 "spelled out in the command"]
         if cfg.enable_prefix_caching:
             notes.append("enable_prefix_caching: the command keeps SGLang's radix cache on, but the simulation shares "
                          "no prefix")
