@@ -33,6 +33,12 @@ class TrtllmConfig(EngineConfig):
         "only; must divide tensor_parallel_size and the model's expert count (capacity/engine/trtllm/parallel.py)",
         flag="--trtllm-ep-size", help="TensorRT-LLM expert parallelism (trtllm-serve --ep_size): experts whole over "
         "this many of the --tp ranks", trtllm="--ep_size")
+    trtllm_vswa: bool = setting(
+        False, description="TensorRT-LLM only: write kv_cache_config.max_attention_window with the model's windows "
+        "(sliding_window for its sliding layers, max_seq_len for the rest): a KV pool per window size (variable "
+        "sliding-window attention, VSWA) instead of one pool at full attention over every layer, TensorRT-LLM's "
+        "default. PyTorch backend 1.0-1.2 only (capacity/engine/trtllm/vswa.py)", flag="--trtllm-vswa", set_to=True,
+        help="TensorRT-LLM: a KV pool per attention window (kv_cache_config.max_attention_window)")
 
 
 def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:
@@ -46,4 +52,9 @@ def trtllm_ep_size(cfg: EngineConfig) -> int:
     return 1 if ep is None else ep
 
 
-__all__ = ["TrtllmConfig", "trtllm_backend", "trtllm_ep_size"]
+def trtllm_vswa(cfg: EngineConfig) -> bool:
+    """Whether `cfg` asks for a KV pool per attention window (False: none, or another engine's configuration)."""
+    return cfg.trtllm_vswa if isinstance(cfg, TrtllmConfig) else False
+
+
+__all__ = ["TrtllmConfig", "trtllm_backend", "trtllm_ep_size", "trtllm_vswa"]

@@ -50,8 +50,8 @@ from dataclasses import asdict, dataclass, field
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.trtllm import cpp_memory, kv_estimate
-from capacity.engine.trtllm.config import trtllm_backend
+from capacity.engine.trtllm import cpp_memory, kv_estimate, vswa
+from capacity.engine.trtllm.config import trtllm_backend, trtllm_vswa
 from capacity.engine.trtllm.parallel import moe_layout, weights_per_rank
 from capacity.engine.trtllm.release import DEFAULT_BACKEND, TrtllmRelease, parse_trtllm
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
@@ -168,14 +168,12 @@ class Trtllm:
         self._check(cfg)
         tp = cfg.tensor_parallel_size
         check_tp(card, tp)
-        if card.num_sliding_layers:
-            raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for sliding-window layers are not modelled "
-                              "(use --engine vllm)")
         if card.state is not None:
             raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for {card.state.kind} state layers are not "
                               "modelled (use --engine vllm or sglang)")
         used: list[str] = []
         rel = self._rel(cfg)
+        vswa.check(card, cfg, rel)  # sliding-window layers: one pool at full attention unless trtllm_vswa (vswa.py)
         moe_layout(card, cfg, tp, rel.engine_backend)  # refuses an expert-parallel size the ranks cannot hold
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
@@ -293,6 +291,7 @@ class Trtllm:
                     "kv_budget": [kv_lo, kv_hi]},
             num_blocks_range=[blocks_lo, blocks_hi], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
             block_bytes=block * bpt, chunked_prefill=eng.chunked_prefill)
+        vswa.apply(b, card, cfg, eng, rel, {"mid": kv_mid, "lo": kv_lo, "hi": kv_hi}, cap)
         why = None
         if pk.total(0) >= total:
             why = (f"weights {pk.weights[0] / GiB:.1f} GiB + activation {pk.activation[0] / GiB:.2f} + context "
@@ -363,8 +362,9 @@ class Trtllm:
         has no flag. The KV cache is
         pinned to the planned pool (kv_cache_config.max_tokens: TensorRT-LLM keeps the smaller of it and what it
         profiles), so the engine never holds more than was simulated."""
+        win = f", max_attention_window: {vswa.launch_vector(card, b.max_model_len)}" if trtllm_vswa(cfg) else ""
         extra = [f"kv_cache_config: {{max_tokens: {b.planning_tokens}, tokens_per_block: {b.block_size}, "
-                 f"enable_block_reuse: {str(cfg.enable_prefix_caching).lower()}"
+                 f"enable_block_reuse: {str(cfg.enable_prefix_caching).lower()}{win}"
                  + (", dtype: fp8" if cfg.kv_cache_dtype == "fp8" else "") + "}",
                  f"enable_chunked_prefill: {str(b.chunked_prefill).lower()}"]
         rel = self._rel(cfg)
