@@ -133,3 +133,11 @@ def test_a_single_window_is_not_vswa():
     assert vswa.windows(OSS, 128) == {128: 24}
     assert vswa.shares("weighted", {128: 24}) == {128: 1.0}
     assert math.isclose(sum(vswa.shares("weighted", {128: 12, 4096: 12}).values()), 1.0)
+
+
+def test_a_layer_pattern_that_does_not_repeat_is_refused_at_launch():
+    """19 sliding and 5 full layers of 24: no period p gives 24 // p = 5 full layers; the vector cannot be written."""
+    odd = OSS.model_copy(update={"num_sliding_layers": 19})
+    assert all(24 // p != 5 for p in range(2, 25))
+    with pytest.raises(ConfigError, match="not a repeating pattern"):
+        vswa.launch_vector(odd, 16384)
