@@ -73,3 +73,20 @@ def test_unknown_standard_decoder_loads_with_a_note():
 def test_unknown_type_with_other_layers_is_refused(extra, field):
     with pytest.raises(ConfigError, match=f"has field '{field}'"):
         from_hf_config({**LLAMA_1B, "model_type": "brand_new_decoder", **extra}, "new")
+
+
+def test_gemma_1_7b():
+    """Gemma 7B (`gemma`, families/gemma.py): vLLM gemma.py's layout, derived by hand from the config (MHA of 16
+    heads of 256, a gated GELU MLP, two RMSNorms a layer, the LM head the embedding)."""
+    from capacity.engine.budget import kv_bytes_per_token
+    from capacity.model.card import load_model_card
+    from capacity.model.weights import count_params, weight_bytes_per_rank
+
+    card = load_model_card(Path(__file__).parent / "data" / "families" / "gemma-7b.json")
+    h, L, nq, hd, inter, vocab = 3072, 28, 16, 256, 24576, 256000
+    layer = nq * hd * h * 3 + h * nq * hd + 3 * h * inter + 2 * h  # q, k, v (16 KV heads), o; gate/up/down
+    params = vocab * h + L * layer + h
+    assert params == 8_537_680_896 == count_params(card)  # Gemma 7B: "8.54B" on its model card
+    assert card.tie_word_embeddings and card.notes == []
+    assert sum(weight_bytes_per_rank(card, 1).values()) == params * 2 + 8192 * hd * 2
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nq * hd * L * 2 == 458_752

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from capacity.engine.budget import kv_bytes_per_token
 from capacity.errors import ConfigError
 from capacity.model.card import load_model_card
 from capacity.model.hf import from_hf_config
@@ -49,3 +50,44 @@ def test_a_topk_method_its_model_type_does_not_use_is_refused(name, topk):
     cfg = json.loads((HF / name).read_text())
     with pytest.raises(ConfigError, match=f"topk_method '{topk}'"):
         from_hf_config({**cfg, "topk_method": topk}, "x")
+
+
+FAMILIES = Path(__file__).parent / "data" / "families"
+
+
+def test_v32_indexer_weights_and_cache():
+    """DeepSeek-V3.2 (`deepseek_v32`): V3's layout plus the lightning indexer on every layer (vLLM deepseek_v2.py
+    `Indexer`, `DeepseekV32IndexerCache`), derived by hand from the config's index_* fields."""
+    card = load_model_card(FAMILIES / "deepseek-v3.2-exp.json")
+    h, L, ql, idx_heads, idx_dim = 7168, 61, 1536, 64, 128
+    wq_b, wk, k_norm, weights_proj = idx_heads * idx_dim * ql, idx_dim * h, 2 * idx_dim, idx_heads * h
+    indexer = L * (wq_b + wk + k_norm + weights_proj)
+    assert indexer == 851_524_864
+    assert count_params(card) == _v3_params() + indexer == 671_877_944_064  # V3's 671B + 0.85B of indexer
+    groups = weight_bytes_per_rank(card, 8)  # replicated: every rank holds the whole indexer
+    blocks = (idx_heads * idx_dim // 128) * (ql // 128) + 1 * (h // 128)  # fp32 scale per 128 x 128 block
+    assert groups["indexer_wq_b"] + groups["indexer_wk"] == L * (wq_b + wk + blocks * 4)  # fp8 + block scales
+    assert groups["indexer_weights_proj"] == L * weights_proj * 2  # quant_config=None: bf16
+    assert groups["indexer_k_norm"] == L * k_norm * 2
+    assert groups["router_score_bias"] == 58 * 256 * 4
+    # KV per token and layer: the MLA latent + rope key (512 + 64) in the KV dtype, and the indexer's 128 fp8 key
+    # bytes + one fp32 scale (132 B, uint8 whatever the KV dtype)
+    assert kv_bytes_per_token(card, "bf16", 1) == L * ((512 + 64) * 2 + 132) == 78_324
+    assert kv_bytes_per_token(card, "fp8", 8) == L * ((512 + 64) * 1 + 132) == 43_188  # the latent is not split
+
+
+@pytest.mark.parametrize("over, field", [({"index_head_dim": 64}, "index_head_dim 64"),
+                                         ({"index_n_heads": 32}, "index_n_heads 32"),
+                                         ({"index_topk": None}, "'index_topk' is missing"),
+                                         ({"topk_method": "greedy"}, "topk_method 'greedy'")])
+def test_v32_refuses_an_indexer_it_cannot_size(over, field):
+    cfg = json.loads((FAMILIES / "deepseek-v3.2-exp.json").read_text())
+    cfg.update(over)
+    with pytest.raises(ConfigError, match=field):
+        from_hf_config(cfg, "x")
+
+
+def test_v3_has_no_indexer_cache():
+    card = load_model_card(HF / "deepseek-v3.json")
+    assert kv_bytes_per_token(card, "bf16", 1) == 61 * (512 + 64) * 2
+    assert not any(name.startswith("indexer") for name in weight_bytes_per_rank(card, 1))

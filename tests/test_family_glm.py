@@ -49,6 +49,9 @@ def test_glm45v_params_are_the_checkpoints():
     groups = weight_bytes_per_rank(card, 1)
     assert groups["router"] == 45 * 128 * 4096 * FP32 and groups["router_score_bias"] == 45 * 128 * FP32
     assert sum(v for k, v in groups.items() if k != "rope_cache") == (bf16 + _vision()) * BF16 + fp32 * FP32
+    # vLLM get_rope(head_size 128, rotary_dim 128 x partial_rotary_factor 0.5, max_position 65536): the cos/sin
+    # cache is 65536 x 64 bf16 values, 8 MiB (docs/memory.md listed it as 8 MiB high when counted at head_dim)
+    assert groups["rope_cache"] == 65536 * 64 * BF16 == 8 * 2**20
 
 
 def test_glm45v_kv_and_moe():
@@ -84,3 +87,49 @@ def test_glm45v_refuses_what_it_cannot_size():
         from_hf_config({k: v for k, v in cfg.items() if k != "text_config"}, "x")
     with pytest.raises(ConfigError, match="vision_config.out_hidden_size"):
         from_hf_config({**cfg, "vision_config": {**cfg["vision_config"], "out_hidden_size": None}}, "x")
+
+
+def test_glm41v_9b_thinking():
+    """GLM-4.1V-9B-Thinking (`glm4v`): a GLM-4-9B-0414 language model (vLLM glm4.py) and GLM-4.5V's ViT."""
+    card = load_model_card(DATA / "glm-4.1v-9b-thinking.json")
+    assert card.architecture == "glm4v" and card.notes == []
+    h, L, nq, nkv, hd, inter, vocab = 4096, 40, 32, 2, 128, 13696, 151552
+    attn = nq * hd * h + 2 * nkv * hd * h + h * nq * hd + nq * hd + 2 * nkv * hd  # q/k/v biases, o without
+    layer = attn + 3 * h * inter + 4 * h  # merged gate_up and down; four RMSNorms
+    text = 2 * vocab * h + L * layer + h
+    assert text == 9_400_279_040
+    vh, out, ctx, p, depth, merge = 1536, 4096, 13696, 14, 24, 2
+    block = 2 * vh + 4 * vh * vh + 3 * vh * out
+    embed = 3 * 2 * p * p * vh + vh + (336 // p) ** 2 * vh + 2 * vh
+    projector = vh * out * merge * merge + out + out * out + 2 * out + 3 * out * ctx
+    vision = depth * block + embed + projector
+    assert vision == 892_498_432
+    assert count_params(card) == text + vision == 10_292_777_472  # the model card: "10B" (10.3B)
+    groups = weight_bytes_per_rank(card, 1)
+    assert groups["rope_cache"] == 65536 * (hd // 2) * BF16  # half-width rotary, max_position_embeddings 65536
+    assert sum(groups.values()) == (text + vision) * BF16 + 65536 * (hd // 2) * BF16
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 40_960
+    assert kv_bytes_per_token(card, "bf16", 4) == 2 * 1 * hd * L * BF16  # 2 KV heads replicated past tp 2
+
+
+def test_glm4_dense_text_only():
+    """GLM-4-9B-0414 (`glm4`): the same language model as a text-only config (GLM-4.1V's text fields)."""
+    cfg = json.loads((DATA / "glm-4.1v-9b-thinking.json").read_text())
+    cfg = {k: v for k, v in cfg.items() if k not in ("vision_config", "rope_scaling") and "token_id" not in k}
+    cfg.update(model_type="glm4", architectures=["Glm4ForCausalLM"])
+    card = from_hf_config(cfg, "glm4")
+    assert (card.norms_per_layer, card.attention_bias, card.vision) == (4, True, None)
+    assert count_params(card) == 9_400_279_040
+
+
+@pytest.mark.parametrize("mt", ["glm4", "glm4v", "glm4v_moe"])
+def test_glm_refuses_another_partial_rotary(mt):
+    name = "glm-4.5v.json" if mt == "glm4v_moe" else "glm-4.1v-9b-thinking.json"
+    cfg = json.loads((DATA / name).read_text())
+    cfg["model_type"] = mt
+    if "text_config" in cfg:
+        cfg["text_config"] = {**cfg["text_config"], "partial_rotary_factor": 1.0}
+    else:
+        cfg["partial_rotary_factor"] = 1.0
+    with pytest.raises(ConfigError, match="partial_rotary_factor 1.0"):
+        from_hf_config(cfg, "x")

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
+from capacity.model.families.registry import traits
 from capacity.model.gpus import GPU
 from capacity.model.weights import weight_bytes_per_rank
 from capacity.sched.base import Scheduler
@@ -20,7 +21,8 @@ def kv_bytes_per_token(card: ModelCard, kv_dtype: str, tp: int = 1) -> float:
     """KV-cache bytes one token takes on one TP rank, all layers: 2 x layers x kv_heads x head_dim x
     dtype bytes for GQA/MHA (kv_heads per rank, at least 1); layers x (latent + rope) x bytes for MLA.
     (Sliding-window layers hold only their window: see KVGroups.)"""
-    return card.num_kv_layers * card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype]
+    side = traits(card.architecture).side_cache_bytes  # DeepSeek-V3.2's indexer keys, beside the KV cache
+    return card.num_kv_layers * (card.kv_elements_per_token_per_layer(tp) * DTYPE_BYTES[kv_dtype] + side)
 
 
 @dataclass(frozen=True)

@@ -271,9 +271,10 @@ def weight_bytes_per_rank(card: ModelCard, tp: int = 1, layout: ExpertLayout | N
         out[t.name] = b
     # vLLM's rotary embedding keeps a cos/sin cache of max_position_embeddings x rotary_dim in the compute
     # dtype, allocated while loading and so reported inside "model weights take ..." (32 MiB for Llama-3.1).
-    rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else card.head_dim_
+    fam = family(card.architecture)  # a partial rotary (GLM: half of head_dim) caches only the rotated width
+    partial = fam.partial_rotary if fam is not None else 1.0
+    rotary_dim = card.mla.qk_rope_head_dim if card.mla is not None else int(card.head_dim_ * partial)
     positions = sum(card.rope_caches) if card.rope_caches else card.max_position_embeddings
-    fam = family(card.architecture)
     out["rope_cache"] = positions * rotary_dim * DTYPE_BYTES[cdt] if fam is None or fam.rotary else 0.0
     return out
 

@@ -6,14 +6,27 @@ config's topk_method is "noaux_tc" (DeepSeek-V3, R1, Kimi-K2: transformers' Deep
 defaults to "greedy"), `gate.e_score_correction_bias`, a plain `nn.Parameter(torch.empty(n_routed_experts,
 dtype=torch.float32))`: not sharded, so every TP rank holds all of it. The card has no topk_method, so the bias
 follows the architecture (a YAML card naming deepseek_v3 gets it too) and a config whose topk_method disagrees with
-its model type's is refused in one line."""
+its model type's is refused in one line.
+
+DeepSeek-V3.2 (`deepseek_v32`, DeepSeek-V3.2-Exp and V3.2): V3's layout plus, on every layer, the DSA lightning
+indexer (vLLM deepseek_v2.py `Indexer`, built where the config has index_topk): `wq_b` (ReplicatedLinear
+q_lora_rank -> index_n_heads x index_head_dim, quantised with the model), `wk` (ReplicatedLinear hidden ->
+index_head_dim, quantised), `k_norm` (a LayerNorm of index_head_dim: weight and bias) and `weights_proj`
+(ReplicatedLinear hidden -> index_n_heads, quant_config=None: the compute dtype), all replicated on every rank. Its
+key cache (`DeepseekV32IndexerCache.get_kv_cache_spec`: an MLAAttentionSpec of one uint8 head of
+index_head_dim + index_head_dim // quant_block_size x 4, quant_block_size 128: fp8 keys and an fp32 scale per 128)
+is 132 bytes per token and layer beside the MLA cache whatever the KV dtype: the family's `side_cache_bytes`,
+which capacity.engine.budget.kv_bytes_per_token adds. The indexer's sizes are the published ones (index_head_dim
+128, index_n_heads 64); a config with others is refused, naming the field."""
 from __future__ import annotations
 
 from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.weights import TensorGroup
 
-_TOPK = {"deepseek_v3": "noaux_tc", "deepseek_v2": "greedy"}  # transformers' config-class defaults
+_TOPK = {"deepseek_v3": "noaux_tc", "deepseek_v32": "noaux_tc", "deepseek_v2": "greedy"}  # config-class defaults
+INDEX_HEAD_DIM, INDEX_HEADS, INDEX_QUANT_BLOCK = 128, 64, 128  # DeepSeek-V3.2's indexer (config.json, vLLM Indexer)
+INDEXER_CACHE_BYTES = INDEX_HEAD_DIM + INDEX_HEAD_DIM // INDEX_QUANT_BLOCK * 4  # 132: fp8 keys + fp32 scale
 
 
 def _shape(text: dict, card: dict, need: Need, source: str) -> None:
@@ -31,6 +44,26 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
                    "v_head_dim": need("v_head_dim")}
 
 
+def _v32_shape(text: dict, card: dict, need: Need, source: str) -> None:
+    need("index_topk")  # vLLM builds the indexer where the config has index_topk
+    for key, want in (("index_head_dim", INDEX_HEAD_DIM), ("index_n_heads", INDEX_HEADS)):
+        if need(key) != want:
+            raise ConfigError(f"{source}: {key} {text[key]!r} is not supported for deepseek_v32 ({want} only)")
+    _shape(text, card, need, source)
+    if card["mla"]["q_lora_rank"] is None:
+        raise ConfigError(f"{source}: q_lora_rank is missing (the deepseek_v32 indexer reads the q latent)")
+
+
+def _indexer(card, groups: list) -> list:
+    """The score correction bias and, per layer, the indexer's wq_b, wk, k_norm and weights_proj (replicated)."""
+    out = _score_bias(card, groups)
+    layers, h, q_lora = card.num_layers, card.hidden_size, card.mla.q_lora_rank
+    return out + [TensorGroup("indexer_wq_b", layers, INDEX_HEADS * INDEX_HEAD_DIM, q_lora, "replicated", "attention"),
+                  TensorGroup("indexer_wk", layers, INDEX_HEAD_DIM, h, "replicated", "attention"),
+                  TensorGroup("indexer_k_norm", layers, 1, 2 * INDEX_HEAD_DIM, "replicated", None),
+                  TensorGroup("indexer_weights_proj", layers, INDEX_HEADS, h, "replicated", None)]
+
+
 def _score_bias(card, groups: list) -> list:
     """gate.e_score_correction_bias: n_routed_experts float32 values per MoE layer, replicated on every rank."""
     out = []
@@ -41,6 +74,8 @@ def _score_bias(card, groups: list) -> list:
     return out
 
 
-register(Family("deepseek_v3", ("deepseek_v3",), "vllm/model_executor/models/deepseek_v2.py", shape=_shape,
+register(Family("deepseek_v32", ("deepseek_v32",), "vllm/model_executor/models/deepseek_v2.py", shape=_v32_shape,
+                weights=_indexer, side_cache_bytes=INDEXER_CACHE_BYTES),
+         Family("deepseek_v3", ("deepseek_v3",), "vllm/model_executor/models/deepseek_v2.py", shape=_shape,
                 weights=_score_bias),
          Family("deepseek_v2", ("deepseek_v2",), "vllm/model_executor/models/deepseek_v2.py", shape=_shape))

@@ -1,12 +1,17 @@
 """Gemma-2 and Gemma-3 (vLLM gemma2.py, gemma3.py, gemma3_mm.py): four RMSNorms a layer (input, post-attention,
 pre- and post-feedforward), tied embeddings, a final logit soft-cap (Gemma-2); sliding-window layers (Gemma-2:
 every other layer from the first; Gemma-3: all but every sliding_window_pattern-th), Gemma-3's q/k norm and its
-sliding layers' own unscaled rotary cache. Gemma-3 with images wraps gemma3_text with a SigLIP tower."""
+sliding layers' own unscaled rotary cache. Gemma-3 with images wraps gemma3_text with a SigLIP tower.
+
+Gemma 1 (`gemma`, vLLM gemma.py `GemmaForCausalLM`): two RMSNorms a layer, a gated GELU MLP (GeluAndMul over a
+merged gate_up_proj), head_dim from the config (256), no biases, no sliding window, and the LM head always the
+embedding (vLLM builds no lm_head: `logits_processor(self.model.embed_tokens, ...)`)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.hf_vision import text_config, vision_config, vit_fields
 
@@ -17,6 +22,13 @@ def _norms(text: dict, card: dict, need: Need, source: str) -> None:
     card["tie_word_embeddings"] = True if tie is None else bool(tie)
     if text.get("final_logit_softcapping"):
         card["final_logit_softcap"] = text["final_logit_softcapping"]
+
+
+def _gemma1(text: dict, card: dict, need: Need, source: str) -> None:
+    if text.get("attention_bias"):
+        raise ConfigError(f"{source}: attention_bias true is not supported for gemma (the published checkpoints "
+                          "have none)")
+    card["tie_word_embeddings"] = True  # vLLM's GemmaForCausalLM has no lm_head of its own
 
 
 def _gemma3(text: dict, card: dict, need: Need, source: str) -> None:
@@ -47,7 +59,9 @@ def _siglip(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     return out
 
 
-register(Family("gemma2", ("gemma2",), "vllm/model_executor/models/gemma2.py",
+register(Family("gemma", ("gemma",), "vllm/model_executor/models/gemma.py",
+                defaults={"tie_word_embeddings": True, "head_dim": 256}, shape=_gemma1),
+         Family("gemma2", ("gemma2",), "vllm/model_executor/models/gemma2.py",
                 defaults={"tie_word_embeddings": True}, shape=_norms, sliding=_gemma2_sliding),
          Family("gemma3_text", ("gemma3_text",), "vllm/model_executor/models/gemma3.py",
                 defaults={"vocab_size": 262208, "max_position_embeddings": 131072, "head_dim": 256,

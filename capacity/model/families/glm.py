@@ -11,9 +11,21 @@ glm4v_moe (GLM-4.5V): `Glm4vMoeForConditionalGeneration` (glm4_1v.py) builds its
 (image_size / patch)^2 positions, depth blocks (two RMSNorms, qkv and proj without bias, a gated MLP of
 out_hidden_size without bias), an RMSNorm, a Conv2d downsample (hidden -> out_hidden_size over merge x merge
 patches, with bias) and a merger (proj out x out, a LayerNorm, gate/up/down of vision intermediate_size, no biases):
-the downsample and the merger are the projector."""
+the downsample and the merger are the projector.
+
+glm4 (GLM-4-9B-0414, GLM-4-32B-0414, GLM-Z1): vLLM glm4.py `Glm4DecoderLayer`: Llama's attention with q/k/v biases
+(attention_bias, Glm4Config's default true), o_proj without, a gated MLP (merged gate_up_proj), and four RMSNorms a
+layer (input, post_self_attn, post_attention, post_mlp). glm4v (GLM-4.1V-9B-Thinking): `Glm4vForConditionalGeneration`
+builds its language model as `Glm4ForCausalLM` from the text fields (top-level in the first configs, text_config in
+later ones) and the same Glm4vVisionTransformer as GLM-4.5V.
+
+Every GLM here rotates half of each head (partial_rotary_factor 0.5, the config classes' default): vLLM's
+get_rope(rotary_dim=head_dim x 0.5) caches max_position x head_dim / 2 cos/sin values, so the family's
+`partial_rotary` is 0.5 and a config stating another factor is refused, naming the field.
+"""
 from __future__ import annotations
 
+from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.hf_vision import text_config, vision_config
 from capacity.model.weights import TensorGroup
@@ -28,7 +40,22 @@ PROFILE_SIDE, PROFILE_TOKENS = 1708, 5832
 GLM4V_PIXELS = {"min_pixels": 112 * 112, "max_pixels": 28 * 28 * 15000}
 
 
+def _half_rotary(text: dict, source: str) -> None:
+    params = text.get("rope_parameters")
+    rope: dict = params if isinstance(params, dict) else {}
+    factor = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", 0.5))
+    if factor != 0.5:
+        raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for "
+                          f"{text.get('model_type') or 'GLM'} (0.5 only: the cos/sin cache is sized for half a head)")
+
+
+def _glm4(text: dict, card: dict, need: Need, source: str) -> None:
+    _half_rotary(text, source)
+    card.update(attention_bias=bool(text.get("attention_bias", True)), norms_per_layer=4)
+
+
 def _shape(text: dict, card: dict, need: Need, source: str) -> None:
+    _half_rotary(text, source)
     card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
                    "moe_intermediate_size": need("moe_intermediate_size"),
                    "num_shared_experts": text.get("n_shared_experts") or 0,
@@ -52,6 +79,11 @@ def _glm4v_moe_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
     return text_config(cfg, mt, source), "glm4_moe"  # vLLM: architectures=["Glm4MoeForCausalLM"]
 
 
+def _glm4v_text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
+    text = cfg.get("text_config")
+    return (text if isinstance(text, dict) else cfg), "glm4"  # vLLM: architectures=["Glm4ForCausalLM"]
+
+
 def _glm4v_vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     _, need = vision_config(cfg, mt, ("glm4v_moe_vision", "glm4v_moe", "glm4v_vision", "glm4v", None), source)
     h, out, ctx = need("hidden_size"), need("out_hidden_size"), need("intermediate_size")
@@ -65,6 +97,9 @@ def _glm4v_vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
 
 
 register(Family("glm4_moe", ("glm4_moe",), "vllm/model_executor/models/glm4_moe.py", shape=_shape,
-                weights=_fp32_router),
+                weights=_fp32_router, partial_rotary=0.5),
          Family("glm4v_moe", ("glm4v_moe",), "vllm/model_executor/models/glm4_1v.py, glm4_moe.py",
-                text=_glm4v_moe_text, vision=_glm4v_vision, weights=_fp32_router))
+                text=_glm4v_moe_text, vision=_glm4v_vision, weights=_fp32_router, partial_rotary=0.5),
+         Family("glm4", ("glm4",), "vllm/model_executor/models/glm4.py", shape=_glm4, partial_rotary=0.5),
+         Family("glm4v", ("glm4v",), "vllm/model_executor/models/glm4_1v.py, glm4.py", text=_glm4v_text,
+                vision=_glm4v_vision, partial_rotary=0.5))

@@ -2,7 +2,9 @@
 vLLM's get_mamba_state_shape_from_config does per family: Nemotron-H (vLLM nemotron_h.py: one character per layer
 of hybrid_override_pattern, M Mamba2, * attention, - MLP, E MoE), Granite-4.0-H (granitemoehybrid.py: layer_types
 mamba / attention, every layer a MoE or an MLP) and Qwen3-Next / Qwen3.5 (qwen3_next.py, qwen3_5.py: gated
-DeltaNet layers and every n-th layer full attention)."""
+DeltaNet layers and every n-th layer full attention). Qwen3-Next's and Qwen3.5's attention rotates a quarter of each
+head (partial_rotary_factor 0.25, vLLM get_rope(rotary_dim=head_dim x 0.25)): the families' `partial_rotary`
+sizes the cos/sin cache so, and a config stating another factor is refused, naming the field."""
 from __future__ import annotations
 
 from capacity.errors import ConfigError
@@ -56,7 +58,21 @@ def _granite(text: dict, card: dict, need: Need, source: str) -> None:
         card["intermediate_size"] = shared
 
 
+QUARTER = 0.25  # Qwen3-Next's and Qwen3.5's partial_rotary_factor
+
+
+def quarter_rotary(text: dict, source: str) -> None:
+    params = text.get("rope_parameters")
+    rope: dict = params if isinstance(params, dict) else {}
+    factor = text.get("partial_rotary_factor", rope.get("partial_rotary_factor", QUARTER))
+    if factor != QUARTER:
+        raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for "
+                          f"{text.get('model_type') or 'this model'} ({QUARTER} only: the cos/sin cache is sized "
+                          "for a quarter of each head)")
+
+
 def _deltanet(text: dict, card: dict, need: Need, source: str, moe: bool) -> None:
+    quarter_rotary(text, source)
     layers = card["num_layers"]
     types = text.get("layer_types")
     if isinstance(types, list) and len(types) == layers:
@@ -91,5 +107,7 @@ register(Family("nemotron_h", ("nemotron_h",), "vllm/model_executor/models/nemot
                 sglang_states_per_request=True, ssm_dtype_from_config=True),
          Family("granitemoehybrid", ("granitemoehybrid",), "vllm/model_executor/models/granitemoehybrid.py",
                 shape=_granite),
-         Family("qwen3_next", ("qwen3_next",), "vllm/model_executor/models/qwen3_next.py", shape=_qwen3_next),
-         Family("qwen3_5_text", ("qwen3_5_text",), "vllm/model_executor/models/qwen3_5.py", shape=_qwen3_5_text))
+         Family("qwen3_next", ("qwen3_next",), "vllm/model_executor/models/qwen3_next.py", shape=_qwen3_next,
+                partial_rotary=QUARTER),
+         Family("qwen3_5_text", ("qwen3_5_text",), "vllm/model_executor/models/qwen3_5.py", shape=_qwen3_5_text,
+                partial_rotary=QUARTER))

@@ -63,4 +63,5 @@ def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
 
 register(Family("qwen2_vl", ("qwen2_5_vl", "qwen2_vl"), "vllm/model_executor/models/qwen2_vl.py, qwen2_5_vl.py",
                 text=_qwen2, vision=_vision),
-         Family("qwen3_5", ("qwen3_5",), "vllm/model_executor/models/qwen3_5.py", text=_qwen3_5, vision=_qwen_vit))
+         Family("qwen3_5", ("qwen3_5",), "vllm/model_executor/models/qwen3_5.py", text=_qwen3_5, vision=_qwen_vit,
+                partial_rotary=0.25))  # the quarter-width rotary of families/hybrid.py's qwen3_5_text

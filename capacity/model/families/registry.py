@@ -62,6 +62,13 @@ class Family:
     ssm_dtype_from_config: bool = False
     # vLLM builds no rotary embedding (and so no cos/sin cache) for its attention: Kimi-Linear's MLA (mla_use_nope)
     rotary: bool = True
+    # The share of head_dim the rotary embedding turns where the family's attention rotates part of each head
+    # (vLLM get_rope(rotary_dim=head_dim x partial_rotary_factor): GLM-4 0.5, Qwen3.5-MoE 0.25): its cos/sin
+    # cache is max_position x that width. The shape hook refuses a config stating another factor.
+    partial_rotary: float = 1.0
+    # Bytes per token and layer of a cache the engine allocates beside the KV cache, whatever the KV dtype:
+    # DeepSeek-V3.2's lightning-indexer keys (vLLM deepseek_v2.py `DeepseekV32IndexerCache`)
+    side_cache_bytes: int = 0
 
 
 PLAIN = Family("plain", ())  # a text config of a model type no family claims, inside a known wrapper: no hooks
