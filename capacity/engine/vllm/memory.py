@@ -109,6 +109,12 @@ class VllmMemory:
     def async_scheduling(self, cfg: EngineConfig) -> bool:
         raise NotImplementedError  # Vllm.async_scheduling
 
+    def inflight_batches(self, cfg: EngineConfig) -> int:
+        """The batches a sliding-window group reserves in flight (`max_concurrent_batches` in
+        `max_admission_blocks_per_request`): 2 with async scheduling in 0.32's code, 1 in 0.19's, async or not
+        (docs/memory.md); the releases between are taken as 0.19's."""
+        return 2 if self.async_scheduling(cfg) and self.release.version >= (0, 32, 0) else 1
+
     # ---- the activation peak -------------------------------------------------------------------------
     def activation_phases(self, card: ModelCard, eng: ResolvedEngine, gpu: GPU) -> tuple[dict[str, float], float]:
         """Torch peak increase of the profiling run, per rank, by phase, and the sampler phase at the optimistic
@@ -358,8 +364,9 @@ class VllmMemory:
             estimates.append("cuda_graphs")
         estimates.append("cuda_context")
         groups = kv_groups(card, rel, eng.block_size)
-        if groups.sliding:  # vLLM's max_in_flight_tokens: the budget x concurrent batches (2 with async scheduling)
-            groups = replace(groups, inflight=eng.max_num_batched_tokens * (2 if self.async_scheduling(cfg) else 1))
+        if groups.sliding:  # vLLM's max_in_flight_tokens: the budget x concurrent batches (2 with async scheduling
+            # in 0.32's code; 0.19's reserves one batch, async or not: docs/memory.md)
+            groups = replace(groups, inflight=eng.max_num_batched_tokens * self.inflight_batches(cfg))
         buffers = self.runner_buffers(card, eng, groups)
 
         in_budget = eng.cuda_graphs_in_budget
