@@ -127,7 +127,11 @@ def score(case: dict[str, Any]) -> dict[str, Any]:
     elif log["tokens"] is not None:
         row["kv_log_gib"] = log["tokens"] * bpt / GiB
         row["kv_pred_gib"] = b.kv_tokens * bpt / GiB
-    row["fits_ok"] = log["fits"] is None or bool(log["fits"]) == b.fits
+    # whether the engine starts: SGLang starts with any pool and cuts requests at it (a pool under one context_len
+    # request is `fits` False for a plan, with that reason), vLLM and TensorRT-LLM refuse to
+    starts = b.fits or (b.engine == "sglang" and b.kv_tokens > 0)
+    row["starts_pred"] = starts
+    row["fits_ok"] = log["fits"] is None or bool(log["fits"]) == starts
     started = log["fits"] is not False
     if "kv_log_gib" in row and started and row["kv_log_gib"] > 0:
         kl, kp = row["kv_log_gib"], row["kv_pred_gib"]

@@ -18,7 +18,10 @@ For each run the bench builds the `capacity simulate` command a user would type 
 - arrivals as the load generator sends them: request rate inf with --max-concurrency C is a closed loop of C
   users with no think time; rate inf without a cap is an offline batch (every request at t=0); rate R is a
   Poisson process, behind the client's cap when one is given (`--max-concurrency`);
-- every request is measured (`--warmup 0`: the load generators count all of them), seed 0.
+- every request is measured (`--warmup 0`: the load generators count all of them), seed 0;
+- round 2 (`--set v2`, tests/data/serving_unseen_v2) adds what those sources state: `max_num_seqs` (TensorRT-LLM's
+  engine batch cap), `gpu_memory_utilization`, `max_model_len`, `image_dataset`, and "LOW-HIGH" lengths where the
+  load generator drew them uniformly (`--random-range-ratio`).
 
 Scored, where printed: mean and median TTFT, TPOT and ITL, mean and median E2E latency, output tokens/s and
 requests/s. MAPE per metric over the runs that print it; runs that capacity cannot express today
@@ -34,6 +37,7 @@ MAPE is also given without them (`mean_ttft_ms, cold-prefill runs`).
     python bench/serving_unseen.py                   # dev group: table + bench/results/serving_unseen_dev.json
     python bench/serving_unseen.py --dry-run         # the commands only, nothing simulated
     python bench/serving_unseen.py --group heldout   # once, at the end
+    python bench/serving_unseen.py --set v2          # round 2 (tests/data/serving_unseen_v2), dev group
 """
 from __future__ import annotations
 
@@ -59,6 +63,8 @@ sys.path.insert(0, str(ROOT))
 from bench.sim_speed import host_cpu  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "serving_unseen"
+# the collections: round 1 (v1, the default) and round 2 (v2: TensorRT-LLM, ShareGPT on an RTX 3090, a VLM's text sweep)
+SETS = {"v1": DATA, "v2": ROOT / "tests" / "data" / "serving_unseen_v2"}
 OUT = ROOT / "bench" / "results"
 GROUPS = ("dev", "heldout")
 # published metric -> (summary field of `capacity simulate --json`, statistic, scale to the published unit)
@@ -76,21 +82,33 @@ def group_of(source: str) -> str:
     return "heldout" if int(hashlib.sha256(source.encode()).hexdigest(), 16) % 3 == 0 else "dev"
 
 
-def load_runs(group: str) -> list[dict[str, Any]]:
+def load_runs(group: str, set_: str = "v1") -> list[dict[str, Any]]:
     if group not in GROUPS:
         raise SystemExit(f"--group: dev or heldout (got {group!r})")
-    return list((yaml.safe_load((DATA / f"{group}.yaml").read_text()) or {}).get("runs") or [])
+    if set_ not in SETS:
+        raise SystemExit(f"--set: {' or '.join(SETS)} (got {set_!r})")
+    return list((yaml.safe_load((SETS[set_] / f"{group}.yaml").read_text()) or {}).get("runs") or [])
 
 
 def _inf(x: Any) -> bool:
     return x is None or x == "inf" or (isinstance(x, (int, float)) and math.isinf(x))
 
 
-def output_len(run: dict[str, Any]) -> int:
-    """The published output length; without --ignore-eos, the printed mean (EOS ended some requests early)."""
+def output_len(run: dict[str, Any]) -> int | str:
+    """The published output length; without --ignore-eos, the printed mean (EOS ended some requests early); a
+    "LOW-HIGH" string where the load generator drew lengths uniformly (a range ratio)."""
     if not run.get("ignore_eos") and run.get("output_tokens_total"):
         return max(1, round(run["output_tokens_total"] / run["num_prompts"]))
-    return int(run["output_len"])
+    return _length(run["output_len"])
+
+
+def _length(v: Any) -> int | str:
+    return v if isinstance(v, str) else int(v)
+
+
+def _mid(v: Any) -> float:
+    """A length's middle (the mean of a uniform LOW-HIGH range)."""
+    return sum(map(float, v.split("-"))) / 2 if isinstance(v, str) else float(v)
 
 
 def simulate_args(run: dict[str, Any]) -> list[str]:
@@ -98,7 +116,7 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
     if not run.get("expressible"):
         raise ValueError(f"{run['id']}: not expressible ({run.get('reason')})")
     a = ["simulate", "-m", str(run["card"]), "-g", str(run["gpu"]), "--tp", str(run["tp"]),
-         "-n", str(run["num_prompts"]), "--input-len", str(int(run["input_len"])), "--output-len", str(output_len(run)),
+         "-n", str(run["num_prompts"]), "--input-len", str(_length(run["input_len"])), "--output-len", str(output_len(run)),
          "--warmup", "0", "--seed", "0", "--json"]
     if run.get("engine_arg"):
         a += ["--engine", str(run["engine_arg"])]
@@ -106,6 +124,11 @@ def simulate_args(run: dict[str, Any]) -> list[str]:
         a += ["--weight-dtype", str(run["weight_dtype"])]
     if run.get("kv_dtype"):  # the server's --kv-cache-dtype, where the source states one
         a += ["--kv-dtype", str(run["kv_dtype"])]
+    for key in ("gpu_memory_utilization", "max_model_len"):  # the server's, where the source states them
+        if run.get(key):
+            a += ["--" + key.replace("_", "-"), str(run[key])]
+    if run.get("max_num_seqs"):  # the server's batch cap (TensorRT-LLM: the engine's max_batch_size)
+        a += ["--max-num-seqs", str(run["max_num_seqs"])]
     if run.get("image_dataset"):  # a VLM run on a benchmark dataset's images (capacity/vision_datasets.py)
         a += ["--image-dataset", str(run["image_dataset"])]
     if int(run.get("dp") or 1) > 1:
@@ -129,7 +152,7 @@ def cold_prefill_bound_ms(run: dict[str, Any]) -> float:
     moe = card.moe
     active = sum(t.params * (moe.experts_per_token / moe.num_experts if moe and t.family == "experts" else 1)
                  for t in tensor_groups(card) if t.family in ("attention", "dense_mlp", "experts", "shared_experts"))
-    return 2 * active * int(run["input_len"]) / (get_gpu(str(run["gpu"])).bf16_flops * int(run["tp"])) * 1e3
+    return 2 * active * _mid(run["input_len"]) / (get_gpu(str(run["gpu"])).bf16_flops * int(run["tp"])) * 1e3
 
 
 def command(run: dict[str, Any]) -> str:
@@ -202,10 +225,11 @@ def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", default="dev", choices=GROUPS)
+    ap.add_argument("--set", default="v1", choices=tuple(SETS), dest="set_", help="which collection (v2: round 2)")
     ap.add_argument("--dry-run", action="store_true", help="print each run's command; simulate nothing")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()
-    runs = load_runs(a.group)
+    runs = load_runs(a.group, a.set_)
     t0 = time.time()
     res = score(runs, a.dry_run)
     if a.dry_run:
@@ -218,11 +242,13 @@ def main() -> None:
     print(f"{'metric':34s}{'n':>4s}{'MAPE':>9s}{'median |e|':>12s}{'median e':>10s}")
     for m, s in res["summary"].items():
         print(f"{m:34s}{s['n']:>4d}{s['mape']:>9.1%}{s['median_abs']:>12.1%}{s['median_signed']:>+10.1%}")
-    out = a.out or OUT / f"serving_unseen_{a.group}.json"
+    tag = "" if a.set_ == "v1" else f"{a.set_}_"
+    out = a.out or OUT / f"serving_unseen_{tag}{a.group}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({
-        "command": "python bench/serving_unseen.py" + ("" if a.group == "dev" else f" --group {a.group}"),
-        "data": str((DATA / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group,
+        "command": "python bench/serving_unseen.py" + ("" if a.set_ == "v1" else f" --set {a.set_}")
+                   + ("" if a.group == "dev" else f" --group {a.group}"),
+        "data": str((SETS[a.set_] / f"{a.group}.yaml").relative_to(ROOT)), "group": a.group, "set": a.set_,
         "host": {"cpu": host_cpu(), "machine": platform.machine(), "python": platform.python_version()},
         "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **res}, indent=1) + "\n")
     print(f"wrote {out.resolve().relative_to(ROOT) if out.resolve().is_relative_to(ROOT) else out}")

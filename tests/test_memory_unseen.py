@@ -41,6 +41,11 @@ KNOWN = {
     "pr4454-phi2-super-marlin-a6000": "phi-2's own config (families/phi.py) without the Marlin checkpoint's "
         "quantization_config (not found): 5.2 GiB of fp16 weights where the 4-bit checkpoint loads about a third, "
         "so KV 36.60 GiB against 40.11 logged (-8.8%, the safe side)",
+    "gh36973-qwen35-35b-a3b-gptq-rtx5090-v1-dev88": "Qwen3.5-35B-A3B GPTQ-Int4 given as --weight-dtype int4 "
+        "(the checkpoint's quantization_config is not here): all-int4 counts 19.07 GiB of weights where the "
+        "reporter's load is 21.05, so KV 7.42 GiB in the middle against 5.18 (+43%); the weights' high end counts "
+        "the experts alone quantised (21.01 GiB, capacity.model.weights.experts_only_alternative), so the planner's "
+        "end is 5.22 GiB (+0.8%)",
     "llmd-llama4-scout-16e-h100-tp4-v0190": "Llama-4 (MoE, chunked attention, a vision tower) is not a modelled "
         "family: refused, naming the field",
 }
@@ -150,6 +155,30 @@ def test_summary_of_the_development_group():
     s = mu.summary(rows)["all"]
     assert s["plan_over_by_more_than_5pct"] == []  # never promise KV the engine will not have
     assert s["pass"] >= 16 and s["does_not_fit_predicted"] == "5/6"  # trt5872 scored (EP, 2026-12-07)
+
+
+def test_an_int4_override_of_a_moe_plans_on_its_experts_alone_quantised():
+    """gh36973: the reporter's Qwen3.5-35B-A3B GPTQ-Int4 loads 21.05 GiB (the log's text). Counting every linear
+    layer at int4 gives about 19.1 GiB; the same card with only the routed experts at int4 (attention, linear
+    attention, shared experts in bf16) gives within 1% of the load, and that is the high end the planner takes.
+    A card whose own quantization_config names its format (no override) has no such alternative."""
+    from capacity.engine import get_engine
+    from capacity.engine.config import EngineConfig
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+    from capacity.model.weights import experts_only_alternative, weight_bytes_per_rank
+
+    base = load_model_card(ROOT / "tests/data/families/qwen3.5-35b-a3b.json")
+    card = base.with_overrides(weight_dtype="int4", quant_group_size=128)
+    alt = experts_only_alternative(card)
+    assert alt is not None and experts_only_alternative(base) is None
+    gib = 1024**3
+    all_int4, experts_int4 = (sum(weight_bytes_per_rank(c).values()) / gib for c in (card, alt))
+    assert all_int4 < 19.5 and abs(experts_int4 - 21.05) / 21.05 < 0.01
+    b = get_engine("vllm@0.17").budget(card, get_gpu("rtx-5090"), EngineConfig(engine="vllm@0.17",
+                                                                             kv_cache_dtype="fp8"))
+    assert b.ranges["weights"][1] / gib == pytest.approx(experts_int4, rel=1e-9)
+    assert b.planning_blocks < b.num_blocks
 
 
 # The held-out group, scored once at the end of the session that collected it (2026-12-06) and pinned as it came

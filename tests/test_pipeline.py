@@ -382,15 +382,16 @@ def test_engine_settings_reach_the_scheduler_and_the_cost():
 
 
 def test_async_scheduling_reaches_the_scheduler_the_launch_command_and_the_planner():
-    """engine.async_scheduling: None takes the release's default (on for the current vLLM, off for 0.19, whose
-    command does not name it); a value is what the scheduler runs and what the command says; the planner's tasks
-    carry it."""
+    """engine.async_scheduling: None takes the release's default (on for the current vLLM and from 0.14, whose
+    release notes say so; off for 0.13, whose command does not name it); a value is what the scheduler runs and
+    what the command says; the planner's tasks carry it."""
     from capacity.plan.planner import Planner, Scenario
 
     g = get_gpu("h100-sxm")
     for cfg, on, flag in ((EngineConfig(), True, "--async-scheduling"),
                           (EngineConfig(async_scheduling=False), False, "--no-async-scheduling"),
-                          (EngineConfig(engine="vllm@0.19"), False, None)):
+                          (EngineConfig(engine="vllm@0.13"), False, None),
+                          (EngineConfig(engine="vllm@0.14"), True, "--async-scheduling")):
         p = prepare(Deployment(CARD, g, cfg))
         assert p.make_scheduler().cfg.async_scheduling is on
         cmd = p.engine_model.launch_command(CARD, cfg, p.budget)

@@ -143,7 +143,7 @@ def test_release_specs_and_bad_input():
     assert parse_release("sglang@0.4.10") == "0.4.9.post3"
     assert parse_release("sglang@0.5.4.post3") == "0.5.3"
     assert parse_release("sglang@0.5.23") == "0.5.20"
-    assert parse_release("sglang@0.3.6") == "0.3.0"
+    assert parse_release("sglang@0.3.6") == "0.3.6" and parse_release("sglang@0.3.5") == "0.3.2"
     for bad in ("sglang@0.2.14", "sglang@x", "sglang@", "sglang@0.9.0"):
         with pytest.raises(ConfigError):
             parse_release(bad)
@@ -153,8 +153,10 @@ def test_default_rules_of_the_release_lines_read_since():
     """The release lines between the modelled ones, by hand from each wheel's server_args.py (0.5.20:
     arg_groups/memory_hook.py)."""
     h100, h200, b200, rtx4090 = 81559, 143771, 183359, 24564  # nvidia-smi totals, MiB
-    # 0.3.x: the TP table, 0.82 at TP 8; 0.4.5.post3-0.4.6.post1: over 80 GiB, 13 GiB reserved at any TP
-    assert default_mem_fraction_static(h100, 8, "0.3.0") == 0.82
+    # 0.3.x: the TP table, 0.83 at TP 8 to 0.3.5, 0.82 in 0.3.6; 0.4.5.post3-0.4.6.post1: over 80 GiB, 13 GiB
+    # reserved at any TP
+    assert default_mem_fraction_static(h100, 8, "0.3.0") == 0.83
+    assert default_mem_fraction_static(h100, 8, "0.3.6") == 0.82
     assert default_mem_fraction_static(h200, 8, "0.4.5.post3") == (h200 - 13 * 1024) / h200  # 0.907, not 0.81
     # 0.4.6.post2-0.4.6.post5: 0.88 over 80 GiB at any TP, raised by 48 GiB of headroom above 96 GiB
     assert default_mem_fraction_static(b200, 8, "0.4.6.post2") == min(0.88 + 48 * 1024 * 0.12 / b200,

@@ -65,7 +65,7 @@ def memory(
                                 "--enable-dp-attention only (its replicas behind a router are not)")
         _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
                        s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,
-                       mem_fraction_static, gpu_memory_gib, json_out, dp)
+                       mem_fraction_static, gpu_memory_gib, json_out, dp, getattr(cfg, "ep_size", 1))
         return
     if mem_fraction_static is not None:
         raise CapacityError("--mem-fraction-static: an SGLang setting (use it with --engine sglang)")
@@ -92,13 +92,13 @@ def memory(
 
 
 def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max_model_len, max_num_seqs,
-                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out, dp=1) -> None:
+                   max_num_batched_tokens, engine, mem_fraction_static, gpu_memory_gib, json_out, dp=1, ep=1) -> None:
     """`memory --engine sglang`: SGLang's start-up memory (capacity.engine.sglang)."""
     card = load_card(model, weight_dtype, quant_group_size)
     g = with_memory(get_gpu(gpu), gpu_memory_gib)
     b = sglang_memory_answer(card, g, tp, engine, mem_fraction_static=mem_fraction_static, context_len=max_model_len,
                              kv_cache_dtype=kv_dtype, chunked_prefill_size=max_num_batched_tokens,
-                             max_running=max_num_seqs, dp_attention=dp)
+                             max_running=max_num_seqs, dp_attention=dp, ep_size=ep)
     if json_out:
         typer.echo(dumps(sglang_json(b)))
     else:

@@ -132,7 +132,7 @@ class EngineConfig(BaseModel, metaclass=_PickedByEngine):
         None, description="The engine schedules the next step while the last one runs (vLLM's async scheduling, "
         "SGLang's overlap scheduler), so a finished request keeps its blocks and its batch slot one step longer "
         "(vLLM: sliding-window groups also reserve two batches in flight). None: the engine's default (vLLM: on from "
-        "0.32's code, where the CPU build turns it off; SGLang: on).", flag="--async-scheduling/--no-async-scheduling",
+        "0.14 on a GPU, its CPU build turns it off; SGLang: on).", flag="--async-scheduling/--no-async-scheduling",
         help="vLLM schedules the next step while one runs (default: the release's GPU default)",
         commands=("simulate", "plan"), vllm="--async-scheduling/--no-async-scheduling")
     block_size: Literal[1, 8, 16, 32, 64, 128, 256] | None = setting(

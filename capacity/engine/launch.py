@@ -67,7 +67,7 @@ SPELLED = {
                        "max_lora_rank", "pipeline_parallel_size", "data_parallel_size", "enable_expert_parallel",
                        "policy", "num_gpu_blocks_override"}),
     "sglang": frozenset({"tensor_parallel_size", "max_num_seqs", "max_model_len", "max_num_batched_tokens",
-                         "kv_cache_dtype", "block_size", "enforce_eager"}),
+                         "kv_cache_dtype", "block_size", "enforce_eager", "mem_fraction_static"}),
     "trtllm": frozenset({"tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "max_model_len"}),
 }
 

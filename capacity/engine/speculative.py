@@ -166,6 +166,11 @@ def draft_memory(card: ModelCard, spec: SpeculativeConfig, tp: int, kv_dtype: st
     return total, kv_bytes_per_token(d, kv_dtype, tp)
 
 
+def _release_key(label: str) -> tuple[int, ...]:
+    """'sglang@0.4.6.post2' -> (0, 4, 6); () without a version."""
+    return tuple(int(x) for x in label.split("@", 1)[-1].replace(".post", ".").split(".")[:3] if x.isdigit())
+
+
 def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig, engine: str = "vllm") -> MemoryBudget:
     """The budget with the draft's weights taken from the KV budget and its KV added to every block (each end of
     the KV range re-derived: blocks = (blocks x block bytes - draft weights) / (block bytes with the draft's
@@ -174,6 +179,14 @@ def with_draft(b: MemoryBudget, card: ModelCard, spec: SpeculativeConfig, engine
     if engine not in ("vllm", "sglang"):
         raise ConfigError(f"speculative: modelled for vllm and sglang, not {engine}")
     what = f"speculative.{'draft_model ' + str(spec.draft_model) if spec.draft_model else 'method ' + spec.method}"
+    if engine == "sglang" and _release_key(b.release) < (0, 5, 15):  # docs/sglang.md, "Terms per release line"
+        w, kv = draft_memory(card, spec, b.tp, b.kv_dtype)
+        need, room = w + kv * b.kv_tokens, b.activation_bytes
+        return dataclasses.replace(b, warnings=[*b.warnings, f"{what}: SGLang {b.release} sizes the target's KV pool "
+                                                f"before its draft worker loads: the draft's weights and its own pool, "
+                                                f"{need / GiB:.2f} GiB, come out of the reserve T0 x (1 - F) = "
+                                                f"{room / GiB:.2f} GiB" + (" (more than it: SGLang would run out of "
+                                                                           "memory loading the draft)" if need > room else "")])
     if spec.method == "draft_model" and b.tp > 1:
         try:
             check_tp(draft_card(card, spec), b.tp)

@@ -300,3 +300,20 @@ def lora_bytes_per_rank(card: ModelCard, tp: int, max_loras: int, rank: int) -> 
     embed = rank * (vocab + 256) + 256 * h + h * rank
     head = rank * h + -(-vocab // tp) * rank + 256 * h
     return float(max_loras * (layers * attn + mlp + embed + head) * DTYPE_BYTES[card.dtype])
+
+
+def experts_only_alternative(card: ModelCard) -> ModelCard | None:
+    """The same MoE checkpoint with only its routed experts quantised, or None where that question does not arise.
+
+    A MoE card quantised by an override (`--weight-dtype`: `hf_format` names the format the card had), with no
+    per-module map, is counted with every linear layer quantised; which layers the user's checkpoint quantises
+    is not known (a checkpoint's own quantization_config says so, and is then read exactly). Published MoE
+    checkpoints often quantise the experts alone and keep attention, linear attention, shared experts and dense
+    layers in the compute dtype (a Qwen3.5-35B-A3B GPTQ-Int4 run loads 21.05 GiB where all-int4 counts 19.07:
+    tests/data/startup_v3). The engines' budgets take this card's weights as the high end of the weights term,
+    so the planner never counts on memory those layers may hold."""
+    if (card.moe is None or card.weight_formats or card.hf_format in (None, card.weight_format)
+            or card.weight_format in ("bf16", "fp16", "fp32", card.dtype)):
+        return None
+    keep = {f: card.dtype for f in ("attention", "dense_mlp", "shared_experts")}
+    return card.model_copy(update={"weight_formats": keep})

@@ -73,7 +73,7 @@ def memory_answer(card: ModelCard, gpu: GPU, cfg: EngineConfig, target_concurren
 
 def sglang_memory_answer(card: ModelCard, gpu: GPU, tp: int, engine: str, *, mem_fraction_static: float | None,
                          context_len: int | None, kv_cache_dtype: str, chunked_prefill_size: int | None,
-                         max_running: int | None, dp_attention: int = 1) -> SglangBudget:
+                         max_running: int | None, dp_attention: int = 1, ep_size: int = 1) -> SglangBudget:
     """SGLang's start-up memory for `engine` (`sglang` or `sglang@X.Y`: the engine model of the release whose rules
     apply; the release is read first so that a bad one is named as SGLang's release parser names it)."""
     parse_release(engine)
@@ -82,7 +82,7 @@ def sglang_memory_answer(card: ModelCard, gpu: GPU, tp: int, engine: str, *, mem
         raise CapacityError(f"engine {engine!r}: not an SGLang engine")
     return em.startup_memory(card, gpu, tp, mem_fraction_static=mem_fraction_static, context_len=context_len,
                              kv_cache_dtype=kv_cache_dtype, chunked_prefill_size=chunked_prefill_size,
-                             max_running=max_running, dp_attention=dp_attention)
+                             max_running=max_running, dp_attention=dp_attention, ep_size=ep_size)
 
 
 def sglang_json(b: SglangBudget) -> dict[str, Any]:

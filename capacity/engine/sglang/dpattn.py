@@ -7,7 +7,7 @@ Read in the PyPI wheels of 0.4.8.post1, 0.5.5 and 0.5.23 (`python/sglang/srt/...
 - Attention weights (`models/deepseek_v2.py` DeepseekV2AttentionMLA, `qwen3_moe.py`, `gpt_oss.py`, ...: their
   linears take `tp_rank=get_attention_tp_rank(), tp_size=get_attention_tp_size()`) are sharded over T / D ranks,
   i.e. each is held D times in the group. Dense MLPs, the experts (TP over T; `--ep-size` splits them whole,
-  not modelled here) and the LM head (vocab over T unless --enable-dp-lm-head) stay over T; the input embedding
+  sglang/ep.py) and the LM head (vocab over T unless --enable-dp-lm-head) stay over T; the input embedding
   is replicated (`VocabParallelEmbedding(..., enable_tp=not is_dp_attention_enabled())`) in every model below
   but PhiMoE.
 - KV: `model_runner.py` `profile_max_num_token` sizes the cell with `get_num_kv_heads(get_attention_tp_size())`

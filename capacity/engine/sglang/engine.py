@@ -9,7 +9,7 @@ flags: max_model_len = --context-length, max_num_seqs = --max-running-requests (
 pool), max_num_batched_tokens = --chunked-prefill-size (--max-prefill-tokens with chunking off), block_size =
 --page-size (default 1), num_gpu_blocks_override x page = --max-total-tokens (SGLang takes the smaller of it
 and the profiled pool), memory_params.cuda_context_bytes = everything taken before T0 (SGLang's free memory at
-start-up). F (--mem-fraction-static) is always the release's default (EngineConfig has no field for it): a
+start-up). F (--mem-fraction-static) is SglangConfig's mem_fraction_static, else the release's default: a
 gpu_memory_utilization other than 0.9 is refused, as are the other vLLM-only knobs. Scheduling follows v0.5.5
 for every release (older ones differ in details: 0.4.3 retracts until the kept requests have 20 decode steps of
 room).
@@ -29,6 +29,8 @@ from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, 
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
+from capacity.engine.sglang.config import ep_size as sglang_ep_size
+from capacity.engine.sglang.config import mem_fraction
 from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
 from capacity.engine.sglang.memory import (
     CURRENT,
@@ -42,6 +44,7 @@ from capacity.engine.sglang.memory import (
     version_key,
 )
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.releases import SPEC_ALGORITHM
 from capacity.engine.sglang.rocm import aiter_cut
 from capacity.engine.sglang.swa import hybrid_swa_layers, swa_pin
 from capacity.engine.speculative import launch_flags
@@ -155,8 +158,8 @@ class Sglang(SglangMemory):
         """Refuse, in one line, the shared knobs that have no SGLang meaning (rather than ignore them); vLLM's own
         (max_loras, pipeline/data/expert parallelism, paged_kv ...) are not SglangConfig fields at all."""
         if cfg.gpu_memory_utilization != EngineConfig.model_fields["gpu_memory_utilization"].default:
-            raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning (SGLang's "
-                              "--mem-fraction-static is the release's default here); size the KV pool with "
+            raise ConfigError(f"gpu_memory_utilization {cfg.gpu_memory_utilization}: no SGLang meaning; set SGLang's "
+                              "--mem-fraction-static as mem_fraction_static, or size the KV pool with "
                               "num_gpu_blocks_override (SGLang's --max-total-tokens, in pages)")
         if cfg.policy != "continuous":
             raise ConfigError(f"policy {cfg.policy}: the SGLang model schedules FCFS (SGLang's default "
@@ -200,7 +203,9 @@ class Sglang(SglangMemory):
                            chunked_prefill_size=mnbt if (cfg.max_num_batched_tokens is not None or not chunked) else None,
                            max_total_tokens=override * page if override is not None else None,
                            max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
-                           dp_attention=self.dp_attention(cfg))
+                           dp_attention=self.dp_attention(cfg), ep_size=sglang_ep_size(cfg),
+                           mem_fraction_static=mem_fraction(cfg),
+                           speculative=SPEC_ALGORITHM[cfg.speculative.method] if cfg.speculative else None)
         if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
             mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))
         if cfg.max_num_seqs is None:
@@ -320,7 +325,8 @@ class Sglang(SglangMemory):
                  "speculative draft trees (top-k > 1), DP attention, priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
-                 "gpu_memory_utilization has no SGLang meaning: F is the release's default, spelled out in the command"]
+                 "gpu_memory_utilization has no SGLang meaning: F is mem_fraction_static or the release's default, "
+                 "spelled out in the command"]
         if cfg.enable_prefix_caching:
             notes.append("enable_prefix_caching: the command keeps SGLang's radix cache on, but the simulation shares "
                          "no prefix")

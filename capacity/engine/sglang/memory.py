@@ -20,8 +20,8 @@ subtracts nothing for activations, CUDA graphs, the request-to-token table or at
 have to fit in what F leaves, T0 x (1 - F). Its OOMs come at graph capture or at the first large prefill, not at
 pool sizing; vLLM instead measures its activation peak and graph memory and subtracts them. The default F,
 chunked_prefill_size and cuda_graph_max_bs depend on the GPU's memory, TP and the release
-(`_handle_gpu_memory_settings` in server_args.py); `RELEASES` lists the releases whose rules are modelled (0.4.3,
-0.4.6, 0.4.9 and 0.5.5).
+(`_handle_gpu_memory_settings` in server_args.py); those rules, release line by release line, are
+`capacity.engine.sglang.releases` (re-exported here).
 
 Checked on 11 real start-up logs (tests/data/sglang_startup/, hand checks in docs/sglang.md): given a log's T0,
 A and F, the formula gives its token count within 0.12% (median 0.02%); predicted from the model card and the GPU
@@ -33,14 +33,31 @@ planner's pool is `kv_tokens_low` (the conservative end) unless kv_estimate is m
 """
 from __future__ import annotations
 
-import re
 from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
 from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
+from capacity.engine.sglang.ep import check_ep, ep_note, ep_weights
 from capacity.engine.sglang.mla import absorbed_copy_bytes
 from capacity.engine.sglang.mm import runner_mm_factor
+from capacity.engine.sglang.releases import (
+    CURRENT,
+    NEWEST_READ,
+    RELEASES,
+    _line,
+    default_chunked_prefill_size,
+    default_cuda_graph_max_bs,
+    default_mem_fraction_static,
+    mm_reservation_bytes,
+    parse_release,
+    piecewise_graph_tokens,
+    refusal,
+    rope_cache_factor,
+    spec_reserve_mib,
+    version_key,
+    vlm_fraction_factor,
+)
 from capacity.engine.sglang.rocm import apply_aiter_cut
 from capacity.engine.sglang.swa import SWA_FULL_TOKENS_RATIO, hybrid_swa_layers, split_pool, swa_note
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
@@ -56,147 +73,14 @@ from capacity.units import DTYPE_BYTES, GiB
 # here (Llama-3.1-8B on an H100 twice, a Qwen2.5-7B-architecture model on an RTX 3090); not read from code, so
 # only the conservative end of the pool (kv_tokens_low) takes it, at a little above the largest seen.
 LOAD_EXTRA_HIGH_GIB = 0.25
-# The release lines whose memory defaults differ (server_args.py, from 0.5.20 arg_groups/memory_hook.py), each
-# named by its first release; a release takes the rules of the latest line at or before it. Read from the PyPI
-# wheels of 0.3.6.post3, every 0.4.x patch from 0.4.5 and 0.5.1 to 0.5.23 (docs/sglang.md has the table).
-RELEASES = ("0.3.0", "0.4.0", "0.4.3", "0.4.4.post1", "0.4.5", "0.4.5.post3", "0.4.6", "0.4.6.post2", "0.4.7", "0.4.7.post1", "0.4.9",
-            "0.4.9.post3", "0.5.3", "0.5.5", "0.5.8", "0.5.10", "0.5.20")  # 0.4.4.post1, 0.5.8: sglang/dpattn.py, swa.py
-NEWEST_READ = "0.5.23"
-CURRENT = "0.5.20"  # `sglang` without a version: the rules of the newest release read
+# Memory taken before T0 at TP 1 (the CUDA context, and on a desktop the display server or WDDM on the same GPU):
+# not in SGLang's code, so a range. Seen in the logs (catalogue total - T0 - the logged distributed init): MI300X
+# 0.17, L4 0.34, H100 0.35, H200 0.50 GiB; RTX 3090 0.82 (jerryzsj), RTX 4090 1.17 (sglang#4895, Docker), a 24 GiB
+# card under Docker Desktop 1.24 if a 4090 (maxuhl98). The middle is EngineConfig's 0.5 GiB (the data-centre
+# figure). The conservative end takes 1.0 here plus LOAD_EXTRA_HIGH_GIB: 1.25 GiB together, above every log's
+# context + load residue (RTX 3090 0.82 + 0.20, maxuhl98 1.24 + 0.00 with the fp32 rope cache counted).
+CONTEXT_HIGH_GIB = 1.0
 MiB = 1 << 20
-_TP_TABLE = ((16, 0.79), (8, 0.81), (4, 0.85), (2, 0.87), (1, 0.88))
-
-
-def version_key(v: str) -> tuple[int, int, int, int]:
-    """'0.4.6.post2' -> (0, 4, 6, 2)."""
-    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?", v)
-    if not m:
-        raise ConfigError(f"SGLang release {v!r}: expected X.Y[.Z][.postN]")
-    return (int(m[1]), int(m[2]), int(m[3] or 0), int(m[4] or 0))
-
-
-def parse_release(spec: str) -> str:
-    """`sglang` (the newest rules read) or `sglang@X.Y[.Z][.postN]`: the release line whose rules apply (the
-    latest line at or before it)."""
-    if spec == "sglang":
-        return CURRENT
-    m = re.fullmatch(r"sglang@(\d+\.\d+(?:\.\d+)?(?:\.?post\d+)?)", spec)
-    if not m:
-        raise ConfigError(f"engine {spec!r}: use sglang or sglang@X.Y[.Z][.postN]")
-    v = version_key(m[1])
-    if v < (0, 3, 0, 0):
-        raise ConfigError(f"engine {spec!r}: SGLang releases before 0.3 are not modelled (their memory code was not "
-                          "read)")
-    if v > version_key(NEWEST_READ) and v[:2] > version_key(NEWEST_READ)[:2]:
-        raise ConfigError(f"engine {spec!r}: newer than the newest SGLang release read ({NEWEST_READ}); use sglang "
-                          "for its rules")
-    return max((r for r in RELEASES if version_key(r) <= v), key=version_key)
-
-
-def _line(release: str) -> tuple[int, int, int, int]:
-    return version_key(release)
-
-
-def default_chunked_prefill_size(gpu_mem_mib: float, release: str = CURRENT) -> int:
-    """SGLang's default --chunked-prefill-size for a GPU of this much memory (server_args.py)."""
-    gib = gpu_mem_mib / 1024
-    if _line(release) < (0, 5, 3, 0):
-        return 2048 if gpu_mem_mib < 25000 else 8192
-    if gib < 20:
-        return 2048
-    if gib < 35:
-        return 4096 if _line(release) >= (0, 5, 20, 0) else 2048
-    if gib < 60:
-        return 4096
-    if gib < 160:
-        return 8192
-    return 16384
-
-
-def default_cuda_graph_max_bs(gpu_mem_mib: float, tp: int, release: str = CURRENT) -> int:
-    """SGLang's default --cuda-graph-max-bs (server_args.py; the decode graph's max_bs from 0.5.20)."""
-    gib = gpu_mem_mib / 1024
-    if _line(release) < (0, 4, 0, 0):
-        return 4 if gpu_mem_mib < 25000 else 160
-    if _line(release) < (0, 5, 3, 0):
-        return (8 if tp < 4 else 80) if gpu_mem_mib < 25000 else 160
-    if gib < 20:
-        return 8
-    if gib < 35:
-        if _line(release) >= (0, 5, 20, 0):
-            return 48 if tp < 4 else 160
-        return 24 if tp < 4 else 80
-    if gib < 60:
-        return 32 if tp < 4 else 160
-    if gib < 160:
-        return 256 if tp < 4 else 512
-    return 512
-
-
-def piecewise_graph_tokens(max_tokens: int) -> list[int]:
-    """The prefill (piecewise) CUDA graph's capture sizes up to max_tokens (server_args.py
-    `_generate_piecewise_cuda_graph_tokens`, 0.5.10): 58 sizes at 8,192, 42 at 2,048."""
-    sizes = [*range(4, 33, 4), *range(48, 257, 16), *range(288, 513, 32), *range(576, 1025, 64),
-             *range(1280, 4097, 256), *range(4608, max_tokens + 1, 512)]
-    return [x for x in sizes if x <= max_tokens]
-
-
-def vlm_fraction_factor(card: ModelCard, release: str) -> float:
-    """How SGLang lowers F for a vision-language model: x 0.90 in 0.4.9-0.4.9.post2; from 0.4.9.post3
-    `adjust_mem_fraction_for_vlm`: x 0.95 x clamp(1 - 0.1 (L H^2 / (24 x 1024^2) - 1), 0.8, 1.05), with L and H
-    the config's vision_config.num_hidden_layers (24 when absent: Qwen2.5-VL says `depth`) and hidden_size.
-    Gemma-3 and Llama-4 run text-only unless --enable-multimodal (mm_disabled_models): no change."""
-    v = card.vision
-    if v is None or _line(release) < (0, 4, 9, 0) or traits(card.architecture).sglang_text_only:
-        return 1.0
-    if _line(release) < (0, 4, 9, 3):
-        return 0.90
-    layers = v.config_layers or 24
-    ratio = layers * v.hidden_size ** 2 / (24 * 1024 ** 2)
-    return 0.95 * max(0.8, min(1.05, 1.0 - 0.1 * (ratio - 1.0)))
-
-
-def default_mem_fraction_static(gpu_mem_mib: float, tp: int = 1, release: str = CURRENT, pp: int = 1,
-                                chunked_prefill_size: int | None = None, cuda_graph_max_bs: int | None = None,
-                                *, mla: bool = False, piecewise: bool = True, dp: int = 1,
-                                vlm_factor: float = 1.0, amd: bool = False) -> float:
-    """SGLang's default --mem-fraction-static for a GPU with this much memory (nvidia-smi's total, MiB), as each
-    release line chooses it (server_args.py; no speculative decoding). `dp` > 1: DP attention over dp ranks;
-    `piecewise`: whether the prefill CUDA graph is on (0.5.10+; off for vision models, DP attention, PP and
-    AMD); `vlm_factor`: `vlm_fraction_factor`."""
-    gib = gpu_mem_mib / 1024
-    line, tpp = _line(release), tp * pp
-
-    def table(n: int) -> float:
-        f = next(f for k, f in _TP_TABLE if n >= k)
-        return 0.82 if line < (0, 4, 0, 0) and f == 0.81 else f
-
-    if line < (0, 4, 5, 3):
-        return table(tp)
-    if line < (0, 4, 6, 2):
-        return table(tp) if gpu_mem_mib <= 81920 else (gpu_mem_mib - 13 * 1024) / gpu_mem_mib
-    if line < (0, 4, 7, 1):
-        f = table(tpp) if gpu_mem_mib <= 81920 else 0.88
-        if line >= (0, 4, 7, 0) and gpu_mem_mib > 180_000 and not amd:
-            return 0.79
-        if gpu_mem_mib > 96 * 1024:
-            f = min(f + 48 * 1024 * (1 - f) / gpu_mem_mib, (gpu_mem_mib - 18 * 1024) / gpu_mem_mib)
-        return f
-    if line < (0, 5, 3, 0):
-        reserved_gib = (2.8 + tpp / 10 if gib < 35 else 9.5 + tpp / 2 if gib < 90 else 12 + tpp / 2 if gib < 160 else 32)
-        if dp > 1:
-            reserved_gib += 4
-        return round((gpu_mem_mib - reserved_gib * 1024) / gpu_mem_mib, 3) * vlm_factor
-    chunk = chunked_prefill_size or default_chunked_prefill_size(gpu_mem_mib, release)
-    graph_bs = cuda_graph_max_bs or default_cuda_graph_max_bs(gpu_mem_mib, tp, release)
-    reserved = 512 + max(chunk, 2048) * 1.5 + graph_bs * 2 + tpp / 8 * 1024
-    if dp > 1:
-        reserved += graph_bs * dp * 3 + (graph_bs * dp * 1.5 if graph_bs > 300 else 0)
-    if line >= (0, 5, 10, 0) and piecewise and dp <= 1 and pp <= 1 and not amd and vlm_factor == 1.0:
-        reserved += 1.5 * 1024 if mla else len(piecewise_graph_tokens(chunk)) * 8
-    if gib > 60:
-        reserved = max(reserved, 10 * 1024)
-    return round((gpu_mem_mib - reserved) / gpu_mem_mib, 3) * vlm_factor
 
 
 def pool_tokens(t0_gib: float, avail_gib: float, mem_fraction: float, cell_bytes: int, page_size: int = 1,
@@ -217,8 +101,12 @@ def pool_tokens(t0_gib: float, avail_gib: float, mem_fraction: float, cell_bytes
 
 def max_running_requests(tokens: int, context_len: int, flag: int | None = None, release: str = CURRENT) -> int:
     """Requests SGLang runs at once: the request-to-token table's size (max(tokens / context x 512, 2048), at
-    most 4096; one more slot before 0.4.9), capped by half the pool's tokens unless the flag sets it."""
-    reqs = min(max(int(tokens / context_len * 512), 2048), 4096) + (1 if _line(release) < (0, 4, 9, 0) else 0)
+    most 4096, 5120 in 0.3.0; one slot more in 0.3.2-0.4.8, one less in 0.3.0), capped by half the pool's tokens
+    unless the flag sets it (model_runner.py init_memory_pool: ReqToTokenPool(max_num_reqs), + 1 row from 0.3.2;
+    tp_worker.py / scheduler.py: min(..., req_to_token_pool.size), size - 1 in 0.3.0)."""
+    line = _line(release)
+    cap, extra = (5120, -1) if line < (0, 3, 1, 0) else (4096, 0 if line < (0, 3, 2, 0) or line >= (0, 4, 9, 0) else 1)
+    reqs = min(max(int(tokens / context_len * 512), 2048), cap) + extra
     return min(flag if flag is not None else tokens // 2, reqs)
 
 
@@ -263,7 +151,8 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                   kv_cache_dtype: str = "auto", chunked_prefill_size: int | None = None,
                   cuda_graph_max_bs: int | None = None, max_total_tokens: int | None = None,
                   max_running: int | None = None, page_size: int = 1,
-                  context_bytes: float | None = None, dp_attention: int = 1) -> SglangBudget:
+                  context_bytes: float | None = None, dp_attention: int = 1, ep_size: int = 1,
+                  speculative: str | None = None) -> SglangBudget:
     """SGLang's start-up memory for this model on this GPU at this TP (see the module docstring). T0 is the GPU's
     total less the CUDA context and, at TP > 1, the distributed init (`context_bytes` overrides both; by default
     the CUDA context of EngineConfig's memory parameters, 0.5 GiB, plus vLLM's measured NCCL / custom all-reduce
@@ -271,10 +160,13 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     GiB of distributed init at TP 8 on an H200). A is T0 less the weights of one rank. `kv_tokens_low` is the pool
     if the context takes the high end (1.0 GiB, and the high end of the NCCL term): what a plan may count on.
     `dp_attention` > 1: DP attention over that many groups of the tp GPUs (sglang/dpattn.py); a hybrid SWA model's
-    pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool."""
+    pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool. `ep_size` > 1: the
+    experts split over that many ranks (sglang/ep.py); `speculative`: SGLang's --speculative-algorithm, for the
+    default F's reserve (the draft itself is the pipeline's, capacity.engine.speculative)."""
     attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
+    check_ep(card, tp, ep_size, _line(release))
     if context_bytes is None:
-        ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, 1.0 * GiB
+        ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, CONTEXT_HIGH_GIB * GiB
         if tp > 1:
             link = "nvls" if gpu.nvls else ("nvlink" if gpu.interconnect.startswith("nvlink") else "pcie")
             mid, _, high = NON_TORCH_MULTI[link]
@@ -299,7 +191,10 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     amd = "cdna" in (gpu.arch or "").lower()
     f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(
         gpu_mib, tp, release, chunked_prefill_size=chunked_prefill_size, cuda_graph_max_bs=cuda_graph_max_bs,
-        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention)
+        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention, speculative=speculative)
+    if mem_fraction_static is None and spec_reserve_mib(speculative, _line(release)):
+        notes.append(f"speculative decoding ({speculative}): the default F reserves "
+                     f"{spec_reserve_mib(speculative, _line(release)) / 1024:.0f} GiB more (sglang@{release} rules)")
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
     runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang/mm.py)
@@ -310,19 +205,31 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     if kv_bytes is None:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: SGLang's are auto and fp8 here")
     cell = card.kv_elements_per_token_per_layer(attn_tp) * card.num_kv_layers * int(kv_bytes)
+    if card.mla is not None and _line(release) < (0, 3, 2, 0):  # 0.3.0-0.3.1: --enable-mla off by default
+        cell = max(1, card.num_kv_heads // tp) * 256 * card.num_kv_layers * 2 * int(kv_bytes)  # head_dim 256
+        notes.append("MLA off by default before 0.3.2: DeepSeek-V2's pool is sized as MHA (kv heads x 256 x 2)")
     t0 = total - ctx_mid
-    weights = sum((dp_attention_weights(card, tp, dp_attention) if dp_attention > 1 else weight_bytes_per_rank(card, tp)).values())
+    per_group = dp_attention_weights(card, tp, dp_attention) if dp_attention > 1 else weight_bytes_per_rank(card, tp)
+    per_group = ep_weights(card, tp, ep_size, per_group)
+    if ep_size > 1:
+        notes.append(ep_note(tp, ep_size, card))
+    per_group["rope_cache"] = per_group.get("rope_cache", 0.0) * rope_cache_factor(card, release, amd)
+    weights = sum(per_group.values())
     weights += absorbed_copy_bytes(card, attn_tp, _line(release), amd)  # DeepSeek's w_kc / w_vc (sglang/mla.py)
     state_share = 0.0
     if card.state is not None:
         state_share, state_note = _state_reserve(card, tp, release, max_running)
         notes.append(state_note)
     avail = t0 - weights
+    mm_res = mm_reservation_bytes(card, release)  # 0.5.18+: the multimodal embedding cache, out of the pool
+    if mm_res:
+        notes.append(f"multimodal: {mm_res / MiB:.0f} MiB of the pool's budget kept for the embedding cache "
+                     "(SGLANG_VLM_CACHE_SIZE_MB)")
     ctx = context_len or card.max_position_embeddings
     f = apply_aiter_cut(card, tp, _line(release), ctx, amd, f, notes)  # AMD's aiter backend (sglang/rocm.py)
-    tokens = pool_tokens(t0 / GiB, avail / GiB, f, cell, page_size, max_total_tokens, state_share)
+    tokens = pool_tokens(t0 / GiB, (avail - mm_res) / GiB, f, cell, page_size, max_total_tokens, state_share)
     t0_low = total - ctx_high
-    low = pool_tokens(t0_low / GiB, (t0_low - weights - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
+    low = pool_tokens(t0_low / GiB, (t0_low - weights - mm_res - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
                       max_total_tokens, state_share)
     swa = None
     if split is not None:  # full pool = kv_tokens; the conservative end is the SWA pool (sglang/swa.py)
@@ -338,8 +245,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                      max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
                      notes=notes, dp_attention=dp_attention, swa_tokens=swa)
     if tokens <= 0:
-        b.notes.append("no KV pool: the weights take more than F x T0 (SGLang stops: 'Not enough memory. Please "
-                       "try to increase --mem-fraction-static')")
+        b.notes.append(f"no KV pool: the weights take more than F x T0 (SGLang stops: {refusal(release)})")
     elif not b.fits:
         b.notes.append(f"the pool holds {tokens:,} tokens, less than one request of context_len {ctx:,}")
     b.notes.append("activations, CUDA graphs, the request table and attention workspaces must fit in the reserve "
@@ -387,13 +293,13 @@ class SglangMemory:
 
     def startup_memory(self, card: ModelCard, gpu: GPU, tp: int, *, mem_fraction_static: float | None,
                        context_len: int | None, kv_cache_dtype: str, chunked_prefill_size: int | None,
-                       max_running: int | None, dp_attention: int = 1) -> SglangBudget:
+                       max_running: int | None, dp_attention: int = 1, ep_size: int = 1) -> SglangBudget:
         """SGLang's own start-up accounting (T0, F, the reserve, the pool) under this release's rules, in SGLang's
         terms (`capacity memory --engine sglang`): `sglang_budget` at SGLang's flags."""
         return sglang_budget(card, gpu, tp, release=self.release, mem_fraction_static=mem_fraction_static,
                              context_len=context_len, kv_cache_dtype=kv_cache_dtype,
                              chunked_prefill_size=chunked_prefill_size, max_running=max_running,
-                             dp_attention=dp_attention)
+                             dp_attention=dp_attention, ep_size=ep_size)
 
     def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
         """SGLang's start-up memory as a MemoryBudget (see the module docstring for where each term goes). With
@@ -418,7 +324,8 @@ class SglangMemory:
             block_size=page, num_blocks=blocks, kv_tokens=sb.kv_tokens, max_model_len=ctx,
             max_num_seqs=eng.max_num_seqs, max_num_batched_tokens=eng.max_num_batched_tokens,
             max_concurrency=sb.kv_tokens / ctx, paged_kv=True, contiguous_max_seqs=sb.kv_tokens // ctx,
-            outside_budget_bytes=0.0, estimates=estimates, defaults_used=[*eng.defaults_used, "mem_fraction_static"],
+            outside_budget_bytes=0.0, estimates=estimates,
+            defaults_used=[*eng.defaults_used, *(["mem_fraction_static"] if sb.mem_fraction_default else [])],
             warnings=warnings, engine=self.name, release=self.label, release_checked=True,
             ranges={"weights": [w, w + LOAD_EXTRA_HIGH_GIB * GiB], "activation": [t0_low * (1 - f), sb.reserve_bytes],
                     "non_torch": [sb.context_bytes, sb.context_high_bytes], "cuda_graphs": [0.0, 0.0],
@@ -439,10 +346,15 @@ class SglangMemory:
         f, t0 = sb.mem_fraction_static, sb.free_at_start_bytes
         if sb.kv_tokens <= 0:
             return (f"no KV pool: weights {sb.weights_bytes / GiB:.2f} GiB per rank leave nothing of F x T0 = {f} x "
-                    f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: 'Not enough memory. Please try to increase "
-                    "--mem-fraction-static'); raise tp")
+                    f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: {refusal(self.release)}); raise tp")
         if sb.kv_tokens < b.max_model_len:
             return (f"one request of context_len {b.max_model_len} tokens needs {b.max_model_len:,} KV slots, but the "
                     f"pool holds {sb.kv_tokens:,} at tp={b.tp} (SGLang would start and cut requests at the pool); "
                     f"the largest max_model_len that fits is {sb.kv_tokens}")
         return None
+
+
+__all__ = ["CURRENT", "LOAD_EXTRA_HIGH_GIB", "NEWEST_READ", "RELEASES", "MiB", "SglangBudget", "SglangMemory",
+           "default_chunked_prefill_size", "default_cuda_graph_max_bs", "default_mem_fraction_static",
+           "max_running_requests", "parse_release", "piecewise_graph_tokens", "pool_tokens", "sglang_budget",
+           "version_key", "vlm_fraction_factor"]

@@ -33,6 +33,19 @@ class TrtllmConfig(EngineConfig):
         "only; must divide tensor_parallel_size and the model's expert count (capacity/engine/trtllm/parallel.py)",
         flag="--trtllm-ep-size", help="TensorRT-LLM expert parallelism (trtllm-serve --ep_size): experts whole over "
         "this many of the --tp ranks", trtllm="--ep_size")
+    trtllm_vswa: bool = setting(
+        False, description="TensorRT-LLM only: write kv_cache_config.max_attention_window with the model's windows "
+        "(sliding_window for its sliding layers, max_seq_len for the rest): a KV pool per window size (variable "
+        "sliding-window attention, VSWA) instead of one pool at full attention over every layer, TensorRT-LLM's "
+        "default. PyTorch backend 1.0-1.2 only (capacity/engine/trtllm/vswa.py)", flag="--trtllm-vswa", set_to=True,
+        help="TensorRT-LLM: a KV pool per attention window (kv_cache_config.max_attention_window)")
+    trtllm_attention_dp: bool = setting(
+        False, description="TensorRT-LLM only: enable_attention_dp (LlmArgs): attention, dense MLPs, embeddings and "
+        "the LM head whole on every one of the tensor_parallel_size ranks, the MoE experts split over them, a KV "
+        "pool (KV heads unsplit) and a batch per rank. Memory only: simulate and plan refuse it (its step cost is "
+        "not modelled). PyTorch backend, MoE models (capacity/engine/trtllm/parallel.py)",
+        flag="--trtllm-attention-dp", set_to=True,
+        help="TensorRT-LLM attention data parallelism (enable_attention_dp; memory only)")
 
 
 def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:
@@ -46,4 +59,14 @@ def trtllm_ep_size(cfg: EngineConfig) -> int:
     return 1 if ep is None else ep
 
 
-__all__ = ["TrtllmConfig", "trtllm_backend", "trtllm_ep_size"]
+def trtllm_vswa(cfg: EngineConfig) -> bool:
+    """Whether `cfg` asks for a KV pool per attention window (False: none, or another engine's configuration)."""
+    return cfg.trtllm_vswa if isinstance(cfg, TrtllmConfig) else False
+
+
+def trtllm_attention_dp(cfg: EngineConfig) -> bool:
+    """Whether `cfg` turns on attention data parallelism (False: off, or another engine's configuration)."""
+    return cfg.trtllm_attention_dp if isinstance(cfg, TrtllmConfig) else False
+
+
+__all__ = ["TrtllmConfig", "trtllm_attention_dp", "trtllm_backend", "trtllm_ep_size", "trtllm_vswa"]

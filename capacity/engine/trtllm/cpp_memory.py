@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 from capacity.engine.budget import MemoryBudget, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
+from capacity.engine.trtllm import vswa
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
@@ -173,6 +174,8 @@ def budget(card: ModelCard, gpu: GPU, cfg: EngineConfig, eng: ResolvedEngine, la
                 "cuda_graphs": [0.0, 0.0], "kv_budget": [kv_lo, kv_hi]},
         num_blocks_range=[blocks_lo, blocks_hi], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
         block_bytes=block * bpt, chunked_prefill=eng.chunked_prefill)
+    if card.num_sliding_layers:  # the executor's maxAttentionWindowVec defaults to [max_seq_len], as the PyTorch's
+        b.warnings.append(vswa.one_pool_note(card))
     why = None
     if t.total(0) >= total:
         why = (f"weights {t.weights[0] / GiB:.1f} GiB + execution context {t.activation[0] / GiB:.2f} + runtime and "

@@ -50,9 +50,9 @@ from dataclasses import asdict, dataclass, field
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
-from capacity.engine.trtllm import cpp_memory, kv_estimate
-from capacity.engine.trtllm.config import trtllm_backend
-from capacity.engine.trtllm.parallel import moe_layout, weights_per_rank
+from capacity.engine.trtllm import cpp_memory, kv_estimate, vswa
+from capacity.engine.trtllm.config import trtllm_attention_dp, trtllm_backend, trtllm_vswa
+from capacity.engine.trtllm.parallel import kv_tp, moe_layout, weights_per_rank
 from capacity.engine.trtllm.release import DEFAULT_BACKEND, TrtllmRelease, parse_trtllm
 from capacity.engine.vllm.engine import STEP_OVERHEAD_S, Vllm
 from capacity.engine.vllm.memory import GRAPH_SEGMENT_MIB
@@ -168,14 +168,12 @@ class Trtllm:
         self._check(cfg)
         tp = cfg.tensor_parallel_size
         check_tp(card, tp)
-        if card.num_sliding_layers:
-            raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for sliding-window layers are not modelled "
-                              "(use --engine vllm)")
         if card.state is not None:
             raise ConfigError(f"model {card.name}: TensorRT-LLM's pools for {card.state.kind} state layers are not "
                               "modelled (use --engine vllm or sglang)")
         used: list[str] = []
         rel = self._rel(cfg)
+        vswa.check(card, cfg, rel)  # sliding-window layers: one pool at full attention unless trtllm_vswa (vswa.py)
         moe_layout(card, cfg, tp, rel.engine_backend)  # refuses an expert-parallel size the ranks cannot hold
         ctx = resolve_max_model_len(cfg, card, used)
         chunked = cfg.enable_chunked_prefill
@@ -208,7 +206,7 @@ class Trtllm:
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         weights = (w, w, w * (1.002 if plain else 1.01))
         # vLLM's derivation of a max_num_tokens forward (the dummy requests' prompts), its forward phases only
-        probe = EngineConfig(tensor_parallel_size=eng.tp, max_model_len=eng.max_model_len, max_num_seqs=1,
+        probe = EngineConfig(tensor_parallel_size=kv_tp(cfg, eng.tp), max_model_len=eng.max_model_len, max_num_seqs=1,
                              max_num_batched_tokens=eng.max_num_batched_tokens, enable_chunked_prefill=True,
                              kv_cache_dtype=cfg.kv_cache_dtype)
         vm = Vllm()
@@ -255,7 +253,7 @@ class Trtllm:
             return cpp_memory.budget(card, gpu, cfg, eng, rel.label, check_fit=check_fit)
         pk = self.peak(card, gpu, eng)
         total = gpu.usable_memory_bytes
-        bpt = kv_bytes_per_token(card, eng.kv_dtype, eng.tp)
+        bpt = kv_bytes_per_token(card, eng.kv_dtype, kv_tp(cfg, eng.tp))  # attention DP: heads whole per rank
         cap = cfg.num_gpu_blocks_override * eng.block_size if cfg.num_gpu_blocks_override is not None else None
         ends = {}
         for name, end in (("mid", 0), ("lo", 2), ("hi", 1)):  # the conservative KV end has every term high
@@ -293,6 +291,10 @@ class Trtllm:
                     "kv_budget": [kv_lo, kv_hi]},
             num_blocks_range=[blocks_lo, blocks_hi], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
             block_bytes=block * bpt, chunked_prefill=eng.chunked_prefill)
+        vswa.apply(b, card, cfg, eng, rel, {"mid": kv_mid, "lo": kv_lo, "hi": kv_hi}, cap)
+        if trtllm_attention_dp(cfg):
+            b.warnings.append(f"attention DP: every figure is one rank's; each of the {eng.tp} ranks holds its own KV "
+                              "pool and batch (memory only: the step cost is not modelled)")
         why = None
         if pk.total(0) >= total:
             why = (f"weights {pk.weights[0] / GiB:.1f} GiB + activation {pk.activation[0] / GiB:.2f} + context "
@@ -301,7 +303,7 @@ class Trtllm:
         elif blocks == 0:
             why = f"no KV blocks: 0.9 x the {(total - pk.total(0)) / GiB:.2f} GiB free after the profile at tp={eng.tp}"
         elif kv_estimate.pool_request_fails(rel.version, kv_mid, free := total - pk.total(0) + pk.activation[0],
-                                            f := kv_estimate.inflation(card, eng.kv_dtype, eng.tp, bpt)):
+                                            f := kv_estimate.inflation(card, eng.kv_dtype, kv_tp(cfg, eng.tp), bpt)):
             why = (f"TensorRT-LLM {rel.version} sizes the pool from max_tokens counted at {card.num_kv_heads} KV heads / "
                    f"tp {eng.tp} of a head per rank, the pool keeps a whole head: {kv_mid * f / GiB:.1f} GiB asked of "
                    f"{free / GiB:.1f} free ('could not be created: KV cache'); tp <= {card.num_kv_heads} or 1.1+")
@@ -315,6 +317,9 @@ class Trtllm:
         """A builder of one replica's scheduler: GUARANTEED_NO_EVICT admission (prompt + output reserved), the
         max_num_tokens step budget, the overlap scheduler; checks the settings now."""
         self._check(cfg)
+        if trtllm_attention_dp(cfg):
+            raise ConfigError("trtllm_attention_dp true: the step cost of attention data parallelism (a batch per "
+                              "rank, the MoE across ranks) is not modelled; capacity memory sizes it")
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: TensorRT-LLM's pools for them are not modelled")
         chunked = cfg.enable_chunked_prefill
@@ -363,13 +368,16 @@ class Trtllm:
         has no flag. The KV cache is
         pinned to the planned pool (kv_cache_config.max_tokens: TensorRT-LLM keeps the smaller of it and what it
         profiles), so the engine never holds more than was simulated."""
+        win = f", max_attention_window: {vswa.launch_vector(card, b.max_model_len)}" if trtllm_vswa(cfg) else ""
         extra = [f"kv_cache_config: {{max_tokens: {b.planning_tokens}, tokens_per_block: {b.block_size}, "
-                 f"enable_block_reuse: {str(cfg.enable_prefix_caching).lower()}"
+                 f"enable_block_reuse: {str(cfg.enable_prefix_caching).lower()}{win}"
                  + (", dtype: fp8" if cfg.kv_cache_dtype == "fp8" else "") + "}",
                  f"enable_chunked_prefill: {str(b.chunked_prefill).lower()}"]
         rel = self._rel(cfg)
         if not rel.engine_backend:
             extra.append(f"disable_overlap_scheduler: {str(not self.async_scheduling(cfg)).lower()}")
+        if trtllm_attention_dp(cfg):
+            extra.append("enable_attention_dp: true")
         if cfg.kv_reservation == "prompt":
             extra.append("scheduler_config: {capacity_scheduler_policy: MAX_UTILIZATION}")
         if cfg.enforce_eager:

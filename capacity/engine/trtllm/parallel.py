@@ -10,13 +10,19 @@ Read in NVIDIA/TensorRT-LLM (1.x; docs/trtllm.md, "Expert parallelism"):
   setting).
 - `_torch/modules/fused_moe` (`MoE.__init__`): each rank keeps `expert_size_per_partition = num_experts //
   ep_size` whole experts, each of them split over moe_tp_size along the intermediate dimension; the router,
-  attention, embeddings and dense layers stay tensor parallel over tp_size (attention data parallelism,
-  `enable_attention_dp`, is not modelled).
+  attention, embeddings and dense layers stay tensor parallel over tp_size.
+- Attention data parallelism (`enable_attention_dp`, `trtllm_attention_dp`; memory only): the attention modules
+  and the KV cache at tp 1 (`KVCacheManager.__init__`: `if mapping.enable_attention_dp: tp_size = 1`), the dense
+  MLPs too (`_compute_mlp_tp_size`: "If using attention DP, the MLP also uses DP instead of TP. mlp_tp_size = 1",
+  DeepSeek-V3, GLM, Exaone), the embedding unsplit (`Qwen3MoEModel.__init__`: "we don't do parallelism here") and
+  the LM head replicated unless `enable_lm_head_tp_in_adp` (off by default); the routed experts split over the
+  ranks as above. Everything but the routed experts is counted at tp 1 (shared experts and routers included: the
+  conservative end where a family splits them).
 """
 from __future__ import annotations
 
 from capacity.engine.config import EngineConfig
-from capacity.engine.trtllm.config import trtllm_ep_size
+from capacity.engine.trtllm.config import trtllm_attention_dp, trtllm_ep_size
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.weights import weight_bytes_per_rank
@@ -24,6 +30,9 @@ from capacity.model.weights import weight_bytes_per_rank
 
 def moe_layout(card: ModelCard, cfg: EngineConfig, tp: int, engine_backend: bool) -> tuple[int, int]:
     """(moe_ep_size, moe_tp_size) for `cfg` at tensor parallel size `tp`; bad values refused in one line."""
+    if trtllm_attention_dp(cfg) and (card.moe is None or engine_backend):
+        raise ConfigError(f"trtllm_attention_dp true: modelled for MoE models on the PyTorch backend ({card.name}"
+                          f"{', a dense model: run data-parallel replicas' if card.moe is None else ''})")
     ep = trtllm_ep_size(cfg)
     if ep == 1:
         return 1, tp
@@ -46,9 +55,19 @@ def weights_per_rank(card: ModelCard, cfg: EngineConfig, tp: int, engine_backend
     per rank, each split over moe_tp = tp / ep."""
     ep, moe_tp = moe_layout(card, cfg, tp, engine_backend)
     if ep == 1:
-        return sum(weight_bytes_per_rank(card, tp).values())
-    out = weight_bytes_per_rank(card, tp, ep=ep)  # whole experts: num_experts / ep of them
-    return sum(b / moe_tp if name in ("experts_gate_up", "experts_down") else b for name, b in out.items())
+        out = weight_bytes_per_rank(card, tp)
+    else:
+        out = {name: b / moe_tp if name in ("experts_gate_up", "experts_down") else b  # num_experts / ep whole ones
+               for name, b in weight_bytes_per_rank(card, tp, ep=ep).items()}
+    if trtllm_attention_dp(cfg):  # everything but the routed experts whole on every rank
+        whole = weight_bytes_per_rank(card, 1)
+        out = {name: b if name.startswith("experts_") else whole[name] for name, b in out.items()}
+    return sum(out.values())
 
 
-__all__ = ["moe_layout", "weights_per_rank"]
+def kv_tp(cfg: EngineConfig, tp: int) -> int:
+    """The tp the KV pool splits heads over: 1 under attention data parallelism (a whole pool per rank)."""
+    return 1 if trtllm_attention_dp(cfg) else tp
+
+
+__all__ = ["kv_tp", "moe_layout", "weights_per_rank"]

@@ -153,7 +153,7 @@ class Vllm(VllmMemory):
                       max_model_len=limits.max_model_len, kv_groups=limits.kv_groups,
                       reserve_output=cfg.kv_reservation == "prompt_and_output",
                       async_scheduling=self.async_scheduling(cfg),
-                      inflight_tokens=limits.max_num_batched_tokens * (2 if self.async_scheduling(cfg) else 1))
+                      inflight_tokens=limits.max_num_batched_tokens * self.inflight_batches(cfg))
         make_scheduler(cfg.policy, **kw)
         return lambda: make_scheduler(cfg.policy, **kw)
 

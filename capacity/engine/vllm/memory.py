@@ -45,7 +45,7 @@ from capacity.engine.vllm.release import Release
 from capacity.errors import DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
+from capacity.model.weights import experts_only_alternative, lora_bytes_per_rank, tensor_groups, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB, MiB
 
 # ---- empirical terms, from the real start-up logs (tests/data/vllm_startup/logs.yaml) ----------------------
@@ -108,6 +108,12 @@ class VllmMemory:
 
     def async_scheduling(self, cfg: EngineConfig) -> bool:
         raise NotImplementedError  # Vllm.async_scheduling
+
+    def inflight_batches(self, cfg: EngineConfig) -> int:
+        """The batches a sliding-window group reserves in flight (`max_concurrent_batches` in
+        `max_admission_blocks_per_request`): 2 with async scheduling in 0.32's code, 1 in 0.19's, async or not
+        (docs/memory.md); the releases between are taken as 0.19's."""
+        return 2 if self.async_scheduling(cfg) and self.release.version >= (0, 32, 0) else 1
 
     # ---- the activation peak -------------------------------------------------------------------------
     def activation_phases(self, card: ModelCard, eng: ResolvedEngine, gpu: GPU) -> tuple[dict[str, float], float]:
@@ -315,6 +321,9 @@ class VllmMemory:
         weights += lora_bytes_per_rank(card, eng.tp, vc.max_loras, vc.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
+        if (alt_card := experts_only_alternative(card)) is not None:  # which layers the checkpoint quantises
+            w_hi = max(w_hi, sum(weight_bytes_per_rank(alt_card, eng.tp, layout, ep=ep, moe_tp=moe_tp).values()))
+            estimates.append(f"weights ({card.weight_format} layers not named: experts alone at the high end)")
         if layout is not None:  # the swizzled scale layouts pad a little more than counted here
             alt = mxfp4_layout_alternative(layout, rel)
             w_alt = sum(weight_bytes_per_rank(card, eng.tp, alt).values()) if alt is not None else weights
@@ -355,8 +364,9 @@ class VllmMemory:
             estimates.append("cuda_graphs")
         estimates.append("cuda_context")
         groups = kv_groups(card, rel, eng.block_size)
-        if groups.sliding:  # vLLM's max_in_flight_tokens: the budget x concurrent batches (2 with async scheduling)
-            groups = replace(groups, inflight=eng.max_num_batched_tokens * (2 if self.async_scheduling(cfg) else 1))
+        if groups.sliding:  # vLLM's max_in_flight_tokens: the budget x concurrent batches (2 with async scheduling
+            # in 0.32's code; 0.19's reserves one batch, async or not: docs/memory.md)
+            groups = replace(groups, inflight=eng.max_num_batched_tokens * self.inflight_batches(cfg))
         buffers = self.runner_buffers(card, eng, groups)
 
         in_budget = eng.cuda_graphs_in_budget

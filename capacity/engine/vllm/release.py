@@ -187,10 +187,11 @@ class Release:
 
     @property
     def default_async_scheduling(self) -> bool:
-        """Async scheduling on a GPU unless asked otherwise: 0.32's VllmConfig turns it on when nothing
-        incompatible is set (pooling models, some speculative methods, PP on the V1 runner). Releases before
-        0.32 are taken as scheduling synchronously: the release that made it the default is not pinned."""
-        return self.runner == "v1" and self.version >= (0, 32, 0)
+        """Async scheduling on a GPU unless asked otherwise, from 0.14.0: its release notes, "Async scheduling is
+        now enabled by default" (vllm-project/vllm pull request 27614; 0.13 and earlier need --async-scheduling,
+        which arrived in 0.10.0: capacity/engine/vllm/flags.py). 0.32's VllmConfig, read line by line, turns it on
+        when nothing incompatible is set (pooling models, some speculative methods, PP on the V1 runner)."""
+        return self.runner == "v1" and self.version >= (0, 14, 0)
 
     def default_prefix_caching(self) -> bool:
         return self.runner == "v1"
