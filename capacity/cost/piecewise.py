@@ -77,6 +77,7 @@ class PiecewiseGraphCost:
         if not 0 <= cpu_s < 1 or not 0 <= overhead_s < 1:
             raise ValueError(f"cpu_s, overhead_s: in [0, 1) s (got {cpu_s}, {overhead_s})")
         self.inner = inner
+        self._inner_step_s = inner.step_s  # bound once: step_s runs for every step of every simulation
         self.cpu_s = cpu_s
         self.overhead_s = overhead_s
         self.decode_piecewise = decode_piecewise
@@ -87,7 +88,7 @@ class PiecewiseGraphCost:
             self.decode_line = None
 
     def __getattr__(self, name: str):  # the wrapped cost's other attributes (card, gpu, params, decode_line, ...)
-        if name == "inner":
+        if name in ("inner", "_inner_step_s"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -95,8 +96,10 @@ class PiecewiseGraphCost:
         return bool(plan.prefills) or (self.decode_piecewise and bool(plan.decode_contexts))
 
     def step_s(self, plan: StepPlan) -> float:
-        t = self.inner.step_s(plan)
-        if plan.num_tokens == 0 or not self._piecewise(plan) or t - self.overhead_s >= self.cpu_s:
+        t = self._inner_step_s(plan)
+        if not plan.prefills and not (self.decode_piecewise and plan.decode_contexts):
+            return t  # a full-graph step
+        if plan.num_tokens == 0 or t - self.overhead_s >= self.cpu_s:
             return t  # (as it was, to the last bit, where the GPU is the longer)
         return self.overhead_s + self.cpu_s
 
