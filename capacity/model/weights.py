@@ -317,3 +317,16 @@ def experts_only_alternative(card: ModelCard) -> ModelCard | None:
         return None
     keep = {f: card.dtype for f in ("attention", "dense_mlp", "shared_experts")}
     return card.model_copy(update={"weight_formats": keep})
+
+
+def mlp_and_final_norm_biases(card: ModelCard) -> list[TensorGroup]:
+    """The bias tensors of a non-gated MLP with biases (up: column-split; down: replicated, added once after the
+    all-reduce) and of a final LayerNorm, which families with biased GELU/ReLU MLPs add to the inventory (OPT,
+    Phi, StarCoder2, GPT-BigCode)."""
+    out: list[TensorGroup] = []
+    if card.num_dense_layers:
+        out += [TensorGroup("mlp_up_bias", card.num_dense_layers, card.intermediate_size, 1, "column", None),
+                TensorGroup("mlp_down_bias", card.num_dense_layers, 1, card.hidden_size, "replicated", None)]
+    if card.has_lm_head:
+        out.append(TensorGroup("final_norm_bias", 1, 1, card.hidden_size, "replicated", None))
+    return out

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
-from capacity.model.weights import TensorGroup
+from capacity.model.weights import TensorGroup, mlp_and_final_norm_biases
 
 POSITION_OFFSET = 2  # OPTLearnedPositionalEmbedding: num_embeddings + 2
 
@@ -39,12 +39,7 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
 
 def _weights(card, groups: list) -> list:
     """fc1's and fc2's biases, the final LayerNorm's bias and the learned positions."""
-    out = list(groups)
-    if card.num_dense_layers:
-        out += [TensorGroup("mlp_up_bias", card.num_dense_layers, card.intermediate_size, 1, "column", None),
-                TensorGroup("mlp_down_bias", card.num_dense_layers, 1, card.hidden_size, "replicated", None)]
-    if card.has_lm_head:
-        out.append(TensorGroup("final_norm_bias", 1, 1, card.hidden_size, "replicated", None))
+    out = [*groups, *mlp_and_final_norm_biases(card)]
     if card.has_embedding:
         out.append(TensorGroup("position_embeddings", 1, card.max_position_embeddings + POSITION_OFFSET,
                                card.hidden_size, "replicated", None))

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
-from capacity.model.weights import TensorGroup
+from capacity.model.weights import TensorGroup, mlp_and_final_norm_biases
 
 PARTIAL = 0.4  # Phi-2's and Phi-1.5's partial_rotary_factor
 
@@ -62,13 +62,9 @@ def _phimoe(text: dict, card: dict, need: Need, source: str) -> None:
 
 def _biases(card, groups: list) -> list:
     """fc1 and fc2 biases per layer, the final LayerNorm's bias and the LM head's bias."""
-    out = list(groups)
-    if card.num_dense_layers:
-        out += [TensorGroup("mlp_up_bias", card.num_dense_layers, card.intermediate_size, 1, "column", None),
-                TensorGroup("mlp_down_bias", card.num_dense_layers, 1, card.hidden_size, "replicated", None)]
+    out = [*groups, *mlp_and_final_norm_biases(card)]
     if card.has_lm_head:
-        out += [TensorGroup("final_norm_bias", 1, 1, card.hidden_size, "replicated", None),
-                TensorGroup("lm_head_bias", 1, card.vocab_size, 1, "vocab", None)]
+        out.append(TensorGroup("lm_head_bias", 1, card.vocab_size, 1, "vocab", None))
     return out
 
 

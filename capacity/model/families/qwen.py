@@ -18,7 +18,8 @@ def _qwen3(text: dict, card: dict, need: Need, source: str) -> None:
 def _qwen3_moe(text: dict, card: dict, need: Need, source: str) -> None:
     card["qk_norm"] = True
     if text.get("mlp_only_layers") or text.get("decoder_sparse_step", 1) != 1:
-        raise ConfigError(f"{source}: qwen3_moe with mlp_only_layers/decoder_sparse_step != 1 is not supported")
+        raise ConfigError(f"{source}: a Qwen3 MoE text model with mlp_only_layers/decoder_sparse_step != 1 is "
+                          "not supported (every layer a MoE layer only)")
     card["moe"] = {"num_experts": need("num_experts"), "experts_per_token": need("num_experts_per_tok"),
                    "moe_intermediate_size": need("moe_intermediate_size")}
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from capacity.errors import ConfigError
 from capacity.model.families.hybrid import QUARTER, _deltanet
+from capacity.model.families.qwen import _qwen3, _qwen3_moe
 from capacity.model.families.qwen_vl import _qwen_vit
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.hf_vision import text_config
@@ -55,16 +56,8 @@ def _shared_gate(card, groups: list) -> list:
     return out
 
 
-def _qwen3_vl_text(text: dict, card: dict, need: Need, source: str) -> None:
-    card["qk_norm"] = True
-
-
-def _qwen3_vl_moe_text(text: dict, card: dict, need: Need, source: str) -> None:
-    card["qk_norm"] = True
-    if text.get("mlp_only_layers") or text.get("decoder_sparse_step", 1) != 1:
-        raise ConfigError(f"{source}: qwen3_vl_moe with mlp_only_layers/decoder_sparse_step != 1 is not supported")
-    card["moe"] = {"num_experts": need("num_experts"), "experts_per_token": need("num_experts_per_tok"),
-                   "moe_intermediate_size": need("moe_intermediate_size")}
+# Qwen3-VL's text models are Qwen3's and Qwen3-MoE's decoders (vllm/model_executor/models/qwen3_vl*.py reuse them)
+_qwen3_vl_text, _qwen3_vl_moe_text = _qwen3, _qwen3_moe
 
 
 def _qwen3_5_moe_text(text: dict, card: dict, need: Need, source: str) -> None:

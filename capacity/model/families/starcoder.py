@@ -21,7 +21,7 @@ from __future__ import annotations
 from capacity.errors import ConfigError
 from capacity.model.families.llama import whole_model_slides
 from capacity.model.families.registry import Family, Need, register
-from capacity.model.weights import TensorGroup
+from capacity.model.weights import TensorGroup, mlp_and_final_norm_biases
 
 
 def _shape(text: dict, card: dict, need: Need, source: str) -> None:
@@ -36,13 +36,7 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
 
 def _biases(card, groups: list) -> list:
     """c_fc's and c_proj's biases per layer and the final LayerNorm's bias."""
-    out = list(groups)
-    if card.num_dense_layers:
-        out += [TensorGroup("mlp_up_bias", card.num_dense_layers, card.intermediate_size, 1, "column", None),
-                TensorGroup("mlp_down_bias", card.num_dense_layers, 1, card.hidden_size, "replicated", None)]
-    if card.has_lm_head:
-        out.append(TensorGroup("final_norm_bias", 1, 1, card.hidden_size, "replicated", None))
-    return out
+    return [*groups, *mlp_and_final_norm_biases(card)]
 
 
 _GPT2_KEYS = {"n_embd": "hidden_size", "n_layer": "num_hidden_layers", "n_head": "num_attention_heads",
