@@ -91,11 +91,16 @@ def _split(text: str) -> list[str]:
     return [p.strip() for p in out + [cur] if p.strip()]
 
 
+MAX_SPEC_CHARS = 2000  # a dataset spec with every parameter and a few dozen buckets is far shorter
+
+
 def parse(spec: str) -> tuple[str, dict[str, str], str | None]:
     """'random-mm:base=2,ratio=0.5' -> ('random-mm', {'base': '2', 'ratio': '0.5'}, None); a bare `small` or
     `large` is the bracket end (the third item)."""
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError(f"{FIELD}: {spec!r} is not a dataset name (one of {', '.join(NAMES)})")
+    if len(spec) > MAX_SPEC_CHARS:  # a user's string: bounded before it is split or echoed
+        raise ConfigError(f"{FIELD}: a spec of {len(spec):,} characters ({spec[:40]!r}...); at most {MAX_SPEC_CHARS:,}")
     name, _, rest = spec.strip().partition(":")
     key = name.strip().lower()
     if key in VIDEO:
