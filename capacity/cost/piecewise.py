@@ -12,8 +12,9 @@ graph, the attention itself runs eagerly from Python. Which steps run that way i
   default"; `CUDAGraphMode.decode_mode()` FULL, `mixed_mode()` PIECEWISE): a decode-only batch replays one full
   graph (FlashAttention and FlashMLA declare `AttentionCGSupport.UNIFORM_BATCH` or better), a step with a prefill
   in it still runs piecewise.
-- V0 runners capture full decode graphs (`CUDAGraphRunner`): not piecewise. SGLang and TensorRT-LLM replay full
-  decode graphs by default: not wrapped.
+- V0 runners capture full decode graphs (`CUDAGraphRunner`): not piecewise. SGLang's and TensorRT-LLM's graphs
+  (decode graphs up to a batch size, eager or piecewise prefill) are read in capacity/engine/graphs.py, which
+  wraps their steps with this class too (`eager_s`: a step with no graph at all, `layer_eager_s`).
 
 The cost. At small batch the CPU's dispatch of the eager parts outlasts the GPU's work, so such a step lasts the
 per-step overhead + max(the GPU's work, the CPU's dispatch of the model): L x (the layer's eager attention calls
