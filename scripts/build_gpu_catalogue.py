@@ -192,7 +192,8 @@ def build(src: Path) -> dict:
             "interconnect_bytes_per_s": (link if link else pcie) * GB / 2,
             "interconnect": "nvlink/infinity-fabric" if link else "pcie",
             **({"topology": TOPOLOGY[name][0], "topology_source": TOPOLOGY[name][1],
-                "pcie_bytes_per_s": pcie * GB / 2} if name in TOPOLOGY else {}),
+                **({"pcie_bytes_per_s": pcie * GB / 2} if TOPOLOGY[name][0] == "pairs" else {})}
+               if name in TOPOLOGY else {}),
             "tdp_w": spec.get("tdp_w"),
             "source": spec["source"],
             "confidence": spec["confidence"],

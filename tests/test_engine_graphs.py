@@ -57,6 +57,9 @@ def test_topology_per_gpu():
     assert allreduce_plan(2, 8192, h100_pcie.interconnect, "vllm", h100_pcie.full_nvlink(2)) == "one-shot"
     # beyond the pair the ring runs over PCIe Gen5 (128 GB/s both ways: 64 GB/s a direction)
     assert h100_pcie.ring_bytes_per_s(4) == 64e9 and h100_pcie.ring_bytes_per_s(2) == 300e9
+    # a DGX-1 cube-mesh closes an NVLink ring through all 8: NCCL keeps NVLink, only the custom kernel is lost
+    assert v100.nvlink_ring(8) and v100.ring_bytes_per_s(8) == v100.interconnect_bytes_per_s
+    assert allreduce_plan(8, 8192, v100.interconnect, "vllm", v100.full_nvlink(8)) == "nccl"
     # NCCL over PCIe hops at tp 4: 6.6 us + 6 x 1.0 us + the ring's 1.5 x bytes
     assert allreduce_call_s(4, 8192, h100_pcie.interconnect, 64e9, 8e-6, "vllm", False) == pytest.approx(
         12.6e-6 + 1.5 * 8192 / 64e9)

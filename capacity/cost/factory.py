@@ -36,10 +36,11 @@ def roofline_cost(card: ModelCard, gpu: GPU, tp: int, kv_dtype: str | None,
     key = (type(card), card.model_dump_json(), type(gpu), gpu.model_dump_json(), tp, kv_dtype, step_overhead_s, allreduce)
     got = _ROOFLINES.pop(key, None)
     if got is None:
-        extra = {} if allreduce == "vllm" else {"allreduce_engine": allreduce}
-        got = (RooflineCost(card, gpu, tp, kv_dtype=kv_dtype) if step_overhead_s is None and not extra else
-               RooflineCost(card, gpu, tp, kv_dtype=kv_dtype, params=RooflineParams(
-                   **({} if step_overhead_s is None else {"step_overhead_s": step_overhead_s}), **extra)))
+        fields: dict[str, object] = {} if allreduce == "vllm" else {"allreduce_engine": allreduce}
+        if step_overhead_s is not None:
+            fields["step_overhead_s"] = step_overhead_s
+        got = (RooflineCost(card, gpu, tp, kv_dtype=kv_dtype) if not fields else
+               RooflineCost(card, gpu, tp, kv_dtype=kv_dtype, params=RooflineParams.model_validate(fields)))
         while len(_ROOFLINES) >= ROOFLINES_KEPT:
             del _ROOFLINES[next(iter(_ROOFLINES))]
     _ROOFLINES[key] = got

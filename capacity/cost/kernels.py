@@ -120,10 +120,10 @@ def allreduce_plan(tp: int, nbytes: float, interconnect: str, engine: str = "vll
 
 def allreduce_call_s(tp: int, nbytes: float, interconnect: str, link_bytes_per_s: float,
                      custom_latency_s: float, engine: str = "vllm", full_nvlink: bool | None = None,
-                     tokens: int = 0) -> float:
+                     tokens: int = 0, nvlink_ring: bool | None = None) -> float:
     """One all-reduce of `nbytes` over `tp` ranks: the algorithm's latency + its bytes over the link (each rank reads
     tp - 1 other buffers one-shot; the ring's 2 (tp - 1) / tp of the message two-shot and in NCCL). NCCL's hops are
-    NVLink ones only where the tp GPUs are fully NVLink-connected."""
+    NVLink ones where NCCL's ring runs on NVLink (`nvlink_ring`, GPU.nvlink_ring; None: as `full_nvlink`)."""
     if tp == 1:
         return 0.0
     algo = allreduce_plan(tp, nbytes, interconnect, engine, full_nvlink, tokens)
@@ -133,5 +133,5 @@ def allreduce_call_s(tp: int, nbytes: float, interconnect: str, link_bytes_per_s
     if algo == "two-shot":
         return custom_latency_s + ring
     full = ("nvlink" in interconnect) if full_nvlink is None else full_nvlink
-    hop = NCCL_RING_LL_HOP_S["nvlink" if full else "pcie"]
+    hop = NCCL_RING_LL_HOP_S["nvlink" if (full if nvlink_ring is None else nvlink_ring) else "pcie"]
     return NCCL_RING_LL_BASE_S + 2 * (tp - 1) * hop + ring

@@ -60,9 +60,14 @@ class GPU(BaseModel):
         topo = self.topology or ("fully-connected" if "nvlink" in self.interconnect else "pcie")
         return {"fully-connected": True, "pairs": tp <= 2, "cube-mesh": tp <= 4}.get(topo, False)
 
+    def nvlink_ring(self, tp: int) -> bool:
+        """Whether NCCL's ring over `tp` GPUs runs on NVLink: inside a fully connected group, and on a DGX-1 cube-mesh
+        at 8 GPUs too (its NVLinks close a ring through all 8; only the custom all-reduce needs every pair)."""
+        return self.full_nvlink(tp) or self.topology == "cube-mesh"
+
     def ring_bytes_per_s(self, tp: int) -> float:
-        """Per-direction bandwidth of a ring over `tp` GPUs: the NVLink figure inside the NVLink group, PCIe beyond."""
-        if self.full_nvlink(tp) or self.pcie_bytes_per_s is None:
+        """Per-direction bandwidth of a ring over `tp` GPUs: the NVLink figure on an NVLink ring, PCIe otherwise."""
+        if self.nvlink_ring(tp) or self.pcie_bytes_per_s is None:
             return self.interconnect_bytes_per_s
         return self.pcie_bytes_per_s
 
