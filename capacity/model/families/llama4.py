@@ -79,4 +79,7 @@ def _vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
 
 
 register(Family("llama4_text", ("llama4_text",), "vllm/model_executor/models/llama4.py", shape=_shape),
-         Family("llama4", ("llama4",), "vllm/model_executor/models/mllama4.py", text=_text, vision=_vision))
+         # SGLang serves Llama4ForConditionalGeneration text-only unless --enable-multimodal (model_config.py
+         # mm_disabled_models), as Gemma-3
+         Family("llama4", ("llama4",), "vllm/model_executor/models/mllama4.py", text=_text, vision=_vision,
+                sglang_text_only=True))
