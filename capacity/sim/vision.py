@@ -27,10 +27,10 @@ import dataclasses
 from typing import Any, TypeVar
 
 from capacity.cost.encoder import EncoderRoofline, EncoderStepCost
-from capacity.sim.encoder_budget import EncoderGate
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.vision_tokens import image_tokens
+from capacity.sim.encoder_budget import EncoderGate
 from capacity.workload import WorkloadSpec, least_tokens
 
 P = TypeVar("P")
