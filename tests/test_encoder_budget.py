@@ -112,6 +112,8 @@ def test_a_preempted_request_releases_its_references():
     assert gate.free == 1096 and gate.holders
     gate.release_all(q)  # what _preempt does
     assert not gate.holders and gate.freeable == 4096 and gate.evictable
+    # preempted in the same step: its image's budget comes back and it is not encoded in this step
+    assert gate.left == 4096 and gate.work == []
 
 
 def test_text_requests_pass_the_gate_untouched():

@@ -61,6 +61,7 @@ class EncoderGate:
         self.holders: dict[int, tuple[Any, list[int]]] = {}  # request id -> (its Seq, image indices it references)
         self.pending: list[int] = []  # images of the request being scheduled, to commit
         self.work: list[tuple[int, int]] = []  # this step's images to encode: (encoder seq length, sequences)
+        self.taken: dict[int, list[tuple[int, tuple[int, int]]]] = {}  # request id -> its images committed this step
         self.evictions = 0
         self.deferred = 0  # chunks cut before an image (budget or cache)
 
@@ -74,6 +75,7 @@ class EncoderGate:
         after the previous step's output, `_free_encoder_inputs`)."""
         self.left = self.budget_tokens
         self.work = []
+        self.taken = {}
         self.pending = []
         for rid in list(self.holders):
             seq, ks = self.holders[rid]
@@ -129,11 +131,18 @@ class EncoderGate:
             self.freeable -= tokens
             self.left -= tokens
             self._hold(seq, k)
-            self.work.append((imgs[k][2], imgs[k][3]))
+            w = (imgs[k][2], imgs[k][3])
+            self.work.append(w)
+            self.taken.setdefault(rid, []).append((tokens, w))
         self.pending = []
 
     def release_all(self, seq: Any) -> None:
-        """Preempted or finished: every reference of the request goes (`EncoderCacheManager.free`)."""
+        """Preempted or finished: every reference of the request goes (`EncoderCacheManager.free`); a request
+        preempted in the step that scheduled its images gives their budget back and they are not encoded
+        (`Scheduler.schedule`: `scheduled_encoder_inputs.pop`, `encoder_compute_budget += ...`)."""
+        for tokens, w in self.taken.pop(seq.req.id, ()):
+            self.left += tokens
+            self.work.remove(w)
         held = self.holders.pop(seq.req.id, None)
         if held is not None:
             for k in held[1]:
