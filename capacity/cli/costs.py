@@ -13,7 +13,9 @@ from capacity.cost.factory import make_step_cost
 from capacity.cost.parallel import BACKENDS, EXPERT_IMBALANCE_RANGE, wrap
 from capacity.cost.profile import bundled_profiles, to_plan
 from capacity.cost.step import PrefillChunk, StepPlan
+from capacity.engine import get_engine
 from capacity.engine.budget import check_tp
+from capacity.engine.configs import AnyEngineConfig
 from capacity.engine.graphs import allreduce_rules, graph_wrap
 from capacity.errors import CapacityError
 from capacity.files import check_writable, dumps
@@ -243,9 +245,6 @@ def engine_of(spec: str | None):
     if spec is None:
         return None, None
     from pydantic import TypeAdapter, ValidationError
-
-    from capacity.engine import get_engine
-    from capacity.engine.configs import AnyEngineConfig
 
     try:
         cfg = TypeAdapter(AnyEngineConfig).validate_python({"engine": spec})

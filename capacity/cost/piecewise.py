@@ -39,6 +39,7 @@ neither is modelled (the decode path's count is used for every piecewise step).
 """
 from __future__ import annotations
 
+from capacity.cost.kernels import attention_kernels, mlp_kernels
 from capacity.cost.step import StepCost, StepPlan, decode_run_s
 from capacity.model.card import ModelCard
 
@@ -72,8 +73,6 @@ def decode_is_piecewise(version: tuple[int, int, int], runner: str) -> bool:
 def layer_eager_s(card: ModelCard, tp: int, eager_op_s: float = EAGER_OP_S) -> float:
     """CPU time of one layer run wholly eagerly (no graph): every kernel of its attention and MLP blocks (counted in
     capacity/cost/kernels.py) and its two all-reduces at tp > 1, each at the stack's eager op (views folded in)."""
-    from capacity.cost.kernels import attention_kernels, mlp_kernels
-
     moe_share = card.num_moe_layers / max(1, card.num_layers)
     mlp = (1 - moe_share) * mlp_kernels(card, False) + (moe_share * mlp_kernels(card, True) if moe_share else 0.0)
     return (attention_kernels(card) + mlp + (2 if tp > 1 else 0)) * eager_op_s

@@ -24,9 +24,11 @@ into its attention op and the all-reduce with the residual and norm): vLLM's lar
 """
 from __future__ import annotations
 
+from capacity.cost import piecewise
 from capacity.cost.piecewise import PiecewiseGraphCost, layer_dispatch_s, layer_eager_s, piecewise_wrap
 from capacity.cost.step import StepCost
 from capacity.engine.config import EngineConfig
+from capacity.engine.sglang.releases import default_cuda_graph_max_bs, version_key, vlm_fraction_factor
 from capacity.model.card import ModelCard
 
 MiB = 1 << 20
@@ -44,8 +46,6 @@ def allreduce_rules(engine_model, cfg: EngineConfig) -> str:
 
 
 def _sglang_wrap(cost: StepCost, em, cfg: EngineConfig, card: ModelCard, overhead_s: float) -> StepCost:
-    from capacity.engine.sglang.releases import default_cuda_graph_max_bs, version_key, vlm_fraction_factor
-
     gpu, tp = cost.gpu, cost.tp  # type: ignore[attr-defined]
     L = card.num_kv_layers
     eager = card.num_layers * layer_eager_s(card, tp)
@@ -80,8 +80,6 @@ def graph_wrap(cost: StepCost, engine_model, cfg: EngineConfig, card: ModelCard,
                profile: str | None) -> StepCost:
     """`cost` wrapped with the CPU dispatch of the steps the engine runs without a full CUDA graph (module
     docstring); a measured profile timed the real steps: unwrapped, as is a model with no attention layer."""
-    from capacity.cost import piecewise
-
     name = getattr(engine_model, "name", "")
     if not piecewise.PIECEWISE_GRAPHS:
         return cost
