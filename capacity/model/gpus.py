@@ -48,8 +48,8 @@ class GPU(BaseModel):
     # fully-connected (NVSwitch, xGMI mesh), pairs (NVLink bridges two by two), cube-mesh (DGX-1: full up to 4),
     # pcie. None: fully-connected where `interconnect` says nvlink, else pcie. `topology_source` says where from.
     topology: Literal["fully-connected", "pairs", "cube-mesh", "pcie"] | None = None
-    topology_source: str = ""
-    pcie_bytes_per_s: PosFloat | None = None  # per direction; the link beyond the NVLink group (pairs, cube-mesh)
+    topology_source: str = ""  # where the topology comes from (a product brief, a system whitepaper)
+    pcie_bytes_per_s: PosFloat | None = None  # per direction; NCCL's ring beyond an NVLink-bridged pair
     tdp_w: PosFloat | None = None  # board power, W
     source: str = ""  # datasheet the figures come from
     confidence: str = ""  # how sure the datasheet figures are
