@@ -27,6 +27,7 @@ from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.piecewise import piecewise_wrap
 from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
+from capacity.engine import image_cpu
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
 from capacity.engine.offload import offloading
@@ -371,7 +372,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         dg = disagg.spec(dep, prepare(disagg.decode))
     cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries,
-                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s))
+                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s),
+                    **image_cpu.sim_terms(dep.engine, dep.card, workload))
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)
     rec = sim.records
     offline = workload.arrivals.kind == "offline"
@@ -391,7 +393,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     b = p.budget
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
-    notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile) + frontend.note(dep.engine)
+    notes += (p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
+              + frontend.note(dep.engine, dep.card, workload))
     if dep.engine.speculative is not None:
         notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals

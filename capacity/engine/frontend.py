@@ -13,7 +13,8 @@ figure below):
   "single-thread ThreadPoolExecutor"), SGLang's `TokenizerManager` in its event loop, trtllm-serve in its own: one
   FIFO worker, so a burst of long prompts queues for it (the simulator's `Delay.put(work_s=...)`).
 
-Per output token (detokenising, streaming) is `output_cpu_us_per_token` (capacity/cost/overlap.py), not here.
+Per output token (detokenising, streaming) is `output_cpu_us_per_token` (capacity/cost/overlap.py), not here; per
+image (decoding, the multimodal processor) is capacity.engine.image_cpu, on the same serial worker.
 
 The figures are MEASURED, never fitted to the published runs the project scores, and given as a range (host CPUs
 differ); the engine uses the range's conservative (higher-latency) end, as the KV estimate plans on its
@@ -29,10 +30,11 @@ conservative end:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
+    from capacity.model.card import ModelCard
 
 # (low, high) of each measured range; the engine uses the high (conservative) end
 TOKENISE_US_PER_TOKEN = (1.03, 1.89)  # bench/results/frontend.json, "tokenisation", fastest <= 1024 tokens
@@ -76,8 +78,16 @@ def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> SimTerms:
     return SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
 
 
-def note(cfg: EngineConfig) -> list[str]:
-    """The run's line on its front end where the engine's default (not the user's setting) adds to TTFT."""
+def note(cfg: EngineConfig, card: ModelCard | None = None, workload: Any = None) -> list[str]:
+    """The run's lines on its front end where the engine's default (not the user's setting) adds to TTFT, and on
+    its per-image work where the workload has images (capacity.engine.image_cpu)."""
+    from capacity.engine import image_cpu
+
+    img = image_cpu.note(cfg, card) if card is not None and getattr(workload, "images", None) is not None else ""
+    return _note(cfg) + ([img] if img else [])
+
+
+def _note(cfg: EngineConfig) -> list[str]:
     if cfg.frontend_ms is not None and cfg.frontend_us_per_input_token is not None:
         return []
     per_req, per_tok = terms(cfg)
