@@ -26,8 +26,11 @@ no processor cache in the front end: every image is processed.
 
 The figures are MEASURED (bench/image_preprocess.py -> bench/results/image_preprocess.json: Qwen2-VL's processor
 with the released models' max_pixels, JPEG and PNG from 512x512 to 3840x2160, on this project's host), per megapixel,
-as a range (host CPUs differ; low: the fastest CPU time, high: the fastest wall time on the busy host); the engine
-uses the high end. Processing is counted per megapixel of the source image plus of the processed image (the
+as a range of CPU time (the work of one core; the shared host's wall time, which adds the wait for a core, is in the
+JSON too): decoding's over the image sizes; processing's from a plain numpy pipeline (a stand-in for a vectorised
+"fast" processor) to the HF processor; the engine uses the high end. Host CPUs differ: a server whose API server
+shares its cores with other work is slower (the same images took 2-4x their CPU time in wall time on this busy
+host); `--frontend-ms-per-image-mpx` sets a measured figure. Processing is counted per megapixel of the source image plus of the processed image (the
 resize reads the one, the normalise and patchify write the other), with the processed pixels the model's encoder
 patches x patch_size^2 (capacity.model.vision_tokens). Decoding is a JPEG's (what `vllm bench serve` and SGLang's
 bench send: the benchmarks encode their images as JPEG); a PNG decodes about 3x slower (the JSON). SGLang's fast
@@ -44,10 +47,10 @@ if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
     from capacity.model.card import ModelCard
 
-# (low, high) ms per megapixel; bench/results/image_preprocess.json, "fits" (images of 512x512 and up)
-DECODE_MS_PER_MPX = (4.86, 18.28)  # base64 + PIL decode of a JPEG, per source Mpx
-PROCESS_MS_PER_MPX = (18.40, 128.82)  # hash + Qwen2VLImageProcessor, per (source + processed) Mpx
-HASH_MS_PER_MPX = (2.04, 10.65)  # a processor-cache hit: the hash alone, per source Mpx (vLLM)
+# (low, high) ms per megapixel of CPU time; bench/results/image_preprocess.json, "fits" (images of 512x512 and up)
+DECODE_MS_PER_MPX = (4.95, 7.16)  # base64 + PIL decode of a JPEG, per source Mpx
+PROCESS_MS_PER_MPX = (17.19, 28.07)  # hash + processor per (source + processed) Mpx: plain numpy .. HF Qwen2-VL
+HASH_MS_PER_MPX = (2.31, 3.65)  # a processor-cache hit: the hash alone, per source Mpx (vLLM)
 
 
 @dataclass(frozen=True)
