@@ -179,8 +179,8 @@ def main() -> None:
                 row["process_s"] = timed(lambda im=img: proc(images=[im], return_tensors="np"), args.reps)
                 mean = np.asarray(proc.image_mean, np.float32)
                 std = np.asarray(proc.image_std, np.float32)
-                row["minimal_s"] = timed(lambda im=img, g=(t, gh, gw): minimal(im, g, proc.patch_size, mean, std),
-                                         args.reps)
+                row["minimal_s"] = timed(lambda im=img, g=(t, gh, gw), m=mean, sd=std: minimal(im, g, proc.patch_size,
+                                                                                                m, sd), args.reps)
             rows.append(row)
             p = row.get("process_s", (float("nan"),))[0] * 1e3
             m = row.get("minimal_s", (float("nan"),))[0] * 1e3

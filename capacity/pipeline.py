@@ -27,9 +27,9 @@ from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.piecewise import piecewise_wrap
 from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
-from capacity.engine import image_cpu
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
+from capacity.engine.image_cpu import sim_terms as image_sim_terms
 from capacity.engine.offload import offloading
 from capacity.engine.speculative import run_notes
 from capacity.errors import CapacityError, ConfigError
@@ -373,7 +373,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries,
                     autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s),
-                    **image_cpu.sim_terms(dep.engine, dep.card, workload))
+                    **image_sim_terms(dep.engine, dep.card, workload))
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)
     rec = sim.records
     offline = workload.arrivals.kind == "offline"

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypedDict
 
+from capacity.engine import image_cpu
+
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
     from capacity.model.card import ModelCard
@@ -81,8 +83,6 @@ def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> SimTerms:
 def note(cfg: EngineConfig, card: ModelCard | None = None, workload: Any = None) -> list[str]:
     """The run's lines on its front end where the engine's default (not the user's setting) adds to TTFT, and on
     its per-image work where the workload has images (capacity.engine.image_cpu)."""
-    from capacity.engine import image_cpu
-
     img = image_cpu.note(cfg, card) if card is not None and getattr(workload, "images", None) is not None else ""
     return _note(cfg) + ([img] if img else [])
 

@@ -32,8 +32,8 @@ JSON too): decoding's over the image sizes; processing's from a plain numpy pipe
 shares its cores with other work is slower (the same images took 2-4x their CPU time in wall time on this busy
 host); `--frontend-ms-per-image-mpx` sets a measured figure. Processing is counted per megapixel of the source image plus of the processed image (the
 resize reads the one, the normalise and patchify write the other), with the processed pixels the model's encoder
-patches x patch_size^2 (capacity.model.vision_tokens). Decoding is a JPEG's (what `vllm bench serve` and SGLang's
-bench send: the benchmarks encode their images as JPEG); a PNG decodes about 3x slower (the JSON). SGLang's fast
+patches x patch_size^2 (capacity.model.vision_tokens). Decoding is a JPEG's (what `vllm bench serve` sends: `process_image`,
+vllm/benchmarks/datasets.py, encodes its images as JPEG); a PNG decodes about 3x slower (the JSON). SGLang's fast
 image processors run their tensor ops on the GPU (`process_mm_data` passes `device="cuda"`), so the CPU figure is
 its upper end there.
 """
