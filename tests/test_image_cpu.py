@@ -117,6 +117,7 @@ def test_override_and_text_only():
     assert fe.hash_s_per_px == pytest.approx(image_cpu.HASH_MS_PER_MPX[1] * 50 / image_cpu.PROCESS_MS_PER_MPX[1] * 1e-9)
     llama = load_model_card(ROOT / "models/llama-3.1-8b.yaml")
     assert image_cpu.front_end(EngineConfig(), llama) is None
+    assert image_cpu.front_end(EngineConfig(frontend_ms_per_image_mpx=0.0), qwen) is None
     assert image_cpu.sim_terms(EngineConfig(), qwen, object()) == {}
     assert frontend.note(EngineConfig(), qwen, object()) == frontend.note(EngineConfig())
 
@@ -124,18 +125,22 @@ def test_override_and_text_only():
 QWEN = str(ROOT / "tests/data/startup_v3/hf/qwen2.5-vl-7b.json")
 
 
-def test_cli_shift_is_the_processing_by_hand():
+def test_cli_shift_is_the_image_front_end_by_hand():
     """One request at a time (constant arrivals 100 s apart) with one 1000x1000 image on Qwen2.5-VL: smart_resize
-    keeps 1008x1008, 72 x 72 = 5,184 patches of 14 px (1,016,064 processed pixels), so turning the processing off
-    (0 ms/Mpx) lowers the mean TTFT by the default's high end x (1,000,000 + 1,016,064) pixels; decoding stays."""
+    keeps 1008x1008, 72 x 72 = 5,184 patches of 14 px (1,016,064 processed pixels), so the default adds the decode's
+    high end x 1 Mpx (the pool) + the processing's x (1,000,000 + 1,016,064) pixels (the worker) to the TTFT that
+    `--frontend-ms-per-image-mpx 0` (the images' front-end work left out) gives; a setting of 10 ms/Mpx adds the
+    decode + 10 ms x 2.016064."""
     def ttft(*extra: str) -> float:
         r = run_cli("simulate", "-m", QWEN, "--rate", "0.01", "--arrival", "constant", "-n", "10", "--input-len",
                     "100", "--output-len", "8", "--image-size", "1000x1000", "--json", *extra)
         assert r.returncode == 0, r.stderr
         return json.loads(r.stdout)["summary"]["ttft_s"]["mean"]
 
-    shift = ttft() - ttft("--frontend-ms-per-image-mpx", "0")
-    assert shift == pytest.approx(image_cpu.PROCESS_MS_PER_MPX[1] * 1e-3 * (1_000_000 + 1_016_064) / 1e6, abs=1e-9)
+    off = ttft("--frontend-ms-per-image-mpx", "0")
+    dec = image_cpu.DECODE_MS_PER_MPX[1] * 1e-3
+    assert ttft() - off == pytest.approx(dec + image_cpu.PROCESS_MS_PER_MPX[1] * 1e-3 * 2.016064, abs=1e-9)
+    assert ttft("--frontend-ms-per-image-mpx", "10") - off == pytest.approx(dec + 10e-3 * 2.016064, abs=1e-9)
 
 
 @pytest.mark.parametrize("value", ["-1", "nan", "20000"])

@@ -197,8 +197,9 @@ class EngineConfig(BaseModel, metaclass=_PickedByEngine):
     frontend_ms_per_image_mpx: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = setting(
         None, description="The server's CPU time per megapixel of each image before the engine sees it (hashing, "
         "resizing, normalising, patchifying: the multimodal processor, on one worker; per megapixel of the source "
-        "image plus of the processed one), ms. Decoding is apart (a thread pool in vLLM and SGLang). None: the "
-        "measured figure, the conservative end (capacity/engine/image_cpu.py).", flag="--frontend-ms-per-image-mpx",
+        "image plus of the processed one), ms; decoding (a thread pool in vLLM and SGLang) keeps its measured figure. 0 "
+        "leaves the images' front-end work out (their decoding too). None: the measured figure, the conservative end "
+        "(capacity/engine/image_cpu.py).", flag="--frontend-ms-per-image-mpx",
         help="Image processing time per megapixel before the engine (one worker; in TTFT), ms (default: measured)",
         commands=("simulate", "plan"))
     usage_context: Literal["serve", "llm"] = setting(

@@ -110,11 +110,14 @@ def defaults(end: str = "conservative") -> tuple[float, float, float]:
 
 
 def front_end(cfg: EngineConfig, card: ModelCard) -> ImageFrontEnd | None:
-    """The run's per-image term for a model with a vision tower (None for a text-only model)."""
+    """The run's per-image term for a model with a vision tower (None for a text-only model, or with the setting
+    at 0: the images' front-end work left out, their decoding too)."""
     v = card.vision
     if v is None:
         return None
     dec, proc, hsh = defaults()
+    if cfg.frontend_ms_per_image_mpx == 0:  # the engine alone: no per-image work in the front end
+        return None
     if cfg.frontend_ms_per_image_mpx is not None:  # the user's figure replaces the processing (the hash scales too)
         proc, hsh = cfg.frontend_ms_per_image_mpx, hsh * cfg.frontend_ms_per_image_mpx / proc
     return ImageFrontEnd(dec * 1e-9, proc * 1e-9, hsh * 1e-9, v.patch_size ** 2,
