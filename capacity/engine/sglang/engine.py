@@ -32,6 +32,7 @@ from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.config import ep_size as sglang_ep_size
 from capacity.engine.sglang.config import mem_fraction
 from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
+from capacity.engine.sglang.dsa import DSA_PAGE, is_dsa
 from capacity.engine.sglang.memory import (
     CURRENT,
     RELEASES,
@@ -194,9 +195,8 @@ class Sglang(SglangMemory):
         if mnbt is None:
             mnbt = default_chunked_prefill_size(gpu_mib, self.release) if chunked else MAX_PREFILL_TOKENS
             used.append("max_num_batched_tokens")
-        page = cfg.block_size
-        if page is None:
-            page = 1
+        page: int = DSA_PAGE if is_dsa(card) else (cfg.block_size or 1)  # DeepSeek-V3.2: 64 (sglang/dsa.py)
+        if cfg.block_size is None:
             used.append("block_size")
         override = cfg.num_gpu_blocks_override
         sb = sglang_budget(card, gpu, tp, release=self.release, context_len=ctx, kv_cache_dtype=cfg.kv_cache_dtype,
