@@ -141,3 +141,66 @@ def test_vllm_refuses_int8_kv_on_every_release(spec):
         get_engine(spec).resolve(VllmConfig(engine=spec, kv_cache_dtype="int8"), load_model_card(
             ROOT / "capacity/data/models/llama-3.1-8b.yaml"), get_gpu("h100-sxm"))
     assert "\n" not in str(err.value)
+
+
+# ---- SGLang LoRA: LoRAMemoryPool's buffers, allocated before the pool is sized (capacity/engine/sglang/lora.py) ----
+def _lora_cfg(release: str = "sglang@0.5.5", **kw):
+    return SglangConfig(engine=release, max_model_len=8192, enable_lora=True, **kw)
+
+
+def test_sglang_lora_buffers_of_llama_8b_by_hand():
+    """Llama-3.1-8B (hidden 4096, 32 heads of 128, 8 KV heads, intermediate 14336, 32 layers, bf16), 8 slots of rank
+    64 on all four linear modules, tp 1. Per slot and layer, A (N, R x c, in) + B (N, out, R):
+    qkv_proj 3 x 64 x 4096 + 128 x (32 + 16) x 64 = 1,179,648; o_proj 64 x 4096 + 4096 x 64 = 524,288;
+    gate_up_proj 2 x 64 x 4096 + 2 x 14336 x 64 = 2,359,296; down_proj 64 x 14336 + 4096 x 64 = 1,179,648:
+    5,242,880 elements, x 32 layers x 8 slots x 2 B = 2,684,354,560 B = 2.5 GiB. At tp 2 the split dims halve:
+    qkv 786,432 + 196,608, o 131,072 + 262,144, gate_up 524,288 + 917,504, down 458,752 + 262,144 = 3,538,944."""
+    card = load_model_card(ROOT / "capacity/data/models/llama-3.1-8b.yaml")
+    gpu, e = get_gpu("h100-sxm"), get_engine("sglang@0.5.5")
+    base = e.budget(card, gpu, SglangConfig(engine="sglang@0.5.5", max_model_len=8192))
+    lora = e.budget(card, gpu, _lora_cfg(lora_rank=64))
+    assert lora.weights_bytes - base.weights_bytes == 2_684_354_560
+    cell = 8 * 128 * 32 * 2 * 2  # the KV cell: 131,072 B a token
+    assert base.kv_tokens - lora.kv_tokens == pytest.approx(2_684_354_560 / cell, abs=1)  # 20,480 tokens fewer
+    assert any("LoRA: 8 adapter slots of rank 64" in w for w in lora.warnings)
+    lora2 = e.budget(card, gpu, _lora_cfg(lora_rank=64, tensor_parallel_size=2))
+    base2 = e.budget(card, gpu, SglangConfig(engine="sglang@0.5.5", max_model_len=8192, tensor_parallel_size=2))
+    assert lora2.weights_bytes - base2.weights_bytes == 3_538_944 * 32 * 8 * 2
+    # target modules name q/k/v_proj as qkv_proj; 4 slots of rank 16 on q_proj and v_proj only:
+    # (3 x 16 x 4096 + 6144 x 16) x 32 x 4 x 2 = 75,497,472 B
+    qv = e.budget(card, gpu, _lora_cfg(lora_rank=16, max_loras_per_batch=4, lora_target_modules=["q_proj", "v_proj"]))
+    assert qv.weights_bytes - base.weights_bytes == 75_497_472
+    # from 0.5.9 (the 0.5.8 rules line) `all` adds embed_tokens (A: R x vocab, B: hidden x R) and lm_head (A: R x
+    # hidden, B: vocab x R), once each: 2 x (16 x 128,256 + 4096 x 16) x 4 slots x 2 B = 33,882,112 B more
+    e9 = get_engine("sglang@0.5.9")
+    new = e9.budget(card, gpu, _lora_cfg("sglang@0.5.9", lora_rank=16, max_loras_per_batch=4))
+    base9 = e9.budget(card, gpu, SglangConfig(engine="sglang@0.5.9", max_model_len=8192))
+    linear = 5_242_880 // 4 * 32 * 4 * 2  # rank 16 is a quarter of rank 64's elements
+    assert new.weights_bytes - base9.weights_bytes == linear + 33_882_112
+
+
+@pytest.mark.parametrize("kw, release, said", [
+    ({}, "sglang@0.5.5", "lora_rank: needed with enable_lora"),
+    ({"lora_rank": 8}, "sglang@0.4.6", "enable_lora: SGLang's LoRA buffers are modelled from the 0.5.2"),
+    ({"lora_rank": 8, "lora_target_modules": ["mlp.fc1"]}, "sglang@0.5.5", "lora_target_modules: 'mlp.fc1'"),
+    ({"lora_rank": 8, "lora_target_modules": ["lm_head"]}, "sglang@0.5.5", "lora_target_modules: 'lm_head'"),
+])
+def test_sglang_lora_bad_settings_are_one_line(kw, release, said):
+    card = load_model_card(ROOT / "capacity/data/models/llama-3.1-8b.yaml")
+    with pytest.raises(ConfigError, match=said) as err:
+        get_engine(release).budget(card, get_gpu("h100-sxm"), _lora_cfg(release, **kw))
+    assert "\n" not in str(err.value)
+
+
+def test_sglang_lora_on_a_moe_model_is_refused():
+    card = load_model_card(ROOT / "capacity/data/models/mixtral-8x7b.yaml")
+    with pytest.raises(ConfigError, match="MoE, MLA or state layers"):
+        get_engine("sglang@0.5.5").budget(card, get_gpu("h200"), _lora_cfg(lora_rank=8, tensor_parallel_size=2))
+
+
+def test_sglang_lora_flags_reach_the_launch_command():
+    card = load_model_card(ROOT / "capacity/data/models/llama-3.1-8b.yaml")
+    cfg = _lora_cfg(lora_rank=64, max_loras_per_batch=4)
+    e = get_engine("sglang@0.5.5")
+    cmd = e.launch_command(card, cfg, e.budget(card, get_gpu("h100-sxm"), cfg))
+    assert "--enable-lora" in cmd and "--max-loras-per-batch 4" in cmd and "--max-lora-rank 64" in cmd

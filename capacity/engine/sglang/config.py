@@ -38,6 +38,22 @@ class SglangConfig(DataParallelConfig):
         "whole over this many of the --tp GPUs (--engine sglang)", cli_default=1, commands=("memory",),
         sglang="--ep-size")
 
+    enable_lora: bool = setting(
+        False, description="SGLang's --enable-lora: LoRA adapters served beside the model; LoRAMemoryPool's A/B "
+        "buffers (max_loras_per_batch slots of lora_rank on lora_target_modules) are allocated after the weights, "
+        "before the KV pool is sized (capacity/engine/sglang/lora.py). SGLang only; dense models, 0.5.2+ rules.",
+        sglang="--enable-lora")
+    max_loras_per_batch: Annotated[int, Field(gt=0, le=1024)] = setting(
+        8, description="SGLang's --max-loras-per-batch (default 8): the adapter slots of the LoRA buffers",
+        sglang="--max-loras-per-batch")
+    lora_rank: Annotated[int, Field(gt=0, le=1024)] | None = setting(
+        None, description="SGLang's --max-lora-rank (named apart from vLLM's max_lora_rank, another engine's field): "
+        "the largest adapter rank, which sizes the LoRA buffers. Needed with enable_lora (SGLang infers it from "
+        "--lora-paths, which capacity does not read)", sglang="--max-lora-rank")
+    lora_target_modules: list[str] | None = setting(
+        None, description="SGLang's --lora-target-modules (q_proj ... down_proj, qkv_proj, gate_up_proj, from 0.5.9 "
+        "embed_tokens and lm_head, or all). None: all, the most memory (SGLang infers them from --lora-paths)")
+
     @model_validator(mode="after")
     def _ep_size(self) -> SglangConfig:  # ServerArgs: moe_tp_size = tp_size // ep_size
         if self.ep_size > 1 and self.tensor_parallel_size % self.ep_size:
@@ -68,9 +84,16 @@ def ep_size(cfg: EngineConfig) -> int:
     return cfg.ep_size if isinstance(cfg, SglangConfig) else 1
 
 
+def lora(cfg: EngineConfig) -> tuple[int, int | None, list[str] | None] | None:
+    """(max_loras_per_batch, lora_rank, lora_target_modules) with --enable-lora (sglang/lora.py), else None."""
+    if isinstance(cfg, SglangConfig) and cfg.enable_lora:
+        return cfg.max_loras_per_batch, cfg.lora_rank, cfg.lora_target_modules
+    return None
+
+
 def dp_attention(cfg: EngineConfig) -> int:
     """DP attention's dp size (`--dp N --enable-dp-attention`; sglang/dpattn.py), 1 when off (or not SGLang's)."""
     return cfg.data_parallel_size if isinstance(cfg, SglangConfig) and cfg.enable_dp_attention else 1
 
 
-__all__ = ["SglangConfig", "dp_attention", "ep_size", "mem_fraction"]
+__all__ = ["SglangConfig", "dp_attention", "ep_size", "lora", "mem_fraction"]

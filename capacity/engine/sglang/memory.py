@@ -40,6 +40,7 @@ from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngi
 from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
 from capacity.engine.sglang.dsa import DSA_PAGE, check_dsa, dsa_cells, dsa_kv_dtype, dsa_notes, is_dsa
 from capacity.engine.sglang.ep import check_ep, ep_note, ep_weights
+from capacity.engine.sglang.lora import sglang_lora_bytes
 from capacity.engine.sglang.mla import absorbed_copy_bytes
 from capacity.engine.sglang.mm import runner_mm_factor
 from capacity.engine.sglang.releases import (
@@ -156,7 +157,8 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                   cuda_graph_max_bs: int | None = None, max_total_tokens: int | None = None,
                   max_running: int | None = None, page_size: int = 1,
                   context_bytes: float | None = None, dp_attention: int = 1, ep_size: int = 1,
-                  speculative: str | None = None) -> SglangBudget:
+                  speculative: str | None = None,
+                  lora: tuple[int, int | None, list[str] | None] | None = None) -> SglangBudget:
     """SGLang's start-up memory for this model on this GPU at this TP (see the module docstring). T0 is the GPU's
     total less the CUDA context and, at TP > 1, the distributed init (`context_bytes` overrides both; by default
     the CUDA context of EngineConfig's memory parameters, 0.5 GiB, plus vLLM's measured NCCL / custom all-reduce
@@ -166,7 +168,8 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     `dp_attention` > 1: DP attention over that many groups of the tp GPUs (sglang/dpattn.py); a hybrid SWA model's
     pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool. `ep_size` > 1: the
     experts split over that many ranks (sglang/ep.py); `speculative`: SGLang's --speculative-algorithm, for the
-    default F's reserve (the draft itself is the pipeline's, capacity.engine.speculative)."""
+    default F's reserve (the draft itself is the pipeline's, capacity.engine.speculative); `lora`: --enable-lora's
+    (max_loras_per_batch, lora_rank, lora_target_modules), whose buffers load before the pool (sglang/lora.py)."""
     attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
     check_ep(card, tp, ep_size, _line(release))
     if context_bytes is None:
@@ -224,9 +227,14 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     weights = _rank_weights(card, tp, dp_attention, ep_size, release, amd, attn_tp)
     if ep_size > 1:
         notes.append(ep_note(tp, ep_size, card))
+    if lora is not None:  # LoRAMemoryPool: allocated after the weights, before profile_max_num_token reads A
+        lora_bytes, lora_note = sglang_lora_bytes(card, tp, _line(release), *lora, dp_attention=dp_attention)
+        weights += lora_bytes
+        notes.append(lora_note)
     weights_hi = weights  # the experts-only reading of a --weight-dtype override (model/weights.py)
     if (alt_card := experts_only_alternative(card)) is not None:
-        weights_hi = max(weights, _rank_weights(alt_card, tp, dp_attention, ep_size, release, amd, attn_tp))
+        weights_hi = max(weights, weights - _rank_weights(card, tp, dp_attention, ep_size, release, amd, attn_tp)
+                         + _rank_weights(alt_card, tp, dp_attention, ep_size, release, amd, attn_tp))
         notes.append(f"weights: {card.weight_format} layers not named; if only the experts are {card.weight_format}, "
                      f"{weights_hi / GiB:.2f} GiB a rank (the conservative end takes it)")
     state_share = 0.0
