@@ -204,3 +204,43 @@ def test_sglang_lora_flags_reach_the_launch_command():
     e = get_engine("sglang@0.5.5")
     cmd = e.launch_command(card, cfg, e.budget(card, get_gpu("h100-sxm"), cfg))
     assert "--enable-lora" in cmd and "--max-loras-per-batch 4" in cmd and "--max-lora-rank 64" in cmd
+
+
+# ---- SGLang DeepEP buffers (capacity/engine/sglang/deepep.py) ----------------------------------------------------
+# DeepSeek-V3 over 8 ranks (hidden 7168, 256 experts), 128 dispatch tokens a rank, DeepEP's Buffer.num_sms 20:
+# low latency: scales 56; dispatch message 16 + max(14,336, 7,168 + 224) = 14,352; combine message 224 + 14,336 =
+# 14,560; send max(128 x 14,352, 256 x 128 x 14,560 = 477,102,080); receive max(256 x 128 x 14,352 = 470,286,336,
+# 477,102,080); signalling align(256 x 8 + 32 x 4, 128) = 2,176; 2 x (477,102,080 x 2 + 2,176) = 1,908,412,672,
+# then ((n + 128) // 128) x 128 = 1,908,412,800.
+# normal: 10 channels x 8 ranks x [(2 + 3) x 4 + 256 x (14,336 + 8 + 128 x 8 + 128 x 4 + 128 x 4)] = 80 x 4,196,372
+# = 335,709,760, rounded up to 128: 335,709,824.
+LL_V3, NVL_V3 = 1_908_412_800, 335_709_824
+
+
+@pytest.mark.parametrize("mode, want", [("low_latency", LL_V3), ("normal", NVL_V3), ("auto", LL_V3 + NVL_V3)])
+def test_deepep_buffers_of_deepseek_v3_by_hand(mode, want):
+    card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
+    cfg = SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8, max_model_len=8192, moe_a2a_backend="deepep",
+                       deepep_mode=mode)
+    e = get_engine("sglang@0.5.5")
+    sb = e._resolve(cfg, card, get_gpu("h200"))[1]
+    assert sb.deepep_bytes == want
+    plain = e.budget(card, get_gpu("h200"), SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8,
+                                                         max_model_len=8192))
+    assert sb.kv_tokens == plain.kv_tokens  # made after the pool is sized: out of the reserve, not the pool
+    assert any(f"DeepEP ({mode})" in n for n in sb.notes)
+
+
+def test_deepep_larger_than_the_reserve_does_not_fit_and_bad_settings_are_one_line():
+    card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
+    e, gpu = get_engine("sglang@0.5.5"), get_gpu("h200")
+    cfg = SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8, max_model_len=8192, moe_a2a_backend="deepep",
+                       mem_fraction_static=0.99)  # reserve 0.01 x T0 = about 1.4 GiB < 2.09 GiB
+    b = e.budget(card, gpu, cfg, check_fit=False)
+    assert not b.fits and "DeepEP's buffers (2.09 GiB a rank)" in b.reason
+    small = load_model_card(ROOT / "capacity/data/models/llama-3.1-8b.yaml")
+    with pytest.raises(ConfigError, match="has no MoE layers") as err:
+        e.budget(small, gpu, SglangConfig(engine="sglang@0.5.5", moe_a2a_backend="deepep"))
+    assert "\n" not in str(err.value)
+    with pytest.raises(ValueError, match="deepep_max_dispatch_tokens_per_rank"):
+        SglangConfig(engine="sglang@0.5.5", moe_a2a_backend="deepep", deepep_max_dispatch_tokens_per_rank=2048)

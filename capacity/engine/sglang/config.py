@@ -5,7 +5,7 @@ settings are declared here with `setting(...)` (capacity/engine/settings.py), as
 `pipeline_parallel_size` ...) are refused when the configuration is read."""
 from __future__ import annotations
 
-from typing import Annotated, ClassVar
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
@@ -54,6 +54,17 @@ class SglangConfig(DataParallelConfig):
         None, description="SGLang's --lora-target-modules (q_proj ... down_proj, qkv_proj, gate_up_proj, from 0.5.9 "
         "embed_tokens and lm_head, or all). None: all, the most memory (SGLang infers them from --lora-paths)")
 
+    moe_a2a_backend: Literal["none", "deepep"] = setting(
+        "none", description="SGLang's --moe-a2a-backend (0.5.x; 0.4.x --enable-deepep-moe): deepep runs the MoE "
+        "all-to-all through DeepEP, whose buffers are made at the first forward, out of the reserve T0 x (1 - F), and "
+        "sets ep_size = tensor_parallel_size (capacity/engine/sglang/deepep.py)", sglang="--moe-a2a-backend")
+    deepep_mode: Literal["auto", "normal", "low_latency"] = setting(
+        "auto", description="SGLang's --deepep-mode: which DeepEP buffers are made (auto: both the normal NVLink and "
+        "the low-latency RDMA buffer)", sglang="--deepep-mode")
+    deepep_max_dispatch_tokens_per_rank: Annotated[int, Field(gt=0, le=1024)] = setting(
+        128, description="SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK (an environment variable, 128 by default): "
+        "sizes DeepEP's low-latency buffer")
+
     @model_validator(mode="after")
     def _ep_size(self) -> SglangConfig:  # ServerArgs: moe_tp_size = tp_size // ep_size
         if self.ep_size > 1 and self.tensor_parallel_size % self.ep_size:
@@ -91,9 +102,16 @@ def lora(cfg: EngineConfig) -> tuple[int, int | None, list[str] | None] | None:
     return None
 
 
+def deepep(cfg: EngineConfig) -> tuple[str, int] | None:
+    """(deepep_mode, max dispatch tokens per rank) with --moe-a2a-backend deepep (sglang/deepep.py), else None."""
+    if isinstance(cfg, SglangConfig) and cfg.moe_a2a_backend == "deepep":
+        return cfg.deepep_mode, cfg.deepep_max_dispatch_tokens_per_rank
+    return None
+
+
 def dp_attention(cfg: EngineConfig) -> int:
     """DP attention's dp size (`--dp N --enable-dp-attention`; sglang/dpattn.py), 1 when off (or not SGLang's)."""
     return cfg.data_parallel_size if isinstance(cfg, SglangConfig) and cfg.enable_dp_attention else 1
 
 
-__all__ = ["SglangConfig", "dp_attention", "ep_size", "lora", "mem_fraction"]
+__all__ = ["SglangConfig", "deepep", "dp_attention", "ep_size", "lora", "mem_fraction"]

@@ -28,6 +28,7 @@ import math
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.sglang.config import deepep as sglang_deepep
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.config import ep_size as sglang_ep_size
 from capacity.engine.sglang.config import lora as sglang_lora
@@ -205,7 +206,7 @@ class Sglang(SglangMemory):
                            max_total_tokens=override * page if override is not None else None,
                            max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
                            dp_attention=self.dp_attention(cfg), ep_size=sglang_ep_size(cfg),
-                           mem_fraction_static=mem_fraction(cfg), lora=sglang_lora(cfg),
+                           mem_fraction_static=mem_fraction(cfg), lora=sglang_lora(cfg), deepep=sglang_deepep(cfg),
                            speculative=SPEC_ALGORITHM[cfg.speculative.method] if cfg.speculative else None)
         if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
             mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))

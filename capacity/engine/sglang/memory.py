@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
+from capacity.engine.sglang.deepep import deepep_buffer_bytes, deepep_note
 from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
 from capacity.engine.sglang.dsa import DSA_PAGE, check_dsa, dsa_cells, dsa_kv_dtype, dsa_notes, is_dsa
 from capacity.engine.sglang.ep import check_ep, ep_note, ep_weights
@@ -142,6 +143,7 @@ class SglangBudget:
     swa_tokens: int | None = None  # a hybrid SWA pool's sliding-layer pool (kv_tokens is its full pool)
     kv_dtype: str = ""  # the KV dtype SGLang settles on where it differs from the one asked (DeepSeek-V3.2)
     weights_high_bytes: float = 0.0  # the high end of weights_bytes (experts-only quantisation), 0: none
+    deepep_bytes: float = 0.0  # DeepEP's buffers, made at the first forward out of the reserve (sglang/deepep.py)
 
     @property
     def fits(self) -> bool:
@@ -158,7 +160,8 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                   max_running: int | None = None, page_size: int = 1,
                   context_bytes: float | None = None, dp_attention: int = 1, ep_size: int = 1,
                   speculative: str | None = None,
-                  lora: tuple[int, int | None, list[str] | None] | None = None) -> SglangBudget:
+                  lora: tuple[int, int | None, list[str] | None] | None = None,
+                  deepep: tuple[str, int] | None = None) -> SglangBudget:
     """SGLang's start-up memory for this model on this GPU at this TP (see the module docstring). T0 is the GPU's
     total less the CUDA context and, at TP > 1, the distributed init (`context_bytes` overrides both; by default
     the CUDA context of EngineConfig's memory parameters, 0.5 GiB, plus vLLM's measured NCCL / custom all-reduce
@@ -169,8 +172,10 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool. `ep_size` > 1: the
     experts split over that many ranks (sglang/ep.py); `speculative`: SGLang's --speculative-algorithm, for the
     default F's reserve (the draft itself is the pipeline's, capacity.engine.speculative); `lora`: --enable-lora's
-    (max_loras_per_batch, lora_rank, lora_target_modules), whose buffers load before the pool (sglang/lora.py)."""
+    (max_loras_per_batch, lora_rank, lora_target_modules), whose buffers load before the pool (sglang/lora.py); `deepep`: --moe-a2a-backend deepep's (--deepep-mode, max
+    dispatch tokens per rank): ep_size = tp, and DeepEP's buffers out of the reserve (sglang/deepep.py)."""
     attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
+    ep_size = tp if deepep is not None else ep_size  # _handle_a2a_moe: DeepEP sets ep_size = tp_size
     check_ep(card, tp, ep_size, _line(release))
     if context_bytes is None:
         ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, CONTEXT_HIGH_GIB * GiB
@@ -264,11 +269,15 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         chunk = dp_chunk(chunk, dp_attention, _line(release))
         max_running = max_running // dp_attention if max_running is not None else None
         notes.append(dp_attention_note(tp, dp_attention, chunk))
+    a2a = deepep_buffer_bytes(card, tp, *deepep) if deepep is not None else 0.0
+    if deepep is not None:
+        notes.append(deepep_note(a2a, t0 * (1 - f), deepep[0]))
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
                      t0 * (1 - f), cell, tokens, tokens * pool_cell, ctx, page_size, chunk, graph_bs,
                      max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
                      notes=notes, dp_attention=dp_attention, swa_tokens=swa,
-                     kv_dtype=kv_cache_dtype if kv_cache_dtype != asked_dtype else "", weights_high_bytes=weights_hi)
+                     kv_dtype=kv_cache_dtype if kv_cache_dtype != asked_dtype else "", weights_high_bytes=weights_hi,
+                     deepep_bytes=a2a)
     if tokens <= 0:
         b.notes.append(f"no KV pool: the weights take more than F x T0 (SGLang stops: {refusal(release)})")
     elif not b.fits:
@@ -384,6 +393,10 @@ class SglangMemory:
         if sb.kv_tokens <= 0:
             return (f"no KV pool: weights {sb.weights_bytes / GiB:.2f} GiB per rank leave nothing of F x T0 = {f} x "
                     f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: {refusal(self.release)}); raise tp")
+        if sb.deepep_bytes > sb.reserve_bytes:
+            return (f"DeepEP's buffers ({sb.deepep_bytes / GiB:.2f} GiB a rank) are more than SGLang's reserve T0 x (1 - "
+                    f"F) = {sb.reserve_bytes / GiB:.2f} GiB, which they come out of at the first forward: lower "
+                    "mem_fraction_static")
         if sb.kv_tokens < b.max_model_len:
             return (f"one request of context_len {b.max_model_len} tokens needs {b.max_model_len:,} KV slots, but the "
                     f"pool holds {sb.kv_tokens:,} at tp={b.tp} (SGLang would start and cut requests at the pool); "
