@@ -29,6 +29,7 @@ from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
+from capacity.engine.lockstep import attention_dp
 from capacity.engine.offload import offloading
 from capacity.engine.speculative import run_notes
 from capacity.errors import CapacityError, ConfigError
@@ -145,6 +146,7 @@ def prepare(dep: Deployment) -> Prepared:
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
     factory = offloading(em.scheduler_factory(dep.engine, SchedLimits.of(b)), dep, b)  # a host KV tier, if any
+    cost, factory = attention_dp(em, dep, b, cost, factory)  # SGLang/TRT-LLM attention DP: ranks in lock step
     if spec is not None:  # the verify step and the draft's forwards; k drafts per decode, E - 1 accepted
         cost = speculative.wrap_cost(cost, dep.card, spec, dep.gpu, b.tp, b.kv_dtype, e.engine)
         factory = speculative.speculating(factory, spec)
