@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from capacity.cost.roofline import RooflineCost
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.engine.config import EngineConfig
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
@@ -289,8 +290,6 @@ def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Sch
     d = attention_dp_ranks(cfg)
     if d == 1:
         return cost, factory
-    from capacity.cost.roofline import RooflineCost
-
     name = getattr(em, "name", "")
     field = "enable_dp_attention" if name == "sglang" else "trtllm_attention_dp"
     if dep.profile is not None:
