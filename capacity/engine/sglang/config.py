@@ -22,9 +22,10 @@ class SglangConfig(DataParallelConfig):
     enable_dp_attention: bool = setting(
         False, description="SGLang's --enable-dp-attention with --dp data_parallel_size: attention runs data-parallel "
         "inside the tensor_parallel_size GPUs (attention TP = tp / dp, each attention rank its own scheduler and KV "
-        "pool; MLP and experts stay TP over tp). SGLang only (capacity/engine/sglang/dpattn.py).",
+        "pool; MLP and experts stay TP over tp; simulate and plan step the ranks in lock step). SGLang only "
+        "(capacity/engine/sglang/dpattn.py, capacity/engine/lockstep.py).",
         flag="--enable-dp-attention", set_to=True, help="SGLang DP attention over --dp ranks inside the --tp GPUs "
-        "(--engine sglang)", commands=("memory",), sglang="--enable-dp-attention")
+        "(--engine sglang)", sglang="--enable-dp-attention")
 
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1, allow_inf_nan=False)] | None = setting(
         None, description="SGLang's --mem-fraction-static F: weights + KV pool as a share of the free memory at "
@@ -74,6 +75,11 @@ class SglangConfig(DataParallelConfig):
 
     def expert_parallel(self) -> bool:
         return self.ep_size > 1 and self.ep_size == self.tensor_parallel_size
+
+    def dp_size(self) -> int:
+        """Data-parallel replicas of tp GPUs: 1 with DP attention, whose dp ranks share the tp GPUs of one replica
+        (capacity/engine/lockstep.py steps them)."""
+        return 1 if self.enable_dp_attention else self.data_parallel_size
 
     @model_validator(mode="after")
     def _dp_attention(self) -> SglangConfig:  # enable_dp_attention's own checks (SGLang's _handle_data_parallelism)

@@ -104,7 +104,11 @@ def _arch(name: str) -> str:
 
 def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget, gpu: GPU | None = None) -> str:
     """The plan's vLLM configuration as an SGLang command, memory translated by meaning: F such that SGLang's
-    own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static)."""
+    own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static). A configuration with
+    DP attention is SGLang's own plan: its command is the engine's (`Sglang.launch_command`), not a translation."""
+    if sglang_dp_attention(cfg) > 1:
+        return ("# SGLang with DP attention: the plan's own SGLang command is the one above (a vLLM plan has no DP "
+                "attention to translate)")
     g = gpu or get_gpu(b.gpu)
     frac, held = mem_fraction_static(b, card, cfg, g)
     ref = model_reference(card, "sglang")
@@ -238,9 +242,8 @@ class Sglang(SglangMemory):
         """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
         field named and not inside a simulation."""
         self._check(cfg)
-        if self.dp_attention(cfg) > 1:
-            raise ConfigError("enable_dp_attention: SGLang's DP attention is modelled for its start-up memory only "
-                              "(capacity memory); its schedulers per attention group are not simulated")
+        # DP attention: this is one attention rank's scheduler (its pool and caps: memory.py); the pipeline steps dp
+        # of them in lock step (capacity/engine/lockstep.py)
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: SGLang's split of the pool is not modelled")
         chunked = cfg.enable_chunked_prefill
@@ -324,7 +327,7 @@ class Sglang(SglangMemory):
                  "the overlap scheduler's one-step-late output processing unless async_scheduling is false)",
                  "not modelled: the radix cache's prefix reuse (no prefix is shared: shared prefixes run better than "
                  "simulated), mixed chunked prefill, the CPU time the overlap scheduler hides (in the step overhead), "
-                 "speculative draft trees (top-k > 1), DP attention, priority scheduling",
+                 "speculative draft trees (top-k > 1), priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
                  "gpu_memory_utilization has no SGLang meaning: F is mem_fraction_static or the release's default, "

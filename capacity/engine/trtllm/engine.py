@@ -294,7 +294,7 @@ class Trtllm:
         vswa.apply(b, card, cfg, eng, rel, {"mid": kv_mid, "lo": kv_lo, "hi": kv_hi}, cap)
         if trtllm_attention_dp(cfg):
             b.warnings.append(f"attention DP: every figure is one rank's; each of the {eng.tp} ranks holds its own KV "
-                              "pool and batch (memory only: the step cost is not modelled)")
+                              "pool and batch (simulate: the ranks in lock step, capacity/engine/lockstep.py)")
         why = None
         if pk.total(0) >= total:
             why = (f"weights {pk.weights[0] / GiB:.1f} GiB + activation {pk.activation[0] / GiB:.2f} + context "
@@ -317,9 +317,8 @@ class Trtllm:
         """A builder of one replica's scheduler: GUARANTEED_NO_EVICT admission (prompt + output reserved), the
         max_num_tokens step budget, the overlap scheduler; checks the settings now."""
         self._check(cfg)
-        if trtllm_attention_dp(cfg):
-            raise ConfigError("trtllm_attention_dp true: the step cost of attention data parallelism (a batch per "
-                              "rank, the MoE across ranks) is not modelled; capacity memory sizes it")
+        # attention DP: this is one rank's scheduler (its own pool and batch); the pipeline steps tp of them in lock
+        # step (capacity/engine/lockstep.py)
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: TensorRT-LLM's pools for them are not modelled")
         chunked = cfg.enable_chunked_prefill
