@@ -43,10 +43,11 @@ TOKENISE_US_PER_TOKEN = (1.03, 1.89)  # bench/results/frontend.json, "tokenisati
 PER_REQUEST_MS = {"vllm": (13.4, 14.4), "sglang": (0.0, 0.0), "trtllm": (0.0, 0.0)}  # recipe fits (vLLM only)
 
 
-class SimTerms(TypedDict):
-    """The SimConfig fields of the front end."""
+class SimTerms(TypedDict, total=False):
+    """The SimConfig fields of the front end (`frontend_images` only for a workload with images)."""
     frontend_s: float
     frontend_s_per_input_token: float
+    frontend_images: image_cpu.ImageFrontEnd
 
 
 def family(engine: str) -> str:
@@ -74,10 +75,14 @@ def terms(cfg: EngineConfig) -> tuple[float, float]:
     return ms / 1e3, us / 1e6
 
 
-def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> SimTerms:
-    """The SimConfig fields of the front end: the engine's, plus `extra_s` of the deployment's own (a proxy)."""
+def sim_terms(cfg: EngineConfig, extra_s: float = 0.0, card: ModelCard | None = None, workload: Any = None) -> SimTerms:
+    """The SimConfig fields of the front end: the engine's, plus `extra_s` of the deployment's own (a proxy), and
+    with a model `card` and a `workload` with images, the per-image work (capacity.engine.image_cpu)."""
     per_req, per_tok = terms(cfg)
-    return SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
+    out = SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
+    if card is not None:
+        out.update(image_cpu.sim_terms(cfg, card, workload))  # type: ignore[typeddict-item]
+    return out
 
 
 def note(cfg: EngineConfig, card: ModelCard | None = None, workload: Any = None) -> list[str]:
