@@ -1,6 +1,7 @@
 """Images in the server's front end (capacity/engine/image_cpu.py): each image's decoding on a pool (a latency of
 its own) and its processing on the server's one serial worker, FIFO with tokenising; an identical image skips the
 processor where the engine has a processor cache (vLLM); the engine setting that overrides the figure."""
+import dataclasses
 import json
 
 import numpy as np
@@ -150,3 +151,26 @@ def test_bad_override_is_one_line(value):
     assert r.returncode == 1 and "Traceback" not in r.stderr
     lines = [ln for ln in (r.stderr + r.stdout).strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and "frontend_ms_per_image_mpx" in lines[0], lines
+
+
+def test_fast_forward_is_exact_with_image_work():
+    """Bursts of requests with images of varied size (pool lag and worker time per request) and text-only ones:
+    the fast path's horizon (arrival + the per-request latency, a lower bound of any entry) keeps it identical to
+    one step at a time."""
+    rng = np.random.default_rng(5)
+    reqs = []
+    for i in range(120):
+        t = (i // 6) * 0.4 + float(rng.uniform(0, 0.05))
+        n = int(rng.integers(0, 3))
+        px = tuple(int(v) for v in rng.integers(200_000, 3_000_000, n))
+        imgs = tuple((0, 100, int(p) // 196 // 4, 1, -1) for p in px)
+        reqs.append(Request(i, t, 300 + 100 * n, int(rng.integers(4, 60)), images=imgs, image_px=px))
+    fe = ImageFrontEnd(**FE, rules=RULES["vllm"])
+    cfg = dict(frontend_s=0.003, frontend_s_per_input_token=2e-6, frontend_images=fe)
+    reqs.sort(key=lambda r: r.arrival_s)
+    fast, slow = (simulate([dataclasses.replace(r) for r in reqs], COST, lambda: make_scheduler("continuous", **CB),
+                           np.random.default_rng(0), SimConfig(fast_forward=f, **cfg)) for f in (True, False))
+    assert fast.steps == slow.steps and fast.events < slow.events
+    for attr in ("arrival", "first_token", "finish"):  # the same times (to rounding: the clocks add differently)
+        np.testing.assert_allclose(getattr(fast.records, attr), getattr(slow.records, attr), rtol=1e-9, atol=1e-12)
+    assert (fast.records.first_token - fast.records.arrival).max() > 0.3  # the worker queued (by construction)
