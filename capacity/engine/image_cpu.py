@@ -139,9 +139,12 @@ def note(cfg: EngineConfig, card: ModelCard) -> str:
         return ""
     at = "its pool" if fe.rules.decode_pool else "its one worker"
     cache = ", skipped for an image seen before (the processor cache)" if fe.rules.processor_cache else ""
+    (dlo, dhi), (plo, phi) = DECODE_MS_PER_MPX, PROCESS_MS_PER_MPX
+    given = "set" if cfg.frontend_ms_per_image_mpx is not None else f"measured {plo:.3g}-{phi:.3g}"
     return (f"TTFT includes {family(cfg.engine)}'s per-image CPU work before the engine: decoding "
-            f"{fe.decode_s_per_px * 1e9:.3g} ms/Mpx on {at}, processing {fe.process_s_per_px * 1e9:.3g} ms per Mpx "
-            f"(source + processed) on its one worker{cache}; --frontend-ms-per-image-mpx sets it (docs/fidelity.md)")
+            f"{fe.decode_s_per_px * 1e9:.3g} ms/Mpx on {at} (measured {dlo:.3g}-{dhi:.3g}), processing "
+            f"{fe.process_s_per_px * 1e9:.3g} ms per Mpx of source + processed image ({given}) on its one "
+            f"worker{cache}; --frontend-ms-per-image-mpx sets it, 0 leaves it out (docs/fidelity.md)")
 
 
 __all__ = ["DECODE_MS_PER_MPX", "HASH_MS_PER_MPX", "PROCESS_MS_PER_MPX", "RULES", "EngineRules", "ImageFrontEnd",
