@@ -6,14 +6,18 @@ ITL = every gap between consecutive output tokens (a distribution over tokens, n
 E2E = last token - arrival; throughput = output tokens/s and requests/s over the measured window
 (first measured arrival to last measured finish). Percentiles P50/P90/P95/P99, P99.9 with >= 10,000
 samples, a bootstrap confidence interval for P99 (scipy.stats.bootstrap), and goodput: requests/s that
-meet every SLO of their class at once.
+meet every SLO of their class at once. A reasoning model's requests are first turned into what the benchmark
+client sees (`client_view`: which chunk ends TTFT, which tokens TPOT divides by; `capacity.reasoning`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from capacity.reasoning import Reasoning
 
 PCTS = (50, 90, 95, 99)
 BOOTSTRAP_CELLS = 8_000_000  # resampled values held at once by the P99 interval (64 MB)
@@ -187,6 +191,26 @@ class Summary:
         kw["p99_ci_s"] = {k: tuple(v) for k, v in (d.get("p99_ci_s") or {}).items()}
         kw["per_class"] = {k: ClassSummary.from_dict(v) for k, v in (d.get("per_class") or {}).items()}
         return cls(**kw)
+
+
+def client_view(rec: Records, reasoning: Reasoning | None) -> Records:
+    """The requests as a benchmark client sees a reasoning model's stream (`capacity.reasoning`): with
+    `first_token: content` the first token is the first answer token, the (reasoning + 1)-th generated one, placed
+    on the line from the first token to the last (exact at a constant inter-token latency, as `tokens_in_window`);
+    with `counted: content` the output length is the answer's tokens (TPOT's divisor, output tokens/s). ITL samples
+    are left as they are: every chunk's gap (`first_token: any`), or the same steps' gaps (`content`: the answer's
+    tokens run through the same batches). None, or the defaults, give `rec` itself."""
+    if reasoning is None or (reasoning.counted == "all" and reasoning.first_token == "any"):
+        return rec
+    out = rec.subset(np.ones(len(rec), dtype=bool))
+    generated = rec.output_tokens.astype(float)
+    content = reasoning.content(generated)
+    if reasoning.first_token == "content":
+        step = (rec.finish - rec.first_token) / np.maximum(generated - 1, 1)
+        out.first_token = rec.first_token + (generated - content) * step
+    if reasoning.counted == "content":
+        out.output_tokens = content
+    return out
 
 
 TREND_BATCHES = 20  # batch means in arrival order for the TTFT trend test
