@@ -35,7 +35,7 @@ from capacity.draws import _Strict
 
 
 class Reasoning(_Strict):
-    """Hidden reasoning tokens per request and the benchmark client's accounting (module docstring)."""
+    """Hidden reasoning tokens per request and how the benchmark client times and counts them (capacity.reasoning)."""
 
     share: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None  # share of each request's generated tokens that are reasoning (rounded down)
     content_tokens: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = None  # answer tokens per request (a mean); the rest of its output is reasoning
