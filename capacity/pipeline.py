@@ -37,8 +37,7 @@ from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.sessions import session_note
 from capacity.sim.autoscale import AutoscaleConfig
-from capacity.sim.metrics import (SLO, STEADY_ARRIVALS, Backlogged, Summary, Trend, backlogged, client_view, summarize,
-                                    ttft_trend)
+from capacity.sim.metrics import SLO, STEADY_ARRIVALS, Backlogged, Summary, Trend, backlogged, summarize, ttft_trend
 from capacity.sim.simulator import ROUTERS, Disaggregation, SimConfig, SimResult, littles_law, simulate
 from capacity.sim.vision import serve_images
 from capacity.steady import Capacity, capacity_loop, capacity_loop_size, client_wait, lock_step_note, stability_notes
@@ -383,10 +382,10 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     t0 = measured.arrival.min() if len(measured) else 0.0
     m = sim.itl_times >= t0
     slos = [SLO(c.slo_ttft_s, c.slo_tpot_s) for c in workload.classes]
-    # a reasoning model's requests as the benchmark client times and counts them (capacity.reasoning)
-    seen, warm = (client_view(r, workload.reasoning) for r in (measured, rec.subset(np.arange(len(rec)) < n_warm)))
-    summary = summarize(seen, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci,
-                        class_names=[c.name for c in workload.classes], others=warm if n_warm else None)
+    summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci,
+                        class_names=[c.name for c in workload.classes],
+                        others=rec.subset(np.arange(len(rec)) < n_warm) if n_warm else None,
+                        client=workload.reasoning)  # a reasoning model as the benchmark client counts it
     notes = []
     if sim.rejected:
         notes.append(f"{len(sim.rejected)} requests rejected: {sim.rejected[0][1]}")

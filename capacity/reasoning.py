@@ -11,8 +11,11 @@ ever); what a benchmark prints depends on which chunks its client times and whic
   (`async_request_openai_chat_completions`, vllm/benchmarks/lib/endpoint_request_func.py: the first chunk with
   `choices` sets `ttft` whatever its delta holds, every later one appends to `itl`, and the latency ends at the
   last such chunk; the server's first chunk is the role chunk sent with the first generated token,
-  `chat_completion_stream_generator` in vllm/entrypoints/openai/serving_chat.py). `content`: a client that starts
-  its clock only at the first content delta (the reasoning is timed as waiting).
+  `chat_completion_stream_generator` in vllm/entrypoints/openai/serving_chat.py). `content`: the clock stops at the
+  first non-empty `delta.content` and only such chunks are ITL samples, the reasoning timed as waiting: that is
+  `python -m sglang.bench_serving --backend openai-chat` (`async_request_openai_chat_completions` in
+  python/sglang/bench_serving.py, stored copy at sgl-project/sglang 0033168f: `if content:` guards the timing;
+  its count is `usage.completion_tokens`, or the request's max_tokens when the server sends no usage).
 - `counted: all` (default): the client divides by every generated token (`usage.completion_tokens`, which counts
   the reasoning). `content`: by the answer's tokens only (the client tokenises the `delta.content` text it
   gathered, `generated_text`, when the server sends no usage count). `vllm bench serve` then prints
@@ -40,7 +43,7 @@ class Reasoning(_Strict):
     share: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None  # share of each request's generated tokens that are reasoning (rounded down)
     content_tokens: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = None  # answer tokens per request (a mean); the rest of its output is reasoning
     counted: Literal["all", "content"] = "all"  # tokens the client divides by: all (usage.completion_tokens, reasoning included) or content (the answer text tokenised)
-    first_token: Literal["any", "content"] = "any"  # chunk that ends the client's TTFT: any (vllm bench serve openai-chat) or the first content delta
+    first_token: Literal["any", "content"] = "any"  # chunk that ends the client's TTFT: any (vllm bench serve openai-chat) or the first content delta (sglang.bench_serving openai-chat)
 
     @model_validator(mode="after")
     def _check(self) -> Reasoning:

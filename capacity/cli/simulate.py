@@ -39,8 +39,8 @@ from capacity.files import check_writable, dumps, read_mapping, validate, write_
 from capacity.io.report import simulation_rows, simulation_table, to_csv, to_markdown
 from capacity.model.gpus import get_gpu, with_memory
 from capacity.pipeline import Deployment, Disagg, RunOptions
-from capacity.reasoning import Reasoning, reasoning_flags
 from capacity.plan.simulate import simulation_report
+from capacity.reasoning import Reasoning, reasoning_flags
 from capacity.sessions import Sessions
 from capacity.traces import convert, parse_window
 from capacity.truth.compare import records_run

@@ -338,7 +338,7 @@ def backlogged(rec: Records, users: int, itl_times: np.ndarray, itl_weights: np.
 
 def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng: np.random.Generator,
               slos: list[SLO] | None = None, ci: bool = True, class_names: list[str] | None = None,
-              others: Records | None = None) -> Summary:
+              others: Records | None = None, client: Reasoning | None = None) -> Summary:
     """The run's summary; with `class_names` (two or more), also each class's own latencies (`per_class`).
 
     Throughput is measured over the window of the measured requests (first arrival to last finish) and counts every
@@ -347,7 +347,9 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
     report a rate the engine exceeded. Requests/s likewise counts the warm-up requests, each by the share of its
     output emitted in the window: counted whole when they finished in it, a closed loop's start-up cohort (left
     out as warm-up, `capacity.pipeline.warmup_requests`) would make a loop of two requests per user read 27% high
-    (`tests/test_steady_state.py`)."""
+    (`tests/test_steady_state.py`). `client`: a reasoning model's requests as the benchmark client sees them
+    (`client_view`)."""
+    rec, others = client_view(rec, client), None if others is None else client_view(others, client)
     done = rec.subset(rec.finished)
     n = len(done)
     if n == 0:
