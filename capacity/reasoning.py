@@ -56,7 +56,7 @@ class Reasoning(_Strict):
         out = np.asarray(output_tokens, dtype=float)
         if self.content_tokens is not None:
             return np.minimum(self.content_tokens, out)
-        return np.maximum(out - np.floor(self.share * out), np.minimum(out, 1.0))  # type: ignore[operator]
+        return np.maximum(out - np.floor(self.share * out), np.minimum(out, 1.0))
 
 
 def reasoning_flags(share: float | None, content_tokens: float | None, counted: str | None,
