@@ -373,7 +373,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         dg = disagg.spec(dep, prepare(disagg.decode))
     cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries,
-                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s))
+                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s, dep.card, workload))
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)
     rec = sim.records
     offline = workload.arrivals.kind == "offline"
@@ -394,7 +394,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     b = p.budget
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
-    notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile) + frontend.note(dep.engine)
+    notes += (p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
+              + frontend.note(dep.engine, dep.card, workload))
     if dep.engine.speculative is not None:
         notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals
