@@ -386,7 +386,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     slos = [SLO(c.slo_ttft_s, c.slo_tpot_s) for c in workload.classes]
     summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci,
                         class_names=[c.name for c in workload.classes],
-                        others=rec.subset(np.arange(len(rec)) < n_warm) if n_warm else None)
+                        others=rec.subset(np.arange(len(rec)) < n_warm) if n_warm else None,
+                        client=workload.reasoning)  # a reasoning model as the benchmark client counts it
     notes = []
     if sim.rejected:
         notes.append(f"{len(sim.rejected)} requests rejected: {sim.rejected[0][1]}")
