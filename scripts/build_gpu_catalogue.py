@@ -160,6 +160,16 @@ TOPOLOGY = {
 }
 
 
+# GeForce cards: NVIDIA's driver reports no PCIe peer access between them (cudaDeviceCanAccessPeer false), so vLLM's and
+# SGLang's `CustomAllreduce` (`_can_p2p` / `gpu_p2p_access_check`) disables itself and every TP call runs NCCL
+# (capacity.model.gpus.GPU.p2p). Other parts: P2P (NVLink, or PCIe P2P on datacenter and workstation boards).
+_GEFORCE_P2P = ("GeForce: the driver disables PCIe peer-to-peer (cudaDeviceCanAccessPeer false): "
+                "sgl-project/sglang#4814 (RTX 4090 TP 2: 'peer access is not supported between these two devices'), "
+                "NVIDIA/nccl-tests#117 (RTX 4090), NVIDIA/nccl#1127 (RTX 3090 on recent drivers), NVIDIA/nccl#1637 (RTX 5090)")
+NO_P2P = {name: _GEFORCE_P2P for name in ("rtx-3080", "rtx-3090", "rtx-4060-ti-16gb", "rtx-4080", "rtx-4090",
+                                           "rtx-5080", "rtx-5090")}
+
+
 def build(src: Path) -> dict:
     data = yaml.safe_load(src.read_text())
     data["gpus"].update(yaml.safe_load(EXTRA.read_text())["gpus"])
@@ -194,6 +204,7 @@ def build(src: Path) -> dict:
             **({"topology": TOPOLOGY[name][0], "topology_source": TOPOLOGY[name][1],
                 **({"pcie_bytes_per_s": pcie * GB / 2} if TOPOLOGY[name][0] == "pairs" else {})}
                if name in TOPOLOGY else {}),
+            **({"p2p": False, "p2p_source": NO_P2P[name]} if name in NO_P2P else {}),
             "tdp_w": spec.get("tdp_w"),
             "source": spec["source"],
             "confidence": spec["confidence"],

@@ -81,8 +81,12 @@ def test_trtllm_on_pcie_pays_nccl():
     t = RooflineCost(card, g, 2, params=RooflineParams(allreduce_engine="trtllm")).breakdown(plan)["communication"]
     bw = g.interconnect_bytes_per_s * 0.70
     msg = 4096 * 2  # one token's hidden state in bf16
-    assert v == pytest.approx(32 * 2 * (8e-6 + msg / bw))  # vLLM: one-shot on 2 PCIe GPUs
+    # GeForce has no P2P (GPU.p2p): vLLM's custom all-reduce disables itself too, both run NCCL
+    assert v == pytest.approx(32 * 2 * (6.6e-6 + 2 * 1.0e-6 + msg / bw))
     assert t == pytest.approx(32 * 2 * (6.6e-6 + 2 * 1.0e-6 + msg / bw))  # TRT-LLM: no NVLink -> NCCL
+    a6000 = get_gpu("rtx-a6000")  # a workstation card: P2P over PCIe, vLLM's one-shot on 2 GPUs
+    v = RooflineCost(card, a6000, 2).breakdown(plan)["communication"]
+    assert v == pytest.approx(32 * 2 * (8e-6 + msg / (a6000.interconnect_bytes_per_s * 0.70)))
 
 
 def test_layer_eager_by_hand():

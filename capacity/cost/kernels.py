@@ -44,6 +44,24 @@ TensorRT-LLM's AUTO strategy is its own (docs/fidelity.md, "All-reduce by engine
 (16 MB at <= 2 GPUs, 8 MB above) or without P2P and NVLink on every pair, else MIN_LATENCY at <= 2 GPUs, and at
 > 2 GPUs NCCL above 128 tokens; MIN_LATENCY is one-shot up to 128 tokens (kOneShotMaxToken), two-shot above. The
 engine backend's plugin picks one-shot at <= 2 GPUs, below 1 MB at <= 4, below 500 kB above, else two-shot.
+Without CUDA peer access (GPU.p2p False: GeForce cards) vLLM's and SGLang's `CustomAllreduce` disables itself
+(`_can_p2p`, `gpu_p2p_access_check`) and TensorRT-LLM falls back (`ifFallbackToNCCL`): NCCL at any TP.
+
+**(c') The custom kernel by world size** (vLLM and SGLang; docs/fidelity.md "The custom all-reduce by world size").
+In csrc/custom_all_reduce.cuh the barriers (`start_sync`, `end_sync`) write the ws flags from ws threads at once
+("Latency = 1 p2p write"), so they cost about the same at any ws; what grows with ws is the data each rank pulls:
+one-shot (`cross_device_reduce_1stage`) reads the ws - 1 other buffers whole (`packed_reduce` over every peer's
+pointer), two-shot (`cross_device_reduce_2stage`) reads (ws - 1) / ws of the message in its reduce-scatter and as
+much in its all-gather, with one more full barrier between them (`end_sync<ngpus>` not final: every block waits).
+The pull runs on a fixed grid (`allreduce`: at most 36 blocks x 512 threads of 16-byte loads), so it is bound by
+the loads the grid keeps in flight, not by the link: the published H100 table (capacity/data/allreduce_published.yaml,
+`sglang-2904-h100-vllm`) gives 1 MiB more at TP 2 for 26.6 - 9.5 = 17.1 us: CUSTOM_AR_PULL_BYTES_PER_S = 61.3 GB/s,
+a fifth of the NVLink figure the roofline charged (450 GB/s x comm_bw_eff 0.7 = 315 GB/s). The two-shot's extra
+barrier is what remains of TP 8 at 1 MiB: 45.0 - 9.5 - 2 x 7/8 x 1 MiB / 61.3 GB/s = 5.6 us
+(CUSTOM_AR_TWO_SHOT_SYNC_S). So one-shot = latency + (ws - 1) x bytes / min(link, pull); two-shot = latency +
+sync + 2 (ws - 1) / ws x bytes / min(link, pull). tests/test_allreduce_world_size.py recomputes both constants from
+the data file and checks the model against all three published tables (MAPE 6.6, 10.5 and 6.8%; the link-rate
+model it replaces: 28.5, 41.5 and 24.6%). TensorRT-LLM's kernels (Lamport one-shot, other grids) keep the link rate.
 """
 from __future__ import annotations
 
@@ -58,6 +76,10 @@ CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
 TRTLLM_WORKSPACE_BYTES = {True: 16e6, False: 8e6}
 TRTLLM_MIN_LATENCY_MAX_TOKENS = 128  # allReduceFusionKernels.h kOneShotMaxToken; allreduceOp.cpp's AUTO threshold
 ALLREDUCE_ENGINES = ("vllm", "sglang", "trtllm", "trtllm-engine")
+# (c'): the custom kernel's pull rate and its two-shot barrier, from capacity/data/allreduce_published.yaml
+# (`sglang-2904-h100-vllm`, H100, eager): 1 MiB / (26.6 - 9.5) us; 45.0 - 9.5 us - 2 x 7/8 x 1 MiB at that rate
+CUSTOM_AR_PULL_BYTES_PER_S = 1048576 / 17.1e-6  # 61.3 GB/s
+CUSTOM_AR_TWO_SHOT_SYNC_S = 5.575e-6
 
 
 def attention_kernels(card: ModelCard) -> int:
@@ -93,10 +115,13 @@ def kernel_floor_extra_s(card: ModelCard, kernel_floor_s: float, kernel_launch_s
 
 
 def allreduce_plan(tp: int, nbytes: float, interconnect: str, engine: str = "vllm", full_nvlink: bool | None = None,
-                   tokens: int = 0) -> str:
+                   tokens: int = 0, p2p: bool = True) -> str:
     """Which all-reduce `engine` runs for a message of `nbytes` (`tokens` tokens) at this TP size: "one-shot",
     "two-shot" (the custom kernels) or "nccl" (module docstring; docs/fidelity.md, "All-reduce by engine").
-    `full_nvlink`: every pair of the tp GPUs is NVLink-connected (GPU.full_nvlink; None: the interconnect says)."""
+    `full_nvlink`: every pair of the tp GPUs is NVLink-connected (GPU.full_nvlink; None: the interconnect says).
+    `p2p`: the GPUs have CUDA peer access (GPU.p2p); without it every engine runs NCCL."""
+    if not p2p:
+        return "nccl"  # CustomAllreduce._can_p2p / gpu_p2p_access_check; TensorRT-LLM ifFallbackToNCCL
     full = ("nvlink" in interconnect) if full_nvlink is None else full_nvlink
     if engine == "trtllm":  # PyTorch backend, AllReduceStrategy.AUTO (thop/allreduceOp.cpp selectImplementation)
         if nbytes > TRTLLM_WORKSPACE_BYTES[tp <= 2] or not full:
@@ -120,18 +145,22 @@ def allreduce_plan(tp: int, nbytes: float, interconnect: str, engine: str = "vll
 
 def allreduce_call_s(tp: int, nbytes: float, interconnect: str, link_bytes_per_s: float,
                      custom_latency_s: float, engine: str = "vllm", full_nvlink: bool | None = None,
-                     tokens: int = 0, nvlink_ring: bool | None = None) -> float:
+                     tokens: int = 0, nvlink_ring: bool | None = None, p2p: bool = True) -> float:
     """One all-reduce of `nbytes` over `tp` ranks: the algorithm's latency + its bytes over the link (each rank reads
     tp - 1 other buffers one-shot; the ring's 2 (tp - 1) / tp of the message two-shot and in NCCL). NCCL's hops are
-    NVLink ones where NCCL's ring runs on NVLink (`nvlink_ring`, GPU.nvlink_ring; None: as `full_nvlink`)."""
+    NVLink ones where NCCL's ring runs on NVLink (`nvlink_ring`, GPU.nvlink_ring; None: as `full_nvlink`). vLLM's
+    and SGLang's custom kernel pulls at most CUSTOM_AR_PULL_BYTES_PER_S and its two-shot pays one more barrier ((c'))."""
     if tp == 1:
         return 0.0
-    algo = allreduce_plan(tp, nbytes, interconnect, engine, full_nvlink, tokens)
+    algo = allreduce_plan(tp, nbytes, interconnect, engine, full_nvlink, tokens, p2p)
+    custom = engine in ("vllm", "sglang")
+    pull_bytes_per_s = min(link_bytes_per_s, CUSTOM_AR_PULL_BYTES_PER_S) if custom else link_bytes_per_s
     if algo == "one-shot":
-        return custom_latency_s + (tp - 1) * nbytes / link_bytes_per_s
-    ring = 2 * (tp - 1) / tp * nbytes / link_bytes_per_s
+        return custom_latency_s + (tp - 1) * nbytes / pull_bytes_per_s
     if algo == "two-shot":
-        return custom_latency_s + ring
+        sync = CUSTOM_AR_TWO_SHOT_SYNC_S if custom else 0.0
+        return custom_latency_s + sync + 2 * (tp - 1) / tp * nbytes / pull_bytes_per_s
+    ring = 2 * (tp - 1) / tp * nbytes / link_bytes_per_s
     full = ("nvlink" in interconnect) if full_nvlink is None else full_nvlink
     hop = NCCL_RING_LL_HOP_S["nvlink" if (full if nvlink_ring is None else nvlink_ring) else "pcie"]
     return NCCL_RING_LL_BASE_S + 2 * (tp - 1) * hop + ring

@@ -50,6 +50,11 @@ class GPU(BaseModel):
     topology: Literal["fully-connected", "pairs", "cube-mesh", "pcie"] | None = None
     topology_source: str = ""  # where the topology comes from (a product brief, a system whitepaper)
     pcie_bytes_per_s: PosFloat | None = None  # per direction; NCCL's ring beyond an NVLink-bridged pair
+    # CUDA peer access between two of these GPUs (cudaDeviceCanAccessPeer). False on GeForce cards, whose driver
+    # disables PCIe P2P: vLLM's and SGLang's custom all-reduce then turns itself off and TP runs NCCL
+    # (capacity/cost/kernels.py allreduce_plan). `p2p_source` says where a False comes from.
+    p2p: bool = True
+    p2p_source: str = ""
     tdp_w: PosFloat | None = None  # board power, W
     source: str = ""  # datasheet the figures come from
     confidence: str = ""  # how sure the datasheet figures are
