@@ -7,8 +7,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from capacity.cost.kernels import (CUSTOM_AR_PULL_BYTES_PER_S, CUSTOM_AR_TWO_SHOT_SYNC_S, allreduce_call_s,
-                                   allreduce_plan)
+from capacity.cost.kernels import (
+    CUSTOM_AR_PULL_BYTES_PER_S,
+    CUSTOM_AR_TWO_SHOT_SYNC_S,
+    allreduce_call_s,
+    allreduce_plan,
+)
 from capacity.model.gpus import catalogue, get_gpu
 
 DATA = Path(__file__).resolve().parents[1] / "capacity" / "data" / "allreduce_published.yaml"
