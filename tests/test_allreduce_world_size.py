@@ -106,3 +106,34 @@ def test_geforce_cards_have_no_p2p_and_run_nccl():
     link = 32e9 * 0.70
     assert allreduce_call_s(2, 4096, "pcie", link, 8e-6, "vllm", False, 1, False, p2p=False) == pytest.approx(
         6.6e-6 + 2e-6 + 4096 / link)
+
+
+def test_amd_parts_keep_the_link_rate():
+    """MI300X, SGLang's ROCm custom all-reduce at TP 4: the NVIDIA pull rate misses the table by more than the link
+    rate does (45% against 28% MAPE), so AMD parts keep the link rate (`amd`)."""
+    t = rows("sglang-6619-mi300x-tp4")
+    link = 448e9 * 0.70  # MI300X interconnect_bytes_per_s x comm_bw_eff
+    base_s = t[(4, 2048)] * 1e-6
+
+    def err(amd: bool) -> float:
+        e = [abs(allreduce_call_s(4, n, "nvlink/infinity-fabric", link, base_s, "sglang", amd=amd) * 1e6 - us) / us
+             for (_, n), us in t.items()]
+        return 100 * sum(e) / len(e)
+
+    assert err(amd=True) < 30 < 44 < err(amd=False)
+    assert allreduce_call_s(4, MiB, "nvlink/infinity-fabric", link, 8e-6, amd=True) == pytest.approx(
+        8e-6 + 1.5 * MiB / link)  # two-shot: the ring's bytes at the link rate, no extra barrier
+
+
+def test_roofline_charges_the_pull_rate_on_nvidia_only():
+    from capacity.cli.common import load_card
+    from capacity.cost.roofline import RooflineCost
+    from capacity.cost.step import StepPlan
+
+    card = load_card("llama-3.1-8b")
+    plan = StepPlan((), (1024,) * 16)  # 16 decode tokens: 16 x 4096 x 2 B = 128 KiB a call, one-shot at TP 4
+    n = 16 * 4096 * 2
+    h100 = RooflineCost(card, get_gpu("h100-sxm"), 4).breakdown(plan)["communication"]
+    assert h100 == pytest.approx(32 * 2 * (8e-6 + 3 * n / (MiB / 17.1e-6)))
+    mi300 = RooflineCost(card, get_gpu("mi300x"), 4).breakdown(plan)["communication"]
+    assert mi300 == pytest.approx(32 * 2 * (8e-6 + 3 * n / (448e9 * 0.70)))

@@ -222,7 +222,8 @@ class RooflineCost:
             return 2 * allreduce_call_s(self.tp, bytes_, self.gpu.interconnect,
                                         self.gpu.ring_bytes_per_s(self.tp) * p.comm_bw_eff, p.allreduce_latency_s,
                                         p.allreduce_engine, self.gpu.full_nvlink(self.tp), tokens,
-                                        self.gpu.nvlink_ring(self.tp), self.gpu.p2p)
+                                        self.gpu.nvlink_ring(self.tp), self.gpu.p2p,
+                                        (self.gpu.device_name or "").startswith("AMD"))
         ring = 2 * (self.tp - 1) / self.tp * bytes_ / (self.gpu.interconnect_bytes_per_s * p.comm_bw_eff)
         return 2 * (ring + p.allreduce_latency_s)  # after attention and after the MLP
 
