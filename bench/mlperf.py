@@ -99,6 +99,14 @@ def output_lengths(run: dict) -> tuple[Lengths, float, float]:
     return out, out.expected, float(t["completed_tokens_per_s"] / t["completed_samples_per_s"])
 
 
+def inflight_per_replica(requests_per_s: float, e2e_mean_s: float, replicas: int) -> float:
+    """Little's law: requests in the system (queued or running) per replica = completed requests/s x mean E2E
+    latency / replicas. From a LoadGen log it is the running batch the real engines held (their queues were short:
+    mean TTFT a few steps); beside the simulated one it says whether the step costs put the equilibrium at the
+    same batch (docs/fidelity.md, "MLPerf Server near saturation")."""
+    return requests_per_s * e2e_mean_s / max(1, replicas)
+
+
 def settings(run: dict, common: dict) -> dict | None:
     """The engine settings of a run, or None where its configs are not published in full (such a run is listed,
     not scored). `common`: the file's harness_common (v4.1's settings shared by every system)."""
@@ -141,7 +149,8 @@ def simulate_server(run: dict, s: dict, inputs: Lengths, duration_s: float, rate
     sm = res.summary
     lim = run.get("constraints_ms") or {}
     out = {"ttft_mean": sm.ttft_s.mean * 1e3, "ttft_p99": sm.ttft_s.p99 * 1e3, "tpot_mean": sm.tpot_s.mean * 1e3,
-           "tpot_p99": sm.tpot_s.p99 * 1e3, "tokens_per_s": sm.output_tokens_per_s, "preempted": sm.preempted_requests}
+           "tpot_p99": sm.tpot_s.p99 * 1e3, "tokens_per_s": sm.output_tokens_per_s, "preempted": sm.preempted_requests,
+           "inflight": inflight_per_replica(sm.requests_per_s, sm.e2e_s.mean, s["replicas"])}
     out["ttft_rising"] = res.rising
     # LoadGen's verdict: the P99s over the run (a run the simulator stopped as saturated never finished its queries)
     out["meets_limits_loadgen"] = bool(not res.sim.saturated and out["ttft_p99"] <= lim.get("ttft_latency_ms", 2000.0)
@@ -258,6 +267,8 @@ def main() -> None:
             out_mean, log_mean = output_lengths(r)[1:]
             pub = {m: r[k][f] for m, k, f in SERVER_METRICS} | {"max_qps": float(r["target_qps"]),
                                                                  "max_qps_loadgen": float(r["target_qps"])}
+            inflight_pub = inflight_per_replica(r["throughput"]["completed_samples_per_s"],
+                                                r["latency_ms"]["mean"] / 1e3, s["replicas"])
             for name, inp in variants.items():
                 pred[name] = simulate_server(r, s, inp, a.duration)
                 if not a.no_max_qps and name == main_name:
@@ -265,12 +276,14 @@ def main() -> None:
         err = {v: {m: p[m] / pub[m] - 1 for m in pub if m in p} for v, p in pred.items()}
         rows.append({"id": r["id"], "scenario": r["scenario"], "settings": s, "target_qps": r.get("target_qps"),
                      "power": power, "published": pub, "predicted": pred, "error": err,
-                     **({} if r["scenario"] == "Offline" else {"output_mean": out_mean, "output_mean_log": log_mean})})
+                     **({} if r["scenario"] == "Offline" else {"output_mean": out_mean, "output_mean_log": log_mean,
+                                                               "inflight_per_replica": inflight_pub})})
         e = err[main_name]
         print(f"[{i + 1}/{len(runs)}] {r['id']}" + (f" ({power}: not modelled)" if power else ""))
         print("    " + "  ".join(f"{m} {pub[m]:,.0f} {e[m]:+.0%}" for m in pub if m in e)
               + ("" if r["scenario"] == "Offline" else
-                 f"  limits {'met' if pred[main_name]['meets_limits'] else 'MISSED'}"), flush=True)
+                 f"  limits {'met' if pred[main_name]['meets_limits'] else 'MISSED'}"
+                 f"  in flight per replica {inflight_pub:,.0f} / {pred[main_name]['inflight']:,.0f} simulated"), flush=True)
     summary: dict = {}
     for v in variants:
         summary[v] = {}

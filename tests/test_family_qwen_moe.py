@@ -80,14 +80,17 @@ def test_qwen3_vl_30b_a3b():
     assert text == 30_532_122_624  # the text model is Qwen3-30B-A3B's shape
     # The ViT (vLLM qwen3_vl.py Qwen3_VisionTransformer): vh 1152, mlp 4304, 27 blocks of two LayerNorms, qkv and
     # proj with biases, a GELU MLP with biases; a 3D patch linear (3 x 2 x 16 x 16 inputs, bias), 2304 learned
-    # positions; the merger and 3 deepstack mergers, each a LayerNorm, a 4vh x 4vh linear and a 4vh -> 2048 linear
+    # positions; the merger and 3 deepstack mergers, each a LayerNorm, a 4vh x 4vh linear and a 4vh -> 2048 linear.
+    # The final merger's LayerNorm is over one patch (vh); the deepstack mergers' over the 2x2 shuffle (4vh:
+    # Qwen3_VisionPatchMerger use_postshuffle_norm=True), 6 vh = 6,912 more each, 20,736 for the three.
     vh, vi, p, out = 1152, 4304, 16, 2048
     block = 4 * vh + (3 * vh * vh + 3 * vh) + (vh * vh + vh) + (2 * vh * vi + vi + vh)
     patch = 3 * 2 * p * p * vh + vh
     merger = 2 * vh + (4 * vh) ** 2 + 4 * vh + 4 * vh * out + out
-    vision = 27 * block + patch + 2304 * vh + 4 * merger
+    deep = 2 * 4 * vh + (4 * vh) ** 2 + 4 * vh + 4 * vh * out + out
+    vision = 27 * block + patch + 2304 * vh + merger + 3 * deep
     assert card.vision is not None and card.vision.params() == vision
-    assert count_params(card) == text + vision == 31_070_733_296  # Qwen3-VL-30B-A3B: "31B" (30B text + ViT)
+    assert count_params(card) == text + vision == 31_070_754_032  # Qwen3-VL-30B-A3B: "31.1B" (30.5B text + ViT)
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 98_304
     assert card.moe is not None and (card.moe.experts_per_token, card.moe.num_shared_experts) == (8, 0)
 
@@ -144,8 +147,9 @@ def test_qwen3_vl_8b():
     vh, vi, p, out = 1152, 4304, 16, 4096
     block = 4 * vh + (3 * vh * vh + 3 * vh) + (vh * vh + vh) + (2 * vh * vi + vi + vh)
     merger = 2 * vh + (4 * vh) ** 2 + 4 * vh + 4 * vh * out + out
-    vision = 27 * block + 3 * 2 * p * p * vh + vh + 2304 * vh + 4 * merger  # the merger and 3 deepstack mergers
-    assert count_params(card) == text + vision == 8_767_102_960  # Qwen3-VL-8B: "8B" (8.77B with the ViT)
+    deep = merger + 6 * vh  # a deepstack merger's LayerNorm is over 4 vh (use_postshuffle_norm), not vh
+    vision = 27 * block + 3 * 2 * p * p * vh + vh + 2304 * vh + merger + 3 * deep  # the merger and 3 deepstack ones
+    assert count_params(card) == text + vision == 8_767_123_696  # Qwen3-VL-8B-Instruct: "8.77B" (the model card)
     assert card.qk_norm and card.moe is None and card.vision is not None and card.vision.extra_mergers == 3
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 147_456
 

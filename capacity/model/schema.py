@@ -13,6 +13,8 @@ from capacity.files import validate
 
 PosInt = Annotated[int, Field(gt=0, le=10**7)]  # 1e7 is far past any real shape; stops 1e12 layers
 NonNegInt = Annotated[int, Field(ge=0, le=10**7)]
+# A context length in tokens: Llama-4-Scout states 10,485,760 (10M), past PosInt's bound
+Positions = Annotated[int, Field(gt=0, le=1 << 26)]
 Pixels = Annotated[int, Field(ge=0, le=1 << 32)]  # an image's pixel count (a processor's bound)
 Name = Annotated[str, Field(min_length=1, max_length=200)]  # names and ids: echoed in every output
 ComputeDtype = Literal["bf16", "fp16"]
@@ -155,7 +157,11 @@ class VisionTower(_Frozen):
             layer = 4 * h + 3 * h * h + 3 * h + h * h + h + 2 * h * i + i + h
             embed = 3 * 2 * p * p * h + (h if self.kind == "qwen3_vl" else 0) + self.position_embeddings * h
             merger = 2 * h + (4 * h) ** 2 + 4 * h  # LayerNorm over one patch, then a 4h x 4h linear (+ the projector)
-            return self.num_layers * layer + embed + (1 + self.extra_mergers) * merger + self.projector_params
+            # Qwen3-VL's deepstack mergers normalise after the 2x2 shuffle (vLLM qwen3_vl.py Qwen3_VisionPatchMerger,
+            # use_postshuffle_norm=True: LayerNorm(4h), weight and bias), 6h more each than the final merger's
+            post_shuffle = 6 * h * self.extra_mergers
+            return (self.num_layers * layer + embed + (1 + self.extra_mergers) * merger + post_shuffle
+                    + self.projector_params)
         if self.kind == "qwen2_5_vl":  # RMSNorms, qkv with bias, gated MLP with biases, 3D patch embedding
             layer = 2 * h + 3 * h * h + 3 * h + h * h + h + 3 * h * i + 2 * i + h
             return self.num_layers * layer + 3 * 2 * p * p * h + self.projector_params
@@ -205,7 +211,7 @@ class ModelCard(_Frozen):
     head_dim: PosInt | None = None  # default hidden_size / num_attention_heads (Qwen3 sets it explicitly)
     intermediate_size: PosInt  # dense MLP width (dense layers of MoE models too)
     vocab_size: PosInt
-    max_position_embeddings: PosInt
+    max_position_embeddings: Positions
     tie_word_embeddings: bool = False  # the LM head shares the embedding matrix
     attention_bias: bool = False  # q/k/v biases (Qwen2)
     qk_norm: bool = False  # per-head RMSNorm on q and k (Qwen3)
@@ -232,7 +238,7 @@ class ModelCard(_Frozen):
     final_logit_softcap: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None  # tanh cap on the logits (Gemma-2)
     # Positions of each rotary cos/sin cache vLLM builds (empty: one of max_position_embeddings). Linear rope
     # scaling builds its cache max_position_embeddings x factor long; Gemma-3 keeps a local and a global one.
-    rope_caches: list[PosInt] = []
+    rope_caches: list[Positions] = []
     cross_attention_layers: NonNegInt = 0  # Mllama: decoder layers that attend to the image instead of the text
     extra_vocab: NonNegInt = 0  # embedding rows past vocab_size (Mllama's image tokens)
     vision: VisionTower | None = None  # the image encoder of a vision-language model

@@ -198,7 +198,14 @@ def count_params(card: ModelCard) -> int:
 
 
 def _elements_per_rank(t: TensorGroup, card: ModelCard, tp: int) -> tuple[int, int]:
-    """(rows, cols) of this group's tensor on one rank."""
+    """(rows, cols) of this group's tensor on one rank. A one-row group is a bias (or a per-head vector) laid out
+    along its layer's output dimension: vLLM's ColumnParallelLinear / QKVParallelLinear create the bias with the
+    output size per partition (`linear.py` `create_weights`: `output_size_per_partition`), so a column bias splits
+    its elements by tp and a K/V bias by the KV heads each rank keeps, like the weight's rows."""
+    if t.rows == 1 and t.shard == "column":
+        return 1, math.ceil(t.cols / tp)
+    if t.rows == 1 and t.shard == "kv":
+        return 1, t.cols * max(1, card.num_kv_heads // tp) // card.num_kv_heads
     if t.shard == "column":
         return math.ceil(t.rows / tp), t.cols
     if t.shard == "row":

@@ -222,3 +222,15 @@ CHANGES: dict[tuple[str, str], str] = {
     ("plan_small", "sglang_command"): "issue 48: the SGLang translation's --mem-fraction-static is now the smallest F whose pool, by SGLang's own model at the conservative end (a 1.0 GiB context, the load's extra), holds the simulated pool (0.88 held fewer tokens than --max-total-tokens pins: capacity.engine.sglang.engine.mem_fraction_static)",
     ("plan_a100_classes", "sglang_command"): "issue 48: the SGLang translation's --mem-fraction-static is now the smallest F whose pool, by SGLang's own model at the conservative end (a 1.0 GiB context, the load's extra), holds the simulated pool (0.88 held fewer tokens than --max-total-tokens pins: capacity.engine.sglang.engine.mem_fraction_static)",
 }
+
+# tests/data/card_golden.json (tests/test_card_golden.py, not a CLI case) was re-recorded on branch `families`
+# (issue 46 item 5 / 47) for two weight-count defect fixes; no case above moved:
+# - one-row bias tensors split with their layer's output dimension at TP > 1 (weights._elements_per_rank; vLLM
+#   ColumnParallelLinear / QKVParallelLinear create the bias with output_size_per_partition elements): weight_bytes_tp2
+#   of every card with q/k/v biases, sinks or per-expert biases moved (Qwen2.5-7B -71,680 bytes a rank: the q bias
+#   halves, the K/V bias, counted as 0 rows before when a rank holds fewer KV heads than the model, becomes 2 x 2 x 128
+#   a layer; Phi-2 +81,920 and Qwen1.5-7B +131,072, their multi-head K/V bias no longer 0; gpt-oss-20b -8,922,624 and
+#   gpt-oss-120b -53,197,056: the fp32 per-expert gate/up biases halve with the intermediate split);
+# - Qwen3-VL's three deepstack mergers take LayerNorm(4h) (Qwen3_VisionPatchMerger use_postshuffle_norm=True), 6h more
+#   each: +20,736 parameters for Qwen3-VL-8B and -30B-A3B (41,472 bytes at tp 1);
+# plus four new entries (Llama-3.2-90B-Vision, Llama-4-Maverick, Olmo-3.1-32B; Llama-4-Scout, refused before).

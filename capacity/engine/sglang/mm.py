@@ -10,8 +10,8 @@ Read from the PyPI wheels, `python/sglang/srt/model_executor/model_runner.py`, `
   ("Automatically reduce --mem-fraction-static to ... because this is a multimodal model.");
 - 0.4.5 to 0.4.8.post1: the same with x 0.90;
 - from 0.4.6 Gemma-3 and Llama-4 (`Gemma3ForConditionalGeneration`, `Llama4ForConditionalGeneration`) run
-  text-only unless `--enable-multimodal`, so they keep F (the family's `sglang_text_only`; Llama-4 has no family
-  module here yet) (0.4.4.post2 to 0.4.5.post3 list Gemma-3 as multimodal;
+  text-only unless `--enable-multimodal`, so they keep F (the family's `sglang_text_only`: families/gemma.py,
+  families/llama4.py) (0.4.4.post2 to 0.4.5.post3 list Gemma-3 as multimodal;
   0.4.4.post1 and earlier cannot load it);
 - from 0.4.9 the reduction moved to `ServerArgs.__post_init__` and applies to the default F only
   (`vlm_fraction_factor` in `capacity.engine.sglang.memory`); the runner no longer touches F.
