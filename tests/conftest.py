@@ -145,8 +145,9 @@ TIER_OF = {f"test_{name}.py": tier for tier, names in TIERS.items() for name in 
 #   to get one of its tests (xdist's `loadgroup` would do it, but its node-id suffix no longer takes on pytest 9);
 # - the units that take longest start first (LONG_FIRST, then collection order), so that no worker is left
 #   alone at the end with a long one.
-LONG_FIRST = (  # nodeid prefixes: the slow group's longest units (docs/ci.md timings), then the default group's
-    "tests/test_docs_commands.py::test_documented_commands_run_as_written[docs/examples.md:57]",  # the fleet-day
+LONG_FIRST = (  # node-id prefixes, or a documented command's start: the slow group's longest units (docs/ci.md
+    # timings), then the default group's
+    "capacity fleet-day --fleet examples/fleet-day.yaml",  # docs/examples.md's three-model day, ~200 s
     "tests/test_fidelity.py::test_quick_fidelity_against_a_real_engine",
     "tests/test_browser.py", "tests/test_loadtest.py", "tests/test_adversarial.py",
     "tests/test_plan_compare.py", "tests/test_launch.py",
@@ -185,6 +186,9 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(tier)
     if os.environ.get("PYTEST_XDIST_WORKER") and not _dist_chosen(config):  # the order the workers report
         def rank(item) -> int:
-            return next((n for n, prefix in enumerate(LONG_FIRST) if item.nodeid.startswith(prefix)), len(LONG_FIRST))
+            block = getattr(getattr(item, "callspec", None), "params", {}).get("block")
+            cmds = getattr(block, "commands", [])
+            return next((n for n, key in enumerate(LONG_FIRST)
+                         if item.nodeid.startswith(key) or any(c.startswith(key) for c in cmds)), len(LONG_FIRST))
 
         items[:] = sorted(items, key=rank)  # stable: the rest keep their order
