@@ -121,7 +121,7 @@ TIERS = {
     "unit": """autoscale autoscale_bound compare compute_dtype costs cost_kernels engine_graphs dashboard_views decode_floor expert_parallel
         gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
-        traces validate vision_requests vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
+        traces validate vision_requests vision_tokens vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
         reasoning
         trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
