@@ -34,6 +34,7 @@ class Request:
     block_key_tokens: int = 0
     session: int = -1  # a multi-turn session's id (capacity.sessions; -1: none): its keys cover its output too
     images: tuple[tuple[int, int, int, int, int], ...] = ()  # (start, tokens, encoder seq, seqs, key) (capacity.vision_requests)
+    image_px: tuple[int, ...] = ()  # each image's source pixels, W x H (capacity.engine.image_cpu)
 
 
 class _Strict(BaseModel):

@@ -29,6 +29,7 @@ from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, engine_for, frontend, speculative
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
+from capacity.engine.lockstep import attention_dp, attention_dp_ranks
 from capacity.engine.offload import offloading
 from capacity.engine.speculative import run_notes
 from capacity.errors import CapacityError, ConfigError
@@ -145,6 +146,7 @@ def prepare(dep: Deployment) -> Prepared:
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
     factory = offloading(em.scheduler_factory(dep.engine, SchedLimits.of(b)), dep, b)  # a host KV tier, if any
+    cost, factory = attention_dp(em, dep, b, cost, factory)  # SGLang/TRT-LLM attention DP: ranks in lock step
     if spec is not None:  # the verify step and the draft's forwards; k drafts per decode, E - 1 accepted
         cost = speculative.wrap_cost(cost, dep.card, spec, dep.gpu, b.tp, b.kv_dtype, e.engine)
         factory = speculative.speculating(factory, spec)
@@ -371,7 +373,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
         dg = disagg.spec(dep, prepare(disagg.decode))
     cfg = SimConfig(replicas=dp_ranks(dep), router=dp_router(dep), router_max_ongoing=dep.router_max_ongoing,  # type: ignore[arg-type]
                     fast_forward=opts.fast_forward, max_sim_s=opts.max_sim_s, timeseries=opts.timeseries,
-                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s))
+                    autoscale=dep.autoscale, disagg=dg, **frontend.sim_terms(dep.engine, dep.frontend_s, dep.card, workload))
     sim = simulate(workload, p.cost, p.make_scheduler, rng, cfg)
     rec = sim.records
     offline = workload.arrivals.kind == "offline"
@@ -391,7 +393,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     b = p.budget
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
-    notes += p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile) + frontend.note(dep.engine)
+    notes += (p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
+              + frontend.note(dep.engine, dep.card, workload))
     if dep.engine.speculative is not None:
         notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals
@@ -431,7 +434,7 @@ def measure_capacity(dep: Deployment, workload: WorkloadSpec, p: Prepared,
     and at most 10,000 requests of its own (fewer than the run when the run is longer: the estimate settles by
     then), or None and why not: a loop of four requests per user over `CAPACITY_LOOP_MAX_REQUESTS` (hundreds of
     replicas, each with a big batch) is not run."""
-    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dp_ranks(dep))
+    size = (dep.engine, p.budget, workload, min(workload.num_requests, 10_000), dp_ranks(dep) * attention_dp_ranks(dep.engine))
     users, n = capacity_loop_size(*size)
     if n > CAPACITY_LOOP_MAX_REQUESTS:
         return None, (f"capacity not measured: its closed loop ({users:,} users over {dep.replicas:,} replicas, "

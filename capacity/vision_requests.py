@@ -58,6 +58,7 @@ class ImageRequests(_Strict):
     identical: bool = False  # every request's images are the same picture(s): shared by the prefix and encoder caches (needs a fixed per_request and one size)
     dataset: str | None = None  # a benchmark dataset (visionarena, random-mm:base=2,ratio=0.5, sglang-image:count=2,resolution=720p...; docs/vision_datasets.md): fills the fields not given
     _shapes: list[ImageShape] | None = PrivateAttr(default=None)
+    _px: list[int] = PrivateAttr(default_factory=list)  # source pixels of each size (capacity.engine.image_cpu)
 
     @model_validator(mode="before")
     @classmethod
@@ -107,6 +108,7 @@ class ImageRequests(_Strict):
         else:
             out = self.model_copy()
         out._shapes = [shape(*parse_size(s)) for s in self.sizes]
+        out._px = [w * h for w, h in map(parse_size, out.sizes)]
         return out
 
     def _probs(self) -> np.ndarray:
@@ -131,10 +133,11 @@ class ImageRequests(_Strict):
         for i, c in zip(idx, counts):
             r = reqs[int(i)]
             pos = r.prefix_tokens
-            imgs = []
+            imgs, px = [], []
             for k, j in enumerate(which[at: at + int(c)]):
                 tokens, seq, seqs = self._shapes[int(j)]
                 imgs.append((pos, tokens, seq, seqs, k if self.identical else -1))
+                px.append(self._px[int(j)])
                 pos += tokens
             at += int(c)
             r.prompt_tokens += pos - r.prefix_tokens
@@ -142,6 +145,7 @@ class ImageRequests(_Strict):
                 r.prefix_group = r.prefix_group if r.prefix_group >= 0 else IMAGE_GROUP
                 r.prefix_tokens = pos
             r.images = tuple(imgs)
+            r.image_px = tuple(px)
         return reqs
 
 

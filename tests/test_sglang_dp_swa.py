@@ -122,7 +122,7 @@ def test_dp_attention_refusals_are_one_line_naming_the_field():
     assert r.returncode == 1 and "--enable-dp-attention" in r.stderr  # --dp alone: SGLang's replicas, not modelled
 
 
-def test_dp_attention_is_memory_only_and_its_launch_command_spells_the_totals():
+def test_dp_attention_schedules_one_rank_and_its_launch_command_spells_the_totals():
     cfg = EngineConfig(engine="sglang@0.5.5", tensor_parallel_size=4, data_parallel_size=4, enable_dp_attention=True,
                        max_model_len=8192)
     em = get_engine(cfg.engine)
@@ -131,8 +131,8 @@ def test_dp_attention_is_memory_only_and_its_launch_command_spells_the_totals():
     assert b.max_num_batched_tokens == 8192 // 4
     cmd = em.launch_command(card, cfg, b)
     assert "--tp 4 --dp 4" in cmd and "--enable-dp-attention" in cmd and "--chunked-prefill-size 8192" in cmd
-    with pytest.raises(ConfigError, match="enable_dp_attention"):
-        em.scheduler_factory(cfg, SchedLimits.of(b))
+    rank = em.scheduler_factory(cfg, SchedLimits.of(b))()  # one attention rank's (capacity/engine/lockstep.py)
+    assert rank.kv_blocks_total == b.planning_blocks and rank.max_running == b.max_num_seqs
     r = run_cli("memory", "-m", str(QWEN3_MOE), "-g", "h100", "--engine", "sglang@0.5.5", "--tp", "4", "--dp", "4",
                 "--enable-dp-attention", "--max-model-len", "8192")
     assert r.returncode == 0, r.stderr

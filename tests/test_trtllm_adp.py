@@ -1,6 +1,7 @@
 """TensorRT-LLM attention data parallelism (`trtllm_attention_dp`, LlmArgs.enable_attention_dp) as start-up memory
 (capacity/engine/trtllm/parallel.py; docs/trtllm.md, "Attention data parallelism"): everything but the routed
-experts whole on every rank, the KV heads unsplit, a pool per rank; simulate and plan refuse it in one line."""
+experts whole on every rank, the KV heads unsplit, a pool per rank; simulate and plan step the ranks in lock step
+(capacity/engine/lockstep.py, tests/test_attention_dp.py); a dense model is refused in one line."""
 from __future__ import annotations
 
 import pytest
@@ -33,9 +34,8 @@ def test_attention_dp_replicates_all_but_the_experts_and_keeps_whole_kv_heads():
     assert adp.kv_budget_bytes < tp.kv_budget_bytes and any("attention DP" in w for w in adp.warnings)
 
 
-def test_simulate_and_a_dense_model_are_refused_in_one_line():
+def test_a_dense_model_is_refused_in_one_line():
     for args, needle in (
-        (["simulate", "--model", str(QWEN3_235B), "--gpu", "h200", "--tp", "8", "--rate", "1"], "step cost"),
         (["memory", "--model", "models/llama-3.1-8b.yaml", "--gpu", "h100-sxm"], "a dense model"),
     ):
         r = run_cli(*args, "--engine", "trtllm", "--trtllm-attention-dp")

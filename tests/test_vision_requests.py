@@ -129,8 +129,8 @@ def test_images_add_to_the_prompt_after_the_prefix():
 def test_images_raise_ttft_by_the_encoder_and_the_longer_prefill():
     """One request at a time (0.5/s, each done in well under 2 s): TTFT with a 1024 x 768 image minus text-only
     TTFT = (TTFT of a 200 + 999-token text prompt - TTFT at 200) + the encoder's time, hand-computed above."""
-    dep = Deployment(QWEN, get_gpu("h100-sxm"), EngineConfig())
-    opts = RunOptions(seed=0, capacity_check=False)
+    dep = Deployment(QWEN, get_gpu("h100-sxm"), EngineConfig(frontend_ms_per_image_mpx=0.0))  # the engine's part
+    opts = RunOptions(seed=0, capacity_check=False)  # (the server's CPU work per image: tests/test_image_cpu.py)
     ttft = {k: run(dep, _spec(img, prompt=p), opts).summary.ttft_s.p50
             for k, img, p in (("text", None, 200), ("long", None, 1199), ("image", {"sizes": ["1024x768"]}, 200))}
     linear = 2 * 3996 * (32 * 19_686_400 + 1_505_280) + 2 * 999 * 44_574_464

@@ -54,12 +54,15 @@ def test_refused_before_the_first_release_and_accepted_on_it(kw, before, first):
     resolve("vllm", **kw)  # the current release takes everything it took before
 
 
-def test_int8_kv_is_no_vllm_choice_in_the_releases_checked_and_the_current_one_still_takes_it():
-    for engine in ("vllm@0.4.2", "vllm@0.6.6", "vllm@0.8.5", "vllm@0.10.0"):
-        with pytest.raises(ConfigError, match="kv_cache_dtype int8: vllm@"):
+def test_int8_kv_is_no_vllm_choice_in_any_release_the_current_one_included():
+    """No vLLM release read has a plain int8 KV cache (vllm/config/cache.py CacheDType, 0.4.2 to the current main):
+    refused in one line naming the field and the value, the current release too (it was taken before 2026-12-07)."""
+    for engine in ("vllm@0.4.2", "vllm@0.6.6", "vllm@0.8.5", "vllm@0.10.0", "vllm@0.11", "vllm@0.33", "vllm"):
+        with pytest.raises(ConfigError, match="kv_cache_dtype int8: vllm@") as err:
             resolve(engine, kv_cache_dtype="int8")
+        assert "\n" not in str(err.value)
     resolve("vllm@0.4.2", kv_cache_dtype="fp8")  # 0.4.2's choices: auto, fp8
-    resolve("vllm", kv_cache_dtype="int8")  # unchanged for the current release (docs/vllm-releases.md)
+    resolve("vllm", kv_cache_dtype="fp8")
 
 
 def test_draft_models_left_with_v0s_spec_decode_workers_in_0_10_and_were_still_missing_in_0_13():

@@ -60,8 +60,8 @@ def memory(
         s = settings
         cfg = engine_config(**s)  # SglangConfig: another engine's setting given (--max-loras, --pp ...) is refused in
         dp = sglang_dp_attention(cfg)  # one line, and DP attention's own checks run (--dp N --enable-dp-attention)
-        if cfg.dp_size() != dp:
-            raise CapacityError(f"data_parallel_size {cfg.dp_size()}: SGLang's data parallelism is modelled with "
+        if (n := getattr(cfg, "data_parallel_size", 1)) != dp:  # (dp_size() is 1 with DP attention)
+            raise CapacityError(f"data_parallel_size {n}: SGLang's data parallelism is modelled with "
                                 "--enable-dp-attention only (its replicas behind a router are not)")
         _sglang_memory(model, gpu, s["tensor_parallel_size"], s["kv_cache_dtype"], weight_dtype, quant_group_size,
                        s.get("max_model_len"), s.get("max_num_seqs"), s.get("max_num_batched_tokens"), engine,

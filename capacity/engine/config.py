@@ -194,6 +194,14 @@ class EngineConfig(BaseModel, metaclass=_PickedByEngine):
         "(1.89 us; capacity/engine/frontend.py).", flag="--frontend-us-per-token", help="Tokenising time per "
         "prompt token before the engine (one worker; in TTFT), us (default: measured, 1.89)",
         commands=("simulate", "plan"))
+    frontend_ms_per_image_mpx: Annotated[float, Field(ge=0, le=10_000, allow_inf_nan=False)] | None = setting(
+        None, description="The server's CPU time per megapixel of each image before the engine sees it (hashing, "
+        "resizing, normalising, patchifying: the multimodal processor, on one worker; per megapixel of the source "
+        "image plus of the processed one), ms; decoding (a thread pool in vLLM and SGLang) keeps its measured figure. 0 "
+        "leaves the images' front-end work out (their decoding too). None: the measured figure, the conservative end "
+        "(capacity/engine/image_cpu.py).", flag="--frontend-ms-per-image-mpx",
+        help="Image processing time per megapixel before the engine (one worker; in TTFT), ms (default: measured)",
+        commands=("simulate", "plan"))
     usage_context: Literal["serve", "llm"] = setting(
         "serve", description="`vllm serve` or the offline LLM class (different defaults)", flag="--usage-context",
         help="serve (vllm serve, default) or llm (the offline LLM class): different defaults")

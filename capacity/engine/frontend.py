@@ -13,7 +13,8 @@ figure below):
   "single-thread ThreadPoolExecutor"), SGLang's `TokenizerManager` in its event loop, trtllm-serve in its own: one
   FIFO worker, so a burst of long prompts queues for it (the simulator's `Delay.put(work_s=...)`).
 
-Per output token (detokenising, streaming) is `output_cpu_us_per_token` (capacity/cost/overlap.py), not here.
+Per output token (detokenising, streaming) is `output_cpu_us_per_token` (capacity/cost/overlap.py), not here; per
+image (decoding, the multimodal processor) is capacity.engine.image_cpu, on the same serial worker.
 
 The figures are MEASURED, never fitted to the published runs the project scores, and given as a range (host CPUs
 differ); the engine uses the range's conservative (higher-latency) end, as the KV estimate plans on its
@@ -29,20 +30,24 @@ conservative end:
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+from capacity.engine import image_cpu
 
 if TYPE_CHECKING:
     from capacity.engine.config import EngineConfig
+    from capacity.model.card import ModelCard
 
 # (low, high) of each measured range; the engine uses the high (conservative) end
 TOKENISE_US_PER_TOKEN = (1.03, 1.89)  # bench/results/frontend.json, "tokenisation", fastest <= 1024 tokens
 PER_REQUEST_MS = {"vllm": (13.4, 14.4), "sglang": (0.0, 0.0), "trtllm": (0.0, 0.0)}  # recipe fits (vLLM only)
 
 
-class SimTerms(TypedDict):
-    """The SimConfig fields of the front end."""
+class SimTerms(TypedDict, total=False):
+    """The SimConfig fields of the front end (`frontend_images` only for a workload with images)."""
     frontend_s: float
     frontend_s_per_input_token: float
+    frontend_images: image_cpu.ImageFrontEnd
 
 
 def family(engine: str) -> str:
@@ -70,14 +75,24 @@ def terms(cfg: EngineConfig) -> tuple[float, float]:
     return ms / 1e3, us / 1e6
 
 
-def sim_terms(cfg: EngineConfig, extra_s: float = 0.0) -> SimTerms:
-    """The SimConfig fields of the front end: the engine's, plus `extra_s` of the deployment's own (a proxy)."""
+def sim_terms(cfg: EngineConfig, extra_s: float = 0.0, card: ModelCard | None = None, workload: Any = None) -> SimTerms:
+    """The SimConfig fields of the front end: the engine's, plus `extra_s` of the deployment's own (a proxy), and
+    with a model `card` and a `workload` with images, the per-image work (capacity.engine.image_cpu)."""
     per_req, per_tok = terms(cfg)
-    return SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
+    out = SimTerms(frontend_s=extra_s + per_req, frontend_s_per_input_token=per_tok)
+    if card is not None:
+        out.update(image_cpu.sim_terms(cfg, card, workload))  # type: ignore[typeddict-item]
+    return out
 
 
-def note(cfg: EngineConfig) -> list[str]:
-    """The run's line on its front end where the engine's default (not the user's setting) adds to TTFT."""
+def note(cfg: EngineConfig, card: ModelCard | None = None, workload: Any = None) -> list[str]:
+    """The run's lines on its front end where the engine's default (not the user's setting) adds to TTFT, and on
+    its per-image work where the workload has images (capacity.engine.image_cpu)."""
+    img = image_cpu.note(cfg, card) if card is not None and getattr(workload, "images", None) is not None else ""
+    return _note(cfg) + ([img] if img else [])
+
+
+def _note(cfg: EngineConfig) -> list[str]:
     if cfg.frontend_ms is not None and cfg.frontend_us_per_input_token is not None:
         return []
     per_req, per_tok = terms(cfg)

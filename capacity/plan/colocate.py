@@ -165,11 +165,12 @@ def _model(m: FleetModel, i: int, layout: str) -> tuple[ModelCard, EngineConfig]
     if layout != "separate" and m.engine.tensor_parallel_size != 1:
         raise ConfigError(f"models[{i}].engine.tensor_parallel_size: the {layout} layout puts one replica of "
                           "every model on each GPU (TP 1)")
-    for name in ("frontend_ms", "frontend_us_per_input_token"):
+    for name in ("frontend_ms", "frontend_us_per_input_token", "frontend_ms_per_image_mpx"):
         if getattr(m.engine, name):
             raise ConfigError(f"models[{i}].engine.{name}: {getattr(m.engine, name)}: colocate compares the layouts "
                               "on the engines' time; a server front end in a fleet of several models is not modelled")
-    return card, m.engine.model_copy(update={"frontend_ms": 0.0, "frontend_us_per_input_token": 0.0})
+    return card, m.engine.model_copy(update={"frontend_ms": 0.0, "frontend_us_per_input_token": 0.0,
+                                             "frontend_ms_per_image_mpx": 0.0})
 
 
 def _separate(fleet: Fleet, gpu: GPU, seed: int) -> dict[str, Any]:

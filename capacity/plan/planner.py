@@ -35,6 +35,7 @@ from capacity.cost.overlap import overlapped_source, paced_source
 from capacity.cost.profile import load_profile
 from capacity.engine import engine_for, get_engine
 from capacity.engine.config import EngineConfig
+from capacity.engine.lockstep import attention_dp_ranks
 from capacity.engine.memory import batch_context_table, default_batches, default_contexts
 from capacity.engine.memory import budget as memory_budget
 from capacity.engine.sglang.engine import launch_command as sglang_command
@@ -194,7 +195,7 @@ class Planner:
         """Throughput with the queue never empty (`capacity.steady.capacity_loop`, as `capacity simulate` measures it)."""
         wl = capacity_loop(engine, self.budget(engine), self.sc.workload, self.sc.search.requests,
                            max_num_seqs=max_num_seqs)
-        dp = engine.dp_size()  # a replica of dp ranks, each with its own scheduler: dp x the users
+        dp = engine.dp_size() * attention_dp_ranks(engine)  # ranks, each its own scheduler: dp x the users
         return self.ex.run(self.tasks(engine, None, range(1), closed_users=(wl.arrivals.users or 0) * dp,
                                        requests=wl.num_requests * dp))[0]
 
@@ -405,6 +406,8 @@ def memory_command(card, gpu: str, e: EngineConfig) -> str:
             parts.append(f"{flag} {v}")
     if e.kv_cache_dtype != "auto":
         parts.append(f"--kv-dtype {e.kv_cache_dtype}")
+    if (d := attention_dp_ranks(e)) > 1:  # SGLang's DP attention, TensorRT-LLM's attention DP
+        parts.append("--trtllm-attention-dp" if e.engine.startswith("trtllm") else f"--dp {d} --enable-dp-attention")
     if e.gpu_memory_utilization != 0.9:
         parts.append(f"--gpu-memory-utilization {e.gpu_memory_utilization}")
     if e.enable_chunked_prefill is False:

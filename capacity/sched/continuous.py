@@ -21,6 +21,8 @@ the same sequences, the same preemptions, finishes and free blocks at every step
 """
 from __future__ import annotations
 
+from typing import Any
+
 from capacity.cost.step import PrefillChunk, StepPlan
 from capacity.sched.base import NAN, Seq, Step, accept_drafts
 from capacity.sched.configs import ContinuousConfig
@@ -54,6 +56,7 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
         # only the retirement of the finished sequences, done after the next schedule call all the same
         self._track_inflight = cfg.async_scheduling and self.kv.tracks_inflight
         self.drafts_accepted = 0  # speculative decoding: draft tokens accepted so far (outputs beyond one per step)
+        self.encoder: Any = None  # vLLM V1's encoder budget and cache for a run with images (capacity.sim.encoder_budget)
 
     # ---- the protocol's read-only view ------------------------------------------------------------
     @property
@@ -142,6 +145,8 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
             self.num_preemptions += 1
             step.preempted.append(seq)
             return
+        if self.encoder is not None:
+            self.encoder.release_all(seq)
         seq.computed = 0
         seq.preemptions += 1
         self.num_preemptions += 1
@@ -158,6 +163,9 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
         chunks: list[tuple[Seq, int]] = []  # the other scheduled sequences (prefill chunks), in order
         running = self.running
         chunked = cfg.chunked_prefill
+        enc = self.encoder
+        if enc is not None:
+            enc.begin()
         dtok = 1 + cfg.spec_tokens  # budget tokens of one decoding sequence (its drafts too)
         i = 0
         for seq in running:  # the common case first: decodes whose block has room, scheduled as the loop below would
@@ -188,8 +196,15 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
             if num_new < rem and not chunked:
                 i += 1
                 continue
+            if enc is not None and seq.req.images:  # the chunk stops before an image the encoder cannot take
+                num_new = enc.limit(seq, c, num_new)
+                if not num_new:
+                    i += 1
+                    continue
             while True:
                 if c + num_new <= seq.kv_capacity or kv.allocate_slots(seq, num_new):
+                    if enc is not None and seq.req.images:
+                        enc.commit(seq)
                     sched.append((seq, num_new))
                     if rem == 1 and seq.generated:
                         decodes.append(c)
@@ -235,6 +250,11 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
                 num_new = min(remaining, budget)
                 if not cfg.chunked_prefill and num_new < remaining:
                     break
+                if enc is not None and seq.req.images:
+                    num_new = enc.limit(seq, seq.computed, num_new)
+                    if not num_new:
+                        kv.drop_computed_blocks(seq)
+                        break
                 if cfg.reserve_output:
                     ok = kv.reserve(seq, seq.prompt + seq.output)
                 elif cfg.reserve_full_input and not kv.can_fit(seq, remaining):
@@ -245,6 +265,8 @@ class ContinuousScheduler(DecodeStretches):  # QueueView via DecodeStretches (sa
                     kv.drop_computed_blocks(seq)
                     break
                 waiting.pop()
+                if enc is not None and seq.req.images:
+                    enc.commit(seq)
                 self.running.append(seq)
                 if seq.first_scheduled_s != seq.first_scheduled_s:  # NaN: first time
                     seq.first_scheduled_s = now

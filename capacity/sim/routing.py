@@ -138,11 +138,12 @@ class Delay:
         self.driver: Driven | None = None
         self.fires: list[tuple[float, int]] = []
 
-    def put(self, item: Any, work_s: float = 0.0, now: float = -1.0) -> None:
-        """`work_s`: time on one serial worker first (the server's tokeniser thread), FIFO (capacity.engine.frontend).
+    def put(self, item: Any, work_s: float = 0.0, now: float = -1.0, lag_s: float = 0.0) -> None:
+        """`work_s`: time on one serial worker first (the server's tokeniser thread), FIFO (capacity.engine.frontend),
+        after `lag_s` of the item's own (a pool's work, side by side with other items: capacity.engine.image_cpu).
         `now`: the time (default: the clock's; a driven source's own)."""
         now = now if now >= 0 else self.env.now
-        t = now
+        t = now + lag_s
         if work_s > 0:
             t = self.busy_until = max(t, self.busy_until) + work_s
         t += self.latency_s

@@ -121,6 +121,7 @@ class SimConfig:
     overload_fraction: float = 0.1  # queued share of all arrivals at the last arrival that means overload
     frontend_s: float = 0.0  # front-end latency before the router (seen in TTFT/E2E, costs no engine time)
     frontend_s_per_input_token: float = 0.0  # + this x prompt tokens on one serial worker (the tokeniser), FIFO
+    frontend_images: Any = None  # per-image work of requests with images (capacity.engine.image_cpu.ImageFrontEnd)
     autoscale: AutoscaleConfig | None = None  # a pool that grows and shrinks (replicas is then ignored); with
     # disagg, the prefill pool
     disagg: Disaggregation | None = None  # prefill and decode pools (replicas is then ignored)
@@ -225,7 +226,7 @@ class Simulation:
                            if cfg.autoscale is not None else None)
         self.decode_autoscaler = (Autoscaler(self, d.decode_autoscale, self.decode_router, whole=False)
                                   if d is not None and d.decode_autoscale is not None else None)
-        front = cfg.frontend_s > 0 or cfg.frontend_s_per_input_token > 0
+        front = cfg.frontend_s > 0 or cfg.frontend_s_per_input_token > 0 or cfg.frontend_images is not None
         if front and self.routers:
             raise CapacityError("a front-end delay in a fleet of several models is not modelled")
         self.delay = Delay(self.env, cfg.frontend_s, self.router.from_front_end) if front else None
@@ -235,6 +236,7 @@ class Simulation:
         self.users: ClosedLoopUsers | None = None  # the closed-loop source, when there is one
         self.offline = False  # an offline batch: the queue is the batch, never a sign of overload
         self.entered = 0  # requests sent so far (the SLA planner's request count)
+        self.seen_images: set[int] = set()  # identical images the front end has processed (its processor cache)
         self.next_arrival_s = math.inf  # the next time a source sends a request (the fast path's horizon)
         self.steps = self.events = 0
         self.swaps: list[tuple[float, int, int]] = []  # swap mode: (time, device's previous replica, new one)
@@ -251,7 +253,9 @@ class Simulation:
         self.entered += 1
         if self.delay is not None:
             self.recorder.count(+1)  # in the system from its send: Little's law counts its time in the front end
-            self.delay.put(req, self.cfg.frontend_s_per_input_token * req.prompt_tokens, self.recorder.clock_s)
+            fi = self.cfg.frontend_images  # a request's images: decoded on a pool (lag), processed on the serial worker
+            lag, work = fi.work(req, self.seen_images) if req.images and fi is not None else (0.0, 0.0)
+            self.delay.put(req, self.cfg.frontend_s_per_input_token * req.prompt_tokens + work, self.recorder.clock_s, lag)
         elif self.routers:
             self.routers[req.service].dispatch(req)
         else:

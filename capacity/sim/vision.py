@@ -4,24 +4,22 @@
 pieces and workload unchanged for a workload without images; with images it
 - binds the workload's `images:` to the model's processor rules (`capacity.model.vision_tokens`), refusing a
   text-only model in one line;
-- wraps each replica's scheduler in `EncoderScheduling`, which, after the engine's own scheduling decision, finds
-  the images to encode in the step as vLLM V1 does (`Scheduler._try_schedule_encoder_inputs`,
-  vllm/v1/core/sched/scheduler.py): an image whose placeholder range [start, start + tokens) overlaps the
-  chunk [computed, computed + new) and that is not in the encoder cache yet. An image is encoded once per
-  request: its encoder output stays cached until its tokens are all prefilled (`EncoderCacheManager`,
-  vllm/v1/core/encoder_cache_manager.py). A preempted request that recomputes an image's tokens encodes it
-  again: vLLM frees the request's references on preemption (`Scheduler._preempt_request`) and the entry
-  survives only until the cache needs its space, which at the default size (max(max_num_batched_tokens, the
-  largest image's tokens)) is soon under the load that preempts. An identical image (`images.identical`) is
-  encoded once for the whole run (the cache is keyed by the image's hash and other requests hold it; its
-  eviction is not modelled);
+- wraps each replica's scheduler in `EncoderScheduling`. For vLLM V1 it gives the scheduler an
+  `EncoderGate` (`capacity.sim.encoder_budget`): the per-step encoder compute budget and the encoder cache, as
+  `Scheduler._try_schedule_encoder_inputs` (vllm/v1/core/sched/scheduler.py) and `EncoderCacheManager`
+  (vllm/v1/core/encoder_cache_manager.py) apply them: a chunk's image is encoded in the step only if the
+  budget and the cache take it, else the chunk stops before the image; both sizes default to
+  max(max_num_batched_tokens, the largest image's tokens) (`compute_mm_encoder_budget`). For V0, SGLang and
+  TensorRT-LLM (no such budget modelled: docs/vision.md) it finds the images to encode after the engine's own
+  scheduling decision: an image whose placeholder range [start, start + tokens) overlaps the chunk
+  [computed, computed + new) and that is not cached yet. There an image is encoded once per request (its output
+  stays cached until its tokens are all prefilled), again after a preemption that recomputes its tokens, and
+  an identical image (`images.identical`) once for the whole run;
 - wraps the step cost in `EncoderStepCost` (the GPU's part: under a CPU-overlap wrapper), which adds the
   encoder roofline (`capacity.cost.encoder`) of the step's images to its time.
-Not modelled: the encoder compute budget and the encoder cache's size (`max_num_batched_encoder_embeds`, by
-default max(max_num_batched_tokens, the largest image's tokens): when it binds, vLLM stops the chunk before
-the image and encodes it in a later step; here every image in a chunk is encoded in that step), and
-Llama-3.2-Vision's cross-attention over the encoder output (its image is one prompt token here; the encoder
-is costed).
+Not modelled: Llama-3.2-Vision's cross-attention over the encoder output (its image is one prompt token here;
+the encoder is costed), user-set `max_num_batched_encoder_embeds` / `encoder_cache_size` (the defaults only),
+and SGLang's embedding cache size (`SGLANG_VLM_CACHE_SIZE_MB`, docs/vision.md).
 """
 from __future__ import annotations
 
@@ -32,6 +30,7 @@ from capacity.cost.encoder import EncoderRoofline, EncoderStepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.vision_tokens import image_tokens
+from capacity.sim.encoder_budget import EncoderGate
 from capacity.workload import WorkloadSpec, least_tokens
 
 P = TypeVar("P")
@@ -42,20 +41,28 @@ class EncoderScheduling:
     """A scheduler whose steps also encode the images their prefill chunks reach (module docstring); every other
     attribute is the wrapped scheduler's."""
 
-    def __init__(self, inner: Any, encoder: EncoderRoofline) -> None:
+    def __init__(self, inner: Any, encoder: EncoderRoofline, gate: EncoderGate | None = None) -> None:
         self.inner = inner
         self.encoder = encoder
+        self.gate = gate
+        if gate is not None:
+            inner.encoder = gate  # the scheduler consults it for every chunk (capacity.sched.continuous)
         self.encoded: dict[Any, tuple[set[int], int]] = {}  # sequence -> (its images in the cache, its chunk's end)
         self.shared: set[int] = set()  # keys of identical images in the encoder cache (every request's same picture)
 
     def __getattr__(self, name: str) -> Any:
-        if name in ("inner", "encoded", "encoder", "shared"):
+        if name in ("inner", "encoded", "encoder", "shared", "gate"):
             raise AttributeError(name)
         return getattr(self.inner, name)
 
     def schedule(self, now: float):
         out = self.inner.schedule(now)
         if isinstance(out, float) or not out.scheduled:
+            return out
+        if self.gate is not None:
+            if self.gate.work:
+                p = out.plan
+                out.plan = dataclasses.replace(p, encoder_s=p.encoder_s + self.encoder.images_s(self.gate.work))
             return out
         work: list[tuple[int, int]] = []
         for seq, n in out.scheduled:
@@ -151,5 +158,31 @@ def _serve(prepared: Any, card: ModelCard, gpu: Any, workload: WorkloadSpec) -> 
     assert card.vision is not None  # image_shape refused a text-only model
     enc = EncoderRoofline(card.vision, gpu, prepared.budget.tp)
     factory = prepared.make_scheduler
-    return dataclasses.replace(prepared, cost=with_encoder_cost(prepared.cost),
-                               make_scheduler=lambda: EncoderScheduling(factory(), enc)), workload
+    gate = gate_factory(prepared.engine_model, card, workload)
+
+    def make() -> EncoderScheduling:
+        inner = factory()
+        g = gate(inner) if gate is not None and hasattr(inner, "encoder") else None
+        return EncoderScheduling(inner, enc, g)
+    return dataclasses.replace(prepared, cost=with_encoder_cost(prepared.cost), make_scheduler=make), workload
+
+
+def gate_factory(em: Any, card: ModelCard, workload: WorkloadSpec):
+    """For a vLLM V1 engine: scheduler -> its `EncoderGate`, sized as `compute_mm_encoder_budget` does: budget and
+    cache max(max_num_batched_tokens, the largest item's tokens), the item the model's largest image (the card's
+    `tokens_per_image`) or the workload's, if larger. None for the other engines (module docstring)."""
+    rel = getattr(em, "release", None)
+    if getattr(em, "name", "") != "vllm" or rel is None or rel.runner != "v1":
+        return None
+    assert card.vision is not None and workload.images is not None and workload.images._shapes is not None
+    largest = max([card.vision.tokens_per_image, *(t for t, _, _ in workload.images._shapes)])
+    shared = rel.version >= SHARED_FROM
+
+    def gate(inner: Any) -> EncoderGate:
+        size = max(inner.cfg.max_num_batched_tokens, largest)
+        return EncoderGate(size, size, shared)
+    return gate
+
+
+SHARED_FROM = (0, 11, 0)  # encoder cache entries keyed by hash, kept until evicted (vLLM PR #22711; first release
+# not pinned: 0.10.2 is counted before it, the side that encodes more)

@@ -32,7 +32,7 @@ from capacity.model.card import ModelCard
 from capacity.model.weights import weight_bytes_per_rank
 
 # card.architecture of the SGLang models (0.5.5 models/*.py) whose attention uses get_attention_tp_size()
-DP_ATTENTION_ARCHS = frozenset({"deepseek_v2", "deepseek_v3", "qwen2_moe", "qwen3_moe", "qwen3", "qwen3_next",
+DP_ATTENTION_ARCHS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "qwen2_moe", "qwen3_moe", "qwen3", "qwen3_next",
                                 "gpt_oss", "glm4_moe", "llama4", "bailing_moe", "phimoe", "falcon_h1",
                                 "longcat_flash", "step3_vl"})
 EMBED_SHARDED = frozenset({"phimoe"})  # the one among them whose embedding stays vocab-parallel over T

@@ -28,10 +28,13 @@ import math
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.sglang.config import deepep as sglang_deepep
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.config import ep_size as sglang_ep_size
+from capacity.engine.sglang.config import lora as sglang_lora
 from capacity.engine.sglang.config import mem_fraction
 from capacity.engine.sglang.dpattn import chunk_divisor, dp_chunk
+from capacity.engine.sglang.dsa import DSA_PAGE, is_dsa
 from capacity.engine.sglang.memory import (
     CURRENT,
     RELEASES,
@@ -101,7 +104,11 @@ def _arch(name: str) -> str:
 
 def launch_command(card: ModelCard, cfg: EngineConfig, b: MemoryBudget, gpu: GPU | None = None) -> str:
     """The plan's vLLM configuration as an SGLang command, memory translated by meaning: F such that SGLang's
-    own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static)."""
+    own model holds the simulated pool, pinned with --max-total-tokens (mem_fraction_static). A configuration with
+    DP attention is SGLang's own plan: its command is the engine's (`Sglang.launch_command`), not a translation."""
+    if sglang_dp_attention(cfg) > 1:
+        return ("# SGLang with DP attention: the plan's own SGLang command is the one above (a vLLM plan has no DP "
+                "attention to translate)")
     g = gpu or get_gpu(b.gpu)
     frac, held = mem_fraction_static(b, card, cfg, g)
     ref = model_reference(card, "sglang")
@@ -194,9 +201,8 @@ class Sglang(SglangMemory):
         if mnbt is None:
             mnbt = default_chunked_prefill_size(gpu_mib, self.release) if chunked else MAX_PREFILL_TOKENS
             used.append("max_num_batched_tokens")
-        page = cfg.block_size
-        if page is None:
-            page = 1
+        page: int = DSA_PAGE if is_dsa(card) else (cfg.block_size or 1)  # DeepSeek-V3.2: 64 (sglang/dsa.py)
+        if cfg.block_size is None:
             used.append("block_size")
         override = cfg.num_gpu_blocks_override
         sb = sglang_budget(card, gpu, tp, release=self.release, context_len=ctx, kv_cache_dtype=cfg.kv_cache_dtype,
@@ -204,7 +210,7 @@ class Sglang(SglangMemory):
                            max_total_tokens=override * page if override is not None else None,
                            max_running=cfg.max_num_seqs, page_size=page, context_bytes=self._context_bytes(cfg),
                            dp_attention=self.dp_attention(cfg), ep_size=sglang_ep_size(cfg),
-                           mem_fraction_static=mem_fraction(cfg),
+                           mem_fraction_static=mem_fraction(cfg), lora=sglang_lora(cfg), deepep=sglang_deepep(cfg),
                            speculative=SPEC_ALGORITHM[cfg.speculative.method] if cfg.speculative else None)
         if chunked and sb.dp_attention > 1:  # SGLang's _handle_data_parallelism: the chunk is per attention group
             mnbt = dp_chunk(mnbt, sb.dp_attention, version_key(self.release))
@@ -236,9 +242,8 @@ class Sglang(SglangMemory):
         """A builder of one replica's SGLang scheduler; checks the settings now, so a bad one fails with the
         field named and not inside a simulation."""
         self._check(cfg)
-        if self.dp_attention(cfg) > 1:
-            raise ConfigError("enable_dp_attention: SGLang's DP attention is modelled for its start-up memory only "
-                              "(capacity memory); its schedulers per attention group are not simulated")
+        # DP attention: this is one attention rank's scheduler (its pool and caps: memory.py); the pipeline steps dp
+        # of them in lock step (capacity/engine/lockstep.py)
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: SGLang's split of the pool is not modelled")
         chunked = cfg.enable_chunked_prefill
@@ -322,7 +327,7 @@ class Sglang(SglangMemory):
                  "the overlap scheduler's one-step-late output processing unless async_scheduling is false)",
                  "not modelled: the radix cache's prefix reuse (no prefix is shared: shared prefixes run better than "
                  "simulated), mixed chunked prefill, the CPU time the overlap scheduler hides (in the step overhead), "
-                 "speculative draft trees (top-k > 1), DP attention, priority scheduling",
+                 "speculative draft trees (top-k > 1), priority scheduling",
                  "activations, CUDA graphs and the request table must fit in SGLang's reserve T0 x (1 - F), which it "
                  "does not check at start-up: an OOM shows at graph capture or the first long prefill",
                  "gpu_memory_utilization has no SGLang meaning: F is mem_fraction_static or the release's default, "

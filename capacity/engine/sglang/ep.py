@@ -13,9 +13,10 @@ weights. Read in the PyPI wheels (`python/sglang/srt/server_args.py`, `layers/mo
   self.moe_tp_size`). `--moe-a2a-backend deepep` / `mooncake` force E = T (`_handle_a2a_moe`);
 - attention, dense MLPs, the embedding and the LM head are as without EP (TP over T, or DP attention's layout).
 
-Not modelled: redundant experts (`--ep-num-redundant-experts`), DeepEP's communication buffers (allocated after the
-pool is sized, so in the reserve T0 x (1 - F); 0.5.15+ reserves 2 GiB more in the default F for them with the
-decode CUDA graph on) and EPLB. The KV pool is the same as without EP (the cell is attention's).
+Not modelled: redundant experts (`--ep-num-redundant-experts`) and EPLB. DeepEP's communication buffers (allocated
+after the pool is sized, so in the reserve T0 x (1 - F)) are capacity/engine/sglang/deepep.py's, counted when
+`moe_a2a_backend` is deepep; the 2 GiB more that 0.5.15+ keeps out of the default F for them with the decode CUDA
+graph on is not (the default F is read without it: the pool is the larger, unsafe side when DeepEP is on). The KV pool is the same as without EP (the cell is attention's).
 """
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def ep_note(tp: int, ep: int, card: ModelCard) -> str:
     n = card.moe.num_experts if card.moe is not None else 0
     split = f", each expert split over {tp // ep} ranks" if ep < tp else ""
     return (f"expert parallelism: {n // ep} of the {n} experts on each rank (ep_size {ep} of tp {tp}{split}); "
-            "attention and dense layers TP over tp; DeepEP buffers and redundant experts not counted")
+            "attention and dense layers TP over tp; redundant experts not counted")
 
 
 __all__ = ["check_ep", "ep_note", "ep_weights"]

@@ -37,8 +37,11 @@ from dataclasses import asdict, dataclass, field
 
 from capacity.engine.budget import MemoryBudget
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
+from capacity.engine.sglang.deepep import deepep_buffer_bytes, deepep_note
 from capacity.engine.sglang.dpattn import check_dp_attention, dp_attention_note, dp_attention_weights, dp_chunk
+from capacity.engine.sglang.dsa import DSA_PAGE, check_dsa, dsa_cells, dsa_kv_dtype, dsa_notes, is_dsa
 from capacity.engine.sglang.ep import check_ep, ep_note, ep_weights
+from capacity.engine.sglang.lora import sglang_lora_bytes
 from capacity.engine.sglang.mla import absorbed_copy_bytes
 from capacity.engine.sglang.mm import runner_mm_factor
 from capacity.engine.sglang.releases import (
@@ -60,12 +63,13 @@ from capacity.engine.sglang.releases import (
 )
 from capacity.engine.sglang.rocm import apply_aiter_cut
 from capacity.engine.sglang.swa import SWA_FULL_TOKENS_RATIO, hybrid_swa_layers, split_pool, swa_note
+from capacity.engine.vllm.layout import compute_capability
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.families.registry import traits
 from capacity.model.gpus import GPU
-from capacity.model.weights import weight_bytes_per_rank
+from capacity.model.weights import experts_only_alternative, weight_bytes_per_rank
 from capacity.units import DTYPE_BYTES, GiB
 
 # What SGLang's "Load weight end ... mem usage" shows beyond the checkpoint's bytes: it is a device-wide free-memory
@@ -137,6 +141,9 @@ class SglangBudget:
     context_high_bytes: float = 0.0  # the high end of context_bytes (the one kv_tokens_low assumes)
     dp_attention: int = 1  # DP attention's dp size (1: off); the figures are one attention group's rank
     swa_tokens: int | None = None  # a hybrid SWA pool's sliding-layer pool (kv_tokens is its full pool)
+    kv_dtype: str = ""  # the KV dtype SGLang settles on where it differs from the one asked (DeepSeek-V3.2)
+    weights_high_bytes: float = 0.0  # the high end of weights_bytes (experts-only quantisation), 0: none
+    deepep_bytes: float = 0.0  # DeepEP's buffers, made at the first forward out of the reserve (sglang/deepep.py)
 
     @property
     def fits(self) -> bool:
@@ -152,7 +159,9 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                   cuda_graph_max_bs: int | None = None, max_total_tokens: int | None = None,
                   max_running: int | None = None, page_size: int = 1,
                   context_bytes: float | None = None, dp_attention: int = 1, ep_size: int = 1,
-                  speculative: str | None = None) -> SglangBudget:
+                  speculative: str | None = None,
+                  lora: tuple[int, int | None, list[str] | None] | None = None,
+                  deepep: tuple[str, int] | None = None) -> SglangBudget:
     """SGLang's start-up memory for this model on this GPU at this TP (see the module docstring). T0 is the GPU's
     total less the CUDA context and, at TP > 1, the distributed init (`context_bytes` overrides both; by default
     the CUDA context of EngineConfig's memory parameters, 0.5 GiB, plus vLLM's measured NCCL / custom all-reduce
@@ -162,8 +171,11 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     `dp_attention` > 1: DP attention over that many groups of the tp GPUs (sglang/dpattn.py); a hybrid SWA model's
     pool is split as the release does (sglang/swa.py), kv_tokens_low then being its SWA pool. `ep_size` > 1: the
     experts split over that many ranks (sglang/ep.py); `speculative`: SGLang's --speculative-algorithm, for the
-    default F's reserve (the draft itself is the pipeline's, capacity.engine.speculative)."""
+    default F's reserve (the draft itself is the pipeline's, capacity.engine.speculative); `lora`: --enable-lora's
+    (max_loras_per_batch, lora_rank, lora_target_modules), whose buffers load before the pool (sglang/lora.py); `deepep`: --moe-a2a-backend deepep's (--deepep-mode, max
+    dispatch tokens per rank): ep_size = tp, and DeepEP's buffers out of the reserve (sglang/deepep.py)."""
     attn_tp = check_dp_attention(card, tp, dp_attention, _line(release)) if dp_attention != 1 else tp
+    ep_size = tp if deepep is not None else ep_size  # _handle_a2a_moe: DeepEP sets ep_size = tp_size
     check_ep(card, tp, ep_size, _line(release))
     if context_bytes is None:
         ctx_mid, ctx_high = MemoryModelParams().cuda_context_bytes, CONTEXT_HIGH_GIB * GiB
@@ -201,21 +213,35 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     if runner != 1.0:
         f *= runner
         notes.append(f"a multimodal model: the model runner (sglang@{release} rules) lowers F by x{runner:.2f} to {f:.3f}")
+    dsa = is_dsa(card)  # DeepSeek-V3.2: the indexer's cache, page 64, fp8 on Blackwell (sglang/dsa.py)
+    asked_dtype = kv_cache_dtype
+    if dsa:
+        check_dsa(card, _line(release), amd)
+        kv_cache_dtype, page_size = dsa_kv_dtype(kv_cache_dtype, (compute_capability(gpu) or 0) >= 100), DSA_PAGE
     kv_bytes = DTYPE_BYTES["fp8" if kv_cache_dtype == "fp8" else card.dtype] if kv_cache_dtype in ("auto", "fp8") else None
     if kv_bytes is None:
         raise ConfigError(f"kv_cache_dtype {kv_cache_dtype!r}: SGLang's are auto and fp8 here")
     cell = card.kv_elements_per_token_per_layer(attn_tp) * card.num_kv_layers * int(kv_bytes)
+    cell_low = pool_cell = cell
+    if dsa:
+        cell, cell_low, pool_cell = dsa_cells(card, _line(release), int(kv_bytes))
     if card.mla is not None and _line(release) < (0, 3, 2, 0):  # 0.3.0-0.3.1: --enable-mla off by default
         cell = max(1, card.num_kv_heads // tp) * 256 * card.num_kv_layers * 2 * int(kv_bytes)  # head_dim 256
         notes.append("MLA off by default before 0.3.2: DeepSeek-V2's pool is sized as MHA (kv heads x 256 x 2)")
     t0 = total - ctx_mid
-    per_group = dp_attention_weights(card, tp, dp_attention) if dp_attention > 1 else weight_bytes_per_rank(card, tp)
-    per_group = ep_weights(card, tp, ep_size, per_group)
+    weights = _rank_weights(card, tp, dp_attention, ep_size, release, amd, attn_tp)
     if ep_size > 1:
         notes.append(ep_note(tp, ep_size, card))
-    per_group["rope_cache"] = per_group.get("rope_cache", 0.0) * rope_cache_factor(card, release, amd)
-    weights = sum(per_group.values())
-    weights += absorbed_copy_bytes(card, attn_tp, _line(release), amd)  # DeepSeek's w_kc / w_vc (sglang/mla.py)
+    if lora is not None:  # LoRAMemoryPool: allocated after the weights, before profile_max_num_token reads A
+        lora_bytes, lora_note = sglang_lora_bytes(card, tp, _line(release), *lora, dp_attention=dp_attention)
+        weights += lora_bytes
+        notes.append(lora_note)
+    weights_hi = weights  # the experts-only reading of a --weight-dtype override (model/weights.py)
+    if (alt_card := experts_only_alternative(card)) is not None:
+        weights_hi = max(weights, weights - _rank_weights(card, tp, dp_attention, ep_size, release, amd, attn_tp)
+                         + _rank_weights(alt_card, tp, dp_attention, ep_size, release, amd, attn_tp))
+        notes.append(f"weights: {card.weight_format} layers not named; if only the experts are {card.weight_format}, "
+                     f"{weights_hi / GiB:.2f} GiB a rank (the conservative end takes it)")
     state_share = 0.0
     if card.state is not None:
         state_share, state_note = _state_reserve(card, tp, release, max_running)
@@ -229,8 +255,11 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     f = apply_aiter_cut(card, tp, _line(release), ctx, amd, f, notes)  # AMD's aiter backend (sglang/rocm.py)
     tokens = pool_tokens(t0 / GiB, (avail - mm_res) / GiB, f, cell, page_size, max_total_tokens, state_share)
     t0_low = total - ctx_high
-    low = pool_tokens(t0_low / GiB, (t0_low - weights - mm_res - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell, page_size,
-                      max_total_tokens, state_share)
+    low = pool_tokens(t0_low / GiB, (t0_low - weights_hi - mm_res - LOAD_EXTRA_HIGH_GIB * GiB) / GiB, f, cell_low,
+                      page_size, max_total_tokens, state_share)
+    if dsa:
+        notes += dsa_notes(card, _line(release), kv_cache_dtype, kv_cache_dtype != asked_dtype, page_size, tokens, cell,
+                           pool_cell, dp_attention, mem_fraction_static is not None)
     swa = None
     if split is not None:  # full pool = kv_tokens; the conservative end is the SWA pool (sglang/swa.py)
         (tokens, swa), low = split_pool(tokens, *split, page_size), split_pool(low, *split, page_size)[1]
@@ -240,10 +269,15 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
         chunk = dp_chunk(chunk, dp_attention, _line(release))
         max_running = max_running // dp_attention if max_running is not None else None
         notes.append(dp_attention_note(tp, dp_attention, chunk))
+    a2a = deepep_buffer_bytes(card, tp, *deepep) if deepep is not None else 0.0
+    if deepep is not None:
+        notes.append(deepep_note(a2a, t0 * (1 - f), deepep[0]))
     b = SglangBudget(release, tp, total, ctx_mid, t0, weights, avail, f, mem_fraction_static is None,
-                     t0 * (1 - f), cell, tokens, tokens * cell, ctx, page_size, chunk, graph_bs,
+                     t0 * (1 - f), cell, tokens, tokens * pool_cell, ctx, page_size, chunk, graph_bs,
                      max_running_requests(tokens, ctx, max_running, release), low, context_high_bytes=ctx_high,
-                     notes=notes, dp_attention=dp_attention, swa_tokens=swa)
+                     notes=notes, dp_attention=dp_attention, swa_tokens=swa,
+                     kv_dtype=kv_cache_dtype if kv_cache_dtype != asked_dtype else "", weights_high_bytes=weights_hi,
+                     deepep_bytes=a2a)
     if tokens <= 0:
         b.notes.append(f"no KV pool: the weights take more than F x T0 (SGLang stops: {refusal(release)})")
     elif not b.fits:
@@ -251,6 +285,16 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     b.notes.append("activations, CUDA graphs, the request table and attention workspaces must fit in the reserve "
                    f"T0 x (1 - F) = {b.reserve_bytes / GiB:.2f} GiB (SGLang does not measure them at start-up)")
     return b
+
+
+def _rank_weights(card: ModelCard, tp: int, dp_attention: int, ep_size: int, release: str, amd: bool,
+                  attn_tp: int) -> float:
+    """The weights one rank loads: TP (or DP attention's layout, sglang/dpattn.py), experts over ep_size
+    (sglang/ep.py), the rope cache in the release's dtype, and DeepSeek's absorbed copies (sglang/mla.py)."""
+    per_group = dp_attention_weights(card, tp, dp_attention) if dp_attention > 1 else weight_bytes_per_rank(card, tp)
+    per_group = ep_weights(card, tp, ep_size, per_group)
+    per_group["rope_cache"] = per_group.get("rope_cache", 0.0) * rope_cache_factor(card, release, amd)
+    return sum(per_group.values()) + absorbed_copy_bytes(card, attn_tp, _line(release), amd)
 
 
 def _state_reserve(card: ModelCard, tp: int, release: str, max_running: int | None) -> tuple[float, str]:
@@ -306,12 +350,14 @@ class SglangMemory:
         check_fit, a model whose weights leave no pool, or a pool smaller than one context_len request, raises
         DoesNotFit."""
         eng, sb = self._resolve(cfg, card, gpu)
-        page, cell, ctx = eng.block_size, sb.kv_bytes_per_token, eng.max_model_len
+        page, cell, ctx = sb.page_size, sb.kv_bytes_per_token, eng.max_model_len  # DSA: page 64 (sglang/dsa.py)
         f, total, w = sb.mem_fraction_static, sb.total_bytes, sb.weights_bytes
         t0_low = total - sb.context_high_bytes
         blocks, blocks_lo = sb.kv_tokens // page, sb.kv_tokens_low // page
         planning = blocks_lo if cfg.kv_estimate == "conservative" else blocks
         estimates = ["cuda_context"] + (["distributed_init"] if eng.tp > 1 else [])
+        if sb.weights_high_bytes > w:  # the same words as vLLM's budget
+            estimates.append(f"weights ({card.weight_format} layers not named: experts alone at the high end)")
         warnings = [*card.notes, *(n for n in sb.notes if not n.startswith("no KV pool") and not n.startswith("the pool holds"))]
         if cfg.num_gpu_blocks_override is not None and cfg.num_gpu_blocks_override * page > sb.kv_tokens:
             warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} pages is more than the "
@@ -320,14 +366,14 @@ class SglangMemory:
             model=card.name, gpu=gpu.name, tp=eng.tp, total_bytes=total, gpu_memory_utilization=1.0,
             usable_bytes=total, weights_bytes=w, activation_bytes=sb.reserve_bytes,
             non_torch_bytes=sb.context_bytes, cuda_graph_bytes=0.0, cuda_graphs_in_budget=False,
-            kv_budget_bytes=sb.free_at_start_bytes * f - w, kv_dtype=eng.kv_dtype, kv_bytes_per_token=cell,
+            kv_budget_bytes=sb.free_at_start_bytes * f - w, kv_dtype=sb.kv_dtype or eng.kv_dtype, kv_bytes_per_token=cell,
             block_size=page, num_blocks=blocks, kv_tokens=sb.kv_tokens, max_model_len=ctx,
             max_num_seqs=eng.max_num_seqs, max_num_batched_tokens=eng.max_num_batched_tokens,
             max_concurrency=sb.kv_tokens / ctx, paged_kv=True, contiguous_max_seqs=sb.kv_tokens // ctx,
             outside_budget_bytes=0.0, estimates=estimates,
             defaults_used=[*eng.defaults_used, *(["mem_fraction_static"] if sb.mem_fraction_default else [])],
             warnings=warnings, engine=self.name, release=self.label, release_checked=True,
-            ranges={"weights": [w, w + LOAD_EXTRA_HIGH_GIB * GiB], "activation": [t0_low * (1 - f), sb.reserve_bytes],
+            ranges={"weights": [w, max(w, sb.weights_high_bytes) + LOAD_EXTRA_HIGH_GIB * GiB], "activation": [t0_low * (1 - f), sb.reserve_bytes],
                     "non_torch": [sb.context_bytes, sb.context_high_bytes], "cuda_graphs": [0.0, 0.0],
                     "kv_budget": [sb.kv_tokens_low * cell, sb.kv_tokens * cell]},
             num_blocks_range=[blocks_lo, blocks], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
@@ -347,6 +393,10 @@ class SglangMemory:
         if sb.kv_tokens <= 0:
             return (f"no KV pool: weights {sb.weights_bytes / GiB:.2f} GiB per rank leave nothing of F x T0 = {f} x "
                     f"{t0 / GiB:.2f} GiB at tp={b.tp} (SGLang stops: {refusal(self.release)}); raise tp")
+        if sb.deepep_bytes > sb.reserve_bytes:
+            return (f"DeepEP's buffers ({sb.deepep_bytes / GiB:.2f} GiB a rank) are more than SGLang's reserve T0 x (1 - "
+                    f"F) = {sb.reserve_bytes / GiB:.2f} GiB, which they come out of at the first forward: lower "
+                    "mem_fraction_static")
         if sb.kv_tokens < b.max_model_len:
             return (f"one request of context_len {b.max_model_len} tokens needs {b.max_model_len:,} KV slots, but the "
                     f"pool holds {sb.kv_tokens:,} at tp={b.tp} (SGLang would start and cut requests at the pool); "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from capacity.model.card import ModelCard
 
-ABSORB_ARCHS = frozenset({"deepseek_v2", "deepseek_v3"})  # card.architecture of models loaded by deepseek_v2.py
+ABSORB_ARCHS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32"})  # models loaded by deepseek_v2.py
 FIRST_BF16_COPIES = (0, 4, 6, 3)  # the first release whose CUDA path dequantizes a block-FP8 kv_b_proj to bf16
 # sglang_budget knows the rules line (memory.RELEASES), not the patch: the 0.4.6.post2 line covers 0.4.6.post2 (FP8
 # copies) and 0.4.6.post3-post5 (bf16); it takes bf16, the conservative end (0.119 GiB more at TP 8 for post2).

@@ -42,10 +42,10 @@ class TrtllmConfig(EngineConfig):
     trtllm_attention_dp: bool = setting(
         False, description="TensorRT-LLM only: enable_attention_dp (LlmArgs): attention, dense MLPs, embeddings and "
         "the LM head whole on every one of the tensor_parallel_size ranks, the MoE experts split over them, a KV "
-        "pool (KV heads unsplit) and a batch per rank. Memory only: simulate and plan refuse it (its step cost is "
-        "not modelled). PyTorch backend, MoE models (capacity/engine/trtllm/parallel.py)",
+        "pool (KV heads unsplit) and a batch per rank; simulate and plan step the ranks in lock step "
+        "(capacity/engine/lockstep.py). PyTorch backend, MoE models (capacity/engine/trtllm/parallel.py)",
         flag="--trtllm-attention-dp", set_to=True,
-        help="TensorRT-LLM attention data parallelism (enable_attention_dp; memory only)")
+        help="TensorRT-LLM attention data parallelism (enable_attention_dp)")
 
 
 def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:

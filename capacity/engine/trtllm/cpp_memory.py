@@ -32,11 +32,13 @@ from dataclasses import dataclass
 from capacity.engine.budget import MemoryBudget, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine
 from capacity.engine.trtllm import vswa
+from capacity.engine.trtllm.kv_estimate import dsa_elements
+from capacity.engine.trtllm.parallel import weights_per_rank
 from capacity.engine.vllm.nontorch import NON_TORCH_MULTI, NON_TORCH_PER_PEER_GIB
 from capacity.errors import ConfigError, DoesNotFit
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
-from capacity.model.weights import weight_bytes_per_rank
+from capacity.model.weights import experts_only_alternative, weight_bytes_per_rank
 from capacity.units import GiB
 
 FREE_GPU_MEMORY_FRACTION = 0.9  # KvCacheConfig.freeGpuMemoryFraction's default (executor/kvCacheConfig.cpp)
@@ -96,7 +98,7 @@ class EngineBackendTerms:
 def terms(card: ModelCard, gpu: GPU, eng: ResolvedEngine) -> EngineBackendTerms:
     """Each term for `eng` (max_batch_size = max_num_seqs, max_num_tokens = max_num_batched_tokens)."""
     cfg, tp = eng.cfg, eng.tp
-    w = sum(weight_bytes_per_rank(card, tp).values())
+    w = sum(weight_bytes_per_rank(card, tp).values())  # a dense model (MoE is refused): no experts-only end
     weights = (w, w, w * 1.01)  # "Loaded engine size": the weights and the engine's own kernels
     per_token = layer_live_bytes_per_token(card, tp) * eng.max_num_batched_tokens
     act: Triple = ((cfg.activation_bytes,) * 3 if cfg.activation_bytes is not None
@@ -128,10 +130,21 @@ def kv_blocks(available_bytes: float, bytes_per_token: float, tokens_per_block: 
     return tokens, -(-tokens // tokens_per_block)
 
 
+def experts_only_high(card: ModelCard, cfg: EngineConfig, tp: int) -> float:
+    """The PyTorch backend's weights on one rank if the checkpoint quantises its routed experts alone (a MoE card whose
+    --weight-dtype override names no layers: `capacity.model.weights.experts_only_alternative`), 0 where that question
+    does not arise: the high end of the weights term, as in vLLM's and SGLang's budgets. (The engine backend here
+    refuses MoE models, so only the PyTorch backend's `Trtllm.peak` takes it.)"""
+    alt = experts_only_alternative(card)
+    return weights_per_rank(alt, cfg, tp) if alt is not None else 0.0
+
+
 def budget(card: ModelCard, gpu: GPU, cfg: EngineConfig, eng: ResolvedEngine, label: str, *,
            check_fit: bool = True) -> MemoryBudget:
     """The engine backend's start-up memory as a MemoryBudget (usable = the whole device; KV = 0.9 x what is free
     after every term). The middle uses every term's middle; the conservative end every term high."""
+    if dsa_elements(card):  # DeepseekV32ForCausalLM is a PyTorch-backend model (_torch/models), no TensorRT engine
+        raise ConfigError(f"trtllm_backend: DeepSeek-V3.2 ({card.name}) runs on the PyTorch backend only ({label})")
     t = terms(card, gpu, eng)
     total = gpu.usable_memory_bytes
     bpt = kv_bytes_per_token(card, eng.kv_dtype, eng.tp)

@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp, kv_bytes_per_token
+from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.trtllm import cpp_memory, kv_estimate, vswa
@@ -204,7 +204,7 @@ class Trtllm:
         cfg = eng.cfg
         w = weights_per_rank(card, cfg, eng.tp)  # experts whole over ep ranks (parallel.py)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
-        weights = (w, w, w * (1.002 if plain else 1.01))
+        weights = (w, w, max(w * (1.002 if plain else 1.01), cpp_memory.experts_only_high(card, cfg, eng.tp)))
         # vLLM's derivation of a max_num_tokens forward (the dummy requests' prompts), its forward phases only
         probe = EngineConfig(tensor_parallel_size=kv_tp(cfg, eng.tp), max_model_len=eng.max_model_len, max_num_seqs=1,
                              max_num_batched_tokens=eng.max_num_batched_tokens, enable_chunked_prefill=True,
@@ -253,7 +253,7 @@ class Trtllm:
             return cpp_memory.budget(card, gpu, cfg, eng, rel.label, check_fit=check_fit)
         pk = self.peak(card, gpu, eng)
         total = gpu.usable_memory_bytes
-        bpt = kv_bytes_per_token(card, eng.kv_dtype, kv_tp(cfg, eng.tp))  # attention DP: heads whole per rank
+        bpt = kv_estimate.pool_bytes_per_token(card, eng.kv_dtype, kv_tp(cfg, eng.tp), rel.version)  # DSA: kv_estimate
         cap = cfg.num_gpu_blocks_override * eng.block_size if cfg.num_gpu_blocks_override is not None else None
         ends = {}
         for name, end in (("mid", 0), ("lo", 2), ("hi", 1)):  # the conservative KV end has every term high
@@ -294,7 +294,7 @@ class Trtllm:
         vswa.apply(b, card, cfg, eng, rel, {"mid": kv_mid, "lo": kv_lo, "hi": kv_hi}, cap)
         if trtllm_attention_dp(cfg):
             b.warnings.append(f"attention DP: every figure is one rank's; each of the {eng.tp} ranks holds its own KV "
-                              "pool and batch (memory only: the step cost is not modelled)")
+                              "pool and batch (simulate: the ranks in lock step, capacity/engine/lockstep.py)")
         why = None
         if pk.total(0) >= total:
             why = (f"weights {pk.weights[0] / GiB:.1f} GiB + activation {pk.activation[0] / GiB:.2f} + context "
@@ -317,9 +317,8 @@ class Trtllm:
         """A builder of one replica's scheduler: GUARANTEED_NO_EVICT admission (prompt + output reserved), the
         max_num_tokens step budget, the overlap scheduler; checks the settings now."""
         self._check(cfg)
-        if trtllm_attention_dp(cfg):
-            raise ConfigError("trtllm_attention_dp true: the step cost of attention data parallelism (a batch per "
-                              "rank, the MoE across ranks) is not modelled; capacity memory sizes it")
+        # attention DP: this is one rank's scheduler (its own pool and batch); the pipeline steps tp of them in lock
+        # step (capacity/engine/lockstep.py)
         if limits.kv_groups is not None:
             raise ConfigError("sliding-window KV groups: TensorRT-LLM's pools for them are not modelled")
         chunked = cfg.enable_chunked_prefill

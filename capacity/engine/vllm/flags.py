@@ -9,7 +9,8 @@ Only absence with evidence is refused: a flag is refused on releases up to `abse
 engine arguments are known to lack it, or one released before the pull request adding it was opened); a flag
 added later is taken to stay (the choice lists below only grew). Between `absent_through` and the first release
 known to have it the setting is accepted: the gap is written in `since`. `vllm` without a version (the current
-release, 0.33) is never refused: every gate below ends by 0.13.
+release, 0.33) is refused one value only: `kv_cache_dtype: int8`, which no release read has (not even the current
+main's `CacheDType`); every other gate ends by 0.13.
 
 Launch-command spelling that changed with the release (`spelling_*` below) is decided here too and used by
 capacity/engine/vllm/engine.py's launch_command and capacity/engine/speculative.py's launch_flags.
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from capacity.engine.vllm.release import Release, Version, fmt
+from capacity.engine.vllm.release import NEWEST, Release, Version, fmt
 from capacity.errors import ConfigError
 
 # Release dates the sources below are compared with (PyPI's release history of vllm; 0.9.2 and 0.10.0 as their
@@ -85,11 +86,14 @@ GATES: tuple[Gate, ...] = (
     Gate("block_size", "256", "--block-size 256", (0, 10, 0), "a release after 0.10.0 (not pinned)",
          f"{DOCS}/v0.10.0/api/vllm/config.html (BlockSize = Literal[1, 8, 16, 32, 64, 128])",
          _block(256), ref="0.10.0's BlockSize is 1 to 128"),
-    Gate("kv_cache_dtype", "int8", "--kv-cache-dtype int8", (0, 10, 0), "none known",
+    Gate("kv_cache_dtype", "int8", "--kv-cache-dtype int8", NEWEST, "none known",
          f"not a choice in any release checked: {DOCS}/v0.4.2/models/engine_args.html ({{auto,fp8}}), v0.5.3, "
-         "v0.6.3.post1, v0.6.6.post1, v0.8.1, v0.8.4 ({auto,fp8,fp8_e5m2,fp8_e4m3}), v0.9.0, v0.10.0 (CacheDType)",
+         "v0.6.3.post1, v0.6.6.post1, v0.8.1, v0.8.4 ({auto,fp8,fp8_e5m2,fp8_e4m3}), v0.9.0, v0.10.0 (CacheDType); "
+         "vllm/config/cache.py `CacheDType` on main at commit 002f10e (2026, after 0.33: auto, float16, bfloat16, "
+         "fp8*, nvfp4*, turboquant_*, int4/int8/fp8_per_token_head; no plain int8, and int8_per_token_head keeps "
+         "per-token scales capacity does not model)",
          lambda c: c.kv_cache_dtype == "int8", hint="; use fp8",
-         ref="not a vLLM --kv-cache-dtype choice in any release checked, 0.4.2 to 0.10.0"),
+         ref="not a vLLM --kv-cache-dtype choice in any release checked, 0.4.2 to the current main"),
     Gate("speculative.method", "eagle3", "--speculative-config '{\"method\":\"eagle3\",...}'", (0, 8, 4), "0.8.5",
          "vLLM v0.8.5 release notes, V1 Engine: 'EAGLE-3 Support (#16937)'", _spec("eagle3"),
          ref="vllm-project/vllm#16937"),
@@ -114,8 +118,8 @@ GATES: tuple[Gate, ...] = (
 
 
 def check(rel: Release, cfg: Any) -> None:
-    """Refuse, in one line, a setting of `cfg` (a VllmConfig) that release `rel` lacks (never the current release:
-    every gate's absent_through is far older)."""
+    """Refuse, in one line, a setting of `cfg` (a VllmConfig) that release `rel` lacks (the current release only for
+    kv_cache_dtype int8, which no vLLM has)."""
     for g in GATES:
         if (g.absent_from <= rel.version <= g.absent_through and (g.runner is None or g.runner == rel.runner)
                 and g.applies(cfg)):
