@@ -48,7 +48,8 @@ def test_gemma3_vision_is_v0_only_in_080_only():
 
 
 @pytest.mark.parametrize("spec, match", [
-    ("vllm@0.9:v1", r"engine vllm@0.9.2:v1: MllamaForConditionalGeneration .* is V0-only in vLLM 0.8.0-0.10.2"),
+    ("vllm@0.9:v1", r"engine vllm@0.9.2:v1: MllamaForConditionalGeneration .* is V0-only in vLLM 0.7.0-0.10.2"),
+    ("vllm@0.7.3:v1", r"engine vllm@0.7.3:v1: MllamaForConditionalGeneration"),  # 0.7's V1: no encoder-decoder
     ("vllm@0.11", r"engine vllm@0.11.2: MllamaForConditionalGeneration .* was removed in vLLM 0.11.0"),
 ])
 def test_a_mode_the_release_cannot_run_is_refused(mllama, spec, match):
@@ -86,3 +87,9 @@ def test_the_launch_command_needs_no_vllm_use_v1_for_the_fallback(mllama):
     cmd = em.launch_command(mllama, cfg, em.budget(mllama, gpu, cfg))
     assert "VLLM_USE_V1" not in cmd
     assert any("falls back to its V0 engine" in n for n in engine_for("vllm@0.9", mllama).launch_notes(cfg))
+
+
+def test_the_cli_refuses_it_in_one_line():
+    r = run_cli("simulate", "-m", MLLAMA, "-g", "h100-sxm", "--tp", "4", "--engine", "vllm@0.9:v1", "--rate", "1",
+                "-n", "2")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is V0-only" in r.stderr and "Traceback" not in r.stderr

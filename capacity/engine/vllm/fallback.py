@@ -6,7 +6,7 @@ sdists on PyPI, 0.6.0-0.11.0; docs/vllm-releases.md, "Engine and graph mode by m
   `_raise_or_fallback(model_config.architectures)` when `ModelConfig.is_v1_compatible` is false, i.e. the model
   class carries `SupportsV0Only` (`ModelRegistry.is_v1_compatible`, model_executor/models/registry.py): with
   VLLM_USE_V1 unset the V0 engine runs it, with VLLM_USE_V1=1 it raises "VLLM_USE_V1=1 is not supported with
-  [...]". Before 0.8 V0 is the default anyway. `V0_ONLY` lists the classes capacity has a card family for.
+  [...]". Before 0.8 V0 is the default anyway (0.7's opt-in V1 has no encoder-decoder models). `V0_ONLY` lists the classes capacity has a card family for.
 - Removal. 0.11.0 deletes V0 and the V0-only encoder-decoder models: `_PREVIOUSLY_SUPPORTED_MODELS`
   (model_executor/models/registry.py) names MllamaForConditionalGeneration "0.10.2" (its last release).
 - Eager by the release. `ModelConfig._verify_cuda_graph` (vllm/config.py) sets `enforce_eager = True` for
@@ -43,7 +43,9 @@ class V0Only:
 # (bamba, jamba, mamba2, zamba2, falcon_h1, granitemoehybrid, minimax_text_01, plamo2, phi4flash) are V0-only in
 # some of these releases too, but capacity models hybrids from 0.10.2 only (Vllm.resolve refuses them before).
 V0_ONLY: tuple[V0Only, ...] = (
-    V0Only("mllama", "MllamaForConditionalGeneration", (0, 8, 0), (0, 10, 2), removed=(0, 11, 0)),
+    # 0.7's opt-in V1 has no encoder-decoder path at all (v1/engine/processor.py: "TODO(woosuk): Support
+    # encoder-decoder models"): V0-only from 0.7 too
+    V0Only("mllama", "MllamaForConditionalGeneration", (0, 7, 0), (0, 10, 2), removed=(0, 11, 0)),
     V0Only("gemma3", "Gemma3ForConditionalGeneration", (0, 8, 0), (0, 8, 0), vision_only=True),
 )
 # ModelConfig._verify_cuda_graph: MODEL_NOT_SUPPORT_CUDA_GRAPH = ['mllama'] (on every platform)
@@ -72,7 +74,8 @@ def mode(rel: Release, card: ModelCard, runner_given: str | None, pinned: bool =
     if m is not None and rel.runner == "v1":
         if runner_given == "v1":
             raise ConfigError(f"engine {rel.label}:v1: {m.vllm_class} ({card.name}) is V0-only in vLLM "
-                              f"{fmt(m.first)}-{fmt(m.last)} (SupportsV0Only; VLLM_USE_V1=1 raises); use {rel.label}")
+                              f"{fmt(m.first)}-{fmt(m.last)} (SupportsV0Only; VLLM_USE_V1=1 raises); "
+                              f"use {rel.label} (its V0 engine)")
         rel = Release(rel.version, "v0")
     span = EAGER_BY_RELEASE.get(card.architecture)
     eager = span is not None and span[0] <= rel.version <= span[1] and rel.runner == "v0"
