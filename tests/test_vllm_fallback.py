@@ -93,3 +93,14 @@ def test_the_cli_refuses_it_in_one_line():
     r = run_cli("simulate", "-m", MLLAMA, "-g", "h100-sxm", "--tp", "4", "--engine", "vllm@0.9:v1", "--rate", "1",
                 "-n", "2")
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "is V0-only" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_the_startup_estimate_has_no_graphs_or_compile_for_the_fallback(mllama):
+    from capacity.engine.startup import estimate_startup
+
+    gpu = get_gpu("h100-sxm")
+    for spec in ("vllm@0.8.0", "vllm@0.9"):  # V0 (no torch.compile); 0.8.0 eager: no graphs to capture
+        est = estimate_startup(mllama, gpu, EngineConfig(engine=spec, tensor_parallel_size=4, max_num_seqs=32,
+                                                         max_model_len=8192), 2.0)
+        assert est["engine"].endswith(":v0") and list(est["terms"]["compile_s"]) == [0.0, 0.0]
+        assert (est["capture_sizes"] == 0) == (spec == "vllm@0.8.0")
