@@ -53,7 +53,7 @@ class Vllm(VllmMemory):
     def from_spec(cls, spec: str) -> Vllm:
         """The model of the release a spec names (`vllm@0.11`, `vllm@0.9.2:v0`: capacity.engine.vllm.release)."""
         _, version, runner = parse_engine(spec)
-        return cls(release(version, runner), runner, version is not None)
+        return cls(release(version, runner), runner, version not in (None, "current", "latest"))
 
     def for_card(self, card: ModelCard) -> Vllm:
         """The engine model `card` runs on in this release: V0 where the release falls back to it for the model's
