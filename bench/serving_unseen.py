@@ -25,7 +25,10 @@ For each run the bench builds the `capacity simulate` command a user would type 
 
 Scored, where printed: mean and median TTFT, TPOT and ITL, mean and median E2E latency, output tokens/s and
 requests/s. MAPE per metric over the runs that print it; runs that capacity cannot express today
-(`expressible: false`: images, hybrid Mamba, no model config) are counted and listed, not scored.
+(`expressible: false`: images, hybrid Mamba, no model config) are counted and listed, not scored. A run whose
+workload the source does not pin (`expressible: range`: a reasoning model's hidden tokens, `reasoning:` and the
+two ends of `generated_len`) is simulated at both ends; the range and whether each published value lies in it are
+reported, outside the MAPE.
 
 A check of the published numbers themselves, from the card and the GPU catalogue only (no prediction): a single
 request's prompt needs at least 2 x (active linear parameters) x ISL FLOPs (attention left out, so a lower bound);
@@ -77,6 +80,11 @@ METRICS: dict[str, tuple[str, str | None, float]] = {
 }
 
 
+# a run's `reasoning:` keys -> `capacity simulate` flags (capacity/reasoning.py)
+REASONING_FLAGS = {"share": "--reasoning-share", "content_tokens": "--reasoning-content-tokens",
+                   "counted": "--reasoning-counted", "first_token": "--reasoning-ttft"}
+
+
 def group_of(source: str) -> str:
     """The split rule: held out when int(sha256(source URL)) % 3 == 0."""
     return "heldout" if int(hashlib.sha256(source.encode()).hexdigest(), 16) % 3 == 0 else "dev"
@@ -111,13 +119,17 @@ def _mid(v: Any) -> float:
     return sum(map(float, v.split("-"))) / 2 if isinstance(v, str) else float(v)
 
 
-def simulate_args(run: dict[str, Any]) -> list[str]:
-    """The `capacity simulate` arguments for one published run (see the module docstring)."""
+def simulate_args(run: dict[str, Any], end: int = 0) -> list[str]:
+    """The `capacity simulate` arguments for one published run (see the module docstring); a run expressible only
+    as a range (`expressible: range`) at `end` 0 or 1 of its `generated_len` (the tokens the engine generated)."""
     if not run.get("expressible"):
         raise ValueError(f"{run['id']}: not expressible ({run.get('reason')})")
+    out = _length(run["generated_len"][end]) if run["expressible"] == "range" else output_len(run)
     a = ["simulate", "-m", str(run["card"]), "-g", str(run["gpu"]), "--tp", str(run["tp"]),
-         "-n", str(run["num_prompts"]), "--input-len", str(_length(run["input_len"])), "--output-len", str(output_len(run)),
+         "-n", str(run["num_prompts"]), "--input-len", str(_length(run["input_len"])), "--output-len", str(out),
          "--warmup", "0", "--seed", "0", "--json"]
+    for key, value in (run.get("reasoning") or {}).items():  # a reasoning model as the client counts it
+        a += [REASONING_FLAGS[key], str(value)]
     if run.get("engine_arg"):
         a += ["--engine", str(run["engine_arg"])]
     if run.get("weight_dtype"):  # a quantised checkpoint of a card's shapes (AWQ: int4, groups of 128)
@@ -155,14 +167,14 @@ def cold_prefill_bound_ms(run: dict[str, Any]) -> float:
     return 2 * active * _mid(run["input_len"]) / (get_gpu(str(run["gpu"])).bf16_flops * int(run["tp"])) * 1e3
 
 
-def command(run: dict[str, Any]) -> str:
-    return "capacity " + shlex.join(simulate_args(run))
+def command(run: dict[str, Any], end: int = 0) -> str:
+    return "capacity " + shlex.join(simulate_args(run, end))
 
 
-def predict(run: dict[str, Any], timeout: float = 600) -> dict[str, float]:
+def predict(run: dict[str, Any], timeout: float = 600, end: int = 0) -> dict[str, float]:
     """Run the command as its own process (result cache off) and read the published metrics from its JSON."""
     env = dict(os.environ, CAPACITY_CACHE_DIR="off", PYTHONPATH=str(ROOT))
-    p = subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *simulate_args(run)],
+    p = subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *simulate_args(run, end)],
                        capture_output=True, text=True, cwd=ROOT, env=env, timeout=timeout)
     if p.returncode:
         raise RuntimeError(p.stderr.strip().splitlines()[-1] if p.stderr.strip() else f"exit {p.returncode}")
@@ -178,7 +190,7 @@ def predict(run: dict[str, Any], timeout: float = 600) -> dict[str, float]:
 def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
     rows = []
     for i, r in enumerate(runs, 1):
-        row: dict[str, Any] = {"id": r["id"], "source": r["source"], "expressible": bool(r.get("expressible")),
+        row: dict[str, Any] = {"id": r["id"], "source": r["source"], "expressible": r.get("expressible") or False,
                                "published": r["metrics"]}
         if not r.get("expressible"):
             row["reason"] = r.get("reason")
@@ -186,6 +198,20 @@ def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
         elif dry_run:
             row["command"] = command(r)
             print(f"[{i}/{len(runs)}] {row['command']}", flush=True)
+        elif r["expressible"] == "range":  # both ends of the stated assumption; the published value in or out
+            row["reason"], row["commands"] = r.get("reason"), [command(r, 0), command(r, 1)]
+            try:
+                ends = [predict(r, end=0), predict(r, end=1)]
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                row["failed"] = str(exc)
+                print(f"[{i}/{len(runs)}] {r['id']}: failed: {exc}", flush=True)
+                rows.append(row)
+                continue
+            row["range"] = {m: sorted((ends[0][m], ends[1][m])) for m in r["metrics"] if m in ends[0] and m in ends[1]}
+            row["inside"] = {m: lo <= r["metrics"][m] <= hi for m, (lo, hi) in row["range"].items()}
+            print(f"[{i}/{len(runs)}] {r['id']} (range): " + ", ".join(
+                f"{m} {r['metrics'][m]:,.1f} in [{lo:,.1f}, {hi:,.1f}]{'' if row['inside'][m] else ' OUT'}"
+                for m, (lo, hi) in row["range"].items()), flush=True)
         else:
             row["command"] = command(r)
             try:
@@ -199,7 +225,7 @@ def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
             row["error"] = {m: pred[m] / v - 1 for m, v in r["metrics"].items() if v and m in pred}
             print(f"[{i}/{len(runs)}] {r['id']}: " + ", ".join(
                 f"{m} {r['metrics'][m]:,.1f}->{pred[m]:,.1f} ({e:+.0%})" for m, e in row["error"].items()), flush=True)
-        if r.get("expressible") and r["metrics"].get("mean_ttft_ms"):
+        if r.get("expressible") is True and r["metrics"].get("mean_ttft_ms"):
             bound = cold_prefill_bound_ms(r)
             row["cold_prefill_bound_ms"] = bound
             row["ttft_below_peak_bound"] = r["metrics"]["mean_ttft_ms"] < bound
@@ -219,6 +245,9 @@ def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
     return {"rows": rows, "summary": summary, "runs": len(runs),
             "ttft_below_peak_bound": [row["id"] for row in rows if row.get("ttft_below_peak_bound")],
             "not_expressible": sum(not row["expressible"] for row in rows),
+            "ranged": sum("range" in row for row in rows),
+            "ranged_inside": {row["id"]: f"{sum(row['inside'].values())}/{len(row['inside'])}" for row in rows
+                              if "range" in row},
             "scored": sum("error" in row for row in rows), "failed": sum("failed" in row for row in rows)}
 
 
@@ -235,7 +264,7 @@ def main() -> None:
     if a.dry_run:
         return
     print(f"\n{a.group}: {res['runs']} runs, {res['not_expressible']} not expressible, {res['scored']} scored, "
-          f"{res['failed']} failed ({time.time() - t0:.0f} s)")
+          f"{res['ranged']} as a range, {res['failed']} failed ({time.time() - t0:.0f} s)")
     if res["ttft_below_peak_bound"]:
         print("published TTFT below the cold-prefill bound at peak FLOPs (cached prompt blocks): "
               + ", ".join(res["ttft_below_peak_bound"]))

@@ -24,11 +24,11 @@ from capacity import steady as steady_notes
 from capacity.cost.factory import make_step_cost
 from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
-from capacity.cost.piecewise import piecewise_wrap
 from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, engine_for, frontend, speculative
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
+from capacity.engine.graphs import allreduce_rules, graph_wrap
 from capacity.engine.lockstep import attention_dp, attention_dp_ranks
 from capacity.engine.offload import offloading
 from capacity.engine.speculative import run_notes
@@ -139,9 +139,9 @@ def prepare(dep: Deployment) -> Prepared:
     cost = make_step_cost(dep.card, dep.gpu, b.tp, kv_dtype=b.kv_dtype, profile=dep.profile,
                           allow_mismatch=dep.allow_profile_mismatch,
                           step_overhead_s=0.0 if overlaps and dep.profile is None else em.step_overhead_s(dep.engine),
-                          overhead_given=dep.engine.step_overhead_ms is not None)
+                          overhead_given=dep.engine.step_overhead_ms is not None, allreduce=allreduce_rules(em, e))
     cost = wrap(cost, dep.card, b.tp, e.dp_size(), e.expert_parallel(), dep.profile)  # MoE EP/DP
-    cost = piecewise_wrap(cost, em, e, dep.card, 0.0 if overlaps else em.step_overhead_s(e), dep.profile)
+    cost = graph_wrap(cost, em, e, dep.card, 0.0 if overlaps else em.step_overhead_s(e), dep.profile)
     per_step = overlapped_cpu_s(em, dep.engine, dep.profile, cost)
     if per_step and dep.profile is not None:
         cost.overhead_s = 0.0  # type: ignore[attr-defined]
@@ -386,7 +386,8 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     slos = [SLO(c.slo_ttft_s, c.slo_tpot_s) for c in workload.classes]
     summary = summarize(measured, sim.itl_values[m], sim.itl_weights[m], rng, slos=slos, ci=opts.ci,
                         class_names=[c.name for c in workload.classes],
-                        others=rec.subset(np.arange(len(rec)) < n_warm) if n_warm else None)
+                        others=rec.subset(np.arange(len(rec)) < n_warm) if n_warm else None,
+                        client=workload.reasoning)  # a reasoning model as the benchmark client counts it
     notes = []
     if sim.rejected:
         notes.append(f"{len(sim.rejected)} requests rejected: {sim.rejected[0][1]}")

@@ -30,6 +30,7 @@ from capacity.draws import (
 )
 from capacity.errors import ConfigError
 from capacity.limits import MAX_CLOCK_S, MAX_CV, MAX_RATE_PER_S, MIN_CV, MIN_RATE_PER_S, check
+from capacity.reasoning import Reasoning
 from capacity.replay import iter_trace
 from capacity.sessions import Sessions
 from capacity.vision_requests import ImageRequests
@@ -144,6 +145,7 @@ class WorkloadSpec(_Strict):
     trace: str | None = None  # JSONL/CSV path for kind=trace or empirical replay
     sessions: Sessions | None = None  # multi-turn sessions (capacity.sessions): arrivals then start sessions
     images: ImageRequests | None = None  # images in requests (capacity.vision_requests): vision-language serving
+    reasoning: Reasoning | None = None  # hidden reasoning tokens and the client's accounting (capacity.reasoning)
 
     @model_validator(mode="after")
     def _check(self) -> WorkloadSpec:

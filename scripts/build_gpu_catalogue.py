@@ -146,6 +146,20 @@ def tera(value) -> float | None:
     return None if value is None else float(value) * 1e12
 
 
+# GPU-to-GPU topology where the interconnect label alone misleads (capacity.model.gpus.GPU.topology): which GPUs of a
+# host share NVLink. Other parts: "fully-connected" when the catalogue says nvlink, else "pcie" (no field written).
+TOPOLOGY = {
+    "h100-pcie": ("pairs", "NVIDIA H100 PCIe product brief: an NVLink bridge joins two cards (600 GB/s); beyond "
+                           "a pair the GPUs talk over PCIe Gen5"),
+    "h100-nvl": ("pairs", "NVIDIA H100 NVL product brief: two cards joined by three NVLink bridges (600 GB/s); "
+                          "beyond a pair the GPUs talk over PCIe Gen5"),
+    "v100-32gb": ("cube-mesh", "NVIDIA DGX-1 (V100) system architecture whitepaper: hybrid cube-mesh, each quad of "
+                               "GPUs fully NVLink-connected, one link to the other quad: full NVLink up to 4 GPUs"),
+    "v100-16gb": ("cube-mesh", "NVIDIA DGX-1 (V100) system architecture whitepaper: hybrid cube-mesh, each quad of "
+                               "GPUs fully NVLink-connected, one link to the other quad: full NVLink up to 4 GPUs"),
+}
+
+
 def build(src: Path) -> dict:
     data = yaml.safe_load(src.read_text())
     data["gpus"].update(yaml.safe_load(EXTRA.read_text())["gpus"])
@@ -177,6 +191,9 @@ def build(src: Path) -> dict:
             # GPU-to-GPU bandwidth per direction (datasheets give the bidirectional total).
             "interconnect_bytes_per_s": (link if link else pcie) * GB / 2,
             "interconnect": "nvlink/infinity-fabric" if link else "pcie",
+            **({"topology": TOPOLOGY[name][0], "topology_source": TOPOLOGY[name][1],
+                **({"pcie_bytes_per_s": pcie * GB / 2} if TOPOLOGY[name][0] == "pairs" else {})}
+               if name in TOPOLOGY else {}),
             "tdp_w": spec.get("tdp_w"),
             "source": spec["source"],
             "confidence": spec["confidence"],

@@ -118,10 +118,11 @@ def children(pid: int) -> list[int]:
 #     logs, golden outputs, closed-form queueing, measured tables); .ci/run runs its simulator part in pure Python;
 #   end_to_end: the commands, the dashboard, files and processes as a user meets them.
 TIERS = {
-    "unit": """autoscale autoscale_bound compare compute_dtype costs cost_kernels dashboard_views decode_floor expert_parallel
+    "unit": """autoscale autoscale_bound compare compute_dtype costs cost_kernels engine_graphs dashboard_views decode_floor expert_parallel
         gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
         traces validate vision_requests vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
+        reasoning
         trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba family_qwen_moe family_minimax family_granite family_olmo

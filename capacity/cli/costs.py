@@ -13,7 +13,10 @@ from capacity.cost.factory import make_step_cost
 from capacity.cost.parallel import BACKENDS, EXPERT_IMBALANCE_RANGE, wrap
 from capacity.cost.profile import bundled_profiles, to_plan
 from capacity.cost.step import PrefillChunk, StepPlan
+from capacity.engine import get_engine
 from capacity.engine.budget import check_tp
+from capacity.engine.configs import AnyEngineConfig
+from capacity.engine.graphs import allreduce_rules, graph_wrap
 from capacity.errors import CapacityError
 from capacity.files import check_writable, dumps
 from capacity.limits import check
@@ -124,6 +127,10 @@ def step_cost(
         "kv_cache_dtype", help="KV cache dtype: auto, fp8, int8 (attention reads its bytes)")] = "auto",
     weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,
     allow_profile_mismatch: Annotated[bool, typer.Option("--allow-profile-mismatch")] = False,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", help="Engine and release (vllm@0.9, sglang@0.5.10, trtllm@1.0): its all-reduce rules and the CPU "
+                         "dispatch of steps it runs without a full CUDA graph (default: vLLM's all-reduce, no graphs "
+                         "term)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
@@ -162,9 +169,14 @@ def step_cost(
 
     if all2all_backend not in BACKENDS:
         raise CapacityError(f"--all2all-backend {all2all_backend!r}: use {', '.join(BACKENDS)}")
-    cost = make_step_cost(card, gpu, tp, kv_dtype=kv_dtype, profile=profile, allow_mismatch=allow_profile_mismatch)
+    em, cfg = engine_of(engine)
+    cost = make_step_cost(card, gpu, tp, kv_dtype=kv_dtype, profile=profile, allow_mismatch=allow_profile_mismatch,
+                          allreduce=allreduce_rules(em, cfg) if em is not None else "vllm",
+                          step_overhead_s=None if em is None else em.step_overhead_s(cfg))
     cost = wrap(cost, card, tp, dp, expert_parallel, profile, all2all_backend,
                 EXPERT_IMBALANCE_RANGE[1] if expert_imbalance is None else expert_imbalance)
+    if em is not None:  # (e): the CPU dispatch of steps without a full CUDA graph, as `simulate` costs them
+        cost = graph_wrap(cost, em, cfg, card, em.step_overhead_s(cfg), profile)
     terms = cost.breakdown(plan_)
     total = sum(terms.values())
     if json_out:
@@ -226,6 +238,19 @@ def profiles(
         typer.echo("no bundled profile matches" + (f" --model {model}" if model else "") + (f" --gpu {gpu}" if gpu else ""))
         return
     Console().print(t)
+
+
+def engine_of(spec: str | None):
+    """(engine model, its default configuration) of an `--engine` spec, or (None, None) without one."""
+    if spec is None:
+        return None, None
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        cfg = TypeAdapter(AnyEngineConfig).validate_python({"engine": spec})
+    except ValidationError as err:
+        raise CapacityError(f"--engine {spec!r}: {err.errors()[0]['msg']}") from None
+    return get_engine(spec), cfg
 
 
 def engine_flags(num_blocks, block_size, max_batch_tokens, max_seqs) -> dict | None:

@@ -40,6 +40,7 @@ from capacity.io.report import simulation_rows, simulation_table, to_csv, to_mar
 from capacity.model.gpus import get_gpu, with_memory
 from capacity.pipeline import Deployment, Disagg, RunOptions
 from capacity.plan.simulate import simulation_report
+from capacity.reasoning import Reasoning, reasoning_flags
 from capacity.sessions import Sessions
 from capacity.traces import convert, parse_window
 from capacity.truth.compare import records_run
@@ -105,7 +106,12 @@ def simulate(
     speculative: SpecOpt = None, acceptance: AcceptOpt = None, draft_model: DraftOpt = None,
     draft_vocab_size: DraftVocabOpt = None,
     images_per_request: ImagesOpt = None, image_size: ImageSizeOpt = None, image_share: ImageShareOpt = None,
-    image_dataset: ImageDatasetOpt = None, json_out: JsonOpt = False, output: OutputOpt = None,
+    image_dataset: ImageDatasetOpt = None,
+    reasoning_share: Annotated[Optional[float], typer.Option("--reasoning-share", help="A reasoning model: share of each request's output tokens that are hidden reasoning (docs/fidelity.md)")] = None,
+    reasoning_content_tokens: Annotated[Optional[float], typer.Option("--reasoning-content-tokens", help="A reasoning model: answer tokens per request (a mean); the rest of the output is reasoning")] = None,
+    reasoning_counted: Annotated[Optional[str], typer.Option("--reasoning-counted", help="Tokens the benchmark client counts: all (usage.completion_tokens) or content (the answer)")] = None,
+    reasoning_ttft: Annotated[Optional[str], typer.Option("--reasoning-ttft", help="Chunk that ends the client's TTFT: any (vllm bench serve openai-chat) or content")] = None,
+    json_out: JsonOpt = False, output: OutputOpt = None,
 ) -> None:
     """Simulate serving: percentiles of TTFT, TPOT, ITL, E2E and queue wait (ms), throughput, goodput."""
     kind = output_kind(output, json_out)
@@ -164,6 +170,10 @@ def simulate(
         base = {} if "dataset" in img else base  # --image-dataset replaces the file's `images:`
         img = base | img  # the flags over the file's `images:` (new sizes drop its weights)
         spec = spec.model_copy(update={"images": validate(ImageRequests, img, "images")})
+    if (rsn := reasoning_flags(reasoning_share, reasoning_content_tokens, reasoning_counted, reasoning_ttft)) is not None:
+        rsn = (spec.reasoning.model_dump(exclude={"share", "content_tokens"} if {"share", "content_tokens"} & set(rsn)
+                                         else set()) if spec.reasoning else {}) | rsn  # the flags over the file's
+        spec = spec.model_copy(update={"reasoning": validate(Reasoning, rsn, "reasoning")})
     dep = Deployment(card, g, cfg, profile=profile, allow_profile_mismatch=allow_profile_mismatch,
                      replicas=replicas, router=router, router_max_ongoing=router_max_ongoing)  # type: ignore[arg-type]
     if save_run:

@@ -26,18 +26,21 @@ ROOFLINES_KEPT = 16
 
 
 def roofline_cost(card: ModelCard, gpu: GPU, tp: int, kv_dtype: str | None,
-                  step_overhead_s: float | None) -> RooflineCost:
+                  step_overhead_s: float | None, allreduce: str = "vllm") -> RooflineCost:
     """The roofline step cost of these inputs, one per process for equal inputs (the card and the GPU compared
     by value, every field): a plan's simulations of one model on one GPU share it and with it the memo of step
     terms it fills as it is asked (`RooflineCost._terms`), which each simulation otherwise rebuilt from
     nothing. Nothing writes to a RooflineCost after it is built (the wrappers of `capacity.pipeline.prepare`
     hold it; only a calibrated cost's `overhead_s` is ever set), so sharing one changes no step time
     (tests/test_cost_factory_cache.py). The ROOFLINES_KEPT most recently used are kept."""
-    key = (type(card), card.model_dump_json(), type(gpu), gpu.model_dump_json(), tp, kv_dtype, step_overhead_s)
+    key = (type(card), card.model_dump_json(), type(gpu), gpu.model_dump_json(), tp, kv_dtype, step_overhead_s, allreduce)
     got = _ROOFLINES.pop(key, None)
     if got is None:
-        got = (RooflineCost(card, gpu, tp, kv_dtype=kv_dtype) if step_overhead_s is None else
-               RooflineCost(card, gpu, tp, kv_dtype=kv_dtype, params=RooflineParams(step_overhead_s=step_overhead_s)))
+        fields: dict[str, object] = {} if allreduce == "vllm" else {"allreduce_engine": allreduce}
+        if step_overhead_s is not None:
+            fields["step_overhead_s"] = step_overhead_s
+        got = (RooflineCost(card, gpu, tp, kv_dtype=kv_dtype) if not fields else
+               RooflineCost(card, gpu, tp, kv_dtype=kv_dtype, params=RooflineParams.model_validate(fields)))
         while len(_ROOFLINES) >= ROOFLINES_KEPT:
             del _ROOFLINES[next(iter(_ROOFLINES))]
     _ROOFLINES[key] = got
@@ -52,14 +55,15 @@ def profile_gpu(profile: str) -> str:
 
 def make_step_cost(card: ModelCard, gpu: GPU | str | None, tp: int = 1, *, kv_dtype: str | None = None,
                    profile: str | None = None, allow_mismatch: bool = False, step_overhead_s: float | None = None,
-                   overhead_given: bool = False) -> StepCost:
+                   overhead_given: bool = False, allreduce: str = "vllm") -> StepCost:
     """The step cost for one replica (see module docstring). `gpu` None: the profile's own GPU, or h100-sxm.
     `kv_dtype`: the resolved KV cache dtype (None or "auto": the card's dtype). `step_overhead_s`: the engine
-    model's CPU time per step (the roofline's fixed term; a profile keeps its fitted one unless `overhead_given`)."""
+    model's CPU time per step (the roofline's fixed term; a profile keeps its fitted one unless `overhead_given`).
+    `allreduce`: whose all-reduce rules the roofline follows (RooflineParams.allreduce_engine)."""
     kv = None if kv_dtype in (None, "auto") else kv_dtype
     if profile is None:
         g = gpu if isinstance(gpu, GPU) else get_gpu(gpu or DEFAULT_GPU)
-        return roofline_cost(card, g, tp, kv, step_overhead_s)
+        return roofline_cost(card, g, tp, kv, step_overhead_s, allreduce)
     path = resolve_profile(profile)
     prof = load_profile(path)
     label = profile_label(path)

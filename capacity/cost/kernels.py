@@ -32,11 +32,18 @@ custom_all_reduce.py) is used when the world size is 2, 4, 6 or 8, the message i
 and the GPUs are fully NVLink-connected or there are only 2 of them (`__init__`: "not supported on more than two
 PCIe-only GPUs"); its kernel (csrc/custom_all_reduce.cuh, `allreduce`) runs one-shot (every rank reads every
 other rank's whole buffer) for 2 GPUs, or on NVLink below 512 KiB at <= 4 GPUs and below 256 KiB at <= 8, else
-two-shot (reduce-scatter + all-gather: the ring's bytes). Otherwise NCCL: its own tuning model
+two-shot (reduce-scatter + all-gather: the ring's bytes). "Fully NVLink-connected" is the GPU entry's topology
+(capacity/data/gpus.yaml `topology`: NVLink-bridged pairs are full at 2 GPUs only; GPU.full_nvlink). Otherwise NCCL: its own tuning model
 (src/graph/tuning.cc: `baseLat` and `hwLat`) puts a ring all-reduce's latency in the LL protocol at 6.6 us +
 2 (ranks - 1) hops of 0.6 us on NVLink or 1.0 us on PCIe. The custom kernels' latency is `allreduce_latency_s`
 (8 us, an assumption not measured here: the range 8-20 us is in docs/fidelity.md). SGLang runs the same custom
-all-reduce (sgl-kernel); TensorRT-LLM's AUTO strategy picks its own one-/two-shot kernels alike.
+all-reduce: `CustomAllreduce.__init__` / `should_custom_ar` (sglang/srt/distributed/device_communicators/
+custom_all_reduce.py) and sgl-kernel's csrc/allreduce/custom_all_reduce.cuh carry vLLM's gate and thresholds.
+TensorRT-LLM's AUTO strategy is its own (docs/fidelity.md, "All-reduce by engine"): the PyTorch backend
+(cpp/tensorrt_llm/thop/allreduceOp.cpp `ifFallbackToNCCL`, `selectImplementation`) runs NCCL above the workspace
+(16 MB at <= 2 GPUs, 8 MB above) or without P2P and NVLink on every pair, else MIN_LATENCY at <= 2 GPUs, and at
+> 2 GPUs NCCL above 128 tokens; MIN_LATENCY is one-shot up to 128 tokens (kOneShotMaxToken), two-shot above. The
+engine backend's plugin picks one-shot at <= 2 GPUs, below 1 MB at <= 4, below 500 kB above, else two-shot.
 """
 from __future__ import annotations
 
@@ -47,6 +54,10 @@ NCCL_RING_LL_BASE_S = 6.6e-6
 NCCL_RING_LL_HOP_S = {"nvlink": 0.6e-6, "pcie": 1.0e-6}
 CUSTOM_AR_MAX_BYTES = 8 * 1024 * 1024  # CustomAllreduce max_size (8192 * 1024)
 CUSTOM_AR_WORLD_SIZES = (2, 4, 6, 8)  # CustomAllreduce._SUPPORTED_WORLD_SIZES
+# TensorRT-LLM: getMaxRequiredWorkspaceSize (customAllReduceUtils.h): 16 MB at <= 2 GPUs, 8 MB above, keyed by tp <= 2
+TRTLLM_WORKSPACE_BYTES = {True: 16e6, False: 8e6}
+TRTLLM_MIN_LATENCY_MAX_TOKENS = 128  # allReduceFusionKernels.h kOneShotMaxToken; allreduceOp.cpp's AUTO threshold
+ALLREDUCE_ENGINES = ("vllm", "sglang", "trtllm", "trtllm-engine")
 
 
 def attention_kernels(card: ModelCard) -> int:
@@ -81,11 +92,26 @@ def kernel_floor_extra_s(card: ModelCard, kernel_floor_s: float, kernel_launch_s
     return max(0.0, kernels * kernel_floor_s - ops * kernel_launch_s)
 
 
-def allreduce_plan(tp: int, nbytes: float, interconnect: str) -> str:
-    """Which all-reduce vLLM runs for a message of `nbytes` at this TP size: "one-shot", "two-shot" (the custom
-    kernels) or "nccl" (module docstring)."""
-    nvlink = "nvlink" in interconnect  # the catalogue's "nvlink/infinity-fabric": fully connected (NVSwitch)
-    if tp in CUSTOM_AR_WORLD_SIZES and nbytes < CUSTOM_AR_MAX_BYTES and (nvlink or tp == 2):
+def allreduce_plan(tp: int, nbytes: float, interconnect: str, engine: str = "vllm", full_nvlink: bool | None = None,
+                   tokens: int = 0) -> str:
+    """Which all-reduce `engine` runs for a message of `nbytes` (`tokens` tokens) at this TP size: "one-shot",
+    "two-shot" (the custom kernels) or "nccl" (module docstring; docs/fidelity.md, "All-reduce by engine").
+    `full_nvlink`: every pair of the tp GPUs is NVLink-connected (GPU.full_nvlink; None: the interconnect says)."""
+    full = ("nvlink" in interconnect) if full_nvlink is None else full_nvlink
+    if engine == "trtllm":  # PyTorch backend, AllReduceStrategy.AUTO (thop/allreduceOp.cpp selectImplementation)
+        if nbytes > TRTLLM_WORKSPACE_BYTES[tp <= 2] or not full:
+            return "nccl"  # ifFallbackToNCCL: above the workspace, no P2P or no NVLink
+        if tp > 2 and tokens > TRTLLM_MIN_LATENCY_MAX_TOKENS:
+            return "nccl"
+        return "one-shot" if tokens <= TRTLLM_MIN_LATENCY_MAX_TOKENS else "two-shot"  # MIN_LATENCY: kOneShotMaxToken
+    if engine == "trtllm-engine":  # the engine backend's AllReduce plugin, AUTO (customAllReduceUtils selectImplementation)
+        if nbytes > TRTLLM_WORKSPACE_BYTES[tp <= 2] or not full:
+            return "nccl"
+        if tp <= 2 or (tp <= 4 and nbytes < 1e6) or nbytes < 5e5:
+            return "one-shot"
+        return "two-shot"
+    # vLLM and SGLang: CustomAllreduce (same gate, same kernel thresholds)
+    if tp in CUSTOM_AR_WORLD_SIZES and nbytes < CUSTOM_AR_MAX_BYTES and (full or tp == 2):
         if tp == 2 or (tp <= 4 and nbytes < 512 * 1024) or (tp <= 8 and nbytes < 256 * 1024):
             return "one-shot"
         return "two-shot"
@@ -93,16 +119,19 @@ def allreduce_plan(tp: int, nbytes: float, interconnect: str) -> str:
 
 
 def allreduce_call_s(tp: int, nbytes: float, interconnect: str, link_bytes_per_s: float,
-                     custom_latency_s: float) -> float:
+                     custom_latency_s: float, engine: str = "vllm", full_nvlink: bool | None = None,
+                     tokens: int = 0, nvlink_ring: bool | None = None) -> float:
     """One all-reduce of `nbytes` over `tp` ranks: the algorithm's latency + its bytes over the link (each rank reads
-    tp - 1 other buffers one-shot; the ring's 2 (tp - 1) / tp of the message two-shot and in NCCL)."""
+    tp - 1 other buffers one-shot; the ring's 2 (tp - 1) / tp of the message two-shot and in NCCL). NCCL's hops are
+    NVLink ones where NCCL's ring runs on NVLink (`nvlink_ring`, GPU.nvlink_ring; None: as `full_nvlink`)."""
     if tp == 1:
         return 0.0
-    algo = allreduce_plan(tp, nbytes, interconnect)
+    algo = allreduce_plan(tp, nbytes, interconnect, engine, full_nvlink, tokens)
     if algo == "one-shot":
         return custom_latency_s + (tp - 1) * nbytes / link_bytes_per_s
     ring = 2 * (tp - 1) / tp * nbytes / link_bytes_per_s
     if algo == "two-shot":
         return custom_latency_s + ring
-    hop = NCCL_RING_LL_HOP_S["nvlink" if "nvlink" in interconnect else "pcie"]
+    full = ("nvlink" in interconnect) if full_nvlink is None else full_nvlink
+    hop = NCCL_RING_LL_HOP_S["nvlink" if (full if nvlink_ring is None else nvlink_ring) else "pcie"]
     return NCCL_RING_LL_BASE_S + 2 * (tp - 1) * hop + ring

@@ -12,8 +12,9 @@ graph, the attention itself runs eagerly from Python. Which steps run that way i
   default"; `CUDAGraphMode.decode_mode()` FULL, `mixed_mode()` PIECEWISE): a decode-only batch replays one full
   graph (FlashAttention and FlashMLA declare `AttentionCGSupport.UNIFORM_BATCH` or better), a step with a prefill
   in it still runs piecewise.
-- V0 runners capture full decode graphs (`CUDAGraphRunner`): not piecewise. SGLang and TensorRT-LLM replay full
-  decode graphs by default: not wrapped.
+- V0 runners capture full decode graphs (`CUDAGraphRunner`): not piecewise. SGLang's and TensorRT-LLM's graphs
+  (decode graphs up to a batch size, eager or piecewise prefill) are read in capacity/engine/graphs.py, which
+  wraps their steps with this class too (`eager_s`: a step with no graph at all, `layer_eager_s`).
 
 The cost. At small batch the CPU's dispatch of the eager parts outlasts the GPU's work, so such a step lasts the
 per-step overhead + max(the GPU's work, the CPU's dispatch of the model): L x (the layer's eager attention calls
@@ -38,6 +39,7 @@ neither is modelled (the decode path's count is used for every piecewise step).
 """
 from __future__ import annotations
 
+from capacity.cost.kernels import attention_kernels, mlp_kernels
 from capacity.cost.step import StepCost, StepPlan, decode_run_s
 from capacity.model.card import ModelCard
 
@@ -68,23 +70,42 @@ def decode_is_piecewise(version: tuple[int, int, int], runner: str) -> bool:
     return runner == "v1" and version < (0, 11, 0)
 
 
-class PiecewiseGraphCost:
-    """A step cost whose piecewise steps last overhead + max(the wrapped step's GPU work, `cpu_s`): the CPU dispatch
-    of L eager attention calls and graph replays (module docstring). `decode_piecewise`: decode-only steps run
-    piecewise too (vLLM V1 before 0.11); a step with a prefill always does (V1's mixed batches)."""
+def layer_eager_s(card: ModelCard, tp: int, eager_op_s: float = EAGER_OP_S) -> float:
+    """CPU time of one layer run wholly eagerly (no graph): every kernel of its attention and MLP blocks (counted in
+    capacity/cost/kernels.py) and its two all-reduces at tp > 1, each at the stack's eager op (views folded in)."""
+    moe_share = card.num_moe_layers / max(1, card.num_layers)
+    mlp = (1 - moe_share) * mlp_kernels(card, False) + (moe_share * mlp_kernels(card, True) if moe_share else 0.0)
+    return (attention_kernels(card) + mlp + (2 if tp > 1 else 0)) * eager_op_s
 
-    def __init__(self, inner, cpu_s: float, overhead_s: float, decode_piecewise: bool) -> None:
-        if not 0 <= cpu_s < 1 or not 0 <= overhead_s < 1:
-            raise ValueError(f"cpu_s, overhead_s: in [0, 1) s (got {cpu_s}, {overhead_s})")
+
+class PiecewiseGraphCost:
+    """A step cost whose piecewise or eager steps last overhead + max(the wrapped step's GPU work, the CPU's
+    dispatch): `cpu_s` for a piecewise step (L eager attention calls and graph replays, module docstring), `eager_s`
+    for a step with no graph at all. `decode_piecewise`: decode-only steps run piecewise (vLLM V1 before 0.11);
+    `decode_graph_sizes`: the decode batch sizes with a captured graph (None: every size), others run eagerly
+    (SGLang above cuda_graph_max_bs, TensorRT-LLM off its captured sizes); `prefill_eager`: a step with a prefill
+    runs with no graph (SGLang's extend before its piecewise graph, TensorRT-LLM's context), else piecewise."""
+
+    def __init__(self, inner, cpu_s: float, overhead_s: float, decode_piecewise: bool, *, eager_s: float = 0.0,
+                 decode_graph_sizes: frozenset[int] | None = None, prefill_eager: bool = False,
+                 label: str | None = None) -> None:
+        if not 0 <= cpu_s < 1 or not 0 <= overhead_s < 1 or not 0 <= eager_s < 1:
+            raise ValueError(f"cpu_s, overhead_s, eager_s: in [0, 1) s (got {cpu_s}, {overhead_s}, {eager_s})")
         self.inner = inner
         self._inner_step_s = inner.step_s  # bound once: step_s runs for every step of every simulation
         self.cpu_s = cpu_s
+        self.eager_s = eager_s
         self.overhead_s = overhead_s
         self.decode_piecewise = decode_piecewise
+        self.decode_graph_sizes = decode_graph_sizes
+        self.prefill_eager = prefill_eager
         src = getattr(inner, "source", type(inner).__name__)
-        which = "every step" if decode_piecewise else "steps with a prefill"
-        self.source = f"{src}; piecewise CUDA graphs in {which}: {cpu_s * 1e3:.2f} ms of eager dispatch"
-        if decode_piecewise:  # max() of a line is not a line: the engine loop must use decode_run_s
+        if label is None:
+            which = "every step" if decode_piecewise else "steps with a prefill"
+            self.source = f"{src}; piecewise CUDA graphs in {which}: {cpu_s * 1e3:.2f} ms of eager dispatch"
+        else:
+            self.source = f"{src}; {label}"
+        if decode_piecewise or decode_graph_sizes is not None:  # max() of a line is not a line: use decode_run_s
             self.decode_line = None
 
     def __getattr__(self, name: str):  # the wrapped cost's other attributes (card, gpu, params, decode_line, ...)
@@ -92,22 +113,33 @@ class PiecewiseGraphCost:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
-    def _piecewise(self, plan: StepPlan) -> bool:
-        return bool(plan.prefills) or (self.decode_piecewise and bool(plan.decode_contexts))
+    def _decode_cpu_s(self, batch: int) -> float:
+        if self.decode_piecewise:
+            return self.cpu_s
+        sizes = self.decode_graph_sizes
+        return self.eager_s if sizes is not None and batch not in sizes else 0.0
+
+    def _cpu(self, plan: StepPlan) -> float:
+        """The CPU dispatch this step waits for (0: a full-graph step)."""
+        if plan.prefills:
+            return self.eager_s if self.prefill_eager else self.cpu_s
+        return self._decode_cpu_s(len(plan.decode_contexts)) if plan.decode_contexts else 0.0
 
     def step_s(self, plan: StepPlan) -> float:
         t = self._inner_step_s(plan)
-        if not plan.prefills and not (self.decode_piecewise and plan.decode_contexts):
+        c = self._cpu(plan)
+        if not c:
             return t  # a full-graph step
-        if plan.num_tokens == 0 or t - self.overhead_s >= self.cpu_s:
+        if plan.num_tokens == 0 or t - self.overhead_s >= c:
             return t  # (as it was, to the last bit, where the GPU is the longer)
-        return self.overhead_s + self.cpu_s
+        return self.overhead_s + c
 
     def breakdown(self, plan: StepPlan) -> dict[str, float]:
         b = dict(self.inner.breakdown(plan))
-        if plan.num_tokens == 0 or not self._piecewise(plan):
+        c = self._cpu(plan)
+        if plan.num_tokens == 0 or not c:
             return b
-        wait = self.cpu_s - (self.inner.step_s(plan) - self.overhead_s)
+        wait = c - (self.inner.step_s(plan) - self.overhead_s)
         if wait > 0:  # the part of the step the GPU waits for the CPU's eager dispatch
             b["eager dispatch"] = wait
         return b
@@ -116,9 +148,10 @@ class PiecewiseGraphCost:
         import numpy as np
 
         durs = decode_run_s(self.inner, contexts, k)
-        if not self.decode_piecewise:
+        c = self._decode_cpu_s(len(contexts))
+        if not c:
             return durs
-        return np.where(durs - self.overhead_s >= self.cpu_s, durs, self.overhead_s + self.cpu_s)
+        return np.where(durs - self.overhead_s >= c, durs, self.overhead_s + c)
 
 
 def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_s: float,

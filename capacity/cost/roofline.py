@@ -218,9 +218,11 @@ class RooflineCost:
             return 0.0
         p = self.params
         bytes_ = tokens * self.card.hidden_size * self._b
-        if p.allreduce_algorithms:  # (c): the algorithm vLLM runs for this message (capacity/cost/kernels.py)
+        if p.allreduce_algorithms:  # (c): the algorithm the engine runs for this message (capacity/cost/kernels.py)
             return 2 * allreduce_call_s(self.tp, bytes_, self.gpu.interconnect,
-                                        self.gpu.interconnect_bytes_per_s * p.comm_bw_eff, p.allreduce_latency_s)
+                                        self.gpu.ring_bytes_per_s(self.tp) * p.comm_bw_eff, p.allreduce_latency_s,
+                                        p.allreduce_engine, self.gpu.full_nvlink(self.tp), tokens,
+                                        self.gpu.nvlink_ring(self.tp))
         ring = 2 * (self.tp - 1) / self.tp * bytes_ / (self.gpu.interconnect_bytes_per_s * p.comm_bw_eff)
         return 2 * (ring + p.allreduce_latency_s)  # after attention and after the MLP
 

@@ -53,3 +53,6 @@ class RooflineParams(BaseModel):
     # (c): the TP all-reduce vLLM runs (custom one-shot / two-shot on NVLink or 2 GPUs, else NCCL, whose ring latency
     # is NCCL's own tuning model); False: allreduce_latency_s + the ring's bytes for every call.
     allreduce_algorithms: bool = True
+    # Whose all-reduce rules (c) follows (capacity/cost/kernels.py allreduce_plan): vLLM's and SGLang's CustomAllreduce,
+    # TensorRT-LLM's AUTO strategy (PyTorch backend) or its engine backend's AllReduce plugin.
+    allreduce_engine: Literal["vllm", "sglang", "trtllm", "trtllm-engine"] = "vllm"

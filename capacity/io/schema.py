@@ -18,6 +18,7 @@ from capacity.engine.settings import bounds, meta
 from capacity.model.card import MLA, ModelCard, MoE, VisionTower
 from capacity.model.gpus import GPU
 from capacity.plan.scenario import Scenario, SearchSpec, SLOSpec
+from capacity.reasoning import Reasoning
 from capacity.sessions import Sessions
 from capacity.vision_requests import ImageRequests
 from capacity.workload import Arrivals, Lengths, PrefixGroups, RequestClass, WorkloadSpec
@@ -56,6 +57,7 @@ def _models() -> list[tuple[str, type[BaseModel], list[str] | None, type]]:
             ("workload.arrivals", Arrivals, None, Arrivals), ("workload.arrivals.curve", RateCurve, None, RateCurve), ("lengths (input_len, output_len)", Lengths, None, Lengths),
             ("workload.classes[]", RequestClass, None, RequestClass), ("workload.prefix", PrefixGroups, None, PrefixGroups),
             ("workload.sessions (docs/sessions.md)", Sessions, None, Sessions), ("workload.images (docs/vision.md)", ImageRequests, None, ImageRequests),
+            ("workload.reasoning (docs/fidelity.md, \"Reasoning models\")", Reasoning, None, Reasoning),
             ("slo", SLOSpec, None, SLOSpec),
             ("search", SearchSpec, None, SearchSpec), ("Model card (`models/*.yaml`)", ModelCard, None, ModelCard), ("model card: moe", MoE, None, MoE),
             ("model card: mla", MLA, None, MLA), ("model card: vision (docs/vision.md)", VisionTower, None, VisionTower), ("GPU (a catalogue entry or your own GPU YAML)", GPU, None, GPU)]

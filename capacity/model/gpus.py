@@ -44,9 +44,32 @@ class GPU(BaseModel):
     int8_ops: PosFloat | None = None
     interconnect_bytes_per_s: PosFloat  # GPU-to-GPU, per direction
     interconnect: str = "pcie"  # GPU-to-GPU link (nvlink, pcie, infinity-fabric)
+    # Which GPUs of a host share that link (the engines' custom all-reduce needs every pair NVLink-connected):
+    # fully-connected (NVSwitch, xGMI mesh), pairs (NVLink bridges two by two), cube-mesh (DGX-1: full up to 4),
+    # pcie. None: fully-connected where `interconnect` says nvlink, else pcie. `topology_source` says where from.
+    topology: Literal["fully-connected", "pairs", "cube-mesh", "pcie"] | None = None
+    topology_source: str = ""  # where the topology comes from (a product brief, a system whitepaper)
+    pcie_bytes_per_s: PosFloat | None = None  # per direction; NCCL's ring beyond an NVLink-bridged pair
     tdp_w: PosFloat | None = None  # board power, W
     source: str = ""  # datasheet the figures come from
     confidence: str = ""  # how sure the datasheet figures are
+
+    def full_nvlink(self, tp: int) -> bool:
+        """Whether `tp` GPUs of this kind are all NVLink-connected pair by pair (what vLLM's and SGLang's
+        `is_full_nvlink` and TensorRT-LLM's NVLink check ask of the devices)."""
+        topo = self.topology or ("fully-connected" if "nvlink" in self.interconnect else "pcie")
+        return {"fully-connected": True, "pairs": tp <= 2, "cube-mesh": tp <= 4}.get(topo, False)
+
+    def nvlink_ring(self, tp: int) -> bool:
+        """Whether NCCL's ring over `tp` GPUs runs on NVLink: inside a fully connected group, and on a DGX-1 cube-mesh
+        at 8 GPUs too (its NVLinks close a ring through all 8; only the custom all-reduce needs every pair)."""
+        return self.full_nvlink(tp) or self.topology == "cube-mesh"
+
+    def ring_bytes_per_s(self, tp: int) -> float:
+        """Per-direction bandwidth of a ring over `tp` GPUs: the NVLink figure on an NVLink ring, PCIe otherwise."""
+        if self.nvlink_ring(tp) or self.pcie_bytes_per_s is None:
+            return self.interconnect_bytes_per_s
+        return self.pcie_bytes_per_s
 
     def peak_flops(self, dtype: str) -> float:
         """The dense tensor rate for `dtype`. A part without BF16 units (Turing, Volta) serves a bf16 model in

@@ -6,14 +6,18 @@ ITL = every gap between consecutive output tokens (a distribution over tokens, n
 E2E = last token - arrival; throughput = output tokens/s and requests/s over the measured window
 (first measured arrival to last measured finish). Percentiles P50/P90/P95/P99, P99.9 with >= 10,000
 samples, a bootstrap confidence interval for P99 (scipy.stats.bootstrap), and goodput: requests/s that
-meet every SLO of their class at once.
+meet every SLO of their class at once. A reasoning model's requests are first turned into what the benchmark
+client sees (`client_view`: which chunk ends TTFT, which tokens TPOT divides by; `capacity.reasoning`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from capacity.reasoning import Reasoning
 
 PCTS = (50, 90, 95, 99)
 BOOTSTRAP_CELLS = 8_000_000  # resampled values held at once by the P99 interval (64 MB)
@@ -189,6 +193,26 @@ class Summary:
         return cls(**kw)
 
 
+def client_view(rec: Records, reasoning: Reasoning | None) -> Records:
+    """The requests as a benchmark client sees a reasoning model's stream (`capacity.reasoning`): with
+    `first_token: content` the first token is the first answer token, the (reasoning + 1)-th generated one, placed
+    on the line from the first token to the last (exact at a constant inter-token latency, as `tokens_in_window`);
+    with `counted: content` the output length is the answer's tokens (TPOT's divisor, output tokens/s). ITL samples
+    are left as they are: every chunk's gap (`first_token: any`), or the same steps' gaps (`content`: the answer's
+    tokens run through the same batches). None, or the defaults, give `rec` itself."""
+    if reasoning is None or (reasoning.counted == "all" and reasoning.first_token == "any"):
+        return rec
+    out = rec.subset(np.ones(len(rec), dtype=bool))
+    generated = rec.output_tokens.astype(float)
+    content = reasoning.content(generated)
+    if reasoning.first_token == "content":
+        step = (rec.finish - rec.first_token) / np.maximum(generated - 1, 1)
+        out.first_token = rec.first_token + (generated - content) * step
+    if reasoning.counted == "content":
+        out.output_tokens = content
+    return out
+
+
 TREND_BATCHES = 20  # batch means in arrival order for the TTFT trend test
 TREND_P = 1e-3  # one-sided significance of a rising TTFT
 STEADY_ARRIVALS = ("poisson", "gamma", "constant")  # one rate throughout: a stationary queue or a growing one
@@ -314,7 +338,7 @@ def backlogged(rec: Records, users: int, itl_times: np.ndarray, itl_weights: np.
 
 def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng: np.random.Generator,
               slos: list[SLO] | None = None, ci: bool = True, class_names: list[str] | None = None,
-              others: Records | None = None) -> Summary:
+              others: Records | None = None, client: Reasoning | None = None) -> Summary:
     """The run's summary; with `class_names` (two or more), also each class's own latencies (`per_class`).
 
     Throughput is measured over the window of the measured requests (first arrival to last finish) and counts every
@@ -323,7 +347,9 @@ def summarize(rec: Records, itl_values: np.ndarray, itl_weights: np.ndarray, rng
     report a rate the engine exceeded. Requests/s likewise counts the warm-up requests, each by the share of its
     output emitted in the window: counted whole when they finished in it, a closed loop's start-up cohort (left
     out as warm-up, `capacity.pipeline.warmup_requests`) would make a loop of two requests per user read 27% high
-    (`tests/test_steady_state.py`)."""
+    (`tests/test_steady_state.py`). `client`: a reasoning model's requests as the benchmark client sees them
+    (`client_view`)."""
+    rec, others = client_view(rec, client), None if others is None else client_view(others, client)
     done = rec.subset(rec.finished)
     n = len(done)
     if n == 0:
