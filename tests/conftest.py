@@ -121,7 +121,7 @@ TIERS = {
     "unit": """autoscale autoscale_bound compare compute_dtype costs cost_kernels engine_graphs dashboard_views decode_floor expert_parallel
         gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
-        traces validate vision_requests vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
+        traces validate vision_requests vision_tokens vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
         reasoning
         trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
@@ -139,9 +139,57 @@ TIERS = {
 TIER_OF = {f"test_{name}.py": tier for tier, names in TIERS.items() for name in names.split()}
 
 
+# Under xdist (`pytest -n 2`, .ci/run), how tests go to the workers (docs/ci.md, "Workers"), neither changing what
+# any test checks (a `--dist` given on the command line is kept as given):
+# - a test file with a module-scoped fixture of its own (a plan, a server, a browser, a real engine, a batch of
+#   attacks run once) goes whole to one worker, so the fixture is built once, not once per worker that happens
+#   to get one of its tests (xdist's `loadgroup` would do it, but its node-id suffix no longer takes on pytest 9);
+# - the units that take longest start first (LONG_FIRST, then collection order), so that no worker is left
+#   alone at the end with a long one.
+LONG_FIRST = (  # node-id prefixes, or a documented command's start: the slow group's longest units (docs/ci.md
+    # timings), then the default group's
+    "capacity fleet-day --fleet examples/fleet-day.yaml",  # docs/examples.md's three-model day, ~200 s
+    "tests/test_fidelity.py::test_quick_fidelity_against_a_real_engine",
+    "tests/test_browser.py", "tests/test_loadtest.py", "tests/test_adversarial.py",
+    "tests/test_plan_compare.py", "tests/test_launch.py",
+)
+SHARED_FIXTURE_FILES = frozenset(p.name for p in Path(__file__).parent.glob("test_*.py")
+                                 if re.search(r"fixture\(\s*scope=.module.", p.read_text(encoding="utf-8"))) - {
+    "test_devices.py", "test_simulator.py", "test_steady_state.py"}  # theirs only load a card: split them freely
+
+
+def _dist_chosen(config) -> bool:
+    args = [*config.invocation_params.args, *os.environ.get("PYTEST_ADDOPTS", "").split()]
+    return any(a == "--dist" or a.startswith("--dist=") for a in args)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's `load` scheduling with the files of SHARED_FIXTURE_FILES each one unit, in collection order."""
+    if _dist_chosen(config) or config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            f = nodeid.split("::", 1)[0]
+            return f if Path(f).name in SHARED_FIXTURE_FILES else nodeid
+
+    config.option.loadscopereorder = False  # the workers' order (LONG_FIRST first), not by test count
+    return FileUnits(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
         if not any(item.get_closest_marker(t) for t in TIERS):
             tier = TIER_OF.get(item.path.name)
             if tier is not None:
                 item.add_marker(tier)
+    if os.environ.get("PYTEST_XDIST_WORKER") and not _dist_chosen(config):  # the order the workers report
+        def rank(item) -> int:
+            block = getattr(getattr(item, "callspec", None), "params", {}).get("block")
+            cmds = getattr(block, "commands", [])
+            return next((n for n, key in enumerate(LONG_FIRST)
+                         if item.nodeid.startswith(key) or any(c.startswith(key) for c in cmds)), len(LONG_FIRST))
+
+        items[:] = sorted(items, key=rank)  # stable: the rest keep their order

@@ -67,8 +67,8 @@ def test_glm45v_images():
     v = card.vision
     assert v is not None
     # a prompt's image follows Glm4vImageProcessor (the same rule as vision_tokens.glm4v): 3000 x 2000 is scaled to
-    # 2 x h x w <= 28 x 28 x 15000: 7,420 tokens (docs/vision.md)
-    assert image_tokens(v, 3000, 2000) == glm4v(3000, 2000) and image_tokens(v, 3000, 2000).tokens == 7420
+    # 2 x h x w <= 28 x 28 x 2 x 6144 (the shipped longest_edge): 1792 x 2688, 6,144 tokens (docs/vision.md)
+    assert image_tokens(v, 3000, 2000) == glm4v(3000, 2000) and image_tokens(v, 3000, 2000).tokens == 6144
     # vLLM's profiling image: 1,708 pixels a side at 14-pixel patches, 122 x 122 patches through the encoder;
     # its budget item, get_max_image_tokens, 8 x 54 x 54 patches / 4 = 5,832 tokens
     assert (v.encoder_tokens_per_image, v.tokens_per_image) == (122 * 122, 8 * 54 * 54 // 4)

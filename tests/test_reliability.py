@@ -170,6 +170,37 @@ def test_corrupted_cache_entry_is_recomputed(tmp_path):
     assert again[0].ttft.p99 == pytest.approx(first[0].ttft.p99)
 
 
+def test_a_task_queued_ahead_or_asked_again_runs_once_and_counts_as_if_each_batch_ran_alone(tmp_path, monkeypatch):
+    """`Executor.ahead` and the executor's memory of its results (the planner's rounds on the pool): each
+    distinct task is simulated once, the results are the ones a fresh run gives, and `misses`/`hits` (a plan's
+    `simulations` and `cache_hits`) are what they were before: a repeat with the cache off is counted again, a
+    repeat with it on is the cache hit it was, a task run ahead counts when it is asked for."""
+    import capacity.plan.executors as executors
+    from capacity.plan.executors import SerialExecutor
+
+    tasks = _tasks(3)
+    real, ran = executors.run_task, []
+    monkeypatch.setattr(executors, "run_task", lambda t: (ran.append(t.seed), real(t))[1])
+    ex = SerialExecutor(cache=False)
+    ex.ahead([tasks[1], tasks[2], tasks[0]])
+    a = ex.run([tasks[0]])
+    assert sorted(ran) == [0, 1, 2] and (ex.hits, ex.misses) == (0, 1)  # the queued ones ran in this batch
+    b = ex.run([tasks[1], tasks[0]])
+    assert len(ran) == 3 and (ex.hits, ex.misses) == (0, 3)  # nothing ran again; counted as with the cache off
+    assert b[1] is a[0]
+    fresh = SerialExecutor(cache=False).run([tasks[1]])[0]
+    assert (b[0].ttft.p99, b[0].tpot.p99, b[0].requests_per_s) == (fresh.ttft.p99, fresh.tpot.p99, fresh.requests_per_s)
+    ran.clear()
+    ex2 = SerialExecutor(cache=tmp_path)
+    ex2.ahead([tasks[2]])
+    ex2.run([tasks[0]])
+    ex2.run([tasks[0], tasks[2]])  # before: tasks[0] read back from the disk cache, tasks[2] run now
+    assert sorted(ran) == [0, 2] and (ex2.hits, ex2.misses) == (1, 2)
+    ex3 = SerialExecutor(cache=tmp_path)  # a new executor finds both on disk
+    ex3.run([tasks[2], tasks[0]])
+    assert len(ran) == 2 and (ex3.hits, ex3.misses) == (2, 0)
+
+
 def test_interrupted_sweep_keeps_a_consistent_cache_and_resumes(tmp_path, monkeypatch):
     import capacity.plan.executors as planner  # where the executors look run_task up
     from capacity.plan.executors import SerialExecutor

@@ -47,10 +47,10 @@ def test_qwen_resize_bounds():
 def test_glm45v_counts_two_frames_against_its_bounds():
     # 3000 x 2000 rounds to 2996 x 1988; Qwen: 5,956,048 pixels, under its max: 214 x 142 / 4 = 7597 tokens
     assert qwen_vl(3000, 2000).tokens == 7597
-    # GLM-4.5V compares 2 x 2996 x 1988 = 11,912,096 with 28 x 28 x 15000 = 11,760,000: beta = sqrt(12e6 /
-    # 11.76e6) = 1.010153; floor(2000 / beta / 28) = 70 -> 1960, floor(3000 / beta / 28) = 106 -> 2968;
-    # 140 x 212 / 4 = 7420
-    assert glm4v(3000, 2000).tokens == 7420
+    # GLM-4.5V compares 2 x 2996 x 1988 = 11,912,096 with the shipped 28 x 28 x 2 x 6144 = 9,633,792: beta =
+    # sqrt(12e6 / 9,633,792) = 125 / 112; 2000 / beta = 1792 = 64 x 28, 3000 / beta = 2688 = 96 x 28;
+    # 128 x 192 / 4 = 6144 (tests/test_vision_tokens.py has more)
+    assert glm4v(3000, 2000).tokens == 6144
     assert glm4v(1024, 768).tokens == 999  # small images: as Qwen2-VL
 
 
@@ -79,7 +79,8 @@ def test_pixtral_and_mistral3_row_breaks():
 
 def test_gemma3_and_mllama():
     gemma = load_named_card("gemma-3-27b")
-    assert image_tokens(gemma.vision, 1024, 768) == (256, (4096,), False)  # 896 / 14 = 64, 64^2 pooled to 256
+    # 896 / 14 = 64, 64^2 pooled to 256, inside 4 marker tokens (Gemma3Processor.full_image_sequence)
+    assert image_tokens(gemma.vision, 1024, 768) == (260, (4096,), False)
     mllama = load_named_card("llama-3.2-11b-vision")
     # 1024 x 768: only the 2 x 2 canvas (1120 x 1120) needs no downscaling -> 4 tiles of 40^2 + 1 = 1601
     assert mllama_tiles(1024, 768) == 4 and mllama_tiles(560, 560) == 1

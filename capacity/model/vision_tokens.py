@@ -11,11 +11,17 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
+import numpy as np
+
 from capacity.errors import ConfigError
 from capacity.model.schema import VisionTower
 
 # LLaVA-NeXT (llava-hf/llava-v1.6-*): image_grid_pinpoints of its config.json, (height, width)
 LLAVA_NEXT_PINPOINTS = ((336, 672), (672, 336), (672, 672), (1008, 336), (336, 1008))
+# GLM-4.1V / GLM-4.5V: `size` of the repositories' preprocessor_config.json (Glm4vImageProcessor; the class default
+# 28 x 28 x 15000 applies only where a repository ships none), pixels compared with 2 frames x h x w
+GLM4V_MIN_PIXELS, GLM4V_MAX_PIXELS = 112 * 112, 28 * 28 * 2 * 6144
+GEMMA3_MARKERS = 4  # Gemma-3: "\n\n", <start_of_image>, <end_of_image>, "\n\n" around an image's soft tokens
 MAX_SIDE = 1 << 16  # pixels: larger sides are refused (no processor takes a 65,536-pixel side)
 
 
@@ -56,10 +62,60 @@ def qwen_vl(w: int, h: int, patch: int = 14, merge: int = 2, min_pixels: int = 3
     return ImageTokens(gh * gw // (merge * merge), (gh * gw,))
 
 
-def glm4v(w: int, h: int) -> ImageTokens:
-    """GLM-4.1V / GLM-4.5V: Qwen2-VL-like, 14-pixel patches, 2 x 2 merge; Glm4vImageProcessor's size shortest_edge
-    112 x 112 and longest_edge 28 x 28 x 15000 pixels, compared with 2 frames x h x w."""
-    return qwen_vl(w, h, 14, 2, 112 * 112, 28 * 28 * 15000, frames=2)
+def glm4v(w: int, h: int, patch: int = 14, merge: int = 2, min_pixels: int = GLM4V_MIN_PIXELS,
+          max_pixels: int = GLM4V_MAX_PIXELS) -> ImageTokens:
+    """GLM-4.1V / GLM-4.5V: Qwen2-VL-like, 14-pixel patches, 2 x 2 merge; the bounds the repositories'
+    preprocessor_config.json ship (`size` shortest_edge 12,544, longest_edge 9,633,792 = 28 x 28 x 2 x 6144 pixels)
+    compared with 2 frames x h x w. transformers' Glm4vImageProcessor `smart_resize` (image_processing_glm4v.py)
+    refuses a side under patch x merge = 28 pixels, so an image makes at most 6144 tokens (h x w <= 28 x 28 x 6144)."""
+    factor = patch * merge
+    if w < factor or h < factor:
+        raise ConfigError(f"image size {w}x{h}: GLM-4.1V/4.5V's processor (Glm4vImageProcessor smart_resize) refuses "
+                          f"a side under {factor} pixels")
+    return qwen_vl(w, h, patch, merge, min_pixels, max_pixels, frames=2)
+
+
+def llama4_canvases(max_tiles: int = 16) -> list[tuple[int, int]]:
+    """transformers `find_supported_resolutions` (image_processing_llama4_fast.py), in tiles: every (rows, cols) with
+    rows x cols <= max_tiles, grouped by aspect ratio in the order the function builds its dict (tile counts from
+    max_tiles down, factors ascending); the order decides ties in `llama4_canvas`."""
+    by_ratio: dict[float, list[tuple[int, int]]] = {}
+    for n in range(max_tiles, 0, -1):
+        for f in sorted({d for i in range(1, math.isqrt(n) + 1) if n % i == 0 for d in (i, n // i)}):
+            by_ratio.setdefault(f / (n // f), []).append((f, n // f))
+    return [c for group in by_ratio.values() for c in group]
+
+
+def llama4_canvas(w: int, h: int, tile: int = 336, max_tiles: int = 16) -> tuple[int, int]:
+    """transformers `get_best_fit` (image_processing_llama4_fast.py; resize_to_max_canvas False, the processor's
+    default): each canvas's scale is min(canvas height / h, canvas width / w), in float32 as torch divides an int64
+    tensor; the smallest scale >= 1 (upscaling), else the largest below 1 (the least downscaling); among the canvases
+    with that scale, the smallest area (the first, as torch.argmin). Returns (rows, cols) of tiles."""
+    canv = llama4_canvases(max_tiles)
+    rows = np.array([r * tile for r, _ in canv], dtype=np.float32)
+    cols = np.array([c * tile for _, c in canv], dtype=np.float32)
+    scales = np.minimum(rows / np.float32(h), cols / np.float32(w))
+    up = scales[scales >= 1]
+    chosen = up.min() if up.size else scales[scales < 1].max()
+    idx = np.flatnonzero(scales == chosen)
+    best = idx[int(np.argmin(rows[idx] * cols[idx]))]
+    return canv[int(best)]
+
+
+def llama4(w: int, h: int, tile: int = 336, per_tile: int = 144, max_tiles: int = 16,
+           tile_seq: int = 577) -> ImageTokens:
+    """Llama-4 Scout / Maverick: the image is resized onto the best canvas of tiles (`llama4_canvas`); a canvas of more
+    than one tile adds a global tile (the whole image resized to one tile: Llama4ImageProcessorFast._preprocess,
+    vLLM mllama4.py `Mllama4MultiModalProcessor._call_hf_processor` patches_per_image). The prompt string is
+    Llama4Processor `_prompt_split_image` (vLLM `_get_prompt_updates` calls it): <|image_start|>, then for a tiled
+    image per row each tile's `per_tile` <|patch|> tokens (336 / 14 = 24, 576 patches x 0.5 x 0.5 pixel shuffle =
+    144) with a <|tile_x_separator|> between tiles and a <|tile_y_separator|> after the row (rows x cols x (per_tile +
+    1)), then <|image|>, the global tile's `per_tile` and <|image_end|>: per_tile + 3 + n x (per_tile + 1) for n > 1
+    tiles. The encoder runs each tile at 577 (576 patches + CLS)."""
+    r, c = llama4_canvas(w, h, tile, max_tiles)
+    n = r * c
+    tokens = per_tile + 3 + (n * (per_tile + 1) if n > 1 else 0)
+    return ImageTokens(tokens, (tile_seq,) * (n + 1 if n > 1 else 1))
 
 
 def pixtral(w: int, h: int, patch: int = 16, merge: int = 1, longest_edge: int = 1024) -> ImageTokens:
@@ -129,7 +185,7 @@ def image_tokens(v: VisionTower, w: int, h: int) -> ImageTokens:
     if v.kind in ("qwen2_vl", "qwen2_5_vl", "qwen3_vl"):
         return qwen_vl(w, h, v.patch_size, v.merge_size, v.min_pixels or 3136, v.max_pixels or 12845056)
     if v.kind == "glm4v":  # bounds compared with 2 frames x h x w (image_processing_glm4v.py smart_resize)
-        return qwen_vl(w, h, v.patch_size, v.merge_size, v.min_pixels, v.max_pixels, frames=2)
+        return glm4v(w, h, v.patch_size, v.merge_size, v.min_pixels, v.max_pixels)
     if v.kind == "pixtral":
         return pixtral(w, h, v.patch_size, v.merge_size, v.longest_edge or v.image_size)
     if v.grid_pinpoints:  # LLaVA-NeXT
@@ -137,6 +193,14 @@ def image_tokens(v: VisionTower, w: int, h: int) -> ImageTokens:
     if v.kind == "mllama":
         per_tile = v.patches_per_tile + 1
         return ImageTokens(1, (per_tile,) * mllama_tiles(w, h, v.image_size, v.max_num_tiles), cross=True)
+    if v.kind == "clip" and v.max_num_tiles > 1:  # Llama-4 (families/llama4.py: max_patches + the global tile)
+        return llama4(w, h, v.image_size, v.tokens_per_image // v.max_num_tiles, v.max_num_tiles - 1,
+                      v.patches_per_tile + 1)
     # CLIP (LLaVA-1.5: 336 / 14 = 24, 576 tokens, the encoder with its CLS token) and SigLIP (Gemma-3: 896 / 14 = 64,
     # 4096 patches pooled to mm_tokens_per_image 256, pan-and-scan off): any image is resized to image_size square
+    if v.kind == "siglip" and v.tokens_per_image < v.patches_per_tile:  # Gemma-3 (pooled; LLaVA's SigLIP is not)
+        # Gemma3Processor.full_image_sequence replaces the template's <start_of_image>: "\n\n", <start_of_image>,
+        # 256 <image_soft_token>, <end_of_image>, "\n\n" ("\n\n" is one token): 256 + 4 (vLLM gemma3_mm.py
+        # `Gemma3ProcessingInfo.get_image_repl`, PromptUpdateDetails.select_token_id marks the 256 as embeddings)
+        return ImageTokens(v.tokens_per_image + GEMMA3_MARKERS, (v.patches_per_tile,))
     return ImageTokens(v.tokens_per_image, (v.patches_per_tile + (1 if v.kind == "clip" else 0),))

@@ -19,6 +19,8 @@ from capacity.plan.progress import Phases
 from capacity.plan.tasks import SimTask, TaskResult, run_task
 
 CACHE_ENV = "CAPACITY_CACHE_DIR"
+MEMO = 4096  # results an executor keeps by key (about 1 kB each)
+MISS, HIT, AHEAD = 0, 1, 2  # how a kept result counts when asked for (AHEAD: run ahead, not asked for yet)
 
 
 def cache_dir() -> Path | None:
@@ -36,6 +38,9 @@ class Executor:
         self.on_task = None  # called with the number of tasks done so far (a dashboard's progress bar)
 
         self.phases = Phases(enabled=progress)  # the planner names its phases; piped, a line as each ends
+        # key -> (result, how the next ask counts: HIT/MISS/AHEAD, how asks after it count: HIT/MISS)
+        self._memo: dict[str, tuple[TaskResult, int, int]] = {}
+        self._ahead: list[SimTask] = []
 
     def _get(self, key: str) -> TaskResult | None:
         if self.cache is None:
@@ -53,43 +58,88 @@ class Executor:
                 pass
             return None
 
-    def _put(self, key: str, value: TaskResult) -> None:
+    def _put(self, key: str, value: TaskResult) -> bool:
+        """Write the result to the disk cache; whether it is there now."""
         if self.cache is None:
-            return
+            return False
         try:
             self.cache.mkdir(parents=True, exist_ok=True)
             tmp = self.cache / f"{key}.json.tmp{os.getpid()}"
             tmp.write_text(json.dumps(value.to_json(), default=float))
             tmp.replace(self.cache / f"{key}.json")
+            return True
         except OSError:
-            pass  # the cache is an optimisation: an unwritable or full cache directory costs only speed
+            return False  # the cache is an optimisation: an unwritable or full cache directory costs only speed
 
     def run(self, tasks: list[SimTask]) -> list[TaskResult]:
-        """Results in task order; identical tasks (same key) run once, cached ones not at all."""
+        """Results in task order; identical tasks (same key) run once, cached ones not at all. A task this executor
+        already ran (an earlier batch, or one queued by `ahead`) is not run again: a simulation is deterministic in
+        its task. `hits` and `misses` count the tasks asked for as if each batch ran alone, looking in the disk
+        cache (a plan's `simulations` and `cache_hits` do not depend on what ran ahead or was kept)."""
         keys = [t.key() for t in tasks]
         first: dict[str, int] = {}
         for i, k in enumerate(keys):
             first.setdefault(k, i)
         got: dict[str, TaskResult] = {}
+        hit = 0
         for k in first:
-            v = self._get(k)
-            if v is not None:
-                got[k] = v
+            m = self._memo.get(k)
+            if m is not None:
+                got[k] = m[0]
+                hit += m[1] == HIT
+                if m[1] == AHEAD:  # asked for the first time: counted as run now; later, as the disk cache says
+                    self._memo[k] = (m[0], m[2], m[2])
+            else:
+                v = self._get(k)
+                if v is not None:
+                    got[k] = v
+                    self._remember(k, v, HIT, HIT)
+                    hit += 1
         todo = [i for k, i in first.items() if k not in got]
-        self.hits += len(first) - len(todo)
+        self.hits += hit
         done = self.hits + self.misses
-        self.misses += len(todo)
-        self.phases.count(len(todo))
+        self.misses += len(first) - hit
+        self.phases.count(len(first) - hit)
         if self.on_task:
             self.on_task(done)
-        if todo:
-            for i, res in self._map([tasks[i] for i in todo], todo):
-                got[keys[i]] = res
-                self._put(keys[i], res)
-                done += 1
-                if self.on_task:
-                    self.on_task(done)
+        done += len(got) - hit  # run by this executor before: counted as run now
+        # tasks queued by `ahead` go with this batch (unless cached or run already): one round on the pool, not two
+        ahead, self._ahead = self._ahead, []
+        extra: dict[str, SimTask] = {}
+        for t in ahead:
+            k = t.key()
+            if k in first or k in self._memo or k in extra:
+                continue
+            v = self._get(k)
+            if v is not None:
+                self._remember(k, v, HIT, HIT)
+            else:
+                extra[k] = t
+        if todo or extra:
+            bkeys = [keys[i] for i in todo] + list(extra)
+            batch = [tasks[i] for i in todo] + list(extra.values())
+            for j, res in self._map(batch, list(range(len(batch)))):
+                stored = HIT if self._put(bkeys[j], res) else MISS  # what a later lookup would find
+                if j < len(todo):
+                    got[bkeys[j]] = res
+                    self._remember(bkeys[j], res, stored, stored)
+                    done += 1
+                    if self.on_task:
+                        self.on_task(done)
+                else:
+                    self._remember(bkeys[j], res, AHEAD, stored)
         return [got[k] for k in keys]
+
+    def ahead(self, tasks: list[SimTask]) -> None:
+        """Tasks a later step will ask for whatever the next batch's results are: they run with the next batch
+        (in its round on the pool), and the later `run` finds them done. Meant for tasks that will be asked for
+        (a speculative one costs its CPU when it is not)."""
+        self._ahead += tasks
+
+    def _remember(self, key: str, value: TaskResult, now: int, later: int) -> None:
+        self._memo[key] = (value, now, later)
+        while len(self._memo) > MEMO:  # the oldest first: a plan asks again for what it ran a few batches ago
+            del self._memo[next(iter(self._memo))]
 
     def _map(self, tasks: list[SimTask], idx: list[int]) -> Iterable[tuple[int, TaskResult]]:
         raise NotImplementedError

@@ -116,6 +116,42 @@ def context_frontier(pl: PlannerView, tp: int) -> list[ContextCell]:
     concurrency (kv_concurrency < max_num_seqs: capacity stops growing, preemptions appear) and what it does
     to latency, at a load each cell can sustain. max_model_len is the smallest grid value that admits the
     context (with paged KV the value costs no latency)."""
+    cells, runs = _context_runs(pl, tp)
+    if not runs:
+        return cells
+    sc = pl.sc
+    caps = pl.ex.run([cap for *_, cap in runs])
+    loads = []
+    for (cell, e, wl, _), capr in zip(runs, caps):
+        cell.capacity_tokens_per_s = capr.capacity_rates[1]
+        rate = capr.capacity_rates[0] * sc.headroom
+        # one seed of CONTEXT_REQUESTS: a map of where the trade-off turns, not the plan's verified answer
+        loads.append(pl.tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
+    res = iter(pl.ex.run([t for load in loads for t in load]))
+    k = sc.slo.key
+    for (cell, *_), load in zip(runs, loads):
+        rs = [next(res) for _ in load]
+        if not rs:
+            cell.saturated = True
+            continue
+        ok, pt, pp = pl.judge(rs)
+        cell.saturated = any(r.saturated for r in rs)
+        if not cell.saturated:
+            cell.p_ttft, cell.p_tpot = pt, pp
+            waits = [r.queue_wait.stat(k) for r in rs if r.queue_wait.n]
+            cell.queue_wait_p99 = _mean([w or 0.0 for w in waits]) if waits else None
+        cell.preemptions = _mean([r.preemptions for r in rs])
+        cell.meets_slo = ok
+    return cells
+
+
+def context_caps(pl: PlannerView, tp: int) -> list[SimTask]:
+    """The context map's kept-full loops (they depend on nothing the frontier finds): the planner runs them
+    with the frontier's batch (`Executor.ahead`)."""
+    return [cap for *_, cap in _context_runs(pl, tp)[1]]
+
+
+def _context_runs(pl: PlannerView, tp: int) -> tuple[list[ContextCell], list[tuple[ContextCell, EngineConfig, WorkloadSpec, SimTask]]]:
     sc = pl.sc
     seqs = [sc.engine.max_num_seqs] if sc.engine.max_num_seqs else sorted(set(sc.search.max_num_seqs))
     out_len = max(1, round(sc.workload.mean_output_tokens))
@@ -148,31 +184,7 @@ def context_frontier(pl: PlannerView, tp: int) -> list[ContextCell]:
             cap = pl.tasks(e, None, range(1), closed_users=users, workload=wl,
                               requests=max(CONTEXT_REQUESTS, CAPACITY_LOOP_ROUNDS * users))[0]
             runs.append((cell, e, wl, cap))
-    if not runs:
-        return cells
-    caps = pl.ex.run([cap for *_, cap in runs])
-    loads = []
-    for (cell, e, wl, _), capr in zip(runs, caps):
-        cell.capacity_tokens_per_s = capr.capacity_rates[1]
-        rate = capr.capacity_rates[0] * sc.headroom
-        # one seed of CONTEXT_REQUESTS: a map of where the trade-off turns, not the plan's verified answer
-        loads.append(pl.tasks(e, rate, range(1), workload=wl, requests=CONTEXT_REQUESTS) if rate > 0 else [])
-    res = iter(pl.ex.run([t for load in loads for t in load]))
-    k = sc.slo.key
-    for (cell, *_), load in zip(runs, loads):
-        rs = [next(res) for _ in load]
-        if not rs:
-            cell.saturated = True
-            continue
-        ok, pt, pp = pl.judge(rs)
-        cell.saturated = any(r.saturated for r in rs)
-        if not cell.saturated:
-            cell.p_ttft, cell.p_tpot = pt, pp
-            waits = [r.queue_wait.stat(k) for r in rs if r.queue_wait.n]
-            cell.queue_wait_p99 = _mean([w or 0.0 for w in waits]) if waits else None
-        cell.preemptions = _mean([r.preemptions for r in rs])
-        cell.meets_slo = ok
-    return cells
+    return cells, runs
 
 def recommend(pl: PlannerView, frontier: list[Cell]) -> Cell | None:
     good = [c for c in frontier if c.meets_slo]
@@ -238,19 +250,37 @@ def _context_tradeoff(pl: PlannerView, frontier: list[Cell], rec: Cell) -> list[
             f"of {hi.max_model_len:,} tokens fit the KV cache at once vs {full(lo):,} of {lo.max_model_len:,} "
             f"(the workload's longest request is {pl.longest_request():,} tokens)"]
 
-def sensitivity(pl: PlannerView, engine: EngineConfig, rate: float) -> list[str]:
-    """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
+def sensitivity_tasks(pl: PlannerView, engine: EngineConfig, rate: float) -> tuple[list[SimTask], list[SimTask], int]:
+    """The two loads `sensitivity` compares (the workload's, and its prompts d tokens shorter) and d; none where
+    the prompt length is not fixed. The planner runs them with the verification's batch (`Executor.ahead`)."""
     wl = pl.sc.workload
     li = wl.input_len
     if li.kind != "fixed" or li.value is None:
-        return []
+        return [], [], 0
     d = 1024 if li.value > 1024 else li.value // 2
     if d <= 0:
-        return []
+        return [], [], 0
     shorter = wl.model_copy(update={"input_len": li.model_copy(update={"value": li.value - d})})
     seeds = range(pl.sc.search.seeds)
-    a = pl.ex.run(pl.tasks(engine, rate, seeds))
-    b = pl.ex.run(pl.tasks(engine, rate, seeds, workload=shorter))
+    return pl.tasks(engine, rate, seeds), pl.tasks(engine, rate, seeds, workload=shorter), d
+
+
+def ahead(ex, tasks: list[SimTask]) -> None:
+    """Queue tasks to run with the executor's next batch (`capacity.plan.executors.Executor.ahead`), where it can."""
+    if tasks and hasattr(ex, "ahead"):
+        ex.ahead(tasks)
+
+
+def sensitivity(pl: PlannerView, engine: EngineConfig, rate: float) -> list[str]:
+    """TTFT per 1k prompt tokens: the same load with prompts 1k (or half) shorter."""
+    ta, tb, d = sensitivity_tasks(pl, engine, rate)
+    if not d:
+        return []
+    li = pl.sc.workload.input_len
+    assert li.value is not None
+    ahead(pl.ex, tb)  # one round on the pool for both loads
+    a = pl.ex.run(ta)
+    b = pl.ex.run(tb)
     k = pl.sc.slo.key
     if any(r.saturated for r in a + b):
         return []
@@ -299,6 +329,7 @@ def tune_budget(pl: PlannerView, engine: EngineConfig, tp: int, max_num_seqs: in
     # one probe instead of a rate search
     need = sc.target_rate_per_s / (sc.headroom * (replicas - 1)) * (1 + 1e-9)
     seeds = range(sc.search.seeds)
+    tried: list[EngineConfig] = []
     for v in TOKEN_BUDGETS:
         if v == b.max_num_batched_tokens or not b.chunked_prefill or (kind == "vllm" and v < max_num_seqs):
             continue
@@ -307,6 +338,10 @@ def tune_budget(pl: PlannerView, engine: EngineConfig, tp: int, max_num_seqs: in
             pl.budget(e)
         except (DoesNotFit, ConfigError):
             continue
+        tried.append(e)
+    # each budget's probe at `need` depends on no other's result: they run as one batch (one round on the pool)
+    ahead(pl.ex, [t for e in tried[1:] for t in pl.tasks(e, need, seeds)])
+    for e in tried:
         if not pl.judge(pl.ex.run(pl.tasks(e, need, seeds)))[0]:
             continue
         s = pl.rate_search(e, tp, max_num_seqs)

@@ -45,6 +45,7 @@ from capacity.errors import CapacityError, ConfigError, DoesNotFit
 from capacity.model.gpus import catalogue, get_gpu, with_memory
 from capacity.pipeline import check_policy, overlapped_cpu_s
 from capacity.plan import frontier
+from capacity.plan import frontier as frontier_mod
 from capacity.plan.frontier import tp_sizes, tune_budget
 from capacity.plan.progress import phase
 from capacity.plan.results import Cell, ContextCell, Plan, RateSearch, TpUnfit, Verification
@@ -207,6 +208,10 @@ class Planner:
         if not cap_rate or not math.isfinite(cap_rate):
             raise CapacityError(f"could not measure a capacity at tp={tp} (no request finished)")
         lo_rate = cap_rate * 0.02
+        lo, hi = lo_rate, cap_rate * 1.05
+        mid = hi / (1 + sp.tolerance)
+        if mid < cap_rate and hi / lo > 1 + sp.tolerance:  # the first probe above the trickle: with the trickle's batch
+            frontier_mod.ahead(self.ex, self.tasks(engine, mid, seeds))
         ok, pt, pp = self.judge(self.ex.run(self.tasks(engine, lo_rate, seeds)))
         b = self.budget(engine)
         rs = RateSearch(tp, 0.0, lo_rate, cap_rate, [(lo_rate, ok, pt, pp)], (pt, pp), cap.source,
@@ -214,11 +219,9 @@ class Planner:
         if not ok:  # even a trickle misses the SLO: infeasible, and why
             rs.why = infeasible_reason(self, engine, rs)
             return rs
-        lo, hi = lo_rate, cap_rate * 1.05
         # the top of the bracket first: where the SLOs still hold near the capacity, one probe settles it (the
         # default plan: 1 probe, not 6); otherwise it cost one probe and the bisection goes on below it (either way the answer is the highest rate that passed, at most
         # the tolerance below the lowest that failed)
-        mid = hi / (1 + sp.tolerance)
         while hi / lo > 1 + sp.tolerance:
             if len(rs.probes) > 1:
                 mid = math.sqrt(lo * hi)
@@ -280,6 +283,7 @@ class Planner:
         per_replica = sc.target_rate_per_s / replicas
         base_cfg = self.search_engines[tp]
         phase(self.ex, "frontier (max_num_seqs x max_model_len)", len(tps), len(tps))
+        frontier_mod.ahead(self.ex, frontier_mod.context_caps(self, tp))  # with the frontier's batch
         frontier = self.frontier(tp, per_replica)
         phase(self.ex, "context trade-off", len(tps) + 1, len(tps))
         contexts = self.context_frontier(tp)
@@ -311,6 +315,8 @@ class Planner:
                                                                rec_search, replicas)
         phase(self.ex, f"verification at {sc.target_rate_per_s:g} req/s on {replicas} replica(s)", len(tps) + 3,
                     len(tps))
+        frontier_mod.ahead(self.ex, [t for ts in frontier_mod.sensitivity_tasks(self, rec_engine, per_replica)[:2]
+                                     for t in ts])  # the trade-off lines' loads, with the verification's batch
         verification = self.verify(rec_engine, replicas)
         if not verification.passed:
             for _ in range(3):

@@ -234,3 +234,9 @@ CHANGES: dict[tuple[str, str], str] = {
 # - Qwen3-VL's three deepstack mergers take LayerNorm(4h) (Qwen3_VisionPatchMerger use_postshuffle_norm=True), 6h more
 #   each: +20,736 parameters for Qwen3-VL-8B and -30B-A3B (41,472 bytes at tp 1);
 # plus four new entries (Llama-3.2-90B-Vision, Llama-4-Maverick, Olmo-3.1-32B; Llama-4-Scout, refused before).
+# Re-recorded on branch `vlmtok` (issue 47 item 1), one entry: GLM-4.1V-9B-Thinking's digest (80dd8484319ed3adf12b ->
+# 607efc2eeefb96c2c05a) only, from its vision card's image bounds: min_pixels 112 x 112 = 12,544 (unchanged) and
+# max_pixels 28 x 28 x 15000 = 11,760,000 -> 28 x 28 x 2 x 6144 = 9,633,792, the `size.longest_edge` the GLM-4.1V /
+# GLM-4.5V repositories ship in preprocessor_config.json (Glm4vImageProcessor's class default applied only without
+# one). Its parameters, weight bytes and KV bytes are unchanged; tokens_per_image stays vLLM's 5,832; no case above
+# moved (no golden run has images).

@@ -28,16 +28,22 @@ from __future__ import annotations
 from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.hf_vision import text_config, vision_config
+from capacity.model.vision_tokens import GLM4V_MAX_PIXELS, GLM4V_MIN_PIXELS
 from capacity.model.weights import TensorGroup
 
 # vLLM's profiling image for GLM-4.1V/4.5V (Glm4vProcessingInfo, glm4_1v.py): get_image_size_with_most_features is
 # smart_resize of a 9,999,999-pixel square at 16 frames under 28 x 28 x 2 x 30000 pixels: 61 x 28 = 1,708 pixels a
 # side (14,884 patches); get_max_image_tokens, what sizes the encoder budget's items, resizes that image again under
-# 28 x 28 x 2 x 6144 at 16 frames: 756 pixels, 8 x 54 x 54 patches, 5,832 tokens.
+# 28 x 28 x 2 x 6144 at 16 frames: 756 pixels, 8 x 54 x 54 patches, 5,832 tokens. The card's tokens_per_image is
+# vLLM's figure (what the memory model's profile and the encoder budget read), not the largest prompt image: under
+# the processor's bounds an image makes up to 6,144 tokens (1792 x 2688: 64 x 96 merged), and the simulator sizes
+# the encoder budget with the larger of the card's figure and the workload's largest image (capacity.sim.vision).
 PROFILE_SIDE, PROFILE_TOKENS = 1708, 5832
-# Glm4vImageProcessor's size (transformers image_processing_glm4v.py): shortest_edge 112 x 112, longest_edge
-# 28 x 28 x 15000 pixels, compared with 2 frames x h x w (capacity.model.vision_tokens.glm4v)
-GLM4V_PIXELS = {"min_pixels": 112 * 112, "max_pixels": 28 * 28 * 15000}
+# the image processor's size as the GLM-4.1V / GLM-4.5V repositories ship it in preprocessor_config.json
+# (shortest_edge 12,544 = 112 x 112, longest_edge 9,633,792 = 28 x 28 x 2 x 6144, the default of transformers'
+# smart_resize and vLLM's get_num_image_tokens bound; Glm4vImageProcessor's class default 28 x 28 x 15000 applies
+# only without one), compared with 2 frames x h x w (capacity.model.vision_tokens.glm4v)
+GLM4V_PIXELS = {"min_pixels": GLM4V_MIN_PIXELS, "max_pixels": GLM4V_MAX_PIXELS}
 
 
 def _half_rotary(text: dict, source: str) -> None:

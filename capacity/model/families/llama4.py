@@ -22,7 +22,12 @@ with biases and a GELU MLP with biases), so it is sized as the `clip` kind; the 
 (`Llama4VisionPixelShuffleMLP`: intermediate_size -> projector_input_dim -> projector_output_dim, no biases) and the
 projector (`Llama4MultiModalProjector`: vision_output_dim -> text hidden, no bias) are the projector parameters. An
 image is up to 16 tiles of image_size plus a global tile (the processor's max_patches 16), each 144 tokens after the
-2x2 pixel shuffle (336 / 14 = 24, 576 patches x 0.5 x 0.5).
+2x2 pixel shuffle (336 / 14 = 24, 576 patches x 0.5 x 0.5). The card's tokens_per_image, 17 x 144 = 2,448, is the
+encoder's output rows for vLLM's profiling image (`get_image_size_with_most_features`: 16 x 336 by 336, 16 tiles and
+the global one), what vLLM V1's encoder budget and cache count (`Request.get_num_encoder_embeds`, the <|patch|>
+positions `PromptUpdateDetails.select_text` marks); that image's prompt string holds 2,467 tokens with the tile
+separators and image markers. What a prompt's image becomes: capacity.model.vision_tokens.llama4 (the tile canvas of
+Llama4ImageProcessorFast `get_best_fit`, Llama4Processor `_prompt_split_image`).
 """
 from __future__ import annotations
 
