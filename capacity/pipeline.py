@@ -25,7 +25,7 @@ from capacity.cost.factory import make_step_cost
 from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.state_space import state_note
-from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, frontend, get_engine, speculative
+from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, engine_for, frontend, speculative
 from capacity.engine.budget import kv_bytes_per_token
 from capacity.engine.config import EngineConfig
 from capacity.engine.graphs import allreduce_rules, graph_wrap
@@ -124,7 +124,7 @@ def overlapped_cpu_s(em: EngineModel, cfg: EngineConfig, profile: str | None, co
 
 
 def prepare(dep: Deployment) -> Prepared:
-    em = get_engine(dep.engine.engine)
+    em = engine_for(dep.engine.engine, dep.card)  # vLLM: the release's engine and graph mode for the model
     e = dep.engine
     if e.pp_size() > 1:
         raise ConfigError("pipeline_parallel_size: its memory is modelled (capacity memory), its step cost is not: "

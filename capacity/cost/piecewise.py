@@ -159,6 +159,13 @@ def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_
     """`cost` wrapped in PiecewiseGraphCost where vLLM V1 runs piecewise graphs (not with a measured profile, which
     timed the real steps, nor with enforce_eager, whose every op is eager: not modelled), else `cost`."""
     rel = getattr(engine_model, "release", None)
+    if PIECEWISE_GRAPHS and getattr(engine_model, "forced_eager", False) and profile is None:  # the release's eager
+        # mode (capacity/engine/vllm/fallback.py): every step waits for the dispatch of the layers a text-only step runs
+        # (mllama skips its cross-attention layers), each at the stack's measured eager layer (STACK_OPS ops; the
+        # longer end: layer_eager_s counts vLLM's kernels only, docs/fidelity.md)
+        eager = (card.num_layers - card.cross_attention_layers) * STACK_OPS * EAGER_OP_S
+        return PiecewiseGraphCost(cost, 0.0, overhead_s, False, eager_s=eager, decode_graph_sizes=frozenset(),
+                                  prefill_eager=True, label=f"no CUDA graphs: {eager * 1e3:.2f} ms of eager dispatch")
     if not PIECEWISE_GRAPHS or getattr(engine_model, "name", "") != "vllm" or rel is None or rel.runner != "v1" or profile is not None \
             or getattr(cfg, "enforce_eager", False) or not card.num_kv_layers:
         return cost

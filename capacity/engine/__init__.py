@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory
 from capacity.engine.config import EngineConfig, ResolvedEngine
-from capacity.engine.registry import ENGINES, EngineModel, get_engine, register
+from capacity.engine.registry import ENGINES, EngineModel, engine_for, get_engine, register
 from capacity.engine.sglang.config import SglangConfig
 from capacity.engine.sglang.engine import Sglang
 from capacity.engine.trtllm.config import TrtllmConfig
@@ -28,4 +28,4 @@ register(Sglang(), Sglang.from_spec, SglangConfig, "sglang@")
 register(Trtllm(), Trtllm.from_spec, TrtllmConfig, "trtllm@", "trtllm:")
 
 __all__ = ["ENGINES", "EngineConfig", "SglangConfig", "TrtllmConfig", "VllmConfig", "EngineModel", "MemoryBudget", "ResolvedEngine", "SchedLimits", "SchedulerFactory",
-           "get_engine"]
+           "engine_for", "get_engine"]

@@ -88,4 +88,12 @@ def get_engine(spec: str) -> EngineModel:
     return model
 
 
-__all__ = ["CONFIGS", "ENGINES", "EngineModel", "get_engine", "register"]
+def engine_for(spec: str, card) -> EngineModel:
+    """get_engine(spec) as it runs `card`: vLLM's V0 fallback or forced eager mode for the model in that release
+    (capacity/engine/vllm/fallback.py); the same model for the other engines."""
+    em = get_engine(spec)
+    pick = getattr(em, "for_card", None)
+    return pick(card) if pick is not None else em
+
+
+__all__ = ["CONFIGS", "ENGINES", "EngineModel", "engine_for", "get_engine", "register"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from capacity.engine.registry import get_engine
+from capacity.engine.registry import engine_for
 from capacity.engine.vllm.memory import cudagraph_capture_sizes
 from capacity.errors import ConfigError
 from capacity.model.weights import weight_bytes_per_rank
@@ -52,7 +52,7 @@ def estimate_startup(card: ModelCard, gpu: GPU, engine: EngineConfig, storage_gb
     if not (math.isfinite(storage_gbps) and STORAGE_GBPS[0] <= storage_gbps <= STORAGE_GBPS[1]):
         raise ConfigError(f"--storage-gbps {storage_gbps:g}: expected {STORAGE_GBPS[0]:g} to {STORAGE_GBPS[1]:g} "
                           "GB/s (a download from a hub ~0.1-1, network storage ~1, local NVMe ~2-7)")
-    model = get_engine(engine.engine)
+    model = engine_for(engine.engine, card)  # the release's engine and graph mode for the model
     if not hasattr(model, "release"):
         raise ConfigError(f"engine {engine.engine}: the start-up estimate models vLLM's steps only")
     rel = model.release
@@ -61,9 +61,10 @@ def estimate_startup(card: ModelCard, gpu: GPU, engine: EngineConfig, storage_gb
     tp = engine.tensor_parallel_size
     weights = float(sum(weight_bytes_per_rank(card, tp).values()))
     load = tuple(weights / (storage_gbps * 1e9 * eff) for eff in LOAD_EFFICIENCY)
-    sizes = 0 if engine.enforce_eager else len(cudagraph_capture_sizes(res.max_num_seqs, rel))
+    eager = engine.enforce_eager or getattr(model, "forced_eager", False)
+    sizes = 0 if eager else len(cudagraph_capture_sizes(res.max_num_seqs, rel))
     capture = tuple(sizes * s for s in CAPTURE_S_PER_SIZE[runner])
-    compile_ = COMPILE_S if runner == "v1" and not engine.enforce_eager else (0.0, 0.0)
+    compile_ = COMPILE_S if runner == "v1" and not eager else (0.0, 0.0)
     terms = {"init_s": INIT_S, "load_s": load, "profile_s": PROFILE_S, "compile_s": compile_, "capture_s": capture}
     total = (sum(v[0] for v in terms.values()), sum(v[1] for v in terms.values()))
     return {"engine": rel.label, "weights_bytes_per_rank": weights, "storage_gbps": storage_gbps,

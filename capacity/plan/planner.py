@@ -33,7 +33,7 @@ from capacity import __version__
 from capacity.cost.factory import make_step_cost
 from capacity.cost.overlap import overlapped_source, paced_source
 from capacity.cost.profile import load_profile
-from capacity.engine import get_engine
+from capacity.engine import engine_for, get_engine
 from capacity.engine.config import EngineConfig
 from capacity.engine.lockstep import attention_dp_ranks
 from capacity.engine.memory import batch_context_table, default_batches, default_contexts
@@ -331,7 +331,7 @@ class Planner:
         cost = None
         if sc.price_per_gpu_hour:
             cost = gpus * sc.price_per_gpu_hour / (sc.target_rate_per_s * mean_out * 3600) * 1e6
-        em = get_engine(rec_engine.engine)
+        em = engine_for(rec_engine.engine, card)
         vllm, sglang = em.launch_command(card, rec_engine, rb), sglang_command(card, rec_engine, rb, self.gpu)
         self.notes += em.launch_notes(rec_engine)
         if rec_engine.speculative is not None:  # what every figure above assumes (simulate prints the same)

@@ -15,6 +15,7 @@ from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_mod
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.config import vllm_config
+from capacity.engine.vllm.fallback import mode as fallback_mode
 from capacity.engine.vllm.flags import (
     check,
     spelling_async,
@@ -39,17 +40,47 @@ class Vllm(VllmMemory):
 
     name = "vllm"
 
-    def __init__(self, rel: Release | None = None) -> None:
+    def __init__(self, rel: Release | None = None, runner_given: str | None = None, pinned: bool = False,
+                 forced_eager: bool = False) -> None:
         self.release = rel or release(None)
+        self.runner_given = runner_given  # the spec's :v0 / :v1 (None: the release's default engine)
+        self.pinned = pinned  # the spec named a version
+        self.forced_eager = forced_eager  # the release turns CUDA graphs off for this model (fallback.py)
+        self.fell_back = False  # the release runs the model on V0 where the spec's default was V1
+        self._by_card: dict[tuple[str, bool], Vllm] = {}
 
     @classmethod
     def from_spec(cls, spec: str) -> Vllm:
         """The model of the release a spec names (`vllm@0.11`, `vllm@0.9.2:v0`: capacity.engine.vllm.release)."""
         _, version, runner = parse_engine(spec)
-        return cls(release(version, runner))
+        return cls(release(version, runner), runner, version not in (None, "current", "latest"))
+
+    def for_card(self, card: ModelCard) -> Vllm:
+        """The engine model `card` runs on in this release: V0 where the release falls back to it for the model's
+        architecture, eager where the release turns CUDA graphs off (capacity/engine/vllm/fallback.py)."""
+        key = (card.architecture, card.vision is not None)
+        got = self._by_card.get(key)
+        if got is None:
+            rel, eager = fallback_mode(self.release, card, self.runner_given, self.pinned)
+            if rel == self.release and not eager:
+                got = self
+            else:
+                got = Vllm(rel, self.runner_given, self.pinned, eager)
+                got.fell_back = rel.runner != self.release.runner
+            got._by_card[key] = got
+            self._by_card[key] = got
+        return got
+
+    def effective(self, cfg: EngineConfig) -> EngineConfig:
+        """`cfg` as the engine runs it: enforce_eager set where the release forces it for the model."""
+        return cfg.model_copy(update={"enforce_eager": True}) if self.forced_eager and not cfg.enforce_eager else cfg
 
     # ---- defaults ------------------------------------------------------------------------------------
     def resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> ResolvedEngine:
+        own = self.for_card(card)
+        if own is not self:
+            return own.resolve(cfg, card, gpu)
+        cfg = self.effective(cfg)
         vc = vllm_config(cfg)  # vLLM's own settings
         rel = self.release
         check(rel, vc)  # a setting this release has no flag for (capacity/engine/vllm/flags.py)
@@ -124,6 +155,12 @@ class Vllm(VllmMemory):
                               chunked_prefill=chunked, cuda_graphs_in_budget=graphs_in and not cfg.enforce_eager,
                               large_gpu_defaults=large, release=rel.label)
 
+    def budget(self, card: ModelCard, gpu: GPU, cfg: EngineConfig, *, check_fit: bool = True) -> MemoryBudget:
+        own = self.for_card(card)
+        if own is not self:
+            return own.budget(card, gpu, cfg, check_fit=check_fit)
+        return super().budget(card, gpu, self.effective(cfg), check_fit=check_fit)
+
     def default_max_num_batched_tokens(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> int:
         """The token budget this engine would pick for `cfg` on `gpu` (whatever cfg says about it)."""
         probe = cfg.model_copy(update={"max_num_batched_tokens": None, "max_num_seqs": 1})
@@ -170,6 +207,9 @@ class Vllm(VllmMemory):
     # ---- launch command ------------------------------------------------------------------------------
     def launch_command(self, card: ModelCard, cfg: EngineConfig, b: MemoryBudget) -> str:
         """`vllm serve` with every knob that decides the simulated configuration spelled out."""
+        own = self.for_card(card)
+        if own is not self:
+            return own.launch_command(card, cfg, b)
         vc = vllm_config(cfg)  # vLLM's own settings
         f = engine_flag  # the flag names: EngineConfig's declarations
         rel = self.release
@@ -214,7 +254,7 @@ class Vllm(VllmMemory):
         graphs_in = vc.cuda_graphs_in_budget
         if graphs_in is not None and graphs_in != rel.cuda_graphs_in_budget_default:
             env.append(f"VLLM_MEMORY_PROFILER_ESTIMATE_CUDAGRAPHS={int(graphs_in)}")
-        env += v1_env(rel)
+        env += [] if self.fell_back else v1_env(rel)  # the release's own fallback to V0 needs no VLLM_USE_V1=0
         cmd = with_comment(ref, " ".join(env + parts))
         if cfg.usage_context == "llm":
             return "# offline: LLM(model=..., same keyword arguments); as a server:\n" + cmd
@@ -239,6 +279,11 @@ class Vllm(VllmMemory):
         if cfg.kv_reservation == "prompt_and_output":
             notes.append("kv_reservation prompt_and_output (TensorRT-LLM's GUARANTEED_NO_EVICT) is a what-if: vLLM "
                          "reserves the prompt only and preempts when the cache fills")
+        if self.fell_back:
+            notes.append(f"{self.release.label}: this model's architecture is V0-only in this release, so vLLM falls "
+                         "back to its V0 engine (capacity/engine/vllm/fallback.py)")
+        if self.forced_eager:
+            notes.append(f"{self.release.label} runs this model without CUDA graphs (ModelConfig._verify_cuda_graph)")
         notes.append(f"memory and defaults modelled on {self.release.label}; pin that release (pip install "
                      f"vllm=={'.'.join(map(str, self.release.version))}) or re-plan for the one you deploy")
         return notes
