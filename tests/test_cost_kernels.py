@@ -15,6 +15,7 @@ from capacity.cost.piecewise import (
     PiecewiseGraphCost,
     decode_is_piecewise,
     layer_dispatch_s,
+    layer_eager_s,
     piecewise_wrap,
 )
 from capacity.cost.roofline import RooflineCost
@@ -141,8 +142,11 @@ def test_piecewise_wrap_only_where_vllm_runs_it():
     assert isinstance(new, PiecewiseGraphCost) and not new.decode_piecewise
     assert piecewise_wrap(inner, Vllm.from_spec("vllm@0.9"), cfg, ds, 2e-3, "some-profile") is inner
     assert piecewise_wrap(inner, Vllm.from_spec("vllm@0.7.3:v0"), cfg, ds, 2e-3, None) is inner
-    eager = EngineConfig(enforce_eager=True)
-    assert piecewise_wrap(inner, Vllm.from_spec("vllm@0.9"), eager, ds, 2e-3, None) is inner
+    eager = EngineConfig(enforce_eager=True)  # every step eager, V1 and V0 (tests/test_eager_step.py)
+    for spec in ("vllm@0.9", "vllm@0.7.3:v0"):
+        e = piecewise_wrap(inner, Vllm.from_spec(spec), eager, ds, 2e-3, None)
+        assert isinstance(e, PiecewiseGraphCost) and e.prefill_eager and e.decode_graph_sizes == frozenset()
+        assert e.eager_s == pytest.approx(61 * layer_eager_s(ds, 1)) and e.cpu_s == 0.0
 
 
 def test_the_switch_turns_the_wrapper_off(monkeypatch):

@@ -36,6 +36,24 @@ alone: not measured, a range of 0-5 us, the middle taken. A serving host's CPU d
 assumptions for it (docs/fidelity.md gives the step at both ends of the view range). Steps with more tokens than
 the largest captured graph run wholly eagerly, and the prefill path of MLA has more Python than its decode path:
 neither is modelled (the decode path's count is used for every piecewise step).
+
+A step with no graph at all (`enforce_eager`, vLLM V0 and V1 alike; the release's forced eager mode, fallback.py;
+SGLang's and TensorRT-LLM's eager steps, capacity/engine/graphs.py) dispatches every layer from Python
+(`layer_eager_s`), counted from vLLM's eager forward of `LlamaDecoderLayer` (models/llama.py; the same count for
+every family, its kernels from capacity/cost/kernels.py): the layer's kernel-launching torch calls (kernels.py's
+attention and MLP kernels, 10 for Llama: `fused_add_rms_norm` x 2, `F.linear` x 4 via `UnquantizedLinearMethod.apply`,
+`ops.rotary_embedding`, `reshape_and_cache_flash`, `flash_attn_varlen_func`, `ops.silu_and_mul`; + one all-reduce
+call per `RowParallelLinear` at tp > 1) at the per-call cost, and its dispatches that launch nothing at `VIEW_S`:
+`EAGER_WRAPPER_OPS` (10: `qkv.split`; `RotaryEmbedding.forward_cuda`'s `cos_sin_cache.to`; `Attention.forward`'s
+`torch.empty`, the q/k/v/output `.view`s, the `torch.ops.vllm.unified_attention_with_output` call into Python and
+the returned `.view`; `SiluAndMul.forward_cuda`'s `torch.empty`), the attention backend's views
+(`eager_attention_ops`), `EAGER_MODULE_CALLS` (12 `nn.Module` calls: the layer, its attention, qkv_proj,
+rotary_emb, attn, o_proj, the two norms, the MLP, gate_up_proj, act_fn, down_proj) and at tp > 1 two per
+all-reduce (the `vllm::all_reduce` custom op's entry, its `torch.empty_like` output). Llama at tp 1: 10 calls x
+13.65 us + 25 x 2.5 us = 0.199 ms a layer (0.144-0.254 ms over the view range). calibrate/stack.py's measured
+layer (0.603 ms, `EAGER_OP_S` x 42) is the same per-op cost over 42 UNFUSED torch ops (its norms, rope and
+activation are chains of elementwise ops that vLLM runs as one custom kernel each): it sets the per-op cost, not
+vLLM's count (docs/fidelity.md, "One eager step").
 """
 from __future__ import annotations
 
@@ -48,6 +66,10 @@ STACK_VIEWS = 12  # and its views a layer
 EAGER_OP_S = 19.308e-3 / (32 * STACK_OPS)  # 14.37 us: one eager op with the stack's views folded in (H200 host)
 VIEW_RANGE_S = (0.0, 5e-6)  # one view/slice op alone: an assumption
 VIEW_S = (VIEW_RANGE_S[0] + VIEW_RANGE_S[1]) / 2
+# vLLM's eager decoder layer (module docstring): dispatches that launch no kernel, and nn.Module calls, each at VIEW_S
+EAGER_WRAPPER_OPS = 10  # split, cos_sin_cache.to, Attention.forward's empty + 4 views + the custom op + view, empty
+EAGER_MODULE_CALLS = 12  # LlamaDecoderLayer's nn.Module calls, itself included
+EAGER_ALLREDUCE_OPS = (1, 2)  # one all-reduce at tp > 1: (kernel-launching calls, dispatches launching nothing)
 # The switch: False leaves every step cost unwrapped (the model before issue 47's term (e); docs/fidelity.md).
 PIECEWISE_GRAPHS = True
 
@@ -61,8 +83,12 @@ def layer_dispatch_s(card: ModelCard, eager_op_s: float = EAGER_OP_S, view_s: fl
     """CPU time of one layer in a piecewise step: its eager attention calls and one graph replay at the per-call
     cost left once `view_s` per view is taken out of the measured stack's ops, plus its views at `view_s`."""
     calls, views = eager_attention_ops(card)
-    per_call = (eager_op_s * STACK_OPS - STACK_VIEWS * view_s) / STACK_OPS
-    return (calls + 1) * per_call + views * view_s
+    return (calls + 1) * eager_call_s(eager_op_s, view_s) + views * view_s
+
+
+def eager_call_s(eager_op_s: float = EAGER_OP_S, view_s: float = VIEW_S) -> float:
+    """One kernel-launching eager torch call: the stack's op with its views (`view_s` each) taken out."""
+    return (eager_op_s * STACK_OPS - STACK_VIEWS * view_s) / STACK_OPS
 
 
 def decode_is_piecewise(version: tuple[int, int, int], runner: str) -> bool:
@@ -70,12 +96,26 @@ def decode_is_piecewise(version: tuple[int, int, int], runner: str) -> bool:
     return runner == "v1" and version < (0, 11, 0)
 
 
-def layer_eager_s(card: ModelCard, tp: int, eager_op_s: float = EAGER_OP_S) -> float:
-    """CPU time of one layer run wholly eagerly (no graph): every kernel of its attention and MLP blocks (counted in
-    capacity/cost/kernels.py) and its two all-reduces at tp > 1, each at the stack's eager op (views folded in)."""
+def layer_eager_s(card: ModelCard, tp: int, eager_op_s: float = EAGER_OP_S, view_s: float = VIEW_S) -> float:
+    """CPU time of one layer run wholly eagerly (no graph), counted from vLLM's eager forward (module docstring): its
+    kernel-launching calls (the attention and MLP kernels of capacity/cost/kernels.py, and an all-reduce per
+    RowParallelLinear at tp > 1) at `eager_call_s`, its dispatches that launch nothing and its nn.Module calls at
+    `view_s` each."""
     moe_share = card.num_moe_layers / max(1, card.num_layers)
     mlp = (1 - moe_share) * mlp_kernels(card, False) + (moe_share * mlp_kernels(card, True) if moe_share else 0.0)
-    return (attention_kernels(card) + mlp + (2 if tp > 1 else 0)) * eager_op_s
+    ar_calls, ar_other = (2 * EAGER_ALLREDUCE_OPS[0], 2 * EAGER_ALLREDUCE_OPS[1]) if tp > 1 else (0, 0)
+    calls = attention_kernels(card) + mlp + ar_calls
+    other = EAGER_WRAPPER_OPS + eager_attention_ops(card)[1] + EAGER_MODULE_CALLS + ar_other
+    return calls * eager_call_s(eager_op_s, view_s) + other * view_s
+
+
+def eager_step_cost(cost: StepCost, card: ModelCard, tp: int, overhead_s: float, layers: int | None = None,
+                    why: str = "no CUDA graphs") -> PiecewiseGraphCost:
+    """`cost` with every step eager: overhead + max(the GPU's work, `layers` x layer_eager_s of CPU dispatch).
+    `layers`: the layers a step runs (None: all of them)."""
+    eager = (card.num_layers if layers is None else layers) * layer_eager_s(card, tp)
+    return PiecewiseGraphCost(cost, 0.0, overhead_s, False, eager_s=eager, decode_graph_sizes=frozenset(),
+                              prefill_eager=True, label=f"{why}: {eager * 1e3:.2f} ms of eager dispatch")
 
 
 class PiecewiseGraphCost:
@@ -156,18 +196,17 @@ class PiecewiseGraphCost:
 
 def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_s: float,
                    profile: str | None) -> StepCost:
-    """`cost` wrapped in PiecewiseGraphCost where vLLM V1 runs piecewise graphs (not with a measured profile, which
-    timed the real steps, nor with enforce_eager, whose every op is eager: not modelled), else `cost`."""
+    """`cost` wrapped in PiecewiseGraphCost where vLLM runs steps without a full CUDA graph: every step eager with
+    `enforce_eager` (V0 and V1) or the release's forced eager mode (fallback.py), V1's piecewise graphs otherwise;
+    not with a measured profile (it timed the real steps)."""
     rel = getattr(engine_model, "release", None)
-    if PIECEWISE_GRAPHS and getattr(engine_model, "forced_eager", False) and profile is None:  # the release's eager
-        # mode (capacity/engine/vllm/fallback.py): every step waits for the dispatch of the layers a text-only step runs
-        # (mllama skips its cross-attention layers), each at the stack's measured eager layer (STACK_OPS ops; the
-        # longer end: layer_eager_s counts vLLM's kernels only, docs/fidelity.md)
-        eager = (card.num_layers - card.cross_attention_layers) * STACK_OPS * EAGER_OP_S
-        return PiecewiseGraphCost(cost, 0.0, overhead_s, False, eager_s=eager, decode_graph_sizes=frozenset(),
-                                  prefill_eager=True, label=f"no CUDA graphs: {eager * 1e3:.2f} ms of eager dispatch")
-    if not PIECEWISE_GRAPHS or getattr(engine_model, "name", "") != "vllm" or rel is None or rel.runner != "v1" or profile is not None \
-            or getattr(cfg, "enforce_eager", False) or not card.num_kv_layers:
+    if not PIECEWISE_GRAPHS or getattr(engine_model, "name", "") != "vllm" or profile is not None:
+        return cost
+    if getattr(engine_model, "forced_eager", False) or getattr(cfg, "enforce_eager", False):
+        # every step dispatches the layers a text-only step runs (mllama skips its cross-attention layers)
+        return eager_step_cost(cost, card, getattr(cost, "tp", 1), overhead_s,
+                               card.num_layers - card.cross_attention_layers)
+    if rel is None or rel.runner != "v1" or not card.num_kv_layers:
         return cost
     return PiecewiseGraphCost(cost, card.num_kv_layers * layer_dispatch_s(card), overhead_s,
                               decode_is_piecewise(rel.version, rel.runner))

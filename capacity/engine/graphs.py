@@ -17,15 +17,16 @@ module reads the engine models and picks the rule; docs/fidelity.md, "CUDA graph
   eagerly (no padding); a step with a context request never replays a graph. The engine backend's C++ runtime
   enqueues a TensorRT engine: no Python dispatch, not wrapped.
 
-A step without a graph costs the CPU its whole model's dispatch: layers x (the layer's kernels from
-capacity/cost/kernels.py, vLLM's count, and its all-reduces) x the measured eager op (piecewise.layer_eager_s).
-SGLang's and TensorRT-LLM's own kernel counts per layer are not counted (TensorRT-LLM fuses rope and the KV write
+A step without a graph costs the CPU its whole model's dispatch: layers x piecewise.layer_eager_s, vLLM's eager
+layer (its kernel-launching calls from capacity/cost/kernels.py and its all-reduces at the measured eager call, its
+views, allocations and nn.Module calls at the view cost: capacity/cost/piecewise.py's docstring), the one eager-step
+model vLLM's `enforce_eager` and forced eager mode use too. SGLang's and TensorRT-LLM's own counts per layer are not counted (TensorRT-LLM fuses rope and the KV write
 into its attention op and the all-reduce with the residual and norm): vLLM's larger count is the safe side.
 """
 from __future__ import annotations
 
 from capacity.cost import piecewise
-from capacity.cost.piecewise import PiecewiseGraphCost, layer_dispatch_s, layer_eager_s, piecewise_wrap
+from capacity.cost.piecewise import PiecewiseGraphCost, eager_step_cost, layer_dispatch_s, layer_eager_s, piecewise_wrap
 from capacity.cost.step import StepCost
 from capacity.engine.config import EngineConfig
 from capacity.engine.sglang.releases import default_cuda_graph_max_bs, version_key, vlm_fraction_factor
@@ -50,8 +51,7 @@ def _sglang_wrap(cost: StepCost, em, cfg: EngineConfig, card: ModelCard, overhea
     L = card.num_kv_layers
     eager = card.num_layers * layer_eager_s(card, tp)
     if cfg.enforce_eager:
-        return PiecewiseGraphCost(cost, 0.0, overhead_s, False, eager_s=eager, decode_graph_sizes=frozenset(),
-                                  prefill_eager=True, label=f"no CUDA graphs: {eager * 1e3:.2f} ms of eager dispatch")
+        return eager_step_cost(cost, card, tp, overhead_s)
     max_bs = default_cuda_graph_max_bs(gpu.usable_memory_bytes / MiB, tp, em.release)
     piecewise = (version_key(em.release) >= SGLANG_PIECEWISE_FROM and vlm_fraction_factor(card, em.release) == 1.0
                  and not getattr(cfg, "enable_dp_attention", False) and cfg.pp_size() == 1
