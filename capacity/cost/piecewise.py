@@ -50,7 +50,8 @@ the returned `.view`; `SiluAndMul.forward_cuda`'s `torch.empty`), the attention 
 (`eager_attention_ops`), `EAGER_MODULE_CALLS` (12 `nn.Module` calls: the layer, its attention, qkv_proj,
 rotary_emb, attn, o_proj, the two norms, the MLP, gate_up_proj, act_fn, down_proj) and at tp > 1 two per
 all-reduce (the `vllm::all_reduce` custom op's entry, its `torch.empty_like` output). Llama at tp 1: 10 calls x
-13.65 us + 25 x 2.5 us = 0.199 ms a layer (0.144-0.254 ms over the view range). calibrate/stack.py's measured
+13.65 us + 25 x 2.5 us = 0.199 ms a layer (0.144-0.254 ms over the view range; an eager step takes the high
+end, `EAGER_VIEW_S`: 0.254 ms). calibrate/stack.py's measured
 layer (0.603 ms, `EAGER_OP_S` x 42) is the same per-op cost over 42 UNFUSED torch ops (its norms, rope and
 activation are chains of elementwise ops that vLLM runs as one custom kernel each): it sets the per-op cost, not
 vLLM's count (docs/fidelity.md, "One eager step").
