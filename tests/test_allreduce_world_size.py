@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from capacity.cost import kernels
 from capacity.cost.kernels import (
     CUSTOM_AR_PULL_BYTES_PER_S,
     CUSTOM_AR_TWO_SHOT_SYNC_S,
@@ -18,6 +19,12 @@ from capacity.model.gpus import catalogue, get_gpu
 DATA = Path(__file__).resolve().parents[1] / "capacity" / "data" / "allreduce_published.yaml"
 MiB = 1 << 20
 H200_LINK = 450e9 * 0.70  # interconnect_bytes_per_s x RooflineParams.comm_bw_eff
+
+
+@pytest.fixture(autouse=True)
+def _pull_on(monkeypatch):
+    """(c') is off by default (capacity/cost/kernels.py CUSTOM_AR_PULL): this file checks the model itself."""
+    monkeypatch.setattr(kernels, "CUSTOM_AR_PULL", True)
 
 
 def tables() -> dict:

@@ -39,11 +39,9 @@ def test_deepseek_batch_one_rows():
     assert ds["a_moe_padding_ms"] == 0.0
     # (b) 1,858 kernels x 1.676 us - 421 roofline ops x 4 us over the 61 layers (tests/test_cost_kernels.py)
     assert ds["b_kernel_floors_ms"] == pytest.approx((1858 * 53.632e-6 / 32 - 421 * 4e-6) * 1e3, rel=1e-6)
-    # (c) at batch 1 the one-shot kernel: the latency is the same 8 us, each rank pulls 7 x 14 KiB at the kernel's
-    # 61.3 GB/s (1 MiB in 17.1 us, (c') in capacity/cost/kernels.py) instead of the ring's 1.75 x at 450 GB/s x 0.7
-    pull = 1048576 / 17.1e-6
-    assert ds["c_allreduce_ms"] == pytest.approx(2 * 61 * (7 * 14336 / pull - 1.75 * 14336 / (450e9 * 0.7)) * 1e3,
-                                                 rel=1e-6)
+    # (c) at batch 1 the one-shot kernel: the latency is the same 8 us, each rank reads 7 x 14 KiB instead of
+    # the ring's 1.75 x: 2 x 61 x 5.25 x 14,336 B / (450 GB/s x 0.7) ((c'), the kernel's pull rate, is off by default)
+    assert ds["c_allreduce_ms"] == pytest.approx(2 * 61 * 5.25 * 14336 / (450e9 * 0.7) * 1e3, rel=1e-6)
     # (c) at the top of the one-shot latency range, 20 us: 2 all-reduces x 61 layers x (20 - 8) us
     assert ds["c_allreduce_top_of_range_ms"] == pytest.approx(2 * 61 * 12e-3)
     # (e) CPU, views free: 61 layers x (7 eager calls + 1 graph replay) x 14.37 us

@@ -82,6 +82,11 @@ ALLREDUCE_ENGINES = ("vllm", "sglang", "trtllm", "trtllm-engine")
 # (`sglang-2904-h100-vllm`, H100, eager): 1 MiB / (26.6 - 9.5) us; 45.0 - 9.5 us - 2 x 7/8 x 1 MiB at that rate
 CUSTOM_AR_PULL_BYTES_PER_S = 1048576 / 17.1e-6  # 61.3 GB/s
 CUSTOM_AR_TWO_SHOT_SYNC_S = 5.575e-6
+# (c') is OFF by default (2026-12-08): the tables support the pull rate up to 1-2 MiB only, and vLLM's one-shot at
+# TP 2 and its two-shot above run up to 8 MiB (large decode batches); extrapolated there, it made the TensorRT-LLM
+# table's vLLM-engine columns worse (bench/published.py --quick: 15.5% -> 18.4%) and moved the README's 70B plan.
+# `allreduce_call_s(..., pull=True)` (or this switch) turns it on; tests/test_allreduce_world_size.py checks it.
+CUSTOM_AR_PULL = False
 
 
 def attention_kernels(card: ModelCard) -> int:
@@ -147,16 +152,18 @@ def allreduce_plan(tp: int, nbytes: float, interconnect: str, engine: str = "vll
 
 def allreduce_call_s(tp: int, nbytes: float, interconnect: str, link_bytes_per_s: float,
                      custom_latency_s: float, engine: str = "vllm", full_nvlink: bool | None = None,
-                     tokens: int = 0, nvlink_ring: bool | None = None, p2p: bool = True, amd: bool = False) -> float:
+                     tokens: int = 0, nvlink_ring: bool | None = None, p2p: bool = True, amd: bool = False,
+                     pull: bool | None = None) -> float:
     """One all-reduce of `nbytes` over `tp` ranks: the algorithm's latency + its bytes over the link (each rank reads
     tp - 1 other buffers one-shot; the ring's 2 (tp - 1) / tp of the message two-shot and in NCCL). NCCL's hops are
     NVLink ones where NCCL's ring runs on NVLink (`nvlink_ring`, GPU.nvlink_ring; None: as `full_nvlink`). vLLM's
     and SGLang's custom kernel pulls at most CUSTOM_AR_PULL_BYTES_PER_S and its two-shot pays one more barrier ((c'));
-    not on AMD parts (`amd`: ROCm's build of the kernel, whose published MI300X timings the NVIDIA rate misses)."""
+    not on AMD parts (`amd`: ROCm's build of the kernel, whose published MI300X timings the NVIDIA rate misses).
+    `pull`: apply (c') (None: CUSTOM_AR_PULL, off by default)."""
     if tp == 1:
         return 0.0
     algo = allreduce_plan(tp, nbytes, interconnect, engine, full_nvlink, tokens, p2p)
-    custom = engine in ("vllm", "sglang") and not amd
+    custom = engine in ("vllm", "sglang") and not amd and (CUSTOM_AR_PULL if pull is None else pull)
     pull_bytes_per_s = min(link_bytes_per_s, CUSTOM_AR_PULL_BYTES_PER_S) if custom else link_bytes_per_s
     if algo == "one-shot":
         return custom_latency_s + (tp - 1) * nbytes / pull_bytes_per_s
