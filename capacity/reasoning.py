@@ -37,11 +37,15 @@ from pydantic import Field, model_validator
 from capacity.draws import _Strict
 
 
+# An answer longer than any served context (10 M tokens) is a typo, not a workload: refused in one line
+MAX_CONTENT_TOKENS = 10_000_000
+
+
 class Reasoning(_Strict):
     """Hidden reasoning tokens per request and how the benchmark client times and counts them (capacity.reasoning)."""
 
     share: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None  # share of each request's generated tokens that are reasoning (rounded down)
-    content_tokens: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = None  # answer tokens per request (a mean); the rest of its output is reasoning
+    content_tokens: Annotated[float, Field(ge=1, le=MAX_CONTENT_TOKENS, allow_inf_nan=False)] | None = None  # answer tokens per request (a mean); the rest of its output is reasoning
     counted: Literal["all", "content"] = "all"  # tokens the client divides by: all (usage.completion_tokens, reasoning included) or content (the answer text tokenised)
     first_token: Literal["any", "content"] = "any"  # chunk that ends the client's TTFT: any (vllm bench serve openai-chat) or the first content delta (sglang.bench_serving openai-chat)
 

@@ -136,3 +136,10 @@ def test_dev_rows_are_ranges_with_the_printed_answer_length():
         assert lo[lo.index("--output-len") + 1] == str(int(np.ceil(total / 100)))
         assert hi[hi.index("--output-len") + 1] == "210-390" == r["output_len"]
         assert lo[lo.index("--reasoning-counted") + 1] == "content" and lo[lo.index("--reasoning-ttft") + 1] == "any"
+
+
+def test_an_answer_longer_than_any_context_is_refused_in_one_line():
+    r = run_cli("simulate", "-m", "llama-3.1-8b", "-g", "h100-sxm", "--rate", "1", "-n", "20",
+                "--reasoning-content-tokens", "99999999999")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert "content_tokens" in r.stderr and "10000000" in r.stderr
