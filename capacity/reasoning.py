@@ -36,7 +36,6 @@ from pydantic import Field, model_validator
 
 from capacity.draws import _Strict
 
-
 # An answer longer than any served context (10 M tokens) is a typo, not a workload: refused in one line
 MAX_CONTENT_TOKENS = 10_000_000
 
