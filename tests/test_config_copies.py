@@ -70,3 +70,26 @@ def test_qwen2_5_vl_3b_instruct():
     text = vocab * h + L * layer + h  # tie_word_embeddings: one matrix
     assert count_params(card) == text + vision == 3_754_622_976  # the model card's "3.75B"
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 36_864
+
+
+def test_qwen3_5_4b():
+    """Qwen3.5-4B (`qwen3_5`, dense, tied embeddings): the config transformers 5.7.0 prints for the checkpoint, whose
+    vision_config says `qwen3_5_vision` (transformers 5's name for the tower the raw file calls `qwen3_5`)."""
+    card = load_model_card(DATA / "startup_v3" / "hf" / "qwen3.5-4b.json")
+    h, L, vocab, nq, nkv, hd, inter = 2560, 32, 248320, 16, 4, 256, 9216
+    full, linear = 8, 24
+    kh, kd, vh, vd, conv = 16, 128, 32, 128, 4
+    attn = 2 * nq * hd * h + 2 * nkv * hd * h + h * nq * hd + 2 * hd
+    key, value = kh * kd, vh * vd
+    deltanet = ((2 * key + 2 * value) * h + 2 * vh * h
+                + (2 * key + value) * conv + 2 * vh + vd + h * value)
+    mlp = 3 * h * inter
+    text = vocab * h + full * attn + linear * deltanet + L * (mlp + 2 * h) + h  # tie_word_embeddings: one matrix
+    vh_, vi, p, out = 1024, 4096, 16, 2560
+    block = 4 * vh_ + (3 * vh_ * vh_ + 3 * vh_) + (vh_ * vh_ + vh_) + (2 * vh_ * vi + vi + vh_)
+    merger = 2 * vh_ + (4 * vh_) ** 2 + 4 * vh_ + 4 * vh_ * out + out
+    vision = 24 * block + 3 * 2 * p * p * vh_ + vh_ + 2304 * vh_ + merger
+    mtp = 2 * h * h + attn + mlp + 2 * h + 3 * h
+    assert text + vision + mtp == 4_659_865_088  # the report's "参数总量" of the 2 safetensors files, MTP included
+    assert count_params(card) == text + vision == 4_539_265_536
+    assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * full * BF16 == 32_768
