@@ -93,3 +93,13 @@ def test_qwen3_5_4b():
     assert text + vision + mtp == 4_659_865_088  # the report's "参数总量" of the 2 safetensors files, MTP included
     assert count_params(card) == text + vision == 4_539_265_536
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * full * BF16 == 32_768
+
+
+def test_kimi_linear_raw_config_matches_the_assembled_one():
+    """moonshotai/Kimi-Linear-48B-A3B-Instruct's raw config.json (startup_v3/hf) gives the same card as the copy
+    tests/data/families assembled from field lists, whose parameters tests/test_family_kimi.py derives by hand
+    (49,122,681,728); the checkpoint's own tensor sum, as the report that prints the raw file gives it, is that number."""
+    raw = load_model_card(DATA / "startup_v3" / "hf" / "kimi-linear-48b-a3b-instruct.json")
+    assembled = load_model_card(DATA / "families" / "kimi-linear-48b-a3b-instruct.json")
+    assert raw.model_dump() == assembled.model_dump()
+    assert count_params(raw) == 49_122_681_728  # the report's "参数总量" of the 20 safetensors files
