@@ -93,7 +93,7 @@ def test_lengths_and_arrivals_pinned():
     r = next(r for r in ALL if r["id"] == "gpustack-qwen3-32b-h100-vllm0110-4k")
     a = su.simulate_args(r)
     assert a[a.index("--input-len") + 1] == "3996" and a[a.index("--output-len") + 1] == "200"
-    assert a[a.index("--arrival") + 1] == "offline" and a[a.index("--engine") + 1] == "vllm@0.11"
+    assert a[a.index("--arrival") + 1] == "offline" and a[a.index("--engine") + 1] == "vllm@0.11.0"
     # guidellm's constant profile at 4 requests/s: evenly spaced arrivals, the hybrid Qwen3.5-9B card
     g = su.simulate_args(next(r for r in ALL if r["id"] == "gpustack-qwen35-9b-h100-latency-vllm0171-sharegpt-rate4"))
     assert g[g.index("--arrival") + 1] == "constant" and g[g.index("--rate") + 1] == "4"
