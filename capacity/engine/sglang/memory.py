@@ -379,8 +379,19 @@ class SglangMemory:
             num_blocks_range=[blocks_lo, blocks], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
             block_bytes=page * cell, chunked_prefill=eng.chunked_prefill)
         why = self.fit_problem(b, sb)
+        capped = (why is not None and cfg.max_model_len is None and 1 < planning * page and sb.kv_tokens < ctx
+                  and sb.deepep_bytes <= sb.reserve_bytes)
+        if capped:
+            # context_len left at the model's: SGLang starts and caps a request at the pool (tp_worker.py:
+            # max_req_len = min(context_len - 1, max_total_num_tokens - 1)); a context_len the user set stays a refusal
+            b.max_model_len = planning * page - 1  # the pool the simulated scheduler is given
+            b.max_concurrency, b.contiguous_max_seqs = planning * page / b.max_model_len, 1
+            b.warnings.append(f"the pool holds {planning * page:,} tokens, less than the model's context_len {ctx:,}: "
+                              f"SGLang starts and refuses requests of more than {b.max_model_len:,} tokens "
+                              f"(max_req_len); set max_model_len to plan for longer ones")
+            why = None
         b.fits, b.reason = why is None, why or ""
-        if why is None and cfg.kv_estimate == "conservative" and sb.kv_tokens_low < ctx:
+        if why is None and not capped and cfg.kv_estimate == "conservative" and sb.kv_tokens_low < ctx:
             b.warnings.append(f"at the conservative end of the estimate ({sb.kv_tokens_low:,} tokens) one request of "
                               f"context_len {ctx} does not fit: SGLang would cap requests at the pool")
         if check_fit and why:
