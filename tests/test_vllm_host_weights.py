@@ -1,0 +1,115 @@
+"""vLLM's --cpu-offload-gb and --kv-cache-memory-bytes (capacity/engine/vllm/host_weights.py), pinned on
+hand-computed bytes of Llama-3.1-8B and DeepSeek-V2-Lite and on the figures of real logs."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from capacity.engine import get_engine
+from capacity.engine.config import EngineConfig
+from capacity.errors import ConfigError, DoesNotFit
+from capacity.files import validate
+from capacity.model.card import load_model_card
+from capacity.model.gpus import get_gpu
+
+GiB = 1024**3
+HF = Path(__file__).parent / "data" / "hf"
+# Llama-3.1-8B, one decoder layer in bf16 (hand-counted from config.json: hidden 4096, 32 heads, 8 KV heads of
+# 128, intermediate 14336): q 4096x4096 + k,v 2x1024x4096 + o 4096x4096 + gate/up 2x14336x4096 + down 4096x14336
+# + two norms of 4096 = 218,112,000 parameters
+LLAMA_LAYER = 218_112_000 * 2
+LLAMA_GATE_UP = 2 * 14336 * 4096 * 2  # the largest single parameter of a layer (MergedColumnParallelLinear)
+
+
+def _budget(card_file: str, gpu: str = "h100-sxm", engine: str = "vllm@0.11", **flags):
+    card = load_model_card(HF / card_file)
+    cfg = validate(EngineConfig, {"engine": engine, **flags}, "test")
+    return get_engine(engine).budget(card, get_gpu(gpu), cfg, check_fit=False)
+
+
+def test_offload_moves_the_budget_off_the_gpu_weights():
+    base = _budget("llama-3.1-8b.json", max_model_len=8192)
+    off = _budget("llama-3.1-8b.json", max_model_len=8192, cpu_offload_gb=4)
+    assert base.weights_bytes - off.weights_bytes == pytest.approx(4 * GiB)  # at least the budget (the middle)
+    lo, hi = off.ranges["weights"][0], base.ranges["weights"][0]
+    assert lo == pytest.approx(hi - 4 * GiB)
+    # the most offloaded: one parameter beyond the budget (gate/up is the largest a layer has)
+    kv_hi_gain = off.ranges["kv_budget"][1] - base.ranges["kv_budget"][1]
+    assert kv_hi_gain == pytest.approx(4 * GiB + LLAMA_GATE_UP)
+    # the copy path: one whole offloaded layer is copied back for its forward, on top of the activation
+    assert off.activation_bytes - base.activation_bytes == pytest.approx(LLAMA_LAYER)
+    assert off.kv_budget_bytes - base.kv_budget_bytes == pytest.approx(4 * GiB - LLAMA_LAYER)
+
+
+def test_offload_beyond_the_layers_keeps_embedding_and_head():
+    base = _budget("llama-3.1-8b.json", max_model_len=8192)
+    off = _budget("llama-3.1-8b.json", max_model_len=8192, cpu_offload_gb=100)
+    # left on the GPU: the embedding and the LM head (128256 x 4096 each, bf16), the final norm, the rotary cache
+    # (131072 positions x 128 x bf16: capacity.model.weights)
+    left = 2 * 128256 * 4096 * 2 + 4096 * 2 + 131072 * 128 * 2
+    assert off.weights_bytes == pytest.approx(left)
+    assert base.weights_bytes - off.weights_bytes == pytest.approx(32 * LLAMA_LAYER)
+
+
+def test_offload_real_log_kv_requirement_deepseek_v2_lite():
+    """vllm-project/vllm#15871 (0.8.3, DeepSeek-V2-Lite-Chat, cpu_offload_gb 13, TP 1, max_model_len 32768): the
+    engine printed that one request needs 0.95 GiB of KV (MLA: (512 + 64) x 2 bytes x 27 layers a token) and
+    that 0.93 GiB was available. The GPU is not named, so only what does not depend on it is pinned."""
+    b = _budget("deepseek-v2-lite.json", "a10", "vllm@0.8", max_model_len=32768, enforce_eager=True,
+                cpu_offload_gb=13)
+    assert b.kv_bytes_per_token == (512 + 64) * 2 * 27
+    assert round(32768 * b.kv_bytes_per_token / GiB, 2) == 0.95
+    base = _budget("deepseek-v2-lite.json", "a10", "vllm@0.8", max_model_len=32768, enforce_eager=True)
+    assert base.weights_bytes - b.weights_bytes == pytest.approx(13 * GiB)
+    assert not base.fits and "weights need" in base.reason  # 29 GiB of weights: without offload it cannot load
+
+
+def test_kv_cache_memory_bytes_is_the_pool():
+    b = _budget("llama-3.1-8b.json", max_model_len=8192, kv_cache_memory_bytes=4 * GiB)
+    # a block: 16 tokens x 32 layers x (K and V) x 8 heads x 128 x 2 bytes = 2 MiB
+    assert b.block_bytes == 16 * 32 * 2 * 8 * 128 * 2
+    assert b.num_blocks == 4 * GiB // (2 * 1024**2) == 2048
+    assert b.kv_tokens == 2048 * 16
+    assert b.ranges["kv_budget"] == [4 * GiB, 4 * GiB] and b.planning_blocks == 2048
+    assert b.fits and any("kv_cache_memory_bytes" in w for w in b.warnings)
+    # gpu_memory_utilization does not size it (vLLM returns the bytes before profiling)
+    low = _budget("llama-3.1-8b.json", max_model_len=8192, kv_cache_memory_bytes=4 * GiB, gpu_memory_utilization=0.3)
+    assert low.num_blocks == 2048 and low.fits
+
+
+def test_kv_cache_memory_bytes_more_than_the_gpu_does_not_fit():
+    b = _budget("llama-3.1-8b.json", max_model_len=8192, kv_cache_memory_bytes=80 * GiB)
+    assert not b.fits and "more than the" in b.reason
+    with pytest.raises(DoesNotFit, match="kv_cache_memory_bytes"):
+        get_engine("vllm@0.11").budget(load_model_card(HF / "llama-3.1-8b.json"), get_gpu("h100-sxm"),
+                                       validate(EngineConfig, {"engine": "vllm@0.11", "max_model_len": 8192,
+                                                               "kv_cache_memory_bytes": 80 * GiB}, "t"))
+    short = _budget("llama-3.1-8b.json", max_model_len=131072, kv_cache_memory_bytes=4 * GiB)
+    assert not short.fits and "max_model_len 131,072" in short.reason  # 16 GiB of KV for one request
+
+
+@pytest.mark.parametrize("engine,flags,field", [
+    ("vllm@0.10", {"kv_cache_memory_bytes": GiB}, "kv_cache_memory_bytes"),
+    ("vllm@0.9:v0", {"kv_cache_memory_bytes": GiB}, "kv_cache_memory_bytes"),
+    ("vllm@0.4", {"cpu_offload_gb": 2}, "cpu_offload_gb"),
+])
+def test_release_without_the_setting_is_refused(engine, flags, field):
+    with pytest.raises(ConfigError, match=field):
+        _budget("llama-3.1-8b.json", engine=engine, max_model_len=8192, **flags)
+
+
+def test_cli_bad_value_one_line():
+    for flag, value in (("--kv-cache-memory-bytes", "-5"), ("--cpu-offload-gb", "-1")):
+        r = subprocess.run([sys.executable, "-m", "capacity.cli", "memory", "--model", str(HF / "llama-3.1-8b.json"),
+                            "--gpu", "h100-sxm", flag, value], capture_output=True, text=True)
+        assert r.returncode == 1, r.stderr
+        out = (r.stderr + r.stdout).strip()
+        assert len(out.splitlines()) == 1 and value in out and flag.lstrip("-").replace("-", "_") in out, out
+
+
+def test_other_engine_refuses_the_setting():
+    with pytest.raises(Exception, match="cpu_offload_gb"):
+        validate(EngineConfig, {"engine": "sglang", "cpu_offload_gb": 2}, "test")
