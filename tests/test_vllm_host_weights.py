@@ -113,3 +113,18 @@ def test_cli_bad_value_one_line():
 def test_other_engine_refuses_the_setting():
     with pytest.raises(Exception, match="cpu_offload_gb"):
         validate(EngineConfig, {"engine": "sglang", "cpu_offload_gb": 2}, "test")
+
+
+def test_blackwell_ultra_catalogue_entries():
+    """B300 and GB300 (capacity/data/gpus.yaml from scripts/gpu_specs_more.yaml): NVIDIA's system totals divided
+    per GPU by hand (HGX B300: 108 PFLOPS dense FP4, 72 sparse FP8, 36 sparse BF16 per 8 GPUs, 8 TB/s, 288 GB;
+    GB300 NVL72: 1,100 PFLOPS dense FP4, 720 sparse FP8 per 72 GPUs)."""
+    from capacity.model.gpus import match_gpu
+
+    b = get_gpu("b300")
+    assert (b.memory_bytes, b.mem_bw_bytes_per_s) == (288e9, 8e12)
+    assert (b.fp4_flops, b.fp8_flops, b.bf16_flops) == (108e15 / 8, 72e15 / 8 / 2, 36e15 / 8 / 2)
+    assert b.usable_memory_bytes == 268.0 * GiB  # the safe side of the public reports (no torch total seen)
+    g = get_gpu("gb300-nvl72")
+    assert g.fp8_flops == 720e15 / 72 / 2 and g.memory_bytes == 279e9
+    assert match_gpu("NVIDIA B300 SXM6 AC") == "b300" and match_gpu("NVIDIA GB300") == "gb300"
