@@ -128,3 +128,17 @@ def test_blackwell_ultra_catalogue_entries():
     g = get_gpu("gb300-nvl72")
     assert g.fp8_flops == 720e15 / 72 / 2 and g.memory_bytes == 279e9
     assert match_gpu("NVIDIA B300 SXM6 AC") == "b300" and match_gpu("NVIDIA GB300") == "gb300"
+
+
+def test_pipeline_parallel_real_log_dsv2_lite_4xl4():
+    """vllm-project/vllm#20665: DeepSeek-V2-Lite with --tensor-parallel-size=2 --pipeline-parallel-size=2
+    --max-model-len=1024 --enforce-eager on four L4s, a main build just after 0.9.2. Ranks 0-1 (stage 0) print
+    12.13 GiB of KV memory, ranks 2-3 11.33 GiB; the engine keeps the tighter stage: 807,792 tokens. Stage 0 holds
+    14 of the 27 layers (get_pp_indices: 13 each, the remainder to the first): 12.13 GiB / (14 x 1152 bytes, MLA's
+    512 + 64 bf16 values a layer) = 807,5xx tokens, the printed figure to the rounding of 12.13."""
+    b = _budget("deepseek-v2-lite.json", "l4", "vllm@0.9", tensor_parallel_size=2, pipeline_parallel_size=2,
+                max_model_len=1024, enforce_eager=True)
+    assert int(12.13 * GiB / (14 * 1152)) // 1000 == 807_792 // 1000
+    assert b.kv_bytes_per_token == 14 * 1152 and b.fits
+    assert abs(b.kv_budget_bytes / GiB - 12.13) <= max(0.05 * 12.13, 0.5)
+    assert abs(b.kv_tokens - 807_792) <= 0.05 * 807_792
