@@ -11,8 +11,10 @@ bytes moved so far are under the budget. So the bytes offloaded are at least the
 more (or every decoder layer, when they hold less); the embedding, the LM head and the final norm are not built by
 `make_layers` and stay on the GPU. On the copy path (`maybe_offload_to_cpu` before UVA, and `UVAOffloader` with UVA
 off) a layer with offloaded parameters copies its whole state dict to the GPU for each forward
-(`functional_call(module, {k: v.to(device)})`): one layer's offloaded bytes are live during the profiling pass, on top
-of its activations. With UVA the kernels read the host copy in place and nothing is copied.
+(`functional_call(module, {k: v.to(device)})`): one layer's offloaded bytes are live during the profiling pass's
+forward, on top of its activations (not during the sampler run that follows, when the copies are freed): the
+activation peak is max(forward + that layer, sampler). With UVA the kernels read the host copy in place and nothing
+is copied (the activation's low end).
 """
 from __future__ import annotations
 

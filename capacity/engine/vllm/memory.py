@@ -351,9 +351,9 @@ class VllmMemory:
                 slack += VISION_ACTIVATION_SPREAD * mid
             if not rel.checked:
                 slack += 0.05 * mid  # read from code only: wider
-            act = Est(mid, min(lo, mid), mid + slack)
+            bump = max(0.0, fwd + host.copy - mid)  # an offloaded layer copied in for its forward (host_weights.py)
+            act = Est(mid + bump, min(lo, mid), mid + slack + bump)
             estimates.append("activation")
-        act = Est(act.mid + host.copy, act.lo, act.hi + host.copy)  # an offloaded layer copied in for its forward
         if cfg.non_torch_bytes is not None:
             nt = Est.exact(cfg.non_torch_bytes)
         else:
