@@ -159,3 +159,18 @@ def test_pipeline_parallel_real_log_dsv2_lite_4xl4():
     assert b.kv_bytes_per_token == 14 * 1152 and b.fits
     assert abs(b.kv_budget_bytes / GiB - 12.13) <= max(0.05 * 12.13, 0.5)
     assert abs(b.kv_tokens - 807_792) <= 0.05 * 807_792
+
+
+def test_model_runner_v2_ignores_the_offload():
+    """Model Runner V2 (the default for dense models from vLLM 0.26 in capacity.engine.vllm.release) never installs
+    the offloader (vllm-project/vllm#51396, #56283): a dense model keeps every weight on the GPU; for a MoE model
+    (the V2 list varies) the conservative end counts on no offload."""
+    base = _budget("llama-3.1-8b.json", engine="vllm@0.26", max_model_len=8192)
+    off = _budget("llama-3.1-8b.json", engine="vllm@0.26", max_model_len=8192, cpu_offload_gb=4)
+    assert off.weights_bytes == base.weights_bytes and off.num_blocks == base.num_blocks
+    assert any("Model Runner V2" in w for w in off.warnings)
+    moe0 = _budget("qwen3-30b-a3b.json", engine="vllm@0.26", max_model_len=8192)
+    moe = _budget("qwen3-30b-a3b.json", engine="vllm@0.26", max_model_len=8192, cpu_offload_gb=4)
+    assert moe0.weights_bytes - moe.weights_bytes == pytest.approx(4 * GiB)  # the middle: offloaded as V1 does
+    assert moe.ranges["kv_budget"][0] <= moe0.ranges["kv_budget"][0]  # the conservative end: not offloaded
+    assert moe.planning_blocks <= moe0.planning_blocks

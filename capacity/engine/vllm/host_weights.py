@@ -37,11 +37,14 @@ FUSED = (("q_proj", "kv_proj"),)
 @dataclass(frozen=True)
 class HostWeights:
     """Bytes of one rank's weights in host memory: at least `lo` (the budget, or every decoder layer), at most `hi`
-    (one parameter beyond the budget); `copy`: the most bytes of one layer copied back to the GPU for its forward."""
+    (one parameter beyond the budget); `copy`: the most bytes of one layer copied back to the GPU for its forward;
+    `least`: what the conservative end counts on (0 where the release may not offload at all); `note`: why."""
 
     lo: float = 0.0
     hi: float = 0.0
     copy: float = 0.0
+    least: float = 0.0
+    note: str = ""
 
 
 def layer_bytes(card: ModelCard, groups: dict[str, float]) -> tuple[list[float], float]:
@@ -69,11 +72,18 @@ def layer_bytes(card: ModelCard, groups: dict[str, float]) -> tuple[list[float],
     return layers, max(per_layer.values(), default=0.0)
 
 
-def host_weights(card: ModelCard, groups: dict[str, float], cpu_offload_gb: float) -> HostWeights:
+def host_weights(card: ModelCard, groups: dict[str, float], cpu_offload_gb: float, runner_v2: bool = False) -> HostWeights:
     """What `--cpu-offload-gb` moves off one rank (module docstring): the budget is cpu_offload_gb GiB (vLLM
-    multiplies by 1024^3), taken from the first decoder layer on."""
+    multiplies by 1024^3), taken from the first decoder layer on. `runner_v2`: a release whose default is Model
+    Runner V2 (`vllm/v1/worker/gpu/`, capacity.engine.vllm.release: dense models from 0.26), which never installs the
+    offloader (`set_offloader(create_offloader(...))` is called by the V1 runner only: vllm-project/vllm#51396,
+    #56283, open in 2026-09), so `make_layers` gets the `NoopOffloader` and nothing moves: for a dense model nothing
+    is offloaded; for another (the V2 list varies by release) the conservative end counts on nothing either."""
     if cpu_offload_gb <= 0:
         return HostWeights()
+    if runner_v2 and card.is_dense:
+        return HostWeights(note=f"cpu_offload_gb {cpu_offload_gb}: ignored by this release's Model Runner V2 (the "
+                           "offloader is never installed: vllm-project/vllm#51396), so every weight stays on the GPU")
     layers, largest = layer_bytes(card, groups)
     total, budget = sum(layers), cpu_offload_gb * GiB
     lo, hi = min(budget, total), min(budget + largest, total)
@@ -83,7 +93,11 @@ def host_weights(card: ModelCard, groups: dict[str, float], cpu_offload_gb: floa
             break
         copy = max(copy, min(lb, hi - done))  # a layer wholly offloaded, or the last one's offloaded part at most
         done += lb
-    return HostWeights(lo=lo, hi=hi, copy=copy)
+    if runner_v2:
+        return HostWeights(lo=lo, hi=hi, copy=copy, least=0.0, note=(
+            f"cpu_offload_gb {cpu_offload_gb}: Model Runner V2 ignores it (vllm-project/vllm#51396) for the "
+            "architectures it runs by default; the conservative end counts on no offload"))
+    return HostWeights(lo=lo, hi=hi, copy=copy, least=lo)
 
 
 def hand_set_note(profiled: float, kv_bytes: int) -> str:

@@ -318,7 +318,8 @@ class VllmMemory:
         ep = eng.tp * vc.data_parallel_size if vc.enable_expert_parallel else 1
         moe_tp = eng.tp * vc.data_parallel_size  # without expert parallelism the experts split over tp x dp
         groups_bytes = weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep, moe_tp=moe_tp)
-        weights, host = sum(groups_bytes.values()), host_weights(card, groups_bytes, vc.cpu_offload_gb)
+        weights = sum(groups_bytes.values())
+        host = host_weights(card, groups_bytes, vc.cpu_offload_gb, runner_v2=rel.model_runner_v2)
         # LoRA adapters' buffers are made while the model loads: inside "model weights"
         weights += lora_bytes_per_rank(card, eng.tp, vc.max_loras, vc.max_lora_rank)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
@@ -336,7 +337,7 @@ class VllmMemory:
             w_hi = weights * 1.06  # a release before gpt-oss support: the kernel layout is not known
             estimates.append("weights (mxfp4 layout)")
 
-        weights, w_hi, w_lo = weights - host.lo, w_hi - host.lo, weights - host.hi  # --cpu-offload-gb: host_weights.py
+        weights, w_hi, w_lo = weights - host.lo, w_hi - host.least, weights - host.hi  # --cpu-offload-gb: host_weights.py
         phases, sampler_lo = self.activation_phases(card, eng, gpu)
         fwd = max(v for k, v in phases.items() if k.startswith("forward"))
         if cfg.activation_bytes is not None:
@@ -393,7 +394,7 @@ class VllmMemory:
             return max(0, math.floor(kv / block_bytes)) if kv > 0 else 0
 
         num_blocks, blocks_lo, blocks_hi = blocks(kv_mid), blocks(kv_lo), blocks(kv_hi)
-        warnings = list(card.notes) + kv_note
+        warnings = list(card.notes) + kv_note + ([host.note] if host.note else [])
         if cfg.num_gpu_blocks_override is not None:  # vLLM uses the override instead of what it profiled
             if cfg.num_gpu_blocks_override > num_blocks:
                 warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} is more than the "
