@@ -174,3 +174,8 @@ def test_model_runner_v2_ignores_the_offload():
     assert moe0.weights_bytes - moe.weights_bytes == pytest.approx(4 * GiB)  # the middle: offloaded as V1 does
     assert moe.ranges["kv_budget"][0] <= moe0.ranges["kv_budget"][0]  # the conservative end: not offloaded
     assert moe.planning_blocks <= moe0.planning_blocks
+
+
+def test_offload_says_the_step_cost_omits_host_reads():
+    off = _budget("llama-3.1-8b.json", max_model_len=8192, cpu_offload_gb=4)
+    assert any("4.00-4.22 GiB of weights per GPU in host memory" in w and "optimistic" in w for w in off.warnings)

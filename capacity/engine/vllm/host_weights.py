@@ -97,7 +97,9 @@ def host_weights(card: ModelCard, groups: dict[str, float], cpu_offload_gb: floa
         return HostWeights(lo=lo, hi=hi, copy=copy, least=0.0, note=(
             f"cpu_offload_gb {cpu_offload_gb}: Model Runner V2 ignores it (vllm-project/vllm#51396) for the "
             "architectures it runs by default; the conservative end counts on no offload"))
-    return HostWeights(lo=lo, hi=hi, copy=copy, least=lo)
+    return HostWeights(lo=lo, hi=hi, copy=copy, least=lo, note=(
+        f"cpu_offload_gb {cpu_offload_gb}: {lo / GiB:.2f}-{hi / GiB:.2f} GiB of weights per GPU in host memory; the "
+        "step cost does not count reading them over the host link each forward, so predicted latencies are optimistic"))
 
 
 def hand_set_note(profiled: float, kv_bytes: int) -> str:
