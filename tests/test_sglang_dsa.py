@@ -244,3 +244,41 @@ def test_deepep_larger_than_the_reserve_does_not_fit_and_bad_settings_are_one_li
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="deepep_max_dispatch_tokens_per_rank"):
         SglangConfig(engine="sglang@0.5.5", moe_a2a_backend="deepep", deepep_max_dispatch_tokens_per_rank=2048)
+
+
+# ---- SGLang 0.5.15+: the default F keeps 2 GiB for DeepEP (releases.py deepep_reserve_mib) ------------------------
+# ServerArgs._handle_gpu_memory_settings (0.5.15 wheel): reserved = 512 + max(chunk, 2048) x 1.5 + graph_bs x 2
+# + TP x PP / 8 x 1024 (+ 1.5 GiB for the MLA prefill graph), at least 10 GiB over 60 GiB, then + 2048 MiB with
+# --moe-a2a-backend deepep; F = round((G - reserved) / G, 3). G = 81,559 MiB:
+# chunk 8,192, graph 256, TP 8, MLA: 512 + 12,288 + 512 + 1,024 + 1,536 = 15,872 (above the floor) -> 0.805;
+#   + 2,048 = 17,920 -> round(63,639 / 81,559, 3) = 0.780.
+# chunk 2,048, graph 8, TP 1, MLA: 512 + 3,072 + 16 + 128 + 1,536 = 5,264 -> the floor 10,240 -> 0.874;
+#   + 2,048 on top of the floor = 12,288 -> round(69,271 / 81,559, 3) = 0.849. 0.5.14 has no such reserve.
+@pytest.mark.parametrize("release, chunk, graph, tp, plain, with_deepep", [
+    ("0.5.15", 8192, 256, 8, 0.805, 0.780), ("0.5.15", 2048, 8, 1, 0.874, 0.849),
+    ("0.5.23", 2048, 8, 1, 0.874, 0.849), ("0.5.14", 2048, 8, 1, 0.874, 0.874)])
+def test_default_f_keeps_2_gib_for_deepep_from_0_5_15(release, chunk, graph, tp, plain, with_deepep):
+    from capacity.engine.sglang.releases import default_mem_fraction_static
+
+    kw = dict(chunked_prefill_size=chunk, cuda_graph_max_bs=graph, mla=True)
+    assert default_mem_fraction_static(81_559, tp, release, **kw) == pytest.approx(plain, abs=1e-12)
+    assert default_mem_fraction_static(81_559, tp, release, deepep=True, **kw) == pytest.approx(with_deepep, abs=1e-12)
+
+
+def test_deepep_pool_is_smaller_from_0_5_15_and_unchanged_before():
+    """With the default F the pool loses T0 x (the 2 GiB / G drop in F) from 0.5.15; 0.5.14's pool is the same with
+    and without DeepEP (the buffers come out of the reserve only)."""
+    card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
+    gpu = get_gpu("h200")
+    for rel, smaller in (("sglang@0.5.15", True), ("sglang@0.5.14", False)):
+        e = get_engine(rel)
+        plain = e.budget(card, gpu, SglangConfig(engine=rel, tensor_parallel_size=8, max_model_len=8192))
+        ep = e._resolve(SglangConfig(engine=rel, tensor_parallel_size=8, max_model_len=8192,
+                                     moe_a2a_backend="deepep"), card, gpu)[1]
+        assert (ep.kv_tokens < plain.kv_tokens) is smaller, rel
+        assert any("reserves 2 GiB more" in n for n in ep.notes) is smaller, rel
+        if smaller:  # about 2 GiB of KV a rank: F drops by at least 2048 / G - 0.0005 (the rounding)
+            mib = gpu.usable_memory_bytes / 2**20
+            cell = (plain.kv_budget_bytes / plain.kv_tokens)
+            lost = (plain.kv_tokens - ep.kv_tokens) * cell / GiB
+            assert (2048 / mib - 0.001) * mib / 1024 * 0.9 < lost < 2.2, lost
