@@ -214,10 +214,13 @@ def test_sglang_lora_flags_reach_the_launch_command():
 # then ((n + 128) // 128) x 128 = 1,908,412,800.
 # normal: 10 channels x 8 ranks x [(2 + 3) x 4 + 256 x (14,336 + 8 + 128 x 8 + 128 x 4 + 128 x 4)] = 80 x 4,196,372
 # = 335,709,760, rounded up to 128: 335,709,824.
+# The RDMA (low-latency) buffer sits in NVSHMEM's heap, mapped in granules of 2^29 = 536,870,912 bytes (DeepEP sets
+# NVSHMEM_CUMEM_GRANULARITY): 1,908,412,800 / 536,870,912 = 3.55 -> 4 granules = 2,147,483,648 bytes.
 LL_V3, NVL_V3 = 1_908_412_800, 335_709_824
+LL_HEAP_V3 = 4 * 536_870_912
 
 
-@pytest.mark.parametrize("mode, want", [("low_latency", LL_V3), ("normal", NVL_V3), ("auto", LL_V3 + NVL_V3)])
+@pytest.mark.parametrize("mode, want", [("low_latency", LL_HEAP_V3), ("normal", NVL_V3), ("auto", LL_HEAP_V3 + NVL_V3)])
 def test_deepep_buffers_of_deepseek_v3_by_hand(mode, want):
     card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
     cfg = SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8, max_model_len=8192, moe_a2a_backend="deepep",
@@ -235,9 +238,10 @@ def test_deepep_larger_than_the_reserve_does_not_fit_and_bad_settings_are_one_li
     card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
     e, gpu = get_engine("sglang@0.5.5"), get_gpu("h200")
     cfg = SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8, max_model_len=8192, moe_a2a_backend="deepep",
-                       mem_fraction_static=0.99)  # reserve 0.01 x T0 = about 1.4 GiB < 2.09 GiB
+                       mem_fraction_static=0.99)  # reserve 0.01 x T0 = about 1.4 GiB < 2.31 GiB
     b = e.budget(card, gpu, cfg, check_fit=False)
-    assert not b.fits and "DeepEP's buffers (2.09 GiB a rank)" in b.reason
+    # auto: 335,709,824 + 2,147,483,648 = 2,483,193,472 bytes = 2.31 GiB
+    assert not b.fits and "DeepEP's buffers (2.31 GiB a rank)" in b.reason
     small = load_model_card(ROOT / "capacity/data/models/llama-3.1-8b.yaml")
     with pytest.raises(ConfigError, match="has no MoE layers") as err:
         e.budget(small, gpu, SglangConfig(engine="sglang@0.5.5", moe_a2a_backend="deepep"))
@@ -282,3 +286,12 @@ def test_deepep_pool_is_smaller_from_0_5_15_and_unchanged_before():
             cell = (plain.kv_budget_bytes / plain.kv_tokens)
             lost = (plain.kv_tokens - ep.kv_tokens) * cell / GiB
             assert (2048 / mib - 0.001) * mib / 1024 * 0.9 < lost < 2.2, lost
+
+
+def test_deepep_low_latency_hint_itself_and_its_heap_granules():
+    """The hint (Buffer.get_low_latency_rdma_size_hint) is unchanged; the heap rounds it to 2^29-byte granules: 1 byte
+    takes one granule, exactly one granule takes one, one byte more takes two, 0 takes none."""
+    from capacity.engine.sglang.deepep import low_latency_bytes, nvshmem_heap_bytes
+
+    assert low_latency_bytes(128, 7168, 8, 256) == LL_V3
+    assert [nvshmem_heap_bytes(n) for n in (0, 1, 2**29, 2**29 + 1, LL_V3)] == [0, 2**29, 2**29, 2**30, LL_HEAP_V3]
