@@ -32,7 +32,8 @@ KNOWN = {
         "activation, 2.03 GiB against the log's 1.92, is right)",
     "aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi": "non-torch memory 2.10 GiB at TP 8 on an A100 "
         "NVSwitch board against 0.59 estimated (two NCCL communicators of 8 ranks: their channel count is not "
-        "modelled); KV +6.1% in the middle, the conservative end below the log",
+        "modelled); the weights, 3.96 GiB with 0.7.1's absorbed MLA copies, match the log's 3.97; KV +5.3% in the "
+        "middle, +2.4% at the conservative end",
     "trt4275-llama31-8b-fp8-rtx5090-0.19": "TensorRT-LLM 0.19's engine backend at trtllm-serve's defaults "
         "(max_batch_size 2048, max_seq_len 131,072; the command is not in the issue): KV 11.43 GiB in the middle "
         "against 16.05 logged (-29%, the safe side). The log leaves 5.55 GiB beside the weights; at those defaults "
@@ -146,6 +147,28 @@ def test_deepseek_before_mla_is_cached_as_multi_head_attention():
     assert kv_layout_card(card, release("0.7.0")).head_dim == 192 and kv_layout_card(card, release("0.7.1")) is card
     b = mu.predict(case)
     assert not b.fits and b.kv_tokens == pytest.approx(63_040, rel=0.05)
+
+
+def test_vllm_071_keeps_deepseeks_absorbed_mla_matrices_in_the_weights():
+    """DeepSeek-Coder-V2-Lite at TP 8 on A100-40GB (vLLM 0.7.1, fp16): 'model weights take 3.97GiB'. 0.7.1's
+    MLACommonImpl.process_weights_after_loading (attention/backends/mla/utils.py, run by the loader) keeps per
+    layer, beside q_proj / kv_b_proj / o_proj, with 16 / 8 = 2 heads a rank, hidden 2,048 (q_lora_rank None),
+    kv_lora_rank 512, qk_rope_head_dim 64:
+    W_QR 2,048 x 2 x 64 = 262,144; W_Q_UK 2,048 x 2 x 512 = 2,097,152; W_UV_O 2 x 512 x 2,048 = 2,097,152
+    elements, 4,456,448 x 2 B = 8,912,896 B a layer, x 27 layers = 240,648,192 B (0.224 GiB). 0.8.0 keeps views."""
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
+    from capacity.engine.vllm.release import release
+
+    case = DEV["aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi"]
+    card = mu._card(case["inputs"])
+    assert absorbed_mla_bytes(card, 8, release("0.7.1")) == 27 * (262_144 + 2 * 2_097_152) * 2 == 240_648_192
+    assert absorbed_mla_bytes(card, 8, release("0.7.3")) == 240_648_192
+    assert absorbed_mla_bytes(card, 8, release("0.8.0")) == absorbed_mla_bytes(card, 8, release("0.7.0")) == 0.0
+    assert absorbed_mla_bytes(card.with_overrides(weight_dtype="int4", quant_group_size=128), 8,
+                              release("0.7.1")) == 0.0  # MLA off for GPTQ/AWQ in 0.7.x (ModelConfig.use_mla)
+    logged = case["log"]["logged"]["weights_gib"]
+    assert logged == 3.97
+    assert mu.predict(case).weights_bytes / 2**30 == pytest.approx(logged, abs=0.02)  # 3.958 (3.734 without them)
 
 
 def test_summary_of_the_development_group():
