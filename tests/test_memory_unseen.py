@@ -171,6 +171,26 @@ def test_vllm_071_keeps_deepseeks_absorbed_mla_matrices_in_the_weights():
     assert mu.predict(case).weights_bytes / 2**30 == pytest.approx(logged, abs=0.02)  # 3.958 (3.734 without them)
 
 
+def test_vllm_071_and_072_run_an_awq_deepseek_without_mla():
+    """ModelConfig.use_mla (0.7.1, 0.7.2 wheels): a checkpoint quantised other than fp8 / compressed-tensors runs
+    DeepseekV2Attention ("MLA is not supported with %s quantization. Disabling MLA."), whose cache holds K and V
+    of every local head at qk_nope + qk_rope = 128 + 64 = 192: 2 x 16 heads x 192 = 6,144 elements a token and
+    layer at TP 1, where MLA's latent + rope is 512 + 64 = 576 (10.7x fewer). From 0.7.3 use_mla is
+    `is_deepseek_mla and not VLLM_MLA_DISABLE` for any checkpoint; MLACommonImpl then dequantises kv_b_proj by
+    applying the method to an identity and keeps it (self.W_UK / self.W_UV): 512 x 2 x (128 + 128) = 262,144
+    elements a layer at TP 8 beside W_QR + W_Q_UK + W_UV_O (4,456,448): 27 x 4,718,592 x 2 B = 254,803,968 B."""
+    from capacity.engine.vllm.layout import kv_layout_card
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
+    from capacity.engine.vllm.release import release
+
+    card = mu._card(DEV["aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi"]["inputs"])
+    awq = card.with_overrides(weight_dtype="int4", quant_group_size=128)
+    for v, per_layer in (("0.7.1", 6_144), ("0.7.2", 6_144), ("0.7.3", 576), ("0.8.0", 576)):
+        assert kv_layout_card(awq, release(v)).kv_elements_per_token_per_layer(1) == per_layer, v
+        assert kv_layout_card(card, release(v)).kv_elements_per_token_per_layer(1) == 576, v
+    assert absorbed_mla_bytes(awq, 8, release("0.7.3")) == 27 * (4_456_448 + 262_144) * 2 == 254_803_968
+
+
 def test_summary_of_the_development_group():
     rows = [mu.score(c) for c in DEV.values()]
     s = mu.summary(rows)["all"]

@@ -15,11 +15,18 @@ kv_b_proj and o_proj (kept for prefill: "absorbed weights for decode and another
 
 heads being the rank's (num_attention_heads / tp). W_Q_UK and W_UV_O are in the compute dtype, or re-quantised to
 FP8 with the checkpoint's group shape when the weights are FP8 (`scaled_quantize`: one fp32 scale per block of
-quant_group_size x quant_group_size, or one per tensor). W_UK and W_UV themselves are views of kv_b_proj's weight.
-MLA runs only for unquantised, fp8 and compressed-tensors checkpoints (`ModelConfig.use_mla`); other formats fall
-back to plain attention and keep nothing extra. From 0.8.0 (`attention/backends/mla/common.py`, read) the copies
-are gone: W_UV and W_UK_T are views of kv_b_proj for an unquantised checkpoint (a quantised one keeps a dequantised
-kv_b_proj, not counted here: releases after 0.8.0 not read for it).
+quant_group_size x quant_group_size, or one per tensor). `self.W_UK, self.W_UV = kv_b_proj_weight.split(...)` keeps
+kv_b_proj as `get_and_maybe_dequant_weights` returned it: a view of the parameter when unquantised, a new
+dequantised tensor (kv_lora_rank x heads x (qk_nope + v), compute dtype) when quantised (`scaled_dequantize` for FP8;
+from 0.7.3 any method, by applying it to an identity matrix).
+
+Which checkpoints run MLA (`ModelConfig.use_mla`): in 0.7.1 and 0.7.2 only unquantised, fp8 and compressed-tensors
+(FP8) ones ("MLA is not supported with %s quantization. Disabling MLA."): an AWQ/GPTQ DeepSeek falls back to
+`DeepseekV2Attention`, whose cache holds K and V of every local head at qk_nope + qk_rope (192) a head, as 0.7.0's
+(`mla_enabled`, read by `layout.kv_layout_card`); from 0.7.3 every checkpoint (`is_deepseek_mla and not
+VLLM_MLA_DISABLE`). From 0.8.0 (`attention/backends/mla/common.py`, read) the absorbed copies are gone: W_UV and
+W_UK_T are views of kv_b_proj for an unquantised checkpoint (a quantised one keeps a dequantised kv_b_proj, not
+counted here: releases after 0.8.0 not read for it).
 """
 from __future__ import annotations
 
@@ -30,18 +37,25 @@ from capacity.model.card import ModelCard
 from capacity.units import DTYPE_BYTES
 
 ABSORB_FROM, ABSORB_UNTIL = (0, 7, 1), (0, 8, 0)  # releases that build the absorbed copies (read: 0.7.1-0.7.3, 0.8.0)
-MLA_FORMATS = ("bf16", "fp16", "fp32", "fp8")  # formats whose checkpoints keep MLA on in 0.7.x (use_mla)
+ANY_FORMAT_FROM = (0, 7, 3)  # use_mla for every checkpoint (0.7.1-0.7.2: unquantised and FP8 only)
+UNQUANTISED = ("bf16", "fp16", "fp32")
+
+
+def mla_enabled(card: ModelCard, rel: Release) -> bool:
+    """Whether the release runs this DeepSeek checkpoint with MLA (`ModelConfig.use_mla`, see the module
+    docstring); False for a card without latent attention."""
+    if card.mla is None or rel.version < ABSORB_FROM:
+        return False
+    return rel.version >= ANY_FORMAT_FROM or card.format_of("attention") in (*UNQUANTISED, "fp8", card.dtype)
 
 
 def absorbed_mla_bytes(card: ModelCard, tp: int, rel: Release) -> float:
-    """Bytes of W_QR, W_Q_UK and W_UV_O on one rank over every MLA layer (see the module docstring); 0 where the
-    release or the checkpoint does not build them."""
+    """Bytes of W_QR, W_Q_UK, W_UV_O and a quantised checkpoint's dequantised kv_b_proj on one rank over every MLA
+    layer (see the module docstring); 0 where the release or the checkpoint does not build them."""
     m = card.mla
-    if m is None or not ABSORB_FROM <= rel.version < ABSORB_UNTIL:
+    if m is None or not ABSORB_FROM <= rel.version < ABSORB_UNTIL or not mla_enabled(card, rel):
         return 0.0
     fmt = card.format_of("attention")
-    if fmt not in MLA_FORMATS and fmt != card.dtype:
-        return 0.0
     act = DTYPE_BYTES[card.dtype]
     heads = card.num_attention_heads // tp
     q_in = m.q_lora_rank or card.hidden_size
@@ -52,7 +66,9 @@ def absorbed_mla_bytes(card: ModelCard, tp: int, rel: Release) -> float:
         absorbed = sum(r * c + (math.ceil(r / g) * math.ceil(c / g) * 4 if g else 4) for r, c in shapes)
     else:
         absorbed = sum(r * c * act for r, c in shapes)
-    return float(card.num_kv_layers * (w_qr + absorbed))
+    quantised = fmt not in (*UNQUANTISED, card.dtype)
+    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * act if quantised else 0
+    return float(card.num_kv_layers * (w_qr + absorbed + kv_b))
 
 
-__all__ = ["ABSORB_FROM", "ABSORB_UNTIL", "absorbed_mla_bytes"]
+__all__ = ["ABSORB_FROM", "ABSORB_UNTIL", "ANY_FORMAT_FROM", "absorbed_mla_bytes", "mla_enabled"]
