@@ -191,6 +191,21 @@ def test_vllm_071_and_072_run_an_awq_deepseek_without_mla():
     assert absorbed_mla_bytes(awq, 8, release("0.7.3")) == 27 * (4_456_448 + 262_144) * 2 == 254_803_968
 
 
+def test_vllm_071_absorbed_mla_copies_of_fp8_deepseek_v3_by_hand():
+    """DeepSeek-V3 FP8 (blocks of 128) at TP 8 on 0.7.1: 16 heads a rank, q_lora_rank 1,536, hidden 7,168.
+    W_QR 1,536 x 16 x 64 x 2 B = 3,145,728; W_Q_UK re-quantised 1,536 x 8,192 x 1 B = 12,582,912 + 12 x 64 fp32
+    scales (3,072) = 12,585,984; W_UV_O 8,192 x 7,168 = 58,720,256 + 64 x 56 x 4 = 14,336 -> 58,734,592; the
+    dequantised kv_b_proj kept as W_UK / W_UV: 512 x 16 x 256 x 2 B = 4,194,304. 78,660,608 B a layer x 61 layers
+    = 4,798,297,088 B (4.47 GiB a rank)."""
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
+    from capacity.engine.vllm.release import release
+    from capacity.model.card import load_model_card
+
+    v3 = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
+    assert absorbed_mla_bytes(v3, 8, release("0.7.1")) == (3_145_728 + 12_585_984 + 58_734_592 + 4_194_304) * 61
+    assert absorbed_mla_bytes(v3, 8, release("0.8.0")) == 0.0
+
+
 def test_summary_of_the_development_group():
     rows = [mu.score(c) for c in DEV.values()]
     s = mu.summary(rows)["all"]

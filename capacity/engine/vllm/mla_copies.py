@@ -61,13 +61,15 @@ def absorbed_mla_bytes(card: ModelCard, tp: int, rel: Release) -> float:
     q_in = m.q_lora_rank or card.hidden_size
     w_qr = q_in * heads * m.qk_rope_head_dim * act
     shapes = ((q_in, heads * m.kv_lora_rank), (heads * m.kv_lora_rank, card.hidden_size))  # W_Q_UK, W_UV_O
-    if fmt == "fp8":
-        g = card.quant_group_size
-        absorbed = sum(r * c + (math.ceil(r / g) * math.ceil(c / g) * 4 if g else 4) for r, c in shapes)
-    else:
-        absorbed = sum(r * c * act for r, c in shapes)
+    absorbed = 0.0
+    for r, c in shapes:
+        if fmt == "fp8":  # re-quantised: one byte an element, one fp32 scale a g x g block (or the tensor)
+            g = card.quant_group_size
+            absorbed += r * c + (math.ceil(r / g) * math.ceil(c / g) * 4 if g else 4)
+        else:
+            absorbed += r * c * act
     quantised = fmt not in (*UNQUANTISED, card.dtype)
-    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * act if quantised else 0
+    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * act if quantised else 0.0
     return float(card.num_kv_layers * (w_qr + absorbed + kv_b))
 
 
