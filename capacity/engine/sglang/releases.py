@@ -206,9 +206,12 @@ def default_mem_fraction_static(gpu_mem_mib: float, tp: int = 1, release: str = 
 
 def deepep_reserve_mib(deepep: bool, line: Line) -> float:
     """MiB the default F keeps for DeepEP's all-to-all buffers: 2 GiB from 0.5.15 with --moe-a2a-backend deepep
-    (`ServerArgs._handle_gpu_memory_settings`, read in the 0.5.15 wheel: "DeepEP all-to-all buffers captured in
-    the decode graph are real extra allocations, so reserve them on top of the floor", added after the 10 GiB
-    floor when the decode CUDA graph is not disabled and the node is not a prefill-only one; absent in 0.5.14).
+    (`ServerArgs._handle_gpu_memory_settings` in the 0.5.15 wheel, `reserve_for_deepep_a2a_mb` in 0.5.17's
+    server_args.py and 0.5.23's `arg_groups/memory_hook.py`: "DeepEP all-to-all buffers captured in the decode
+    graph are real extra allocations, so reserve them on top of the floor", added after the 10 GiB floor when the
+    decode CUDA graph is not disabled and the node is not a prefill-only one; absent in 0.5.14). 0.5.17+ add 1 GiB
+    more with DeepEP when the prefill graph is the BREAKABLE backend, which only embedding models take by default:
+    not counted.
     `_handle_a2a_moe`, which turns the CUDA graphs off for --deepep-mode normal, runs after it, so the normal mode
     keeps the 2 GiB too. capacity does not pass --disable-cuda-graph to the default F: with it SGLang keeps 2 GiB
     less than counted here (the safe side)."""
