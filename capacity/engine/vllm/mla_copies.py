@@ -24,9 +24,15 @@ Which checkpoints run MLA (`ModelConfig.use_mla`): in 0.7.1 and 0.7.2 only unqua
 (FP8) ones ("MLA is not supported with %s quantization. Disabling MLA."): an AWQ/GPTQ DeepSeek falls back to
 `DeepseekV2Attention`, whose cache holds K and V of every local head at qk_nope + qk_rope (192) a head, as 0.7.0's
 (`mla_enabled`, read by `layout.kv_layout_card`); from 0.7.3 every checkpoint (`is_deepseek_mla and not
-VLLM_MLA_DISABLE`). From 0.8.0 (`attention/backends/mla/common.py`, read) the absorbed copies are gone: W_UV and
-W_UK_T are views of kv_b_proj for an unquantised checkpoint (a quantised one keeps a dequantised kv_b_proj, not
-counted here: releases after 0.8.0 not read for it).
+VLLM_MLA_DISABLE`). From 0.8.0 the absorbed copies are gone (`attention/backends/mla/common.py` 0.8.0,
+`v1/attention/backends/mla/common.py` 0.10.1, `model_executor/layers/attention/mla_attention.py`
+`MLAAttention.process_weights_after_loading` 0.19.0, read): W_UV and W_UK_T are views of what
+`get_and_maybe_dequant_weights(kv_b_proj)` returns, the parameter itself when unquantised (0.19: `weight.to(act
+dtype)`, the same tensor), a new dequantised kv_b_proj in the compute dtype when quantised (FP8 included), which
+those views keep alive: kv_lora_rank x heads x (qk_nope + v) a layer (`dequantised_kv_b_bytes`; DeepSeek-V3 FP8 at
+TP 8: 4 MiB a layer, 0.24 GiB a rank). That 0.8+ term is NOT counted yet: it moves the golden case
+memory_deepseek_h200_tp8 (tests/golden), which only the project lead re-records. ROCm's aiter FP8 / MXFP4
+batched-matmul paths keep quantised W_K / W_V instead: not modelled.
 """
 from __future__ import annotations
 
@@ -50,8 +56,10 @@ def mla_enabled(card: ModelCard, rel: Release) -> bool:
 
 
 def absorbed_mla_bytes(card: ModelCard, tp: int, rel: Release) -> float:
-    """Bytes of W_QR, W_Q_UK, W_UV_O and a quantised checkpoint's dequantised kv_b_proj on one rank over every MLA
-    layer (see the module docstring); 0 where the release or the checkpoint does not build them."""
+    """Bytes vLLM 0.7.1-0.7.3 keep beside the checkpoint's MLA weights on one rank over every MLA layer: W_QR,
+    W_Q_UK, W_UV_O and a quantised checkpoint's dequantised kv_b_proj (see the module docstring); 0 where the
+    release or the checkpoint builds none (from 0.8.0: the dequantised kv_b_proj of a quantised checkpoint is not
+    counted yet, see the module docstring)."""
     m = card.mla
     if m is None or not ABSORB_FROM <= rel.version < ABSORB_UNTIL or not mla_enabled(card, rel):
         return 0.0
@@ -68,9 +76,18 @@ def absorbed_mla_bytes(card: ModelCard, tp: int, rel: Release) -> float:
             absorbed += r * c + (math.ceil(r / g) * math.ceil(c / g) * 4 if g else 4)
         else:
             absorbed += r * c * act
-    quantised = fmt not in (*UNQUANTISED, card.dtype)
-    kv_b = m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * act if quantised else 0.0
-    return float(card.num_kv_layers * (w_qr + absorbed + kv_b))
+    return float(card.num_kv_layers * (w_qr + absorbed + dequantised_kv_b_bytes(card, tp)))
 
 
-__all__ = ["ABSORB_FROM", "ABSORB_UNTIL", "ANY_FORMAT_FROM", "absorbed_mla_bytes", "mla_enabled"]
+def dequantised_kv_b_bytes(card: ModelCard, tp: int) -> float:
+    """One layer's kv_b_proj dequantised to the compute dtype (kv_lora_rank x heads x (qk_nope + v)) where the
+    checkpoint quantises attention, else 0 (kv_b_proj's own parameter is used as it is)."""
+    m = card.mla
+    if m is None or card.format_of("attention") in (*UNQUANTISED, card.dtype):
+        return 0.0
+    heads = card.num_attention_heads // tp
+    return float(m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim) * DTYPE_BYTES[card.dtype])
+
+
+__all__ = ["ABSORB_FROM", "ABSORB_UNTIL", "ANY_FORMAT_FROM", "absorbed_mla_bytes", "dequantised_kv_b_bytes",
+           "mla_enabled"]
