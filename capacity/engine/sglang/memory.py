@@ -49,6 +49,7 @@ from capacity.engine.sglang.releases import (
     NEWEST_READ,
     RELEASES,
     _line,
+    deepep_reserve_mib,
     default_chunked_prefill_size,
     default_cuda_graph_max_bs,
     default_mem_fraction_static,
@@ -203,10 +204,13 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     amd = "cdna" in (gpu.arch or "").lower()
     f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(
         gpu_mib, tp, release, chunked_prefill_size=chunked_prefill_size, cuda_graph_max_bs=cuda_graph_max_bs,
-        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention, speculative=speculative)
+        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention, speculative=speculative,
+        deepep=deepep is not None)
     if mem_fraction_static is None and spec_reserve_mib(speculative, _line(release)):
         notes.append(f"speculative decoding ({speculative}): the default F reserves "
                      f"{spec_reserve_mib(speculative, _line(release)) / 1024:.0f} GiB more (sglang@{release} rules)")
+    if mem_fraction_static is None and deepep_reserve_mib(deepep is not None, _line(release)):
+        notes.append(f"DeepEP: the default F reserves 2 GiB more for its buffers (sglang@{release} rules)")
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
     runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang/mm.py)

@@ -41,6 +41,7 @@ from capacity.engine.vllm.layout import (
     mxfp4_layout_alternative,
     pp_stages,
 )
+from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
 from capacity.engine.vllm.nontorch import Est, non_torch
 from capacity.engine.vllm.release import Release
 from capacity.errors import DoesNotFit
@@ -322,6 +323,7 @@ class VllmMemory:
         host = host_weights(card, groups_bytes, vc.cpu_offload_gb, runner_v2=rel.model_runner_v2)
         # LoRA adapters' buffers are made while the model loads: inside "model weights"
         weights += lora_bytes_per_rank(card, eng.tp, vc.max_loras, vc.max_lora_rank)
+        weights += absorbed_mla_bytes(card, eng.tp, rel)  # 0.7.1-0.7.3: DeepSeek's absorbed MLA copies (mla_copies.py)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
         if (alt_card := experts_only_alternative(card)) is not None:  # which layers the checkpoint quantises
