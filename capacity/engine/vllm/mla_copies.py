@@ -30,8 +30,8 @@ VLLM_MLA_DISABLE`). From 0.8.0 the absorbed copies are gone (`attention/backends
 `get_and_maybe_dequant_weights(kv_b_proj)` returns, the parameter itself when unquantised (0.19: `weight.to(act
 dtype)`, the same tensor), a new dequantised kv_b_proj in the compute dtype when quantised (FP8 included), which
 those views keep alive: kv_lora_rank x heads x (qk_nope + v) a layer (`dequantised_kv_b_bytes`; DeepSeek-V3 FP8 at
-TP 8: 4 MiB a layer, 0.24 GiB a rank). That 0.8+ term is NOT counted yet: it moves the golden case
-memory_deepseek_h200_tp8 (tests/golden), which only the project lead re-records. ROCm's aiter FP8 / MXFP4
+TP 8: 4 MiB a layer, 0.24 GiB a rank), counted from 2026-12-08 (the golden memory_deepseek_h200_tp8 re-recorded
+for it, tests/golden/cases.py). ROCm's aiter FP8 / MXFP4
 batched-matmul paths keep quantised W_K / W_V instead: not modelled.
 """
 from __future__ import annotations
@@ -58,11 +58,12 @@ def mla_enabled(card: ModelCard, rel: Release) -> bool:
 def absorbed_mla_bytes(card: ModelCard, tp: int, rel: Release) -> float:
     """Bytes vLLM 0.7.1-0.7.3 keep beside the checkpoint's MLA weights on one rank over every MLA layer: W_QR,
     W_Q_UK, W_UV_O and a quantised checkpoint's dequantised kv_b_proj (see the module docstring); 0 where the
-    release or the checkpoint builds none (from 0.8.0: the dequantised kv_b_proj of a quantised checkpoint is not
-    counted yet, see the module docstring)."""
+    release or the checkpoint builds none (from 0.8.0 only the dequantised kv_b_proj of a quantised checkpoint)."""
     m = card.mla
-    if m is None or not ABSORB_FROM <= rel.version < ABSORB_UNTIL or not mla_enabled(card, rel):
+    if m is None or rel.version < ABSORB_FROM or not mla_enabled(card, rel):
         return 0.0
+    if rel.version >= ABSORB_UNTIL:  # 0.8+: only a quantised checkpoint's dequantised kv_b_proj stays
+        return float(card.num_kv_layers * dequantised_kv_b_bytes(card, tp))
     fmt = card.format_of("attention")
     act = DTYPE_BYTES[card.dtype]
     heads = card.num_attention_heads // tp
