@@ -20,8 +20,8 @@ newest release with the prefill scan: SGLang 0.5.14, vLLM 0.24.0, TensorRT-LLM 1
 - Mamba-2 (TensorRT-LLM only; the tables hold the conv kernels, not mamba_chunk_scan_combined nor
   selective_state_update), per conv width (nheads x head_dim + 2 n_groups d_state, at the shape measured):
   "prefill" = causal_conv1d_fn, "decode" = causal_conv1d_update.
-The rows' d_model is the model the shape was collected for and plays no part in these kernels: where one shape
-was measured under several d_model, the median is kept. Latencies in microseconds, 4 significant digits; a grid
+The rows' d_model is the model the shape was collected for and plays no part in these kernels: where one key
+was measured more than once (under several d_model; Mamba-2 shapes of one conv width), the median is kept. Latencies in microseconds, 4 significant digits; a grid
 point the table lacks is null.
 
 Writes capacity/data/state_space_latency.json (capacity/cost/state_space_floor.py reads it).
