@@ -67,6 +67,16 @@ def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
+def _point(med: dict, present: set, kernels, phase: str, b: int, s: int) -> float | None:
+    """The sum over the phase's kernels (every one the table has for it) at (batch b, seq_len s), in us; None where
+    one of them lacks the point."""
+    want = [k for k in kernels if (k, phase) in present]
+    got = [med.get((k, phase, b, s)) for k in want]
+    if not want or any(g is None for g in got):
+        return None
+    return _sig(1000.0 * sum(got))  # ms -> us
+
+
 def _curves(d, key_cols: list[str], key_fmt, prefill_kernels, decode_kernels) -> dict:
     """Per shape: the prefill grid (sum over its kernels of the median over d_model) and the decode curve."""
     out: dict = {}
@@ -74,15 +84,8 @@ def _curves(d, key_cols: list[str], key_fmt, prefill_kernels, decode_kernels) ->
         med = rows.groupby(["kernel_source", "phase", "batch_size", "seq_len"]).latency.median().to_dict()
         present = {(k, ph) for k, ph, _, _ in med}
 
-        def point(kernels, phase, b, s):
-            want = [k for k in kernels if (k, phase) in present]  # every kernel the table has for this phase
-            got = [med.get((k, phase, b, s)) for k in want]
-            if not want or any(g is None for g in got):
-                return None
-            return _sig(1000.0 * sum(got))  # ms -> us
-
-        pre = [[point(prefill_kernels, "context", b, s) for s in SEQ] for b in BATCH_PREFILL]
-        dec = [point(decode_kernels, "generation", b, 1) for b in BATCH_DECODE]
+        pre = [[_point(med, present, prefill_kernels, "context", b, s) for s in SEQ] for b in BATCH_PREFILL]
+        dec = [_point(med, present, decode_kernels, "generation", b, 1) for b in BATCH_DECODE]
         kernels = sorted({k for k, _ in present})
         out[key_fmt(key)] = {"kernels": kernels, "prefill": pre, "decode": dec}
     return out

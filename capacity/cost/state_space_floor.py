@@ -63,7 +63,7 @@ def grid_us(entry: dict, batch_axis: list[int], seq_axis: list[int], batch: floa
     return _interp(batch_axis, per_b, batch)
 
 
-def _key_gdn(k: str) -> tuple[int, ...]:
+def _key(k: str) -> tuple[int, ...]:
     return tuple(int(x) for x in k.split("/"))
 
 
@@ -75,13 +75,13 @@ def pick_shape(shapes: dict, key: tuple[int, ...], kind: str) -> str | None:
         return exact
     best: tuple[tuple[int, ...], str] | None = None
     for k in shapes:
-        t = _key_gdn(k)
+        t = _key(k)
         if kind == "gated_deltanet":
             ok = t[1] == key[1] and t[3] == key[3] and t[4] == key[4] and t[0] <= key[0] and t[2] <= key[2]
             size = (t[2] * t[3] + 2 * t[0] * t[1], t[2])
         else:
             ok = t[1] == key[1] and t[0] <= key[0]
-            size = (t[0],)
+            size = (t[0], 0)
         if ok and (best is None or size > best[0]):
             best = (size, k)
     return best[1] if best else None
