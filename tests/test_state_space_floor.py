@@ -174,3 +174,17 @@ def test_bench_script_documents_the_tables():
     text = (ROOT / "bench" / "state_space_latency.py").read_text()
     assert "095f58a51c4ca8e61b66ec108d86f223f8d559ce" in text and "linear_attention" in text
     assert json.loads((ROOT / "capacity" / "data" / "state_space_latency.json").read_text())["seq"][-1] == 32768
+
+
+def test_piecewise_steps_dispatch_the_state_layers_too():
+    # vLLM's piecewise graphs split at the state layers' custom ops as at attention: Qwen3-Next's 12 attention layers
+    # at layer_dispatch_s and its 36 gated DeltaNet layers at (2 calls + 1 graph replay) x eager_call_s + 3 views
+    from capacity.cost.piecewise import VIEW_S, PiecewiseGraphCost, eager_call_s, layer_dispatch_s, piecewise_wrap
+    from capacity.cost.step import LinearCost
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.vllm.engine import Vllm
+
+    card = load_model_card(QWEN3_NEXT)
+    w = piecewise_wrap(LinearCost(fixed_s=2e-3), Vllm.from_spec("vllm@0.11"), EngineConfig(), card, 2e-3, None)
+    assert isinstance(w, PiecewiseGraphCost) and not w.decode_piecewise  # 0.11: full decode graphs (UNIFORM_BATCH)
+    assert w.cpu_s == pytest.approx(12 * layer_dispatch_s(card) + 36 * (3 * eager_call_s() + 3 * VIEW_S))

@@ -167,3 +167,15 @@ def state_layer_kernels(card: ModelCard) -> int:
     if st is None:
         return 0
     return {"gated_deltanet": 8, "kda": 8, "mamba2": 6, "mamba": 7}.get(st.kind, 6)
+
+
+def state_eager_ops(card: ModelCard) -> tuple[int, int]:
+    """(kernel-launching calls, view ops) of one state layer's eager custom op in a vLLM V1 piecewise step, or (0, 0)
+    for a card without state layers. vLLM's piecewise graphs split at the state layers' ops as at attention
+    (config/compilation.py `_attention_ops`: vllm::mamba_mixer2, mamba_mixer, short_conv, linear_attention,
+    gdn_attention(_core), kda_attention), so each runs eagerly between two graph replays. Counted as the decode path's
+    two kernels (the conv update and the state update: causal_conv1d_update and selective_state_update /
+    fused_recurrent_gated_delta_rule) and 3 views, FlashAttention's count (capacity/cost/piecewise.py): a lower
+    count than the op's Python holds (its metadata slicing, the gating kernel of some releases)."""
+    return (2, 3) if card.state is not None else (0, 0)
+
