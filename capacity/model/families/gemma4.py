@@ -1,5 +1,6 @@
 """Gemma 4, dense (`gemma4` wrapping `gemma4_text`; google/gemma-4-31B-it), as vLLM builds it
-(vllm/model_executor/models/gemma4.py `Gemma4DecoderLayer`, `Gemma4Attention`, `Gemma4MLP`).
+(vllm/model_executor/models/gemma4.py `Gemma4DecoderLayer`, `Gemma4Attention`, `Gemma4MLP`; first served by vLLM
+v0.19.0, #38826; read at vllm-project/vllm 001cabc1, whose k_eq_v handling the earlier stored versions share).
 
 Every layer: four RMSNorms (input, post-attention, pre- and post-feedforward), a gated GELU MLP of
 intermediate_size, q/k norms with weights (the v norm has none) and a `layer_scalar` buffer of one value. The
@@ -22,7 +23,10 @@ heads): never fewer bytes than vLLM's. Rotary caches: two (sliding: rope_theta 1
 The vision tower (`gemma4_vision`, the report's tensors: 27 blocks of q/k/v/o and a gated MLP without biases,
 four RMSNorms and q/k norms a block, a patch projection of 3 x patch^2 -> hidden, a position table of 2 x
 position_embedding_size x hidden, std_bias and std_scale) and `embed_vision.embedding_projection` (vision hidden
--> text hidden) are counted as replicated weights at the published sizes (a config with other sizes is refused);
+-> text hidden) are counted as replicated weights in the compute dtype at the published sizes (a config with other
+sizes is refused): vllm gemma4_mm.py `Gemma4ForConditionalGeneration.__init__` builds the tower with transformers'
+`AutoModel.from_config` (unsharded), `embed_vision` as a ReplicatedLinear, and leaves both unquantised unless the
+tower's widths divide by 64 (4304 does not) or the method is bitsandbytes / torchao;
 the encoder's profiling activations are not modelled (docs/model-families.md says so).
 
 Refused in one line (not derived): per-layer embeddings (hidden_size_per_layer_input > 0: E2B/E4B), KV-shared
