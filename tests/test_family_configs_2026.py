@@ -94,3 +94,29 @@ def test_minimax_m2_7():
 def test_unmodelled_families_are_refused(name, model_type):
     with pytest.raises(ConfigError, match=f"model_type '{model_type}' is not a modelled family"):
         load_model_card(HF / name)
+
+
+def test_deepseek_v3_2_raw_config_matches_the_assembled_one():
+    """deepseek-ai/DeepSeek-V3.2's raw config.json gives the card of the copy tests/data/families assembled for
+    V3.2-Exp (same shapes); the hand count of that card plus the MTP layer and the fp32 block scales meets the
+    checkpoint's own tensor total."""
+    raw = load_model_card(HF / "deepseek-v3.2.json")
+    assembled = load_model_card(HF.parents[1] / "families" / "deepseek-v3.2-exp.json")
+    assert raw.model_dump(exclude={"name"}) == assembled.model_dump(exclude={"name"})
+    h, L, vocab, q, kv, nq, nope, rope, vd, experts, mi, inter = 7168, 61, 129280, 1536, 512, 128, 128, 64, 128, 256, \
+        2048, 18432
+    attn = q * h + q + nq * (nope + rope) * q + (kv + rope) * h + kv + nq * (nope + vd) * kv + h * nq * vd
+    indexer = 64 * 128 * q + 128 * h + 2 * 128 + 64 * h
+    moe = experts * 3 * h * mi + 3 * h * mi + experts * h + experts
+    common = attn + indexer + 2 * h
+    main = 2 * vocab * h + h + L * common + 3 * 3 * h * inter + 58 * moe
+    mtp = common + moe + h * 2 * h + 3 * h + 2 * vocab * h  # layer 61 keeps its own embedding and head copies
+
+    def blocks(rows: int, cols: int) -> int:  # one fp32 weight_scale_inv per 128 x 128 block
+        return -(-rows // 128) * -(-cols // 128)
+
+    attn_scales = (blocks(q, h) + blocks(nq * (nope + rope), q) + blocks(kv + rope, h) + blocks(nq * (nope + vd), kv)
+                   + blocks(h, nq * vd) + blocks(64 * 128, q) + blocks(128, h))  # the indexer's wq_b and wk too
+    scales = 62 * attn_scales + 3 * 3 * blocks(inter, h) + 59 * (experts + 1) * 3 * blocks(mi, h)
+    assert main + mtp + scales == 685_396_921_376  # the report's "参数总量" of the 163 safetensors files
+    assert count_params(raw) == main == 671_877_944_064
