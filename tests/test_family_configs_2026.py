@@ -120,3 +120,22 @@ def test_deepseek_v3_2_raw_config_matches_the_assembled_one():
     scales = 62 * attn_scales + 3 * 3 * blocks(inter, h) + 59 * (experts + 1) * 3 * blocks(mi, h)
     assert main + mtp + scales == 685_396_921_376  # the report's "参数总量" of the 163 safetensors files
     assert count_params(raw) == main == 671_877_944_064
+
+
+def test_glm_4_7_flash():
+    """GLM-4.7-Flash (`glm4_moe_lite`, vLLM glm4_moe_lite.py): DeepSeek-V2's MLA attention and glm4_moe's MoE (float32
+    router and score bias); the MTP layer (with its own embedding and head copies) is skipped by load_weights."""
+    card = load_model_card(HF / "glm-4.7-flash.json")
+    h, L, vocab, q, kv, nq, nope, rope, vd, experts, mi, inter = 2048, 47, 154880, 768, 512, 20, 192, 64, 256, 64, \
+        1536, 10240
+    attn = q * h + q + nq * (nope + rope) * q + (kv + rope) * h + kv + nq * (nope + vd) * kv + h * nq * vd
+    moe = experts * 3 * h * mi + 3 * h * mi + experts * h + experts  # routed, shared, router, score bias
+    main = 2 * vocab * h + h + L * (attn + 2 * h) + 3 * h * inter + 46 * moe
+    mtp = attn + 2 * h + moe + h * 2 * h + 3 * h + 2 * vocab * h
+    assert main + mtp == 31_221_488_576  # the report's "参数总量" of the 48 safetensors files
+    assert count_params(card) == main == 29_943_393_920
+    assert kv_bytes_per_token(card, "bf16", 1) == L * (kv + rope) * BF16 == 54_144
+    # the router and its score bias are float32 (4 bytes) on every rank, the rest bf16, plus the rotary cache
+    fp32 = 46 * (experts * h + experts)
+    rope_cache = 202752 * rope * BF16
+    assert sum(weight_bytes_per_rank(card, 1).values()) == (main - fp32) * BF16 + fp32 * 4 + rope_cache
