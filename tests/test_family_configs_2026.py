@@ -90,10 +90,32 @@ def test_minimax_m2_7():
     assert kv_bytes_per_token(card, "bf16", 1) == 2 * nkv * hd * L * BF16 == 253_952
 
 
-@pytest.mark.parametrize("name,model_type", [("kimi-k2.5.json", "kimi_k25"), ("deepseek-v4-flash.json", "deepseek_v4")])
-def test_unmodelled_families_are_refused(name, model_type):
-    with pytest.raises(ConfigError, match=f"model_type '{model_type}' is not a modelled family"):
-        load_model_card(HF / name)
+def test_deepseek_v4_is_refused():
+    with pytest.raises(ConfigError, match="model_type 'deepseek_v4' is not a modelled family"):
+        load_model_card(HF / "deepseek-v4-flash.json")
+
+
+def test_kimi_k2_5():
+    """Kimi-K2.5 (`kimi_k25`, vLLM kimi_k25.py): DeepSeek-V3's text layers with int4 group-32 routed experts (bf16
+    attention, shared experts, dense MLP: the checkpoint's ignore list), a MoonViT tower and its projector. The
+    report's total counts the checkpoint's stored elements (eight int4 values per int32, a bf16 scale per 32, two
+    int32 of weight_shape per expert tensor); the same shapes give the card's parameters."""
+    card = load_model_card(HF / "kimi-k2.5.json")
+    h, L, vocab, q, kv, nq, nope, rope, vd, experts, mi, inter = 7168, 61, 163840, 1536, 512, 64, 128, 64, 128, 384, \
+        2048, 18432
+    attn = q * h + q + nq * (nope + rope) * q + (kv + rope) * h + kv + nq * (nope + vd) * kv + h * nq * vd
+    routed = 60 * experts * 3 * h * mi
+    text = 2 * vocab * h + h + L * (attn + 2 * h) + 3 * h * inter + 60 * (3 * h * mi + experts * h + experts) + routed
+    stored_routed = 60 * experts * (3 * h * mi // 8 + 3 * h * mi // 32 + 3 * 2)
+    v, vi = 1152, 4304
+    block = 3 * v * v + 3 * v + v * v + v + vi * v + vi + v * vi + v + 4 * v  # wqkv, wo, fc0, fc1, two LayerNorms
+    vision = 27 * block + 2 * v + 64 * 64 * v + v * 3 * 14 * 14 + v  # final LayerNorm, position table, patch conv
+    projector = 2 * v + 4608 * 4608 + 4608 + h * 4608 + h
+    assert text - routed + stored_routed + vision + projector == 170_738_182_128  # the report's "参数总量"
+    assert count_params(card) == text + vision + projector == 1_026_879_376_368
+    assert card.weight_dtype == "int4" and card.quant_group_size == 32
+    assert card.weight_formats == {"attention": "bf16", "shared_experts": "bf16", "dense_mlp": "bf16"}
+    assert kv_bytes_per_token(card, "bf16", 1) == L * (kv + rope) * BF16 == 70_272
 
 
 def test_deepseek_v3_2_raw_config_matches_the_assembled_one():
