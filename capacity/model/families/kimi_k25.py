@@ -25,9 +25,11 @@ from capacity.model.hf_vision import text_config
 from capacity.model.weights import TensorGroup
 
 # moonshotai/Kimi-K2.5 vision_config: the tower and projector sizes the weights hook counts
-VISION = {"vt_hidden_size": 1152, "vt_intermediate_size": 4304, "vt_num_hidden_layers": 27, "patch_size": 14,
-          "init_pos_emb_height": 64, "init_pos_emb_width": 64, "mm_hidden_size": 1152, "merge_kernel_size": [2, 2],
-          "pos_emb_type": "divided_fixed", "mm_projector_type": "patchmerger"}
+HIDDEN, MLP, BLOCKS, PATCH, POS_SIDE, MERGE = 1152, 4304, 27, 14, 64, 2
+VISION: dict[str, object] = {
+    "vt_hidden_size": HIDDEN, "vt_intermediate_size": MLP, "vt_num_hidden_layers": BLOCKS, "patch_size": PATCH,
+    "init_pos_emb_height": POS_SIDE, "init_pos_emb_width": POS_SIDE, "mm_hidden_size": HIDDEN,
+    "merge_kernel_size": [MERGE, MERGE], "pos_emb_type": "divided_fixed", "mm_projector_type": "patchmerger"}
 
 
 def _text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
@@ -46,13 +48,11 @@ def _text(cfg: dict, mt: str, source: str) -> tuple[dict, str]:
 
 
 def tower_groups(text_hidden: int) -> list[TensorGroup]:
-    h, i, n, p = (VISION[k] for k in ("vt_hidden_size", "vt_intermediate_size", "vt_num_hidden_layers", "patch_size"))
-    pos = VISION["init_pos_emb_height"] * VISION["init_pos_emb_width"]
-    merged = h * 4  # merge_kernel_size 2 x 2
+    h, i, n, p, pos = HIDDEN, MLP, BLOCKS, PATCH, POS_SIDE * POS_SIDE
+    merged = h * MERGE * MERGE  # the projector's input: merge_kernel_size 2 x 2 patches
     return [TensorGroup("vision_linears", n, 3 * h * h + h * h + 2 * h * i, 1, "column", None),  # wqkv, wo, fc0, fc1
             TensorGroup("vision_biases", n, 3 * h + h + i + h, 1, "replicated", None),
-            TensorGroup("vision_norms", n + 1, 2 * h, 1, "replicated", None),  # norm0/norm1 ... and the final one
-            TensorGroup("vision_norms_second", n, 2 * h, 1, "replicated", None),
+            TensorGroup("vision_norms", 2 * n + 1, 2 * h, 1, "replicated", None),  # norm0, norm1 a block, the final
             TensorGroup("vision_patch_pos", 1, 3 * p * p * h + h + pos * h, 1, "replicated", None),
             TensorGroup("mm_projector", 1, 2 * h + merged * merged + merged + text_hidden * merged + text_hidden, 1,
                         "replicated", None)]
