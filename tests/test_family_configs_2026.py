@@ -52,6 +52,12 @@ def test_gemma_4_refusals():
         bad["text_config"][key] = value
         with pytest.raises(ConfigError, match=key):
             from_hf_config(bad, "x", "cfg.json")
+    text_only = from_hf_config(dict(cfg["text_config"]), "t")  # a bare gemma4_text config: no tower, no embed_vision
+    assert count_params(text_only) == 31_383_189_356 - 569_550_384 - 5376 * 1152
+    bad = json.loads(json.dumps(cfg))
+    bad["audio_config"] = {"model_type": "gemma4_audio"}
+    with pytest.raises(ConfigError, match="audio_config is not supported"):
+        from_hf_config(bad, "x", "cfg.json")
     bad = json.loads(json.dumps(cfg))
     bad["vision_config"]["num_hidden_layers"] = 16
     with pytest.raises(ConfigError, match="vision_config.num_hidden_layers 16"):
