@@ -24,10 +24,12 @@ when the plan runs without prefix caching.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, MemoryModelParams, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.served import check_served
 from capacity.engine.sglang.config import deepep as sglang_deepep
 from capacity.engine.sglang.config import dp_attention as sglang_dp_attention
 from capacity.engine.sglang.config import ep_size as sglang_ep_size
@@ -145,6 +147,7 @@ class Sglang(SglangMemory):
         if release not in RELEASES:
             raise ConfigError(f"SGLang release {release!r}: modelled ones are {', '.join(RELEASES)}")
         self.release = release
+        self.spec = ""  # the spec's own `sglang@X.Y.Z` (from_spec), whose version served.py checks the model against
 
     @classmethod
     def from_spec(cls, spec: str) -> Sglang:
@@ -154,7 +157,18 @@ class Sglang(SglangMemory):
             rel = parse_release(spec)
         except ConfigError as exc:
             raise ConfigError(f"unknown engine {spec!r}: {str(exc).split(': ', 1)[-1]}") from None
-        return cls(rel)
+        got = cls(rel)
+        got.spec = spec if "@" in spec else ""
+        return got
+
+    def _served(self, card: ModelCard) -> None:
+        """A `sglang@X.Y.Z` whose models lack the card's model type: one line (capacity/engine/served.py)."""
+        if self.spec:
+            check_served(self.spec, "sglang", version_key(self.spec.split("@", 1)[1]), card)
+
+    def startup_memory(self, card: ModelCard, gpu: GPU, tp: int, **kw: Any) -> SglangBudget:
+        self._served(card)
+        return super().startup_memory(card, gpu, tp, **kw)
 
     @property
     def label(self) -> str:
@@ -188,6 +202,7 @@ class Sglang(SglangMemory):
 
     def _resolve(self, cfg: EngineConfig, card: ModelCard, gpu: GPU) -> tuple[ResolvedEngine, SglangBudget]:
         self._check(cfg)
+        self._served(card)
         tp = cfg.tensor_parallel_size
         check_tp(card, tp)
         used: list[str] = []

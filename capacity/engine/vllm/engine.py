@@ -15,6 +15,7 @@ from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_mod
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.config import vllm_config
+from capacity.engine.served import check_served
 from capacity.engine.vllm.fallback import mode as fallback_mode
 from capacity.engine.vllm.flags import (
     check,
@@ -58,6 +59,8 @@ class Vllm(VllmMemory):
     def for_card(self, card: ModelCard) -> Vllm:
         """The engine model `card` runs on in this release: V0 where the release falls back to it for the model's
         architecture, eager where the release turns CUDA graphs off (capacity/engine/vllm/fallback.py)."""
+        if self.pinned:  # a release whose model registry lacks the model type: one line (capacity/engine/served.py)
+            check_served(self.release.label, "vllm", (*self.release.version, 0), card)
         key = (card.architecture, card.vision is not None)
         got = self._by_card.get(key)
         if got is None:
