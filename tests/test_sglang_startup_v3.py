@@ -115,7 +115,7 @@ def test_qwen3_4b_cell_is_the_logged_k_size():
 def test_refusal_is_one_line_naming_the_pool():
     """Gemma-3-27B in bf16 (about 51 GiB) on a 24 GB card: no pool at any F. One line, exit 1, and the reason is the
     missing pool (not the first note, which for Gemma-3 is its sliding-window note)."""
-    r = run_cli("memory", "-m", str(HF / "gemma-3-27b-it.json"), "-g", "rtx-4090", "--engine", "sglang@0.4.4",
+    r = run_cli("memory", "-m", str(HF / "gemma-3-27b-it.json"), "-g", "rtx-4090", "--engine", "sglang@0.4.4.post2",
                 "--max-model-len", "4096", "--json")
     assert r.returncode == 1
     err = r.stderr.strip().splitlines()
