@@ -34,7 +34,10 @@ from capacity.model.weights import weight_bytes_per_rank
 # card.architecture of the SGLang models (0.5.5 models/*.py) whose attention uses get_attention_tp_size()
 DP_ATTENTION_ARCHS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "qwen2_moe", "qwen3_moe", "qwen3", "qwen3_next",
                                 "gpt_oss", "glm4_moe", "llama4", "bailing_moe", "phimoe", "falcon_h1",
-                                "longcat_flash", "step3_vl"})
+                                "longcat_flash", "step3_vl",
+                                # DeepseekV2AttentionMLA (attention-TP sharded) in glm4_moe.py GlmMoeDsaForCausalLM,
+                                # kimi_k25.py (a DeepseekV3ForCausalLM), glm4_moe_lite.py: 0.5.8-0.5.23 (sglang/mla.py)
+                                "glm_moe_dsa", "kimi_k25", "glm4_moe_lite"})
 EMBED_SHARDED = frozenset({"phimoe"})  # the one among them whose embedding stays vocab-parallel over T
 # the tensor groups (capacity.model.weights) that SGLang's attention modules hold, sharded over tp / dp
 ATTENTION_GROUPS = frozenset({"q_proj", "kv_proj", "o_proj", "q_bias", "kv_bias", "sinks", "q_a_proj", "q_b_proj",

@@ -20,7 +20,13 @@ from __future__ import annotations
 
 from capacity.model.card import ModelCard
 
-ABSORB_ARCHS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32"})  # models loaded by deepseek_v2.py
+# models whose attention is deepseek_v2.py's DeepseekV2AttentionMLA, with post_load_weights' w_kc / w_vc copies:
+# DeepSeek V2/V3/V3.2; GLM-5 (GlmMoeDsaForCausalLM(DeepseekV2ForCausalLM), glm4_moe.py, from 0.5.9); Kimi-K2.5
+# (KimiK25ForConditionalGeneration.language_model = DeepseekV3ForCausalLM, kimi_k25.py, from 0.5.9); GLM-4.7-Flash
+# (Glm4MoeLiteForCausalLM, glm4_moe_lite.py from 0.5.8: DeepseekV2AttentionMLA layers and
+# DeepseekV2WeightLoaderMixin.post_load_weights, called at the end of its load_weights). Read in 0.5.8, 0.5.9,
+# 0.5.20 and 0.5.23.
+ABSORB_ARCHS = frozenset({"deepseek_v2", "deepseek_v3", "deepseek_v32", "glm_moe_dsa", "kimi_k25", "glm4_moe_lite"})
 FIRST_BF16_COPIES = (0, 4, 6, 3)  # the first release whose CUDA path dequantizes a block-FP8 kv_b_proj to bf16
 # sglang_budget knows the rules line (memory.RELEASES), not the patch: the 0.4.6.post2 line covers 0.4.6.post2 (FP8
 # copies) and 0.4.6.post3-post5 (bf16); it takes bf16, the conservative end (0.119 GiB more at TP 8 for post2).
