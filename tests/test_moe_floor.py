@@ -100,3 +100,21 @@ def test_switched_off_or_dense_no_floor():
     card = load_card("mixtral-8x7b")
     assert RooflineCost(card, get_gpu("h100-sxm"), 1, params=RooflineParams(measured_moe_floor=False))._moe_floor is None
     assert RooflineCost(load_card("llama-3.1-8b"), get_gpu("h100-sxm"), 1)._moe_floor is None
+
+
+def test_expert_parallel_takes_the_floor_out_and_data_parallel_splits_it():
+    """Under expert parallelism (aiconfigurator's EP rows are not in the data file) the layout's experts are the
+    roofline's alone: the step is the same with the inner floor on or off. Data parallelism without EP splits each
+    expert's intermediate over tp x dp ranks and works on dp x the rank's tokens: its floor is TP 2's at 2x tokens."""
+    from capacity.cost.parallel import Layout, ParallelCost
+    from capacity.cost.step import StepPlan
+
+    card, gpu = load_card("mixtral-8x7b"), get_gpu("h100-sxm")
+    on = RooflineCost(card, gpu, 1)
+    off = RooflineCost(card, gpu, 1, params=RooflineParams(measured_moe_floor=False))
+    plan = StepPlan(decode_contexts=(512,) * 2)
+    ep_on, ep_off = ParallelCost(on, Layout(1, 2, True)), ParallelCost(off, Layout(1, 2, True))
+    assert ep_on.step_s(plan) == pytest.approx(ep_off.step_s(plan), rel=1e-12)
+    assert on.step_s(plan) > off.step_s(plan)  # 2 tokens: the floor (481.7 us) over the roofline (464.2 us)
+    dp = ParallelCost(on, Layout(1, 2, False))
+    assert dp.experts_s(2) >= floor(tp=2).floor_s(4) > 0
