@@ -4,13 +4,15 @@ from __future__ import annotations
 import typer
 
 from capacity.files import dumps
-from capacity.plan.layouts import compare_layouts, layouts_report, parse_layouts
+from capacity.engine.config import engine_name
+from capacity.plan.engine_layouts import parse_layouts
+from capacity.plan.layouts import compare_layouts, layouts_report
 
 
 def plan_layouts(sc, card, ex, spec: str, gpus: int, json_out: bool) -> None:
 
     try:
-        res, best = compare_layouts(sc, card, ex, parse_layouts(spec, gpus, card.moe is not None))
+        res, best = compare_layouts(sc, card, ex, *parse_layouts(spec, gpus, card, engine_name(sc.engine.engine)))
     finally:
         ex.close()
     if json_out:

@@ -142,6 +142,19 @@ class LockStepCost:
         slowest = max(self.rank.part_s(p) for p in ranks)
         return max(0.0, self.inner.step_s(g) - self.full.part_s(g)) + slowest
 
+    def terms(self, ranks: Sequence[StepPlan]) -> dict[str, Any]:
+        """The lock step's parts for these ranks' plans (what `capacity step-cost` prints): each rank's tokens,
+        the gathered rows the MoE/MLP runs on, the rest of the step over them, each rank's attention, and the
+        step = rest + the slowest rank's attention (`lockstep_s`)."""
+        counts = [p.num_tokens for p in ranks]
+        rows = gathered_tokens(counts, any(p.prefills for p in ranks), self.cuda_graphs) if any(counts) else 0
+        g = merged(ranks, rows)
+        rest = max(0.0, self.inner.step_s(g) - self.full.part_s(g)) if rows else 0.0
+        attn = [self.rank.part_s(p) for p in ranks]
+        return {"rank_tokens": counts, "gathered_tokens": rows, "rest_over_gathered_s": rest,
+                "rank_attention_s": attn, "slowest_rank": max(range(len(attn)), key=attn.__getitem__),
+                "lock_step_s": rest + max(attn) if rows else 0.0}
+
     def _ranks(self, plan: StepPlan) -> tuple[StepPlan, ...]:
         got = self._split.get(id(plan))  # (kept: a wrapper may cost the same plan twice)
         if got is not None and got[0] is plan:
@@ -282,6 +295,31 @@ class LockStepScheduler:
         return sum(getattr(r, "drafts_accepted", 0) for r in self.ranks)
 
 
+def check_attention_dp(cfg: EngineConfig, card: Any, profile: str | None) -> None:
+    """What the lock-step model refuses under attention DP, in one line naming the setting (nothing when off)."""
+    if attention_dp_ranks(cfg) == 1:
+        return
+    field = "trtllm_attention_dp" if trtllm_attention_dp(cfg) else "enable_dp_attention"
+    if profile is not None:
+        raise ConfigError(f"--profile {profile}: measured at one TP layout; {field} is costed by the roofline "
+                          "only (no --profile)")
+    if cfg.speculative is not None:
+        raise ConfigError(f"{field}: speculative decoding with attention data parallelism is not modelled")
+    if card.state is not None:
+        raise ConfigError(f"{field}: {card.name} has state-space layers; their scan under attention data "
+                          "parallelism is not modelled")
+
+
+def lockstep_cost(cost: Any, card: Any, gpu: Any, tp: int, d: int, kv_dtype: str, cuda_graphs: bool = True
+                  ) -> LockStepCost:
+    """`cost` (the replica's step cost at tp) in lock step over d attention ranks at attention TP tp / d: the
+    attention parts from the roofline at both TPs (module docstring)."""
+    full = RooflineCost(card, gpu, tp, kv_dtype=kv_dtype)
+    rank = RooflineCost(card, gpu, max(1, tp // d), kv_dtype=kv_dtype)
+    return LockStepCost(cost, RooflineAttention(full), RooflineAttention(rank, with_allreduce=True), d,
+                        cuda_graphs=cuda_graphs)
+
+
 def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Scheduler]
                  ) -> tuple[Any, Callable[[], Scheduler]]:
     """The replica's step cost and scheduler factory under attention DP (unchanged without it): D ranks of
@@ -290,22 +328,9 @@ def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Sch
     d = attention_dp_ranks(cfg)
     if d == 1:
         return cost, factory
-    name = getattr(em, "name", "")
-    field = "enable_dp_attention" if name == "sglang" else "trtllm_attention_dp"
-    if dep.profile is not None:
-        raise ConfigError(f"--profile {dep.profile}: measured at one TP layout; {field} is costed by the roofline "
-                          "only (no --profile)")
-    if cfg.speculative is not None:
-        raise ConfigError(f"{field}: speculative decoding with attention data parallelism is not modelled")
-    if dep.card.state is not None:
-        raise ConfigError(f"{field}: {dep.card.name} has state-space layers; their scan under attention data "
-                          "parallelism is not modelled")
-    tp = b.tp
-    full = RooflineCost(dep.card, dep.gpu, tp, kv_dtype=b.kv_dtype)
-    rank = RooflineCost(dep.card, dep.gpu, max(1, tp // d), kv_dtype=b.kv_dtype)
-    lc = LockStepCost(cost, RooflineAttention(full), RooflineAttention(rank, with_allreduce=True), d,
-                      cuda_graphs=not cfg.enforce_eager)
-    route = ROUTE_OF_ENGINE.get(name, "round_robin")
+    check_attention_dp(cfg, dep.card, dep.profile)
+    lc = lockstep_cost(cost, dep.card, dep.gpu, b.tp, d, b.kv_dtype, cuda_graphs=not cfg.enforce_eager)
+    route = ROUTE_OF_ENGINE.get(getattr(em, "name", ""), "round_robin")
 
     def make() -> Scheduler:
         return LockStepScheduler([factory() for _ in range(d)], route, lc)  # type: ignore[return-value]
@@ -314,4 +339,4 @@ def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Sch
 
 
 __all__ = ["LockStepCost", "LockStepScheduler", "ROUTE_OF_ENGINE", "RooflineAttention", "attention_dp",
-           "attention_dp_ranks", "gathered_tokens", "merged"]
+           "attention_dp_ranks", "check_attention_dp", "gathered_tokens", "lockstep_cost", "merged"]
