@@ -12,12 +12,13 @@ from capacity.plan.layouts import compare_layouts, layouts_report
 def plan_layouts(sc, card, ex, spec: str, gpus: int, json_out: bool) -> None:
 
     try:
-        res, best = compare_layouts(sc, card, ex, *parse_layouts(spec, gpus, card, engine_name(sc.engine.engine)))
+        res, best, skipped = compare_layouts(sc, card, ex, *parse_layouts(spec, gpus, card, engine_name(sc.engine.engine)))
     finally:
         ex.close()
     if json_out:
-        typer.echo(dumps({"layouts": [r.row() for r in res], "winner": best.layout.label if best else None}))
+        typer.echo(dumps({"layouts": [r.row() for r in res], "winner": best.layout.label if best else None,
+                           "not_offered": skipped}))
         return
     from rich.console import Console
 
-    layouts_report(card, sc.gpu_name, res, best, Console())
+    layouts_report(card, sc.gpu_name, res, best, Console(), skipped)

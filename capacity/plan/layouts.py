@@ -52,16 +52,15 @@ class LayoutResult:
 
 
 def compare_layouts(sc, card, ex, layouts: list[tuple[str, PlanLayout]], auto: bool = False
-                    ) -> tuple[list[LayoutResult], LayoutResult | None]:
-    """Every layout's budget and rate search; the winner: the highest rate under the SLOs (None: none passes).
-    A layout the engine release refuses (engine_layouts.check): one line naming it when asked for by name (the
-    caller exits 1), left out with a note under `auto`."""
-    out: list[LayoutResult] = []
+                    ) -> tuple[list[LayoutResult], LayoutResult | None, list[str]]:
+    """Every layout's budget and rate search; the winner: the highest rate under the SLOs (None: none passes);
+    the layouts `auto` left out and why. A layout the engine release refuses (engine_layouts.check): one line
+    naming it when asked for by name (the caller exits 1), left out with a note under `auto`."""
+    offered: list[tuple[PlanLayout, Planner]] = []
     skipped: list[str] = []
-    for name, lay in layouts:
+    for name, lay in layouts:  # every refusal before any search: a bad entry costs no simulation
         try:
-            eng = layout_engine(sc.engine, lay)
-            pl = Planner(sc.model_copy(update={"engine": eng}), card, ex)
+            pl = Planner(sc.model_copy(update={"engine": layout_engine(sc.engine, lay)}), card, ex)
             check_tp(card, lay.tp)
             check(card, pl.engine(lay.tp), lay, pl.budget, sc.profile)
         except ConfigError as exc:
@@ -69,6 +68,11 @@ def compare_layouts(sc, card, ex, layouts: list[tuple[str, PlanLayout]], auto: b
                 raise ConfigError(f"--layouts {name}: {exc}") from None
             skipped.append(f"{lay.label}: not offered ({exc})")
             continue
+        offered.append((lay, pl))
+    if not offered:
+        raise ConfigError(f"--layouts auto: no layout of {card.name} on {sc.engine.engine}: {'; '.join(skipped)}")
+    out: list[LayoutResult] = []
+    for lay, pl in offered:
         r = LayoutResult(lay)
         out.append(r)
         try:
@@ -84,13 +88,12 @@ def compare_layouts(sc, card, ex, layouts: list[tuple[str, PlanLayout]], auto: b
             r.why = str(exc)
             continue
         r.max_rate, r.capacity_rate, r.source, r.why = rs.max_rate, rs.capacity_rate, rs.source, rs.why
-    if out and skipped:
-        out[0].notes.extend(skipped)
     ok = [r for r in out if r.max_rate > 0]
-    return out, (max(ok, key=lambda r: r.max_rate) if ok else None)
+    return out, (max(ok, key=lambda r: r.max_rate) if ok else None), skipped
 
 
-def layouts_report(card, gpu: str, results: list[LayoutResult], best: LayoutResult | None, console) -> None:
+def layouts_report(card, gpu: str, results: list[LayoutResult], best: LayoutResult | None, console,
+                   skipped: tuple[str, ...] | list[str] = ()) -> None:
     from rich.table import Table
 
     t = Table(title=f"Layouts of {card.name} on {results[0].layout.gpus} x {gpu} (one replica each)",
@@ -107,6 +110,8 @@ def layouts_report(card, gpu: str, results: list[LayoutResult], best: LayoutResu
     for r in results:
         for line in ([r.why] if r.why else []) + r.notes:
             console.print(f"{r.layout.label}: {line}")
+    for line in skipped:
+        console.print(line)
     if best is None:
         console.print("no layout meets the SLOs")
         return
