@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import typer
 
-from capacity.files import dumps
 from capacity.engine.config import engine_name
+from capacity.files import dumps
 from capacity.plan.engine_layouts import parse_layouts
 from capacity.plan.layouts import compare_layouts, layouts_report
 

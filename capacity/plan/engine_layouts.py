@@ -123,8 +123,8 @@ def _one(n: str, gpus: int, moe: bool, engine: str) -> PlanLayout:
             raise ConfigError(f"--layouts {n}: TensorRT-LLM's enable_attention_dp runs one attention rank per GPU "
                               f"(adp{gpus} on {gpus} GPUs), its --ep_size is not compared")
         return PlanLayout(gpus, 1, ep, adp)
-    raise ConfigError(f"--layouts {n!r}: use tp, ep, dpN (vLLM), adpN or adpN-ep (SGLang, TensorRT-LLM), N "
-                      "dividing --layout-gpus, or auto")
+    raise ConfigError(f"--layouts {n!r}: use tp, ep, dpN (N dividing --layout-gpus) or auto; adpN, adpN-ep for "
+                      "SGLang's and TensorRT-LLM's attention DP")
 
 
 def layout_engine(base: EngineConfig, lay: PlanLayout) -> EngineConfig:
@@ -142,11 +142,12 @@ def layout_engine(base: EngineConfig, lay: PlanLayout) -> EngineConfig:
         raise ConfigError(f"engine {base.engine}: no data, attention-DP or expert layouts modelled")
     data = base.model_dump(exclude_unset=True)
     data.update(upd)
+    from pydantic import ValidationError
+
     try:
         return type(base).model_validate(data)
-    except ValueError as exc:  # pydantic's ValidationError: its first message, one line
-        errs = getattr(exc, "errors", lambda: [{"msg": str(exc)}])()
-        raise ConfigError(str(errs[0]["msg"]).removeprefix("Value error, ")) from None
+    except ValidationError as exc:  # its first message, one line
+        raise ConfigError(str(exc.errors()[0]["msg"]).removeprefix("Value error, ")) from None
 
 
 def check(card: ModelCard, eng: EngineConfig, lay: PlanLayout, budget, profile: str | None) -> None:
