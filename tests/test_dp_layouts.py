@@ -139,7 +139,8 @@ def test_bad_layouts_of_other_models_are_one_line():
 
 # ---- step-cost ------------------------------------------------------------------------------------------------
 def step_json(*args: str) -> dict:
-    r = run_cli("step-cost", "-m", TQ, "--gpu", "h100", "--json", *args)
+    model = [] if "-m" in args else ["-m", TQ]
+    r = run_cli("step-cost", *model, "--gpu", "h100", "--json", *args)
     assert r.returncode == 0, r.stderr[-800:]
     return json.loads(r.stdout)
 
@@ -188,3 +189,34 @@ def test_step_cost_bad_values_are_one_line(args, line):
     model = [] if "-m" in args else ["-m", TQ]
     r = run_cli("step-cost", *model, "--gpu", "h100", *args, "--decode", "2x100")
     assert r.returncode == 1 and len(said(r.stderr)) == 1 and line in r.stderr, r.stderr
+
+
+# ---- hybrid (state-space) models under SGLang's DP attention ---------------------------------------------------
+QNEXT = str(ROOT / "tests/data/startup_v3/hf/qwen3-next-80b-a3b-thinking.json")
+
+
+def test_hybrid_states_are_kept_at_the_attention_tp():
+    """Qwen3-Next (36 gated-DeltaNet layers; 32 value heads of 128, 16 key heads of 128, conv kernel 4): at
+    attention TP 2 (tp 4, DP attention 2) a request's state per layer is 16 heads x 128 x 128 x 4 B (fp32 SSM)
+    + (2 x 16 x 128 + 32 x 128) / 2 channels x 3 x 2 B (bf16 conv) = 1,048,576 + 24,576 B; x 36 = 36.8 MiB (SGLang's
+    mamba2_cache_params: Mamba2StateShape.create(tp_world_size=get_attention_tp_size()))."""
+    r = run_cli("memory", "-m", QNEXT, "-g", "h100", "--engine", "sglang@0.5.5", "--tp", "4", "--dp", "2",
+                "--enable-dp-attention")
+    assert r.returncode == 0, r.stderr[-600:]
+    assert "(36.8 MiB per request)" in " ".join(r.stdout.split())
+
+
+def test_hybrid_state_mixers_run_in_the_ranks_part():
+    """The lock step no longer refuses a hybrid: its state layers' scan and projections count in each rank's part
+    (at attention TP), not in the rest over the gathered rows."""
+    from capacity.cost.roofline import RooflineCost
+    from capacity.engine.lockstep import RooflineAttention
+
+    card = load_model_card(QNEXT)
+    full = RooflineCost(card, get_gpu("h100"), 4)
+    p = StepPlan((), (2000,) * 8)
+    parts = full.breakdown(p)
+    assert RooflineAttention(full).part_s(p) > parts["state"] + parts["attention"] > parts["attention"] > 0
+    d = step_json("-m", QNEXT, "--engine", "sglang@0.5.5", "--tp", "4", "--dp", "2", "--enable-dp-attention",
+                  "--decode", "8x2000")
+    assert d["lock_step"]["rank_tokens"] == [4, 4] and d["lock_step"]["gathered_tokens"] == 8

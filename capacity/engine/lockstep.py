@@ -30,6 +30,12 @@ to the gathered count), P_r rank r's plan,
 where inner is the replica's step cost at tp T (MoE/MLP, LM head, norms and TP all-reduces over G: the all-reduces
 stand for the gather before and the scatter after the MLP, messages of G tokens over the T ranks), attention_X
 is the attention kernel plus the attention projections of a roofline at tp X, and A = T / D the attention TP.
+Hybrid models (SGLang's qwen3_next, falcon_h1: the DP-attention architectures with state layers): their state
+mixers are sharded by the attention-TP group as attention is (the configs' `mamba2_cache_params`:
+`Mamba2StateShape.create(tp_world_size=get_attention_tp_size(), ...)`, so each attention rank keeps its own
+requests' conv and SSM states at attention TP), so the state layers' projections, conv and scan count in the
+rank's part, not in the gathered rest. TensorRT-LLM has no state pools modelled: refused there.
+
 Assumptions, on the safe side where uncertain: the LM head and the sampler run over the gathered tokens (SGLang
 gathers for the vocabulary-parallel head unless --enable-dp-lm-head; sampling is per rank in truth); the idle
 batch of a rank with no tokens costs nothing beyond the lock step. A calibrated profile measured one TP layout:
@@ -91,8 +97,9 @@ def merged(plans: Sequence[StepPlan], pad_to: int) -> StepPlan:
 
 class RooflineAttention:
     """The attention part of a roofline step cost (`capacity.cost.roofline.RooflineCost`) at its tp: the attention
-    kernel, the attention projections (QKV/O, MLA's low-rank ones) and, `with_allreduce`, the attention's TP
-    all-reduce after o_proj (one of the roofline's two per layer)."""
+    kernel, the attention projections (QKV/O, MLA's low-rank ones), a hybrid's state mixers (their projections,
+    conv and scan) and, `with_allreduce`, the mixer's TP all-reduce after o_proj / out_proj (one of the roofline's
+    two per layer)."""
 
     def __init__(self, roofline: Any, with_allreduce: bool = False) -> None:
         self.c, self.with_allreduce = roofline, with_allreduce
@@ -102,9 +109,12 @@ class RooflineAttention:
         if n == 0:
             return 0.0
         c = self.c
-        t = c.breakdown(plan).get("attention", 0.0)
+        parts = c.breakdown(plan)
+        t = parts.get("attention", 0.0)
         if c._La:
             t += c._La * c._gemm(n, c._attn_w, 4 * c.card.hidden_size, "attention")
+        if c._state is not None:  # a hybrid's state mixers: sharded by attention TP too (module docstring)
+            t += parts.get("state", 0.0) + c._state.gemm_step_s(n)
         if self.with_allreduce and c.tp > 1:
             t += c.card.num_layers * c._allreduce_s(n) / 2
         return t
@@ -305,9 +315,9 @@ def check_attention_dp(cfg: EngineConfig, card: Any, profile: str | None) -> Non
                           "only (no --profile)")
     if cfg.speculative is not None:
         raise ConfigError(f"{field}: speculative decoding with attention data parallelism is not modelled")
-    if card.state is not None:
-        raise ConfigError(f"{field}: {card.name} has state-space layers; their scan under attention data "
-                          "parallelism is not modelled")
+    if card.state is not None and field == "trtllm_attention_dp":
+        raise ConfigError(f"{field}: {card.name} has state-space layers; TensorRT-LLM's state pools are not "
+                          "modelled")
 
 
 def lockstep_cost(cost: Any, card: Any, gpu: Any, tp: int, d: int, kv_dtype: str, cuda_graphs: bool = True
