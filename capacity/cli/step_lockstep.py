@@ -12,7 +12,10 @@ from __future__ import annotations
 from typing import Any
 
 from capacity.cost.step import StepPlan
+from capacity.engine.configs import AnyEngineConfig
 from capacity.engine.lockstep import attention_dp_ranks, check_attention_dp, lockstep_cost
+from capacity.engine.sglang.dpattn import check_dp_attention
+from capacity.engine.sglang.releases import version_key
 from capacity.errors import CapacityError
 
 
@@ -23,8 +26,6 @@ def attention_dp_config(em: Any, spec: str | None, card: Any, gpu: Any, tp: int,
     if not (sglang or trtllm):
         return None
     from pydantic import TypeAdapter, ValidationError
-
-    from capacity.engine.configs import AnyEngineConfig
 
     flag = "--enable-dp-attention" if sglang else "--trtllm-attention-dp"
     if sglang and trtllm:
@@ -50,9 +51,6 @@ def attention_dp_config(em: Any, spec: str | None, card: Any, gpu: Any, tp: int,
         raise CapacityError(str(err.errors()[0]["msg"]).removeprefix("Value error, ")) from None
     em.resolve(cfg, card, gpu)  # the engine's own refusals (TensorRT-LLM: a dense model, the engine backend)
     if sglang:
-        from capacity.engine.sglang.dpattn import check_dp_attention
-        from capacity.engine.sglang.releases import version_key
-
         check_dp_attention(card, tp, dp, version_key(em.release))
     return cfg
 
