@@ -32,6 +32,10 @@ class RooflineParams(BaseModel):
     # A hybrid's chunked state-space / linear-attention scans (Triton SSD and FLA kernels; capacity/cost/state_space.py):
     # an assumption, not measured (plausible 0.15-0.6); decode's state update is bandwidth-bound and ignores it
     state_scan_flops_eff: Eff = 0.30
+    # ... and never faster than NVIDIA measured those kernels (conv + scan, conv + state update) for that GPU, engine
+    # and per-rank shape (capacity/data/state_space_latency.json, aiconfigurator's tables; capacity/cost/
+    # state_space_floor.py). GPUs and engines without a table keep the model alone. False: the model alone.
+    measured_state_floor: bool = True
     attention: Literal["ideal", "dense_packed"] = "ideal"
     # FP8 KV on Hopper/Blackwell: attention multiplies in FP8 (FlashAttention-3 and TRT-LLM's FMHA quantise q too)
     fp8_attention: bool = True
