@@ -13,9 +13,9 @@ from __future__ import annotations
 from capacity.engine.budget import MemoryBudget, SchedLimits, SchedulerFactory, check_tp
 from capacity.engine.config import EngineConfig, ResolvedEngine, resolve_max_model_len
 from capacity.engine.launch import declared_flags, engine_flag, model_reference, with_comment
+from capacity.engine.served import check_served
 from capacity.engine.speculative import launch_flags
 from capacity.engine.vllm.config import vllm_config
-from capacity.engine.served import check_served
 from capacity.engine.vllm.fallback import mode as fallback_mode
 from capacity.engine.vllm.flags import (
     check,
