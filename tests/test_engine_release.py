@@ -220,10 +220,12 @@ def test_hybrid_kv_manager_charges_sequences_as_vllm_does():
 
 
 def test_sliding_models_fit_more_long_sequences(card):
-    oss = load_model_card(HF / "gpt-oss-20b.json")
+    # gemma-3 (52 of 62 layers slide, window 1024), served by both releases (gpt-oss, 0.10.1+, is refused on 0.8.5:
+    # capacity/engine/served.py); 0.8.5 counts every layer as full attention, 0.19 keeps a sliding layer's window
+    gemma = load_model_card(HF / "gemma-3-27b-it.json")
     g = get_gpu("h100-sxm")
-    hybrid = mem.budget(oss, g, EngineConfig(engine="vllm@0.19", max_model_len=32768))
-    flat = mem.budget(oss, g, EngineConfig(engine="vllm@0.8.5", max_model_len=32768))
+    hybrid = mem.budget(gemma, g, EngineConfig(engine="vllm@0.19", max_model_len=32768, tensor_parallel_size=2))
+    flat = mem.budget(gemma, g, EngineConfig(engine="vllm@0.8.5", max_model_len=32768, tensor_parallel_size=2))
     assert hybrid.concurrency_at(32768) > 1.8 * flat.concurrency_at(32768)
 
 
