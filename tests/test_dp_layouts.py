@@ -18,6 +18,8 @@ from capacity.plan.results import RateSearch
 from tests.conftest import ROOT, run_cli, said
 
 TQ = str(ROOT / "tests/data/tiny-qwen3-moe.yaml")  # qwen3_moe: SGLang shards its attention by attention TP
+# SGLang 0.4.3 has no Qwen3-MoE (capacity/engine/served.py): its DP-attention rules are checked on DeepSeek-V2-Lite
+DSV2 = str(ROOT / "tests/data/hf/deepseek-v2-lite.json")
 CARD = load_model_card(ROOT / "tests/data/tiny-qwen3-moe.yaml")
 
 
@@ -105,7 +107,7 @@ def test_sglang_auto_compares_attention_dp_and_names_the_winner(stub_search):
 def test_auto_leaves_out_what_the_release_lacks(stub_search):
     """SGLang up to 0.4.4 forces dp = tp with DP attention (server_args.py, sglang/dpattn.py): on 4 GPUs adp2 is
     left out with its reason, adp4 stays."""
-    out = plan_json("--engine", "sglang@0.4.3", "--layouts", "auto", "--layout-gpus", "4")
+    out = plan_json("--engine", "sglang@0.4.3", "--layouts", "auto", "--layout-gpus", "4", "-m", DSV2)
     got = [x["layout"] for x in out["layouts"]]
     assert "tp4-adp4" in got and "tp4-adp2" not in got
     assert any(n.startswith("tp4-adp2: not offered") and "0.4.4 sets dp_size = tp_size" in n for n in out["not_offered"])
@@ -116,7 +118,7 @@ def test_auto_leaves_out_what_the_release_lacks(stub_search):
      "--layouts adp3: attention DP 3 must be > 1 and divide the 4 GPUs"),
     (["--engine", "vllm", "--layouts", "tp,adp2", "--layout-gpus", "2"],
      "--layouts adp2: attention DP inside the TP group is SGLang's"),
-    (["--engine", "sglang@0.4.3", "--layouts", "adp2", "--layout-gpus", "4"],
+    (["--engine", "sglang@0.4.3", "--layouts", "adp2", "--layout-gpus", "4", "-m", DSV2],
      "--layouts adp2: enable_dp_attention: data_parallel_size 2: SGLang up to 0.4.4 sets dp_size = tp_size"),
     (["--engine", "trtllm", "--layouts", "adp2", "--layout-gpus", "4"],
      "--layouts adp2: TensorRT-LLM's enable_attention_dp runs one attention rank per GPU (adp4 on 4 GPUs)"),
@@ -177,7 +179,7 @@ def test_each_rank_attention_is_at_the_attention_tp():
     (["--engine", "sglang", "--tp", "2", "--dp", "3", "--enable-dp-attention"],
      "enable_dp_attention: data_parallel_size 3 must be > 1 and divide tensor_parallel_size 2"),
     (["--tp", "2", "--dp", "2", "--enable-dp-attention"], "--enable-dp-attention: SGLang's setting; give --engine sglang"),
-    (["--engine", "sglang@0.4.3", "--tp", "4", "--dp", "2", "--enable-dp-attention"],
+    (["-m", DSV2, "--engine", "sglang@0.4.3", "--tp", "4", "--dp", "2", "--enable-dp-attention"],
      "SGLang up to 0.4.4 sets dp_size = tp_size"),
     (["--engine", "trtllm", "--tp", "2", "--dp", "2", "--trtllm-attention-dp"], "--dp 2: TensorRT-LLM has no"),
     (["-m", "tiny", "--engine", "trtllm", "--tp", "2", "--trtllm-attention-dp"],

@@ -75,8 +75,11 @@ def test_lora_buffers_as_the_unsloth_log_loads_them():
 
 
 @pytest.mark.parametrize("args, msg", [
-    (["--enable-expert-parallel", "--engine", "vllm@0.7"], "enable_expert_parallel: vllm@0.7.3 has no"),
-    (["--pp", "2", "--engine", "vllm@0.5.0"], "pipeline_parallel_size 2: vllm@0.5.0 has no pipeline"),
+    # Mixtral on the old releases: Qwen3-MoE is not in their model registry (capacity/engine/served.py)
+    (["--enable-expert-parallel", "--engine", "vllm@0.7", "-m", str(HF / "mixtral-8x7b.json")],
+     "enable_expert_parallel: vllm@0.7.3 has no"),
+    (["--pp", "2", "--engine", "vllm@0.5.0", "-m", str(HF / "mixtral-8x7b.json")],
+     "pipeline_parallel_size 2: vllm@0.5.0 has no pipeline"),
     (["--enable-expert-parallel", "--tp", "8", "--dp", "32"], "256 ranks (tp x data parallel) for the 128 experts"),
     (["--max-loras", "2", "--engine", "sglang"], "max_loras 2: vLLM only (engine sglang does not have this setting)"),
     (["--dp", "2", "--engine", "trtllm"], "data_parallel_size 2: vLLM and SGLang only (engine trtllm does not have this setting)"),
