@@ -35,16 +35,20 @@ def _overran(signum, frame):
     raise _Overran
 
 
-def run_cli(*args: str, timeout: float = 60, process: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 60, process: bool = False, columns: int = 200, cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real `capacity` entry point as a user would (exit code, stdout and stderr), in this process: the same
     `main()`, argv, environment and working directory, its output captured, a traceback that escapes it turned into
     exit 1 and stderr text as the interpreter would print it. A command that has to be its own process (killed,
     timed, or left with state this process must not keep) passes `process=True`; CAPACITY_TEST_SUBPROCESS=1 runs
-    every call that way (about 0.45 s of interpreter start and imports each)."""
-    env = dict(os.environ, COLUMNS="200", CAPACITY_CACHE_DIR="off")  # tests never read a stale result cache
+    every call that way (about 0.45 s of interpreter start and imports each). `columns`: the terminal width the
+    command sees (COLUMNS); `cwd`: its working directory; `env`: its whole environment (default: this one with
+    COLUMNS and the result cache off)."""
+    if env is None:
+        env = dict(os.environ, COLUMNS=str(columns), CAPACITY_CACHE_DIR="off")  # tests never read a stale result cache
     if process or os.environ.get("CAPACITY_TEST_SUBPROCESS"):
         return subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *args],
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     import contextlib
     import io
     import signal
@@ -58,7 +62,7 @@ def run_cli(*args: str, timeout: float = 60, process: bool = False) -> subproces
     code = 0
     os.environ.clear()
     os.environ.update(env)
-    os.chdir(ROOT)
+    os.chdir(cwd)
     sys.argv = ["capacity", *args]
     signal.signal(signal.SIGALRM, _overran)
     signal.setitimer(signal.ITIMER_REAL, timeout)
