@@ -21,7 +21,9 @@ For each run the bench builds the `capacity simulate` command a user would type 
 - every request is measured (`--warmup 0`: the load generators count all of them), seed 0;
 - round 2 (`--set v2`, tests/data/serving_unseen_v2) adds what those sources state: `max_num_seqs` (TensorRT-LLM's
   engine batch cap), `gpu_memory_utilization`, `max_model_len`, `image_dataset`, and "LOW-HIGH" lengths where the
-  load generator drew them uniformly (`--random-range-ratio`).
+  load generator drew them uniformly (`--random-range-ratio`);
+- round 3 (`--set v3`, tests/data/serving_unseen_v3) adds `arrival: constant` (guidellm's constant-rate profile: requests
+  evenly spaced at the rate, no concurrency cap).
 
 Scored, where printed: mean and median TTFT, TPOT and ITL, mean and median E2E latency, output tokens/s and
 requests/s. MAPE per metric over the runs that print it; runs that capacity cannot express today
@@ -41,6 +43,7 @@ MAPE is also given without them (`mean_ttft_ms, cold-prefill runs`).
     python bench/serving_unseen.py --dry-run         # the commands only, nothing simulated
     python bench/serving_unseen.py --group heldout   # once, at the end
     python bench/serving_unseen.py --set v2          # round 2 (tests/data/serving_unseen_v2), dev group
+    python bench/serving_unseen.py --set v3          # round 3 (tests/data/serving_unseen_v3), dev group
 """
 from __future__ import annotations
 
@@ -66,8 +69,10 @@ sys.path.insert(0, str(ROOT))
 from bench.sim_speed import host_cpu  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "serving_unseen"
-# the collections: round 1 (v1, the default) and round 2 (v2: TensorRT-LLM, ShareGPT on an RTX 3090, a VLM's text sweep)
-SETS = {"v1": DATA, "v2": ROOT / "tests" / "data" / "serving_unseen_v2"}
+# the collections: round 1 (v1, the default), round 2 (v2: TensorRT-LLM, ShareGPT on an RTX 3090, a VLM's text sweep)
+# and round 3 (v3: gpustack's performance-lab, vLLM / SGLang / trtllm-serve side by side, a hybrid model's rate sweep)
+SETS = {"v1": DATA, "v2": ROOT / "tests" / "data" / "serving_unseen_v2",
+        "v3": ROOT / "tests" / "data" / "serving_unseen_v3"}
 OUT = ROOT / "bench" / "results"
 GROUPS = ("dev", "heldout")
 # published metric -> (summary field of `capacity simulate --json`, statistic, scale to the published unit)
@@ -139,6 +144,8 @@ def simulate_args(run: dict[str, Any], end: int = 0) -> list[str]:
     for key in ("gpu_memory_utilization", "max_model_len"):  # the server's, where the source states them
         if run.get(key):
             a += ["--" + key.replace("_", "-"), str(run[key])]
+    if run.get("chunked_prefill") is not None:  # the server's chunked prefill, where the source states it
+        a += ["--chunked-prefill" if run["chunked_prefill"] else "--no-chunked-prefill"]
     if run.get("max_num_seqs"):  # the server's batch cap (TensorRT-LLM: the engine's max_batch_size)
         a += ["--max-num-seqs", str(run["max_num_seqs"])]
     if run.get("image_dataset"):  # a VLM run on a benchmark dataset's images (capacity/vision_datasets.py)
@@ -148,8 +155,9 @@ def simulate_args(run: dict[str, Any], end: int = 0) -> list[str]:
     rate, conc = run.get("request_rate"), run.get("max_concurrency")
     if _inf(rate):
         a += ["--arrival", "closed", "--users", str(conc)] if conc else ["--arrival", "offline"]
-    else:
-        a += ["--arrival", "poisson", "--rate", str(rate)] + (["--max-concurrency", str(conc)] if conc else [])
+    else:  # Poisson unless the load generator paces requests evenly (guidellm --profile constant: `arrival: constant`)
+        a += ["--arrival", str(run.get("arrival") or "poisson"), "--rate", str(rate)] + (
+            ["--max-concurrency", str(conc)] if conc else [])
     return a
 
 
@@ -254,7 +262,7 @@ def score(runs: list[dict[str, Any]], dry_run: bool = False) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--group", default="dev", choices=GROUPS)
-    ap.add_argument("--set", default="v1", choices=tuple(SETS), dest="set_", help="which collection (v2: round 2)")
+    ap.add_argument("--set", default="v1", choices=tuple(SETS), dest="set_", help="which collection (v2: round 2, v3: round 3)")
     ap.add_argument("--dry-run", action="store_true", help="print each run's command; simulate nothing")
     ap.add_argument("--out", type=Path, default=None)
     a = ap.parse_args()

@@ -37,7 +37,9 @@ def _qwen_vit(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
     """Qwen2-VL's and Qwen3-VL/Qwen3.5's ViT (LayerNorms, a GELU MLP) and patch merger (4 patches -> one token).
     An image at the processor's largest size (max_pixels 12,845,056 at 14-pixel patches, 16,777,216 at 16) is
     16,384 merged tokens."""
-    expected = ("qwen2_vl", None) if mt == "qwen2_vl" else ("qwen3_5", "qwen3_vl", None)
+    # "qwen3_5_vision": transformers 5 names Qwen3.5's tower so where the checkpoint's file says "qwen3_5" (the
+    # same Qwen3.6-27B config printed both ways, tests/data/startup_v4/hf/SOURCES.md)
+    expected = ("qwen2_vl", None) if mt == "qwen2_vl" else ("qwen3_5", "qwen3_5_vision", "qwen3_vl", None)
     v, need = vision_config(cfg, mt, expected, source)
     merge = need("spatial_merge_size", 2)
     if mt == "qwen2_vl":
