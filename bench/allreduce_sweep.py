@@ -61,8 +61,9 @@ def summarise(times: list[float]) -> dict:
 
 
 def iters_for(nbytes: int, base: int) -> int:
-    """Back-to-back calls per timing: `base` up to 1 MiB, fewer above (at least 5), so a 64 MiB repeat stays short."""
-    return max(5, min(base, base * 1024 * KIB // max(1, nbytes)))
+    """Back-to-back calls per timing: `base` up to 1 MiB, fewer above (at least 5, or `base` if fewer), so a 64 MiB
+    repeat stays short."""
+    return max(min(5, base), min(base, base * 1024 * KIB // max(1, nbytes)))
 
 
 def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], repeats: int, base_iters: int,
