@@ -66,6 +66,11 @@ def iters_for(nbytes: int, base: int) -> int:
     return max(min(5, base), min(base, base * 1024 * KIB // max(1, nbytes)))
 
 
+def why_failed(exc: BaseException) -> str:
+    """The exception's type and first line (200 characters), for a row that could not be measured."""
+    return f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+
+
 def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], repeats: int, base_iters: int,
             graphs: bool, symm: bool, out: str) -> None:
     import torch
@@ -111,16 +116,6 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return t.tolist()
 
-    symm_state = None
-    if symm and cuda:
-        try:
-            import torch.distributed._symmetric_memory as symm_mem
-
-            buf = symm_mem.empty(max(sizes) // 2, dtype=torch.bfloat16, device=dev)
-            symm_mem.rendezvous(buf, group=dist.group.WORLD.group_name)
-            symm_state = (buf, dist.group.WORLD.group_name, None)
-        except Exception as exc:  # no P2P, an old torch: recorded, not fatal
-            symm_state = (None, None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}")
     for nbytes in sizes:
         x = torch.ones(nbytes // 2, dtype=torch.bfloat16, device=dev)
         iters = iters_for(nbytes, base_iters)
@@ -128,7 +123,7 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
             dist.all_reduce(x)
         sync()
         rows.append({"world_size": world, "bytes": nbytes, "mode": "eager", "iters": iters,
-                     **summarise(slowest(timed(lambda: dist.all_reduce(x), iters)))})
+                     **summarise(slowest(timed(lambda x=x: dist.all_reduce(x), iters)))})
         if graphs and cuda:
             try:
                 side = torch.cuda.Stream(dev)
@@ -150,9 +145,26 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
                 del g
             except Exception as exc:
                 rows.append({"world_size": world, "bytes": nbytes, "mode": "graph",
-                             "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
-        if symm_state is not None:
-            buf, group, why = symm_state
+                             "error": why_failed(exc)})
+        del x
+    if rank == 0:  # the NCCL rows are safe before the symmetric-memory pass
+        Path(out).write_text(json.dumps(rows) + "\n")
+    symm_state = None
+    if symm and cuda:
+        try:
+            import torch.distributed._symmetric_memory as symm_mem
+
+            if hasattr(symm_mem, "enable_symm_mem_for_group"):  # torch < 2.8 wants the group enabled first
+                symm_mem.enable_symm_mem_for_group(dist.group.WORLD.group_name)
+            buf = symm_mem.empty(max(sizes) // 2, dtype=torch.bfloat16, device=dev)
+            symm_mem.rendezvous(buf, group=dist.group.WORLD.group_name)
+            symm_state = (buf, dist.group.WORLD.group_name, None)
+        except Exception as exc:  # no P2P, an old torch: recorded, not fatal
+            symm_state = (None, None, why_failed(exc))
+    if symm_state is not None:
+        buf, group, why = symm_state
+        for nbytes in sizes:
+            iters = iters_for(nbytes, base_iters)
             for mode, op in (("symm-one-shot", "one_shot_all_reduce"), ("symm-two-shot", "two_shot_all_reduce_")):
                 if why is not None:
                     rows.append({"world_size": world, "bytes": nbytes, "mode": mode, "error": why})
@@ -163,12 +175,11 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
                     for _ in range(3):
                         fn(view, "sum", group)
                     sync()
-                    rows.append({"world_size": world, "bytes": nbytes, "mode": mode, "iters": iters,
-                                 **summarise(slowest(timed(lambda fn=fn, view=view: fn(view, "sum", group), iters)))})
+                    per = slowest(timed(lambda fn=fn, view=view, group=group: fn(view, "sum", group), iters))
+                    rows.append({"world_size": world, "bytes": nbytes, "mode": mode, "iters": iters, **summarise(per)})
                 except Exception as exc:
                     rows.append({"world_size": world, "bytes": nbytes, "mode": mode,
-                                 "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"})
-        del x
+                                 "error": why_failed(exc)})
     if rank == 0:
         Path(out).write_text(json.dumps(rows) + "\n")
     dist.barrier()
@@ -233,15 +244,23 @@ def measure_cmd(a) -> int:
     for w in worlds:
         t0 = time.perf_counter()
         part = out.with_suffix(f".ws{w}.tmp")
+        ctx = mp.spawn(_worker, args=(w, free_port(), a.device, sizes, a.repeats, a.iters, not a.no_graphs,
+                                      not a.no_symm_mem, str(part)), nprocs=w, join=False)
         try:
-            mp.spawn(_worker, args=(w, free_port(), a.device, sizes, a.repeats, a.iters, not a.no_graphs,
-                                    not a.no_symm_mem, str(part)), nprocs=w, join=True)
-            result["rows"] += json.loads(part.read_text())
+            while not ctx.join(timeout=2):
+                if time.perf_counter() - t0 > a.ws_timeout:  # a hung collective: keep what rank 0 wrote
+                    for p in ctx.processes:
+                        p.kill()
+                    raise TimeoutError(f"world size {w} still running after {a.ws_timeout} s: killed")
         except Exception as exc:  # one world size failing keeps the others
-            result.setdefault("errors", {})[str(w)] = f"{type(exc).__name__}: {str(exc)[:300]}"
+            result.setdefault("errors", {})[str(w)] = why_failed(exc)
             print(f"world size {w}: {result['errors'][str(w)]}", flush=True)
-        finally:
-            part.unlink(missing_ok=True)
+        if part.exists():
+            try:
+                result["rows"] += json.loads(part.read_text())
+            except ValueError:  # rank 0 killed mid-write
+                result.setdefault("errors", {})[f"{w}-rows"] = "rank 0's rows unreadable"
+            part.unlink()
         print(f"world size {w}: {len(sizes)} sizes in {time.perf_counter() - t0:.1f} s", flush=True)
         out.write_text(json.dumps(result, indent=1) + "\n")  # saved after each world size
     print(f"wrote {out}")
@@ -358,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
     m.add_argument("--max-bytes", type=int, default=SIZES[-1])
     m.add_argument("--repeats", type=int, default=7)
     m.add_argument("--iters", type=int, default=50, help="calls per timing up to 1 MiB (fewer above)")
+    m.add_argument("--ws-timeout", type=float, default=90.0, help="seconds one world size may take")
     m.add_argument("--no-graphs", action="store_true")
     m.add_argument("--no-symm-mem", action="store_true")
     m.add_argument("--gpu", default=None, help="the catalogue GPU to model in the report (default: the measured one)")
@@ -368,6 +388,9 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--hidden", type=int, default=8192, help="hidden size that turns bytes into tokens (TRT-LLM)")
     r.add_argument("--out", default=None)
     a = ap.parse_args(argv)
+    if getattr(a, "ws_timeout", 1) <= 0:
+        print(f"--ws-timeout: must be > 0, got {a.ws_timeout}")
+        return 1
     for field in ("repeats", "iters", "cpu_procs"):
         if getattr(a, field, 1) < 1:
             print(f"--{field.replace('_', '-')}: must be >= 1, got {getattr(a, field)}")

@@ -15,7 +15,8 @@
 #      NEEDS >= 2 GPUs: on a one-GPU machine (the lent device) it says so and skips in seconds.
 # Expected time per stage on one H100/H200 (the whole run must fit the 15-minute device budget; the stage limits
 # below are `timeout`s): peaks ~30 s (60), tests ~90 s (120), calibration 230 + 170 s (BUDGETS), step shapes ~60 s
-# (90), vision ~30 s (90), eager step ~40 s (90), all-reduce: one GPU ~5 s; on an 8-GPU host ~2-3 min (240).
+# (90), vision ~30 s (90), eager step ~40 s (90), all-reduce: one GPU ~5 s; on an 8-GPU host ~2-3 min (300;
+# 90 s a world size).
 # Attention (ATTN, default auto): one FlashAttention varlen call per layer over a paged KV pool, as vLLM runs it,
 #   where the GPU's torch passes the start-up probe (calibrate/paged.py), else padded SDPA; ATTN=sdpa forces the
 #   padded layout the committed H200 profiles used; ATTN=paged on a CPU rehearses the paged path (reference kernel).
@@ -150,7 +151,7 @@ if has allreduce; then
   else
     AR=(--device cuda); [ -n "$QUICK" ] && AR+=(--max-bytes 1048576 --repeats 3)
   fi
-  timeout --signal=INT --kill-after=20 240 "$PY" bench/allreduce_sweep.py measure "${AR[@]}" \
+  timeout --signal=INT --kill-after=20 300 "$PY" bench/allreduce_sweep.py measure "${AR[@]}" \
     --out "bench/results/allreduce-$TAG.json"
   pack
 fi

@@ -96,10 +96,10 @@ def dispatch_costs(torch, device: str, hidden: int, heads: int, kv_heads: int, h
 
 def layer_costs(card, device: str, layers: int, context: int, attention: str) -> dict:
     """One layer of calibrate/stack.py at a batch-1 decode: eager and graph, from 1 and `layers` layers."""
+    import torch
+
     from calibrate.stack import DecoderStack
     from calibrate.timing import cuda_graph, measure
-
-    import torch
 
     got: dict = {}
     for n in (1, layers):

@@ -72,6 +72,16 @@ def test_allreduce_sweep_cpu_rehearsal(tmp_path, capsys):
     assert allreduce_sweep.main(["report", "--measured", str(out), "--gpu", "h100-sxm"]) == 0
 
 
+def test_allreduce_sweep_world_size_killed_after_its_limit(tmp_path):
+    # a world size that outlives --ws-timeout (here: the processes are still importing torch) is killed and
+    # recorded; the run still ends 0 with its (empty) file and report
+    out = tmp_path / "ar.json"
+    assert allreduce_sweep.main(["measure", "--device", "cpu", "--world-sizes", "2", "--max-bytes", "2048",
+                                 "--ws-timeout", "0.01", "--out", str(out)]) == 0
+    got = json.loads(out.read_text())
+    assert got["rows"] == [] and got["errors"]["2"].startswith("TimeoutError: world size 2 still running")
+
+
 def test_allreduce_sweep_one_gpu_or_none_skips(capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
@@ -82,6 +92,7 @@ def test_allreduce_sweep_one_gpu_or_none_skips(capsys, monkeypatch):
 @pytest.mark.parametrize("argv, field", [
     (["measure", "--device", "cpu", "--repeats", "0", "--out", "x"], "--repeats"),
     (["measure", "--device", "cpu", "--world-sizes", "1", "--out", "x"], "--world-sizes"),
+    (["measure", "--device", "cpu", "--ws-timeout", "0", "--out", "x"], "--ws-timeout"),
     (["report", "--measured", "/nonexistent.json"], "--measured"),
     (["report", "--measured", "/nonexistent.json", "--hidden", "0"], "--hidden"),
 ])
