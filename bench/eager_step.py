@@ -94,7 +94,7 @@ def dispatch_costs(torch, device: str, hidden: int, heads: int, kv_heads: int, h
     return out
 
 
-def layer_costs(card, device: str, layers: int, context: int, attention: str) -> dict:
+def layer_costs(card, device: str, layers: int, context: int, attention: str, repeats: int = 10) -> dict:
     """One layer of calibrate/stack.py at a batch-1 decode: eager and graph, from 1 and `layers` layers."""
     import torch
 
@@ -107,13 +107,14 @@ def layer_costs(card, device: str, layers: int, context: int, attention: str) ->
                              attention=attention)
         st = stack.prepare([], [context])
         with torch.inference_mode():
-            t = measure(lambda st=st, stack=stack: stack.forward(st), device, min_time_s=0.1, min_repeats=10)
+            t = measure(lambda st=st, stack=stack: stack.forward(st), device, min_time_s=0.1 if repeats >= 10 else 0.0,
+                        min_repeats=repeats, warmup=min(2, repeats))
             got[f"eager_{n}"] = t.median_s if t else None
             got[f"eager_{n}_spread"] = t.spread if t else None
             if device.startswith("cuda") and stack.capturable:
                 try:
                     replay = cuda_graph(lambda st=st, stack=stack: stack.forward(st), device)
-                    t = measure(replay, device, min_time_s=0.1, min_repeats=10)
+                    t = measure(replay, device, min_time_s=0.1, min_repeats=repeats)
                     got[f"graph_{n}"] = t.median_s if t else None
                     got[f"graph_{n}_spread"] = t.spread if t else None
                     del replay
@@ -124,7 +125,9 @@ def layer_costs(card, device: str, layers: int, context: int, attention: str) ->
         del stack, st
     for kind in ("eager", "graph"):
         a, b = got.get(f"{kind}_1"), got.get(f"{kind}_{layers}")
-        got[f"{kind}_layer_s"] = (b - a) / (layers - 1) if a and b else None
+        got[f"{kind}_layer_s"] = (b - a) / (layers - 1) if a and b and b > a else None
+        if a and b and b <= a:  # noise larger than a layer (a loaded host): no per-layer figure, said so
+            got[f"{kind}_note"] = f"{layers} layers not slower than 1 ({b:.3g} vs {a:.3g} s): no per-layer figure"
     return {"layers_timed": [1, layers], "context": context, "attention": attention, **got}
 
 
@@ -170,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")  # the dispatch figures survive a failed layer
-    result["layer"] = layer_costs(card, dev, a.layers, a.context, "sdpa")
+    result["layer"] = layer_costs(card, dev, a.layers, a.context, "sdpa", 3 if a.quick else 10)
     d, lay = result["dispatch"], result["layer"]
     nothing = [d[k]["median_s"] for k in ("view", "reshape", "slice", "split", "unbind", "empty", "module_call")]
     view_s = statistics.median(nothing)
