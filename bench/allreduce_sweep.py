@@ -147,8 +147,8 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
                 rows.append({"world_size": world, "bytes": nbytes, "mode": "graph",
                              "error": why_failed(exc)})
         del x
-    if rank == 0:  # the NCCL rows are safe before the symmetric-memory pass
-        Path(out).write_text(json.dumps(rows) + "\n")
+        if rank == 0:  # after every size: a hang further on (a capture one rank refused) keeps these rows
+            Path(out).write_text(json.dumps(rows) + "\n")
     symm_state = None
     if symm and cuda:
         try:
