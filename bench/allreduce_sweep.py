@@ -83,7 +83,11 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
     dist.init_process_group("nccl" if cuda else "gloo", rank=rank, world_size=world,
                             **({"device_id": torch.device("cuda", rank)} if cuda else {}))
     dev = torch.device("cuda", rank) if cuda else torch.device("cpu")
-    rows = []
+    rows: list[dict] = []
+
+    def save(got: list[dict]) -> None:
+        Path(out + ".w").write_text(json.dumps(got) + "\n")
+        os.replace(out + ".w", out)  # whole or not at all, should the process be killed
 
     def sync():
         if cuda:
@@ -148,7 +152,7 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
                              "error": why_failed(exc)})
         del x
         if rank == 0:  # after every size: a hang further on (a capture one rank refused) keeps these rows
-            Path(out).write_text(json.dumps(rows) + "\n")
+            save(rows)
     symm_state = None
     if symm and cuda:
         try:
@@ -181,7 +185,7 @@ def _worker(rank: int, world: int, port: int, device: str, sizes: list[int], rep
                     rows.append({"world_size": world, "bytes": nbytes, "mode": mode,
                                  "error": why_failed(exc)})
     if rank == 0:
-        Path(out).write_text(json.dumps(rows) + "\n")
+        save(rows)
     dist.barrier()
     dist.destroy_process_group()
 
