@@ -131,7 +131,8 @@ TIERS = {
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba family_qwen_moe family_minimax family_granite family_olmo
         family_phi family_cohere family_additions vllm_flags vllm_fallback eager_step
-        task_result_json import_graph cost_factory_cache metrics_percentiles config_copies family_configs_2026""",
+        task_result_json import_graph cost_factory_cache metrics_percentiles config_copies family_configs_2026
+        device_stages""",
     "engine_oracle": """golden prefix_cache_golden scheduler encoder_budget sglang_sched sglang_scheduler_trace vllm_scheduler_trace
         simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen memory_unseen_v4 sglang sglang_startup_v3 sglang_dp_swa sglang_releases sglang_dsa
         trtllm mlperf saturation serving_unseen serving_unseen_v2 serving_unseen_v3 gemm_efficiency gemm_floor moe_floor bundled_profiles card_golden sim_ahead sim_ahead_closed
