@@ -58,12 +58,13 @@ from capacity.errors import ConfigError
 PER_REQUEST_S: dict[str, tuple[float, float]] = {}
 
 # The log line (`PyExecutor._profiler.profile_step`): 1.0+ prints host_step_time in ms; 0.19-0.21 printed
-# `elapsed_time = X s` instead. `num_scheduled_requests` is printed with ':' (1.0-1.2) or ' =' (later lines).
-_LINE = re.compile(
-    r"iter = (?P<iter>\d+),.*?(?:host_step_time = (?P<host_ms>[\d.]+) ?ms|elapsed_time = (?P<host_s>[\d.]+)s)"
-    r"(?:, prev_device_step_time = (?:(?P<dev_ms>[\d.]+) ?ms|N/A))?"
-    r".*?num_scheduled_requests(?::| =) (?P<n>\d+)"
-    r".*?'num_ctx_requests': (?P<ctx>\d+)")
+# `elapsed_time = X s` instead. `num_scheduled_requests` is printed with ':' after the times (1.0-1.2) or with ' ='
+# before them (later lines): each field is read on its own.
+_ITER = re.compile(r"\biter = (\d+),")
+_HOST = re.compile(r"host_step_time = ([\d.]+) ?ms|elapsed_time = ([\d.]+) ?s\b")
+_DEVICE = re.compile(r"prev_device_step_time = ([\d.]+) ?ms")
+_SCHEDULED = re.compile(r"num_scheduled_requests(?::| =) (\d+)")
+_CTX = re.compile(r"'num_ctx_requests': (\d+)")
 HOST_BOUND = 1.05  # a row is host-bound when host_step_time > this x prev_device_step_time
 
 
@@ -84,12 +85,17 @@ class IterRow:
 
 
 def parse_iterlog(text: str) -> list[IterRow]:
-    """Every iteration line of a TensorRT-LLM log (other lines are skipped)."""
+    """Every iteration line of a TensorRT-LLM log that prints the loop's time and the scheduled requests (other lines
+    are skipped)."""
     rows = []
-    for m in _LINE.finditer(text):
-        host = float(m["host_ms"]) / 1e3 if m["host_ms"] is not None else float(m["host_s"])
-        dev = float(m["dev_ms"]) / 1e3 if m["dev_ms"] is not None else None
-        rows.append(IterRow(int(m["iter"]), host, dev, int(m["n"]), int(m["ctx"])))
+    for line in text.splitlines():
+        it, host, n = _ITER.search(line), _HOST.search(line), _SCHEDULED.search(line)
+        if it is None or host is None or n is None:
+            continue
+        dev, ctx = _DEVICE.search(line), _CTX.search(line)
+        host_s = float(host[1]) / 1e3 if host[1] is not None else float(host[2])
+        rows.append(IterRow(int(it[1]), host_s, float(dev[1]) / 1e3 if dev else None, int(n[1]),
+                            int(ctx[1]) if ctx else 0))
     return rows
 
 
