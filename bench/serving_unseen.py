@@ -144,6 +144,8 @@ def simulate_args(run: dict[str, Any], end: int = 0) -> list[str]:
     for key in ("gpu_memory_utilization", "max_model_len"):  # the server's, where the source states them
         if run.get(key):
             a += ["--" + key.replace("_", "-"), str(run[key])]
+    if run.get("chunked_prefill") is not None:  # the server's chunked prefill, where the source states it
+        a += ["--chunked-prefill" if run["chunked_prefill"] else "--no-chunked-prefill"]
     if run.get("max_num_seqs"):  # the server's batch cap (TensorRT-LLM: the engine's max_batch_size)
         a += ["--max-num-seqs", str(run["max_num_seqs"])]
     if run.get("image_dataset"):  # a VLM run on a benchmark dataset's images (capacity/vision_datasets.py)

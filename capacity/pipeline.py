@@ -394,7 +394,7 @@ def run(dep: Deployment, workload: WorkloadSpec, opts: RunOptions = RunOptions()
     if b.estimates:
         notes.append("KV blocks from a memory budget with estimated terms: " + ", ".join(b.estimates))
     notes += (p.engine_model.launch_notes(dep.engine) + state_note(dep.card, dep.profile)
-              + frontend.note(dep.engine, dep.card, workload))
+              + frontend.note(dep.engine, dep.card, workload) + [w for w in b.warnings if "(max_req_len)" in w])
     if dep.engine.speculative is not None:
         notes += run_notes(dep.engine.speculative, b.warnings)
     arr = workload.arrivals

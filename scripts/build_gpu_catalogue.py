@@ -63,6 +63,8 @@ NAMES = {
     "mi325x": ("MI325X", []),
     "a100-pcie-80gb": ("A100-PCIe-80GB", ["a100-80gb-pcie", "a100-pcie"]),
     "l20": ("L20", []),
+    "b300": ("B300-SXM-288GB", ["b300-sxm", "b300-sxm-288gb", "hgx-b300", "dgx-b300"]),
+    "gb300": ("GB300-279GB", ["gb300-nvl72"]),
 }
 
 # What torch.cuda.get_device_name() returns (vLLM's default rules match words in it), the number of SMs (CUs
@@ -105,6 +107,8 @@ DEVICE = {
     "mi325x": ("AMD Instinct MI325X", 304, False),
     "a100-pcie-80gb": ("NVIDIA A100 80GB PCIe", 108, False),
     "l20": ("NVIDIA L20", 92, False),
+    "b300": ("NVIDIA B300 SXM6 AC", 148, True),  # the name public reports show; SMs as B200 (not published here)
+    "gb300": ("NVIDIA GB300", 148, True),  # the name nvidia-smi prints (code-index id 54575140392)
 }
 EXTRA = ROOT / "scripts" / "gpu_specs_extra.yaml"
 MORE = ROOT / "scripts" / "gpu_specs_more.yaml"

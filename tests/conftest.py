@@ -122,15 +122,15 @@ TIERS = {
         gpus hybrid_cost hybrid_models input_bounds input_lag kv_offload memory memory_parallel memory_properties
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
         traces validate vision_requests vision_tokens vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
-        reasoning allreduce_world_size
+        reasoning allreduce_world_size vllm_host_weights state_space_floor
         trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp trtllm_host
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba family_qwen_moe family_minimax family_granite family_olmo
         family_phi family_cohere family_additions vllm_flags vllm_fallback eager_step
-        task_result_json import_graph cost_factory_cache metrics_percentiles config_copies""",
+        task_result_json import_graph cost_factory_cache metrics_percentiles config_copies family_configs_2026""",
     "engine_oracle": """golden prefix_cache_golden scheduler encoder_budget sglang_sched sglang_scheduler_trace vllm_scheduler_trace
         simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen memory_unseen_v4 sglang sglang_startup_v3 sglang_dp_swa sglang_releases sglang_dsa
-        trtllm mlperf saturation serving_unseen serving_unseen_v2 serving_unseen_v3 gemm_efficiency gemm_floor bundled_profiles card_golden sim_ahead sim_ahead_closed
+        trtllm mlperf saturation serving_unseen serving_unseen_v2 serving_unseen_v3 gemm_efficiency gemm_floor moe_floor bundled_profiles card_golden sim_ahead sim_ahead_closed
         frontend attention_dp image_cpu""",
     "end_to_end": """adversarial app autoscale_views browser cli docs_commands export fidelity fleetday launch
         loadtest manifests pipeline plan_answers plan_compare planner progress reliability reliability_io

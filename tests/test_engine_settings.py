@@ -94,14 +94,17 @@ def test_every_declared_flag_is_in_its_commands_help():
 
 
 def test_switches_and_units_map_to_the_fields():
-    """--no-chunked-prefill, --contiguous and --optimistic set their field's value; --activation-gib is GiB."""
+    """--chunked-prefill/--no-chunked-prefill (a pair: on, off or the release's), --contiguous and --optimistic set
+    their field's value; --activation-gib is GiB."""
     from capacity.cli.engine_options import command_options, given
 
     opts = command_options("memory")
-    got = given(opts, {"enable_chunked_prefill": True, "paged_kv": True, "kv_estimate": True,
+    got = given(opts, {"enable_chunked_prefill": False, "paged_kv": True, "kv_estimate": True,
                        "activation_bytes": 1.5, "enforce_eager": False, "max_num_seqs": None})
     assert got == {"enable_chunked_prefill": False, "paged_kv": False, "kv_estimate": "middle",
                    "activation_bytes": 1.5 * 2**30}
+    assert given(opts, {"enable_chunked_prefill": True})["enable_chunked_prefill"] is True  # TensorRT-LLM: on
+    assert "enable_chunked_prefill" not in given(opts, {"enable_chunked_prefill": None})  # the release's default
 
 
 def test_max_wait_ms_is_seconds_as_before():

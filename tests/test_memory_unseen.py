@@ -32,7 +32,8 @@ KNOWN = {
         "activation, 2.03 GiB against the log's 1.92, is right)",
     "aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi": "non-torch memory 2.10 GiB at TP 8 on an A100 "
         "NVSwitch board against 0.59 estimated (two NCCL communicators of 8 ranks: their channel count is not "
-        "modelled); KV +6.1% in the middle, the conservative end below the log",
+        "modelled); the weights, 3.96 GiB with 0.7.1's absorbed MLA copies, match the log's 3.97; KV +5.3% in the "
+        "middle, +2.4% at the conservative end",
     "trt4275-llama31-8b-fp8-rtx5090-0.19": "TensorRT-LLM 0.19's engine backend at trtllm-serve's defaults "
         "(max_batch_size 2048, max_seq_len 131,072; the command is not in the issue): KV 11.43 GiB in the middle "
         "against 16.05 logged (-29%, the safe side). The log leaves 5.55 GiB beside the weights; at those defaults "
@@ -146,6 +147,66 @@ def test_deepseek_before_mla_is_cached_as_multi_head_attention():
     assert kv_layout_card(card, release("0.7.0")).head_dim == 192 and kv_layout_card(card, release("0.7.1")) is card
     b = mu.predict(case)
     assert not b.fits and b.kv_tokens == pytest.approx(63_040, rel=0.05)
+
+
+def test_vllm_071_keeps_deepseeks_absorbed_mla_matrices_in_the_weights():
+    """DeepSeek-Coder-V2-Lite at TP 8 on A100-40GB (vLLM 0.7.1, fp16): 'model weights take 3.97GiB'. 0.7.1's
+    MLACommonImpl.process_weights_after_loading (attention/backends/mla/utils.py, run by the loader) keeps per
+    layer, beside q_proj / kv_b_proj / o_proj, with 16 / 8 = 2 heads a rank, hidden 2,048 (q_lora_rank None),
+    kv_lora_rank 512, qk_rope_head_dim 64:
+    W_QR 2,048 x 2 x 64 = 262,144; W_Q_UK 2,048 x 2 x 512 = 2,097,152; W_UV_O 2 x 512 x 2,048 = 2,097,152
+    elements, 4,456,448 x 2 B = 8,912,896 B a layer, x 27 layers = 240,648,192 B (0.224 GiB). 0.8.0 keeps views."""
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
+    from capacity.engine.vllm.release import release
+
+    case = DEV["aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi"]
+    card = mu._card(case["inputs"])
+    assert absorbed_mla_bytes(card, 8, release("0.7.1")) == 27 * (262_144 + 2 * 2_097_152) * 2 == 240_648_192
+    assert absorbed_mla_bytes(card, 8, release("0.7.3")) == 240_648_192
+    assert absorbed_mla_bytes(card, 8, release("0.8.0")) == absorbed_mla_bytes(card, 8, release("0.7.0")) == 0.0
+    assert absorbed_mla_bytes(card, 8, release("0.19")) == 0.0  # unquantised: W_UV / W_UK_T are views of the weight
+    assert absorbed_mla_bytes(card.with_overrides(weight_dtype="int4", quant_group_size=128), 8,
+                              release("0.7.1")) == 0.0  # MLA off for GPTQ/AWQ in 0.7.x (ModelConfig.use_mla)
+    logged = case["log"]["logged"]["weights_gib"]
+    assert logged == 3.97
+    assert mu.predict(case).weights_bytes / 2**30 == pytest.approx(logged, abs=0.02)  # 3.958 (3.734 without them)
+
+
+def test_vllm_071_and_072_run_an_awq_deepseek_without_mla():
+    """ModelConfig.use_mla (0.7.1, 0.7.2 wheels): a checkpoint quantised other than fp8 / compressed-tensors runs
+    DeepseekV2Attention ("MLA is not supported with %s quantization. Disabling MLA."), whose cache holds K and V
+    of every local head at qk_nope + qk_rope = 128 + 64 = 192: 2 x 16 heads x 192 = 6,144 elements a token and
+    layer at TP 1, where MLA's latent + rope is 512 + 64 = 576 (10.7x fewer). From 0.7.3 use_mla is
+    `is_deepseek_mla and not VLLM_MLA_DISABLE` for any checkpoint; MLACommonImpl then dequantises kv_b_proj by
+    applying the method to an identity and keeps it (self.W_UK / self.W_UV): 512 x 2 x (128 + 128) = 262,144
+    elements a layer at TP 8 beside W_QR + W_Q_UK + W_UV_O (4,456,448): 27 x 4,718,592 x 2 B = 254,803,968 B."""
+    from capacity.engine.vllm.layout import kv_layout_card
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
+    from capacity.engine.vllm.release import release
+
+    card = mu._card(DEV["aws-kr-deepseek-coder-v2-lite-8xa100-40gb-tp8-v0-071-lmi"]["inputs"])
+    awq = card.with_overrides(weight_dtype="int4", quant_group_size=128)
+    for v, per_layer in (("0.7.1", 6_144), ("0.7.2", 6_144), ("0.7.3", 576), ("0.8.0", 576)):
+        assert kv_layout_card(awq, release(v)).kv_elements_per_token_per_layer(1) == per_layer, v
+        assert kv_layout_card(card, release(v)).kv_elements_per_token_per_layer(1) == 576, v
+    assert absorbed_mla_bytes(awq, 8, release("0.7.3")) == 27 * (4_456_448 + 262_144) * 2 == 254_803_968
+
+
+def test_vllm_071_absorbed_mla_copies_of_fp8_deepseek_v3_by_hand():
+    """DeepSeek-V3 FP8 (blocks of 128) at TP 8 on 0.7.1: 16 heads a rank, q_lora_rank 1,536, hidden 7,168.
+    W_QR 1,536 x 16 x 64 x 2 B = 3,145,728; W_Q_UK re-quantised 1,536 x 8,192 x 1 B = 12,582,912 + 12 x 64 fp32
+    scales (3,072) = 12,585,984; W_UV_O 8,192 x 7,168 = 58,720,256 + 64 x 56 x 4 = 14,336 -> 58,734,592; the
+    dequantised kv_b_proj kept as W_UK / W_UV: 512 x 16 x 256 x 2 B = 4,194,304. 78,660,608 B a layer x 61 layers
+    = 4,798,297,088 B (4.47 GiB a rank)."""
+    from capacity.engine.vllm.mla_copies import absorbed_mla_bytes, dequantised_kv_b_bytes
+    from capacity.engine.vllm.release import release
+    from capacity.model.card import load_model_card
+
+    v3 = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
+    assert absorbed_mla_bytes(v3, 8, release("0.7.1")) == (3_145_728 + 12_585_984 + 58_734_592 + 4_194_304) * 61
+    # from 0.8.0 (read in 0.8.0, 0.10.1, 0.19.0) only the dequantised kv_b_proj stays, held by the W_UV / W_UK_T
+    # views: 512 x 16 x 256 x 2 B = 4,194,304 B a layer (not counted yet from 0.8.0: it moves a golden case)
+    assert dequantised_kv_b_bytes(v3, 8) == 4_194_304
 
 
 def test_summary_of_the_development_group():

@@ -262,3 +262,24 @@ def test_the_overlap_scheduler_is_on_unless_async_scheduling_is_false():
         p = prepare(Deployment(card, get_gpu("h100-sxm"), cfg))
         assert p.make_scheduler().cfg.overlap_schedule is on
         assert ("--disable-overlap-schedule" in p.engine_model.launch_command(card, cfg, p.budget)) is not on
+
+
+def test_a_pool_below_the_models_context_starts_and_caps_requests():
+    """SGLang starts when its pool is smaller than the model's context_len and caps a request at the pool
+    (tp_worker.py: max_req_len = min(context_len - 1, max_total_num_tokens - 1)): with context_len left at the
+    model's (40,960 for Qwen3-32B), a bf16 Qwen3-32B on one H100 (61 GiB of weights) is served, requests capped; a
+    context_len the user sets above the pool stays a refusal."""
+    from capacity.engine.config import EngineConfig
+    from capacity.engine.registry import get_engine
+    from capacity.errors import DoesNotFit
+    from capacity.model.card import load_model_card
+    from capacity.model.gpus import get_gpu
+
+    card, gpu = load_model_card(str(ROOT / "tests/data/hf/qwen3-32b.json")), get_gpu("h100-sxm")
+    em = get_engine("sglang@0.5.5")
+    b = em.budget(card, gpu, EngineConfig(engine="sglang@0.5.5"))
+    pool = b.planning_blocks * b.block_size
+    assert b.fits and pool < 40_960 and b.max_model_len == pool - 1
+    assert any("(max_req_len)" in w for w in b.warnings)
+    with pytest.raises(DoesNotFit, match="context_len 40960"):
+        em.budget(card, gpu, EngineConfig(engine="sglang@0.5.5", max_model_len=40_960))

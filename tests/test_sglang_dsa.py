@@ -214,10 +214,13 @@ def test_sglang_lora_flags_reach_the_launch_command():
 # then ((n + 128) // 128) x 128 = 1,908,412,800.
 # normal: 10 channels x 8 ranks x [(2 + 3) x 4 + 256 x (14,336 + 8 + 128 x 8 + 128 x 4 + 128 x 4)] = 80 x 4,196,372
 # = 335,709,760, rounded up to 128: 335,709,824.
+# The RDMA (low-latency) buffer sits in NVSHMEM's heap, mapped in granules of 2^29 = 536,870,912 bytes (DeepEP sets
+# NVSHMEM_CUMEM_GRANULARITY): 1,908,412,800 / 536,870,912 = 3.55 -> 4 granules = 2,147,483,648 bytes.
 LL_V3, NVL_V3 = 1_908_412_800, 335_709_824
+LL_HEAP_V3 = 4 * 536_870_912
 
 
-@pytest.mark.parametrize("mode, want", [("low_latency", LL_V3), ("normal", NVL_V3), ("auto", LL_V3 + NVL_V3)])
+@pytest.mark.parametrize("mode, want", [("low_latency", LL_HEAP_V3), ("normal", NVL_V3), ("auto", LL_HEAP_V3 + NVL_V3)])
 def test_deepep_buffers_of_deepseek_v3_by_hand(mode, want):
     card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
     cfg = SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8, max_model_len=8192, moe_a2a_backend="deepep",
@@ -235,12 +238,60 @@ def test_deepep_larger_than_the_reserve_does_not_fit_and_bad_settings_are_one_li
     card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
     e, gpu = get_engine("sglang@0.5.5"), get_gpu("h200")
     cfg = SglangConfig(engine="sglang@0.5.5", tensor_parallel_size=8, max_model_len=8192, moe_a2a_backend="deepep",
-                       mem_fraction_static=0.99)  # reserve 0.01 x T0 = about 1.4 GiB < 2.09 GiB
+                       mem_fraction_static=0.99)  # reserve 0.01 x T0 = about 1.4 GiB < 2.31 GiB
     b = e.budget(card, gpu, cfg, check_fit=False)
-    assert not b.fits and "DeepEP's buffers (2.09 GiB a rank)" in b.reason
+    # auto: 335,709,824 + 2,147,483,648 = 2,483,193,472 bytes = 2.31 GiB
+    assert not b.fits and "DeepEP's buffers (2.31 GiB a rank)" in b.reason
     small = load_model_card(ROOT / "capacity/data/models/llama-3.1-8b.yaml")
     with pytest.raises(ConfigError, match="has no MoE layers") as err:
         e.budget(small, gpu, SglangConfig(engine="sglang@0.5.5", moe_a2a_backend="deepep"))
     assert "\n" not in str(err.value)
     with pytest.raises(ValueError, match="deepep_max_dispatch_tokens_per_rank"):
         SglangConfig(engine="sglang@0.5.5", moe_a2a_backend="deepep", deepep_max_dispatch_tokens_per_rank=2048)
+
+
+# ---- SGLang 0.5.15+: the default F keeps 2 GiB for DeepEP (releases.py deepep_reserve_mib) ------------------------
+# ServerArgs._handle_gpu_memory_settings (0.5.15 wheel): reserved = 512 + max(chunk, 2048) x 1.5 + graph_bs x 2
+# + TP x PP / 8 x 1024 (+ 1.5 GiB for the MLA prefill graph), at least 10 GiB over 60 GiB, then + 2048 MiB with
+# --moe-a2a-backend deepep; F = round((G - reserved) / G, 3). G = 81,559 MiB:
+# chunk 8,192, graph 256, TP 8, MLA: 512 + 12,288 + 512 + 1,024 + 1,536 = 15,872 (above the floor) -> 0.805;
+#   + 2,048 = 17,920 -> round(63,639 / 81,559, 3) = 0.780.
+# chunk 2,048, graph 8, TP 1, MLA: 512 + 3,072 + 16 + 128 + 1,536 = 5,264 -> the floor 10,240 -> 0.874;
+#   + 2,048 on top of the floor = 12,288 -> round(69,271 / 81,559, 3) = 0.849. 0.5.14 has no such reserve.
+@pytest.mark.parametrize("release, chunk, graph, tp, plain, with_deepep", [
+    ("0.5.15", 8192, 256, 8, 0.805, 0.780), ("0.5.15", 2048, 8, 1, 0.874, 0.849),
+    ("0.5.23", 2048, 8, 1, 0.874, 0.849), ("0.5.14", 2048, 8, 1, 0.874, 0.874)])
+def test_default_f_keeps_2_gib_for_deepep_from_0_5_15(release, chunk, graph, tp, plain, with_deepep):
+    from capacity.engine.sglang.releases import default_mem_fraction_static
+
+    kw = dict(chunked_prefill_size=chunk, cuda_graph_max_bs=graph, mla=True)
+    assert default_mem_fraction_static(81_559, tp, release, **kw) == pytest.approx(plain, abs=1e-12)
+    assert default_mem_fraction_static(81_559, tp, release, deepep=True, **kw) == pytest.approx(with_deepep, abs=1e-12)
+
+
+def test_deepep_pool_is_smaller_from_0_5_15_and_unchanged_before():
+    """With the default F the pool loses T0 x (the 2 GiB / G drop in F) from 0.5.15; 0.5.14's pool is the same with
+    and without DeepEP (the buffers come out of the reserve only)."""
+    card = load_model_card(ROOT / "capacity/data/models/deepseek-v3.yaml")
+    gpu = get_gpu("h200")
+    for rel, smaller in (("sglang@0.5.15", True), ("sglang@0.5.14", False)):
+        e = get_engine(rel)
+        plain = e.budget(card, gpu, SglangConfig(engine=rel, tensor_parallel_size=8, max_model_len=8192))
+        ep = e._resolve(SglangConfig(engine=rel, tensor_parallel_size=8, max_model_len=8192,
+                                     moe_a2a_backend="deepep"), card, gpu)[1]
+        assert (ep.kv_tokens < plain.kv_tokens) is smaller, rel
+        assert any("reserves 2 GiB more" in n for n in ep.notes) is smaller, rel
+        if smaller:  # about 2 GiB of KV a rank: F drops by at least 2048 / G - 0.0005 (the rounding)
+            mib = gpu.usable_memory_bytes / 2**20
+            cell = (plain.kv_budget_bytes / plain.kv_tokens)
+            lost = (plain.kv_tokens - ep.kv_tokens) * cell / GiB
+            assert (2048 / mib - 0.001) * mib / 1024 * 0.9 < lost < 2.2, lost
+
+
+def test_deepep_low_latency_hint_itself_and_its_heap_granules():
+    """The hint (Buffer.get_low_latency_rdma_size_hint) is unchanged; the heap rounds it to 2^29-byte granules: 1 byte
+    takes one granule, exactly one granule takes one, one byte more takes two, 0 takes none."""
+    from capacity.engine.sglang.deepep import low_latency_bytes, nvshmem_heap_bytes
+
+    assert low_latency_bytes(128, 7168, 8, 256) == LL_V3
+    assert [nvshmem_heap_bytes(n) for n in (0, 1, 2**29, 2**29 + 1, LL_V3)] == [0, 2**29, 2**29, 2**30, LL_HEAP_V3]

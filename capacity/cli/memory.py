@@ -128,7 +128,10 @@ def _sglang_memory(model, gpu, tp, kv_dtype, weight_dtype, quant_group_size, max
                   f"context_len {b.context_len:,}")
         for n in b.notes:
             con.print(f"note: {n}")
-    if not b.fits:
+    if not b.fits and max_model_len is None and b.kv_tokens > 1:  # SGLang starts and caps requests (max_req_len)
+        typer.echo(f"note: SGLang starts and refuses requests of {b.kv_tokens - 1:,} tokens or more (max_req_len); "
+                   "set --max-model-len to plan for longer ones", err=True)
+    elif not b.fits:
         raise CapacityError("does not fit: " + sglang_misfit(b))
 
 

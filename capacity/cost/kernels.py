@@ -19,6 +19,8 @@ replayed CUDA graph. Counted from vLLM's model code (docs/fidelity.md, "Decode a
   (`topk_softmax`: 1; DeepSeek's `grouped_topk`: its torch ops, about 4 after Inductor), `moe_align_block_size`,
   the two expert GEMMs (Triton `fused_moe` or `fused_marlin_moe`), the activation, `moe_sum`: 8, 11 with
   grouped top-k; shared experts (`DeepseekV2MoE`) add their gate_up, activation, down and the add: 4.
+- a hybrid's state layers (gated DeltaNet, Mamba-2, Mamba, short convs): capacity/cost/state_space_floor.py
+  `state_layer_kernels`, counted from vLLM's and SGLang's model code (8 a gated DeltaNet layer).
 - The TP all-reduces (two a layer at TP > 1) are not counted here: (c) below costs them.
 
 A kernel's floor is `RooflineParams.kernel_floor_s`: what one small kernel costs inside a replayed CUDA graph,
@@ -67,6 +69,7 @@ NVIDIA constants miss it by 45% MAPE where the link rate misses by 28%.
 """
 from __future__ import annotations
 
+from capacity.cost.state_space_floor import state_layer_kernels
 from capacity.model.card import ModelCard
 
 # NCCL src/graph/tuning.cc: baseLat[Ring][LL] and hwLat[NVLINK|PCI][Ring][LL], microseconds
@@ -118,6 +121,10 @@ def kernel_floor_extra_s(card: ModelCard, kernel_floor_s: float, kernel_launch_s
         kernels += Lm * mlp_kernels(card, True)
     # the roofline's ops: attention GEMMs and attention per attention layer, two norms per layer, the MLP's ops
     ops = 2 * La + 2 * card.num_layers + Ld + Lm * (2 + (1 if shared else 0))
+    if card.state is not None:  # a hybrid's state layers: their kernels (state_space_floor.state_layer_kernels);
+        Ls = card.state.num_layers  # the roofline's ops there: the projections and the decode update's two launches
+        kernels += Ls * state_layer_kernels(card)
+        ops += 3 * Ls
     return max(0.0, kernels * kernel_floor_s - ops * kernel_launch_s)
 
 

@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from capacity.cost.moe_floor import moe_floor
 from capacity.cost.step import StepCost
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
@@ -133,6 +134,11 @@ class ParallelCost:
         w = weight_bytes_per_rank(card, 1)
         self._full_expert_w = (w["experts_gate_up"] + w["experts_down"]) / (card.num_moe_layers * card.moe.num_experts)
         self._memo: dict[int, tuple[float, float]] = {}
+        # the measured MoE floor (capacity/cost/moe_floor.py) of the experts split over tp x dp ranks; none under
+        # expert parallelism (aiconfigurator's EP rows are not in the data file: the roofline alone there)
+        fl = getattr(inner, "_moe_floor", None)
+        self._floor = (None if fl is None or layout.ep else
+                       moe_floor(card, gpu, layout.moe_ranks, inner.params.allreduce_engine))
         imb = f", expert imbalance x{expert_imbalance:g}" if layout.ep else ""
         self.source = f"{inner.source} + {layout.label} ({backend if layout.dp > 1 else 'no all-to-all'}{imb})"
 
@@ -160,18 +166,22 @@ class ParallelCost:
             w = self._full_expert_w / lay.moe_ranks
             pairs, touched = float(n * k), e * hit
         elems = w / DTYPE_BYTES[card.format_of("experts")]
-        return inner._op(2.0 * pairs * elems, touched * w + pairs * 2 * h * b, inner._fam_eff["experts"],
-                         inner._fam_peak["experts"])
+        t = inner._op(2.0 * pairs * elems, touched * w + pairs * 2 * h * b, inner._fam_eff["experts"],
+                      inner._fam_peak["experts"])
+        return t if self._floor is None else max(t, self._floor.floor_s(n))
 
     def _tp_experts_s(self, tokens: int) -> float:
-        """The inner roofline's routed-expert term (TP-sharded experts, the rank's own tokens), to take out."""
+        """The inner roofline's routed-expert term (TP-sharded experts, the rank's own tokens, its measured floor
+        included), to take out."""
         inner, card = self.inner, self.card
         moe = card.moe
         e, k, h = moe.num_experts, moe.experts_per_token, card.hidden_size
         touched = e * (1 - (1 - k / e) ** tokens)
         flops = 2.0 * tokens * k * inner._elems(inner._expert_w, "experts")
         bytes_ = touched * inner._expert_w + tokens * k * 2 * h * DTYPE_BYTES[card.dtype]
-        return inner._op(flops, bytes_, inner._fam_eff["experts"], inner._fam_peak["experts"])
+        t = inner._op(flops, bytes_, inner._fam_eff["experts"], inner._fam_peak["experts"])
+        fl = getattr(inner, "_moe_floor", None)  # the inner roofline's measured floor, taken out with it
+        return t if fl is None else max(t, fl.floor_s(tokens))
 
     def a2a_s(self, tokens: int) -> float:
         """Dispatch and combine of one MoE layer for a rank holding `tokens` tokens (0 at dp 1)."""

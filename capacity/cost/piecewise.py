@@ -12,6 +12,9 @@ graph, the attention itself runs eagerly from Python. Which steps run that way i
   default"; `CUDAGraphMode.decode_mode()` FULL, `mixed_mode()` PIECEWISE): a decode-only batch replays one full
   graph (FlashAttention and FlashMLA declare `AttentionCGSupport.UNIFORM_BATCH` or better), a step with a prefill
   in it still runs piecewise.
+- A hybrid's state layers are split out too (`_attention_ops` holds vllm::mamba_mixer2, gdn_attention and the other
+  state ops): each state layer adds its eager op and one graph replay (capacity/cost/state_space_floor.py
+  `state_eager_ops`).
 - V0 runners capture full decode graphs (`CUDAGraphRunner`): not piecewise. SGLang's and TensorRT-LLM's graphs
   (decode graphs up to a batch size, eager or piecewise prefill) are read in capacity/engine/graphs.py, which
   wraps their steps with this class too (`eager_s`: a step with no graph at all, `layer_eager_s`).
@@ -59,6 +62,7 @@ vLLM's count (docs/fidelity.md, "One eager step").
 from __future__ import annotations
 
 from capacity.cost.kernels import attention_kernels, mlp_kernels
+from capacity.cost.state_space_floor import state_eager_ops
 from capacity.cost.step import StepCost, StepPlan, decode_run_s
 from capacity.model.card import ModelCard
 
@@ -212,5 +216,8 @@ def piecewise_wrap(cost: StepCost, engine_model, cfg, card: ModelCard, overhead_
                                card.num_layers - card.cross_attention_layers)
     if rel is None or rel.runner != "v1" or not card.num_kv_layers:
         return cost
-    return PiecewiseGraphCost(cost, card.num_kv_layers * layer_dispatch_s(card), overhead_s,
-                              decode_is_piecewise(rel.version, rel.runner))
+    cpu = card.num_kv_layers * layer_dispatch_s(card)
+    if card.state is not None:  # a hybrid's state layers run eagerly between graph pieces too (state_eager_ops)
+        calls, views = state_eager_ops(card)
+        cpu += card.state.num_layers * ((calls + 1) * eager_call_s() + views * VIEW_S)
+    return PiecewiseGraphCost(cost, cpu, overhead_s, decode_is_piecewise(rel.version, rel.runner))

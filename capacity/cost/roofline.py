@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from capacity.cost.kernels import allreduce_call_s, kernel_floor_extra_s
+from capacity.cost.moe_floor import MoEFloor, moe_floor
 from capacity.cost.roofline_params import RooflineParams
 from capacity.cost.state_space import StateSpaceCost
 from capacity.cost.step import StepPlan
@@ -63,6 +64,9 @@ class RooflineCost:
         self._expert_w = (w.get("experts_gate_up", 0.0) + w.get("experts_down", 0.0)) / (moe_layers * e)
         self._lm_w = w.get("lm_head", w["embed_tokens"])
         self._floors = self._gemm_floors(w) if self.params.measured_gemm_floor else {}
+        # the routed experts' measured floor (capacity/cost/moe_floor.py; None: no table, the roofline alone)
+        self._moe_floor: MoEFloor | None = (moe_floor(self.card, self.gpu, self.tp, self.params.allreduce_engine)
+                                            if self.params.measured_moe_floor else None)
         self._b = DTYPE_BYTES[self.card.dtype]
         self._peak = self.gpu.peak_flops(self.card.dtype)  # LM head, router, norms: the activation dtype
         self._act_eff = self._gemm_eff(self.card.dtype)
@@ -208,6 +212,8 @@ class RooflineCost:
         flops = 2.0 * tokens * k * self._elems(self._expert_w, "experts")
         bytes_ = touched * self._expert_w + tokens * k * 2 * h * self._b
         t = self._op(flops, bytes_, self._fam_eff["experts"], self._fam_peak["experts"])
+        if self._moe_floor is not None:
+            t = max(t, self._moe_floor.floor_s(tokens))
         t += self._op(2.0 * tokens * h * e, e * h * self._b, self._act_eff)  # router
         if self._shared_w:
             t += self._gemm(tokens, self._shared_w, 2 * h + 3 * moe.shared_intermediate / self.tp, "shared_experts")

@@ -32,6 +32,10 @@ class RooflineParams(BaseModel):
     # A hybrid's chunked state-space / linear-attention scans (Triton SSD and FLA kernels; capacity/cost/state_space.py):
     # an assumption, not measured (plausible 0.15-0.6); decode's state update is bandwidth-bound and ignores it
     state_scan_flops_eff: Eff = 0.30
+    # ... and never faster than NVIDIA measured those kernels (conv + scan, conv + state update) for that GPU, engine
+    # and per-rank shape (capacity/data/state_space_latency.json, aiconfigurator's tables; capacity/cost/
+    # state_space_floor.py). GPUs and engines without a table keep the model alone. False: the model alone.
+    measured_state_floor: bool = True
     attention: Literal["ideal", "dense_packed"] = "ideal"
     # FP8 KV on Hopper/Blackwell: attention multiplies in FP8 (FlashAttention-3 and TRT-LLM's FMHA quantise q too)
     fp8_attention: bool = True
@@ -41,9 +45,14 @@ class RooflineParams(BaseModel):
     measured_gemm_eff: bool = True
     # A dense GEMM (attention projections, dense and shared-expert MLP) never runs faster than NVIDIA measured that
     # shape on that GPU in TensorRT-LLM's kernels (capacity/data/gemm_latency.json, from the same tables): the
-    # kernels' fixed costs at small shapes and their dip below the ridge. MoE experts (grouped GEMMs) and the LM
-    # head are not bounded. False: the roofline alone.
+    # kernels' fixed costs at small shapes and their dip below the ridge. MoE experts (grouped GEMMs: the next
+    # switch) and the LM head are not bounded by it. False: the roofline alone.
     measured_gemm_floor: bool = True
+    # A MoE layer's routed experts never run faster than NVIDIA measured that shape (or carried from the nearest
+    # measured one) on that GPU in the engine's fused MoE kernels (capacity/data/moe_latency.json, from
+    # aiconfigurator's moe_perf tables; capacity/cost/moe_floor.py). No table for the GPU, engine or expert dtype:
+    # the roofline alone. False: the roofline alone everywhere.
+    measured_moe_floor: bool = True
     # (b) of capacity/cost/kernels.py: a step's fixed kernel time is at least vLLM's kernels per layer (counted per
     # family from its model code) x kernel_floor_s, one small kernel inside a replayed CUDA graph: 1.68 us on the
     # project's H200 (calibrate/profiles/llama-3.1-8b-h200.json, linear.elementwise at 1 token / 32 kernels).

@@ -22,11 +22,13 @@ a kernel launch, as the roofline's own ops. Terms, and the vLLM code each comes 
 
 The scan kernels are Triton kernels whose achieved fraction of the tensor-core peak is not measured here:
 `RooflineParams.state_scan_flops_eff` is an assumption (0.3, plausible 0.15-0.6); decode is bandwidth-bound and
-does not depend on it. Plain typed Python (called from the compiled roofline; no pydantic, no third-party base).
+does not depend on it. Where NVIDIA's aiconfigurator measured the kernels for the GPU and engine, neither runs
+faster than measured (`RooflineParams.measured_state_floor`; capacity/cost/state_space_floor.py). Plain typed Python (called from the compiled roofline; no pydantic, no third-party base).
 """
 from __future__ import annotations
 
 from capacity.cost.roofline_params import RooflineParams
+from capacity.cost.state_space_floor import StateFloor, state_floor
 from capacity.model.card import ModelCard
 from capacity.model.gpus import GPU
 from capacity.model.weights import weight_bytes_per_rank
@@ -85,6 +87,9 @@ class StateSpaceCost:
             self._proj_act = h + 3 * self._inner + h
             self._chunk = 1
         self._prefill_memo: dict[int, tuple[float, float]] = {}
+        # never faster than NVIDIA measured these kernels on this GPU and engine (capacity/cost/state_space_floor.py)
+        self.floor: StateFloor | None = (state_floor(card, gpu.name, tp, params.allreduce_engine)
+                                         if params.measured_state_floor else None)
 
     # ---- primitives -------------------------------------------------------------------------------
     def _op(self, flops: float, bytes_: float, peak: float, eff: float) -> float:
@@ -156,8 +161,9 @@ class StateSpaceCost:
                 got = self._prefill_memo[key] = (self.scan_flops(new), self.scan_bytes(new, cached))
             flops += got[0]
             bytes_ += got[1]
-        return (max(flops / (self._peak * self.params.state_scan_flops_eff), bytes_ / self._bw)
-                + 3.0 * self.params.kernel_launch_s)
+        model = (max(flops / (self._peak * self.params.state_scan_flops_eff), bytes_ / self._bw)
+                 + 3.0 * self.params.kernel_launch_s)
+        return model if self.floor is None else max(model, self.floor.prefill_s(chunks))
 
     def decode_state_bytes(self) -> float:
         """Bytes one decoding sequence moves in one state layer: the SSM state and conv state each read and written
@@ -176,8 +182,9 @@ class StateSpaceCost:
         """One state layer's conv update + state update for `seqs` decoding sequences (one batched kernel each)."""
         if seqs <= 0:
             return 0.0
-        return self._op(seqs * queries * self.decode_flops(), seqs * self.decode_state_bytes(), self._peak,
-                        self.params.attn_flops_eff) + self.params.kernel_launch_s
+        model = self._op(seqs * queries * self.decode_flops(), seqs * self.decode_state_bytes(), self._peak,
+                         self.params.attn_flops_eff) + self.params.kernel_launch_s
+        return model if self.floor is None else max(model, self.floor.decode_s(seqs))
 
     # ---- the step -----------------------------------------------------------------------------------
     def scan_step_s(self, prefills: list[tuple[int, int]], decodes: int, queries: int = 1) -> float:
@@ -196,4 +203,7 @@ def state_note(card: ModelCard, profile: str | None = None) -> list[str]:
     eff = RooflineParams().state_scan_flops_eff
     return [f"hybrid: {st.num_layers} {st.kind} state layers costed as docs/hybrid.md derives from vLLM's kernels "
             f"(prefill scan at {eff:g} of the GPU's peak, an assumption: 0.15-0.6 plausible; decode reads and writes "
-            f"each sequence's state, bandwidth-bound); attention on {card.num_kv_layers} layers only"]
+            f"each sequence's state, bandwidth-bound), never faster than NVIDIA's measured kernels where "
+            f"capacity/data/state_space_latency.json has the GPU, engine and shape (gated DeltaNet on H100 SXM, H200, "
+            f"B200, L40S; Mamba-2's conv under TensorRT-LLM), the model alone elsewhere; attention on "
+            f"{card.num_kv_layers} layers only"]

@@ -120,7 +120,8 @@ class EngineConfig(BaseModel, metaclass=_PickedByEngine):
                                        "options": [1024, 2048, 4096, 8192, 16384]})
     enable_chunked_prefill: bool | None = setting(
         None, description="Split long prompts across steps. None: the release's default (V1: on; V0: on by itself "
-        "above 32k tokens).", flag="--no-chunked-prefill", set_to=False, help="Disable chunked prefill",
+        "above 32k tokens; TensorRT-LLM: off).", flag="--chunked-prefill/--no-chunked-prefill",
+        help="Chunked prefill on or off (default: the engine release's)",
         vllm="--enable-chunked-prefill/--no-enable-chunked-prefill",
         ui={"label": "chunked prefill", "kind": "checkbox", "value": True})
     enable_prefix_caching: bool = setting(

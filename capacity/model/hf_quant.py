@@ -10,8 +10,13 @@ from typing import Any
 from capacity.errors import ConfigError
 
 # ---- quantisation ---------------------------------------------------------------------------------
-_FAMILY_PATTERNS = (("attention", re.compile(r"self_attn|attention|attn")), ("experts", re.compile(r"experts")),
+# "experts" must not match "shared_experts" (Kimi-K2.5 ignores `re:.*shared_experts.*` and quantises its routed
+# experts); a dense MLP's projections (`mlp.gate_proj`, or a `re:.*mlp\.(gate|up|...)_proj.*` pattern) are the
+# dense_mlp family, the router (`mlp.gate`) is not
+_FAMILY_PATTERNS = (("attention", re.compile(r"self_attn|attention|attn")),
+                    ("experts", re.compile(r"(?<!shared_)experts")),
                     ("shared_experts", re.compile(r"shared_expert")), ("lm_head", re.compile(r"lm_head")),
+                    ("dense_mlp", re.compile(r"mlp\\?\.\(?(gate_up|gate|up|down)(_proj|\|)")),
                     ("vision", re.compile(r"vision|visual|multi_modal")))
 
 

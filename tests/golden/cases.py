@@ -216,6 +216,16 @@ VOLATILE = ("wall_s", "cache_hits", "simulations")
 # stay under the roofline's 5 launch charges of 4 us (term (b) adds 0), the all-reduce vLLM picks (c) moved none of
 # them, and no golden step with a prefill is shorter on the GPU than its eager dispatch (e). The memory cases are
 # unchanged.
+# Re-recorded (memory_deepseek_h200_tp8 only, 2026-12-08) for issue 46: vLLM 0.8+ keeps a quantised MLA
+# checkpoint's kv_b_proj dequantised to the compute dtype after loading (MLACommonImpl.process_weights_after_loading:
+# W_UV and W_UK_T are views of what get_and_maybe_dequant_weights returns; capacity/engine/vllm/mla_copies.py).
+# DeepSeek-V3 FP8 at TP 8, by hand: kv_lora_rank 512 x 16 local heads x (qk_nope 128 + v 128) x 2 B = 4,194,304 B a
+# layer x 61 layers = 255,852,544 B a rank. weights_bytes, ranges.weights[0] +255,852,544 (ranges.weights[1] x 1.01:
+# +258,411,069); kv_budget_bytes and ranges.kv_budget[1] -255,852,544, ranges.kv_budget[0] -258,411,069; KV blocks
+# 8,786 -> 8,729 and planning 8,322 -> 8,264 (a block is 64 tokens x 70,272 B = 4,497,408 B; 255,852,544 B is 56.9
+# blocks), kv_tokens 562,304 -> 558,656, max_concurrency 8.580 -> 8.524, every kv_fraction up 0.65% of itself (the
+# same KV bytes over a budget 0.65% smaller). The fit verdicts are unchanged. Other fields that differ from the old
+# recording (chunked_prefill, kv_groups, a 5e-7 B float rounding of non_torch) came from earlier changes.
 CHANGES: dict[tuple[str, str], str] = {
     ("plan_small", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",
     ("plan_a100_classes", "tradeoffs"): "issue 48: trade-off lines say 'at the per-replica load' once, in the heading the report prints above them, and a run of max-batch steps whose P99s stay within 5% is one line; every figure unchanged",

@@ -27,8 +27,13 @@ NUM_BUFFER_ALIGNMENT_BYTES 128; `internode.cu` SourceMeta 8 bytes):
   signalling = align(E x 8 + E / ranks x 4, 128); total 2 x (send + recv + signalling), rounded up to 128. (Older
   DeepEP releases have a combine message of 2 hidden and E x 4 signalling bytes: a little less.)
 
-The RDMA bytes live in NVSHMEM's symmetric heap, which NVSHMEM reserves in its own granules: its overhead is not
-counted (a note says so). Normal and auto modes over more than one node (> 8 ranks) are refused.
+The RDMA bytes live in NVSHMEM's symmetric heap (`internode::alloc`, `nvshmem_align`). DeepEP's `Buffer` sets
+NVSHMEM_CUMEM_GRANULARITY to 2^29 before `nvshmem_init` (`deep_ep/buffer.py`: "NVSHMEM initialization requires
+at least 256 MiB"; also NVSHMEM's documented default), and NVSHMEM maps its heap with cuMemCreate in granules of
+that size, so the RDMA buffer occupies whole 512 MiB granules (`nvshmem_heap_bytes`; DeepSeek-V3's 1,820 MiB
+low-latency buffer takes 2,048). NVSHMEM's own symmetric objects (its g_buf, teams, psync) share the heap and can
+push a buffer that ends near a granule's edge into one more; the 32 MiB of DeepEP's workspace and its pinned host
+counters are not counted. Normal and auto modes over more than one node (> 8 ranks) are refused.
 """
 from __future__ import annotations
 
@@ -43,6 +48,7 @@ SOURCE_META = 8  # sizeof(SourceMeta)
 MAX_TOPK = MAX_SCALES = 128  # kNumMaxTopK, kNumMaxScales
 DEFAULT_DISPATCH_TOKENS = 128  # SGLANG_DEEPEP_NUM_MAX_DISPATCH_TOKENS_PER_RANK
 MODES = ("auto", "normal", "low_latency")
+NVSHMEM_GRANULE = 2**29  # NVSHMEM_CUMEM_GRANULARITY as deep_ep/buffer.py sets it
 
 
 def _round(n: int, to: int = ALIGN) -> int:
@@ -67,8 +73,15 @@ def low_latency_bytes(tokens: int, hidden: int, ranks: int, experts: int) -> int
     return (2 * (send + recv + signal) + ALIGN) // ALIGN * ALIGN
 
 
+def nvshmem_heap_bytes(rdma_bytes: int) -> int:
+    """What NVSHMEM's symmetric heap maps for DeepEP's RDMA buffer: whole granules of 2^29 bytes (none without
+    one)."""
+    return -(-rdma_bytes // NVSHMEM_GRANULE) * NVSHMEM_GRANULE
+
+
 def deepep_buffer_bytes(card: ModelCard, ranks: int, mode: str, tokens: int = DEFAULT_DISPATCH_TOKENS) -> float:
-    """num_nvl_bytes + num_rdma_bytes of SGLang's DeepEPBuffer on one rank (ranks: the tp group)."""
+    """num_nvl_bytes + the NVSHMEM heap num_rdma_bytes maps, of SGLang's DeepEPBuffer on one rank (ranks: the tp
+    group)."""
     if card.moe is None:
         raise ConfigError(f"moe_a2a_backend deepep: {card.name} has no MoE layers")
     if mode not in MODES:
@@ -86,13 +99,14 @@ def deepep_buffer_bytes(card: ModelCard, ranks: int, mode: str, tokens: int = DE
             raise ConfigError(f"moe_a2a_backend deepep: {card.moe.num_experts} experts do not divide over {ranks} ranks "
                               "(SGLang asserts num_experts % group size == 0)")
         rdma = max(rdma, low_latency_bytes(tokens, card.hidden_size, ranks, card.moe.num_experts))
-    return float(nvl + rdma)
+    return float(nvl + nvshmem_heap_bytes(rdma))
 
 
 def deepep_note(b: float, reserve: float, mode: str) -> str:
     """Where the buffers go (the reserve, at the first forward) and how much of it they take."""
     return (f"DeepEP ({mode}): {b / 2**30:.2f} GiB of buffers a rank made at the first MoE dispatch, after the pool is "
-            f"sized: out of the reserve T0 x (1 - F) = {reserve / 2**30:.2f} GiB (NVSHMEM's heap overhead not counted)")
+            f"sized: out of the reserve T0 x (1 - F) = {reserve / 2**30:.2f} GiB (the RDMA part in NVSHMEM's 512 MiB granules)")
 
 
-__all__ = ["DEFAULT_DISPATCH_TOKENS", "MODES", "deepep_buffer_bytes", "deepep_note", "low_latency_bytes", "nvl_bytes"]
+__all__ = ["DEFAULT_DISPATCH_TOKENS", "MODES", "NVSHMEM_GRANULE", "deepep_buffer_bytes", "deepep_note", "low_latency_bytes",
+           "nvl_bytes", "nvshmem_heap_bytes"]

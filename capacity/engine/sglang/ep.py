@@ -15,8 +15,8 @@ weights. Read in the PyPI wheels (`python/sglang/srt/server_args.py`, `layers/mo
 
 Not modelled: redundant experts (`--ep-num-redundant-experts`) and EPLB. DeepEP's communication buffers (allocated
 after the pool is sized, so in the reserve T0 x (1 - F)) are capacity/engine/sglang/deepep.py's, counted when
-`moe_a2a_backend` is deepep; the 2 GiB more that 0.5.15+ keeps out of the default F for them with the decode CUDA
-graph on is not (the default F is read without it: the pool is the larger, unsafe side when DeepEP is on). The KV pool is the same as without EP (the cell is attention's).
+`moe_a2a_backend` is deepep; the 2 GiB more that 0.5.15+ keeps out of the default F for them is
+`capacity.engine.sglang.releases.deepep_reserve_mib`. The KV cell is attention's, as without EP.
 """
 from __future__ import annotations
 

@@ -49,6 +49,7 @@ from capacity.engine.sglang.releases import (
     NEWEST_READ,
     RELEASES,
     _line,
+    deepep_reserve_mib,
     default_chunked_prefill_size,
     default_cuda_graph_max_bs,
     default_mem_fraction_static,
@@ -203,10 +204,13 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
     amd = "cdna" in (gpu.arch or "").lower()
     f = mem_fraction_static if mem_fraction_static is not None else default_mem_fraction_static(
         gpu_mib, tp, release, chunked_prefill_size=chunked_prefill_size, cuda_graph_max_bs=cuda_graph_max_bs,
-        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention, speculative=speculative)
+        mla=card.mla is not None, vlm_factor=vlm, amd=amd, dp=dp_attention, speculative=speculative,
+        deepep=deepep is not None)
     if mem_fraction_static is None and spec_reserve_mib(speculative, _line(release)):
         notes.append(f"speculative decoding ({speculative}): the default F reserves "
                      f"{spec_reserve_mib(speculative, _line(release)) / 1024:.0f} GiB more (sglang@{release} rules)")
+    if mem_fraction_static is None and deepep_reserve_mib(deepep is not None, _line(release)):
+        notes.append(f"DeepEP: the default F reserves 2 GiB more for its buffers (sglang@{release} rules)")
     if mem_fraction_static is None and vlm != 1.0:
         notes.append(f"a vision-language model: SGLang lowers the default F by x{vlm:.3f} for the encoder")
     runner = runner_mm_factor(card, _line(release))  # before 0.4.9: the model runner lowers any F (sglang/mm.py)
@@ -379,8 +383,19 @@ class SglangMemory:
             num_blocks_range=[blocks_lo, blocks], kv_estimate=cfg.kv_estimate, planning_blocks=planning,
             block_bytes=page * cell, chunked_prefill=eng.chunked_prefill)
         why = self.fit_problem(b, sb)
+        capped = (why is not None and cfg.max_model_len is None and 1 < planning * page and sb.kv_tokens < ctx
+                  and sb.deepep_bytes <= sb.reserve_bytes)
+        if capped:
+            # context_len left at the model's: SGLang starts and caps a request at the pool (tp_worker.py:
+            # max_req_len = min(context_len - 1, max_total_num_tokens - 1)); a context_len the user set stays a refusal
+            b.max_model_len = planning * page - 1  # the pool the simulated scheduler is given
+            b.max_concurrency, b.contiguous_max_seqs = planning * page / b.max_model_len, 1
+            b.warnings.append(f"the pool holds {planning * page:,} tokens, less than the model's context_len {ctx:,}: "
+                              f"SGLang starts and refuses requests of more than {b.max_model_len:,} tokens "
+                              f"(max_req_len); set max_model_len to plan for longer ones")
+            why = None
         b.fits, b.reason = why is None, why or ""
-        if why is None and cfg.kv_estimate == "conservative" and sb.kv_tokens_low < ctx:
+        if why is None and not capped and cfg.kv_estimate == "conservative" and sb.kv_tokens_low < ctx:
             b.warnings.append(f"at the conservative end of the estimate ({sb.kv_tokens_low:,} tokens) one request of "
                               f"context_len {ctx} does not fit: SGLang would cap requests at the pool")
         if check_fit and why:

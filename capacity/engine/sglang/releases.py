@@ -164,11 +164,13 @@ def _table(n: int, line: Line) -> float:
 def default_mem_fraction_static(gpu_mem_mib: float, tp: int = 1, release: str = CURRENT, pp: int = 1,
                                 chunked_prefill_size: int | None = None, cuda_graph_max_bs: int | None = None,
                                 *, mla: bool = False, piecewise: bool = True, dp: int = 1,
-                                vlm_factor: float = 1.0, amd: bool = False, speculative: str | None = None) -> float:
+                                vlm_factor: float = 1.0, amd: bool = False, speculative: str | None = None,
+                                deepep: bool = False) -> float:
     """SGLang's default --mem-fraction-static for a GPU with this much memory (nvidia-smi's total, MiB), as each
     release line chooses it. `dp` > 1: DP attention over dp ranks; `piecewise`: whether the prefill CUDA graph is
     on (0.5.10+; off for vision models, DP attention, PP and AMD); `vlm_factor`: `vlm_fraction_factor`;
-    `speculative`: SGLang's --speculative-algorithm (EAGLE, EAGLE3, STANDALONE, NGRAM) or None."""
+    `speculative`: SGLang's --speculative-algorithm (EAGLE, EAGLE3, STANDALONE, NGRAM) or None; `deepep`:
+    --moe-a2a-backend deepep, whose buffers 0.5.15+ reserve 2 GiB for (`deepep_reserve_mib`)."""
     gib = gpu_mem_mib / 1024
     line, tpp = _line(release), tp * pp
     if line < (0, 4, 5, 3):
@@ -198,7 +200,22 @@ def default_mem_fraction_static(gpu_mem_mib: float, tp: int = 1, release: str = 
         reserved += 1.5 * 1024 if mla else len(piecewise_graph_tokens(chunk)) * 8
     if gib > 60:
         reserved = max(reserved, 10 * 1024)
+    reserved += deepep_reserve_mib(deepep, line)  # on top of the 10 GiB floor
     return round((gpu_mem_mib - reserved - spec) / gpu_mem_mib, 3) * vlm_factor
+
+
+def deepep_reserve_mib(deepep: bool, line: Line) -> float:
+    """MiB the default F keeps for DeepEP's all-to-all buffers: 2 GiB from 0.5.15 with --moe-a2a-backend deepep
+    (`ServerArgs._handle_gpu_memory_settings` in the 0.5.15 wheel, `reserve_for_deepep_a2a_mb` in 0.5.17's
+    server_args.py and 0.5.23's `arg_groups/memory_hook.py`: "DeepEP all-to-all buffers captured in the decode
+    graph are real extra allocations, so reserve them on top of the floor", added after the 10 GiB floor when the
+    decode CUDA graph is not disabled and the node is not a prefill-only one; absent in 0.5.14). 0.5.17+ add 1 GiB
+    more with DeepEP when the prefill graph is the BREAKABLE backend, which only embedding models take by default:
+    not counted.
+    `_handle_a2a_moe`, which turns the CUDA graphs off for --deepep-mode normal, runs after it, so the normal mode
+    keeps the 2 GiB too. capacity does not pass --disable-cuda-graph to the default F: with it SGLang keeps 2 GiB
+    less than counted here (the safe side)."""
+    return 2048.0 if deepep and line >= (0, 5, 15, 0) else 0.0
 
 
 def mm_reservation_bytes(card: ModelCard, release: str) -> float:
@@ -232,5 +249,6 @@ def refusal(release: str) -> str:
 
 
 __all__ = ["CURRENT", "NEWEST_READ", "RELEASES", "SPEC_ALGORITHM", "default_chunked_prefill_size",
-           "default_cuda_graph_max_bs", "default_mem_fraction_static", "mm_reservation_bytes", "parse_release",
+           "deepep_reserve_mib", "default_cuda_graph_max_bs", "default_mem_fraction_static",
+           "mm_reservation_bytes", "parse_release",
            "piecewise_graph_tokens", "refusal", "rope_cache_factor", "spec_reserve_mib", "version_key", "vlm_fraction_factor"]

@@ -67,6 +67,19 @@ class VllmConfig(DataParallelConfig):
         "nominal x16 rate", flag="--host-link-gbps", help="--kv-offload-gb: GB/s from one GPU to host memory "
         "(default: its PCIe x16 rate)", commands=("simulate",))
 
+    cpu_offload_gb: Annotated[float, Field(ge=0, le=1 << 20, allow_inf_nan=False)] = setting(
+        0.0, description="vLLM's --cpu-offload-gb: GiB of weights per GPU kept in host memory (from vLLM 0.5.3): "
+        "the decoder layers' parameters, first layer first, until at least this much is offloaded "
+        "(capacity/engine/vllm/host_weights.py, docs/memory.md). 0: off.", flag="--cpu-offload-gb",
+        help="GiB of weights per GPU kept in host memory (vLLM --cpu-offload-gb)", commands=("memory",),
+        vllm="--cpu-offload-gb")
+    kv_cache_memory_bytes: Annotated[int, Field(gt=0, le=1 << 50)] | None = setting(
+        None, description="vLLM's --kv-cache-memory-bytes (V1 from vLLM 0.11): the KV cache of each GPU set by "
+        "hand; the worker returns it instead of profiling, and gpu_memory_utilization is not applied to it. None: "
+        "profiled.", flag="--kv-cache-memory-bytes", help="KV cache bytes per GPU set by hand (vLLM "
+        "--kv-cache-memory-bytes, 0.11+; gpu_memory_utilization then does not size the KV cache)",
+        commands=("memory",), vllm="--kv-cache-memory-bytes")
+
     def pp_size(self) -> int:
         return self.pipeline_parallel_size
 

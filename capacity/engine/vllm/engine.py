@@ -130,6 +130,11 @@ class Vllm(VllmMemory):
         if vc.pipeline_parallel_size > 1 and rel.version < (0, 5, 1):
             raise ConfigError(f"pipeline_parallel_size {vc.pipeline_parallel_size}: {rel.label} has no pipeline "
                               "parallelism (from vLLM 0.5.1)")
+        if vc.cpu_offload_gb and rel.version < (0, 5, 3):
+            raise ConfigError(f"cpu_offload_gb {vc.cpu_offload_gb}: {rel.label} has no --cpu-offload-gb (from vLLM 0.5.3)")
+        if vc.kv_cache_memory_bytes is not None and (rel.runner != "v1" or rel.version < (0, 11, 0)):
+            raise ConfigError(f"kv_cache_memory_bytes {vc.kv_cache_memory_bytes}: {rel.label} has no "
+                              "--kv-cache-memory-bytes (V1 from vLLM 0.11)")
         if (vc.data_parallel_size > 1 or vc.enable_expert_parallel) and (rel.runner != "v1" or rel.version < (0, 8, 0)):
             raise ConfigError(f"{'data_parallel_size' if vc.data_parallel_size > 1 else 'enable_expert_parallel'}: "
                               f"{rel.label} has no --data-parallel-size / --enable-expert-parallel (V1 from vLLM 0.8)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 import re
 
 from capacity.engine.budget import KVGroups
+from capacity.engine.vllm.mla_copies import mla_enabled
 from capacity.engine.vllm.release import Release
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
@@ -78,10 +79,11 @@ def kv_groups(card: ModelCard, rel: Release, block_size: int) -> KVGroups:
 
 
 def kv_layout_card(card: ModelCard, rel: Release) -> ModelCard:
-    """The card as the release lays out its KV cache. DeepSeek's latent attention is cached as MLA from 0.7.1;
-    before, as plain multi-head attention over every head: head size 256 (the 192 of q/k and the 128 of v both
-    padded, deepseek_v2.py "TODO, support head_size 192") in 0.5.1-0.6.6, 192 in 0.7.0."""
-    if card.mla is None or rel.version >= (0, 7, 1):
+    """The card as the release lays out its KV cache. DeepSeek's latent attention is cached as MLA from 0.7.1
+    (0.7.1-0.7.2: unquantised and FP8 checkpoints only, `mla_copies.mla_enabled`); otherwise as plain multi-head
+    attention over every head: head size 256 (the 192 of q/k and the 128 of v both padded, deepseek_v2.py "TODO,
+    support head_size 192") in 0.5.1-0.6.6, 192 from 0.7.0 (`DeepseekV2Attention`)."""
+    if card.mla is None or mla_enabled(card, rel):
         return card
     m = card.mla
     size = m.qk_nope_head_dim + m.qk_rope_head_dim if rel.version >= (0, 7, 0) else 256

@@ -28,9 +28,10 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from capacity.engine.budget import KVGroups, MemoryBudget, check_fits, fit_problem, kv_bytes_per_token
+from capacity.engine.budget import KVGroups, MemoryBudget, fit_problem, kv_bytes_per_token
 from capacity.engine.config import EngineConfig, ResolvedEngine
 from capacity.engine.vllm.config import vllm_config
+from capacity.engine.vllm.host_weights import hand_set_kv_problem, hand_set_note, host_weights
 from capacity.engine.vllm.layout import (
     _stage_sizes,
     kv_groups,
@@ -40,6 +41,7 @@ from capacity.engine.vllm.layout import (
     mxfp4_layout_alternative,
     pp_stages,
 )
+from capacity.engine.vllm.mla_copies import absorbed_mla_bytes
 from capacity.engine.vllm.nontorch import Est, non_torch
 from capacity.engine.vllm.release import Release
 from capacity.errors import DoesNotFit
@@ -316,9 +318,12 @@ class VllmMemory:
         nested = rel.version < (0, 10, 0)
         ep = eng.tp * vc.data_parallel_size if vc.enable_expert_parallel else 1
         moe_tp = eng.tp * vc.data_parallel_size  # without expert parallelism the experts split over tp x dp
-        weights = sum(weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep, moe_tp=moe_tp).values())
+        groups_bytes = weight_bytes_per_rank(card, eng.tp, layout, bnb_nested_absmax=nested, ep=ep, moe_tp=moe_tp)
+        weights = sum(groups_bytes.values())
+        host = host_weights(card, groups_bytes, vc.cpu_offload_gb, runner_v2=rel.model_runner_v2)
         # LoRA adapters' buffers are made while the model loads: inside "model weights"
         weights += lora_bytes_per_rank(card, eng.tp, vc.max_loras, vc.max_lora_rank)
+        weights += absorbed_mla_bytes(card, eng.tp, rel)  # 0.7.1-0.7.3: DeepSeek's absorbed MLA copies (mla_copies.py)
         plain = card.is_dense and card.weight_format in ("bf16", "fp16", "fp8", "int8") and not card.weight_formats
         w_hi = weights * (1 + WEIGHTS_SPREAD["plain" if plain else "other"])
         if (alt_card := experts_only_alternative(card)) is not None:  # which layers the checkpoint quantises
@@ -334,6 +339,7 @@ class VllmMemory:
             w_hi = weights * 1.06  # a release before gpt-oss support: the kernel layout is not known
             estimates.append("weights (mxfp4 layout)")
 
+        weights, w_hi, w_lo = weights - host.lo, w_hi - host.least, weights - host.hi  # --cpu-offload-gb: host_weights.py
         phases, sampler_lo = self.activation_phases(card, eng, gpu)
         fwd = max(v for k, v in phases.items() if k.startswith("forward"))
         if cfg.activation_bytes is not None:
@@ -348,7 +354,8 @@ class VllmMemory:
                 slack += VISION_ACTIVATION_SPREAD * mid
             if not rel.checked:
                 slack += 0.05 * mid  # read from code only: wider
-            act = Est(mid, min(lo, mid), mid + slack)
+            bump = max(0.0, fwd + host.copy - mid)  # an offloaded layer copied in for its forward (host_weights.py)
+            act = Est(mid + bump, min(lo, mid), mid + slack + bump)
             estimates.append("activation")
         if cfg.non_torch_bytes is not None:
             nt = Est.exact(cfg.non_torch_bytes)
@@ -373,7 +380,11 @@ class VllmMemory:
         g_in = graphs if in_budget else Est.exact(0.0)
         kv_mid = usable - weights - act.mid - nt.mid - buffers - g_in.mid
         kv_lo = usable - w_hi - act.hi - nt.hi - buffers - g_in.hi
-        kv_hi = usable - weights - act.lo - nt.lo - buffers - g_in.lo
+        kv_hi = usable - w_lo - act.lo - nt.lo - buffers - g_in.lo
+        kv_note = []
+        if vc.kv_cache_memory_bytes is not None:  # set by hand: the worker returns it, not what it profiled
+            kv_note = [hand_set_note(kv_mid, vc.kv_cache_memory_bytes)]
+            kv_mid = kv_lo = kv_hi = float(vc.kv_cache_memory_bytes)
         kv_card = kv_layout_card(card, rel)
         kvpt = kv_bytes_per_token(kv_card, eng.kv_dtype, eng.tp)
         per_layer = kv_card.kv_elements_per_token_per_layer(eng.tp) * DTYPE_BYTES[eng.kv_dtype]
@@ -385,7 +396,7 @@ class VllmMemory:
             return max(0, math.floor(kv / block_bytes)) if kv > 0 else 0
 
         num_blocks, blocks_lo, blocks_hi = blocks(kv_mid), blocks(kv_lo), blocks(kv_hi)
-        warnings = list(card.notes)
+        warnings = list(card.notes) + kv_note + ([host.note] if host.note else [])
         if cfg.num_gpu_blocks_override is not None:  # vLLM uses the override instead of what it profiled
             if cfg.num_gpu_blocks_override > num_blocks:
                 warnings.append(f"num_gpu_blocks_override {cfg.num_gpu_blocks_override:,} is more than the "
@@ -426,11 +437,11 @@ class VllmMemory:
         if not rel.checked:
             b.warnings.append(f"{rel.label}: its accounting is read from the release's code and not yet checked "
                               "against a real start-up log; the ranges are wider")
-        why = fit_problem(b, card, gpu)
+        why = fit_problem(b, card, gpu) if vc.kv_cache_memory_bytes is None else hand_set_kv_problem(b, card, gpu)
         b.fits, b.reason = why is None, why or ""
         if why is None and cfg.kv_estimate == "conservative" and b.paged_kv and blocks_lo < per_seq:
             b.warnings.append(f"at the conservative end of the estimate ({blocks_lo:,} blocks) one request of "
                               f"max_model_len {eng.max_model_len} does not fit: the engine may refuse to start")
-        if check_fit:
-            check_fits(b, card, gpu)
+        if check_fit and why:
+            raise DoesNotFit(why)
         return b

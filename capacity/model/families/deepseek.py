@@ -17,15 +17,24 @@ key cache (`DeepseekV32IndexerCache.get_kv_cache_spec`: an MLAAttentionSpec of o
 index_head_dim + index_head_dim // quant_block_size x 4, quant_block_size 128: fp8 keys and an fp32 scale per 128)
 is 132 bytes per token and layer beside the MLA cache whatever the KV dtype: the family's `side_cache_bytes`,
 which capacity.engine.budget.kv_bytes_per_token adds. The indexer's sizes are the published ones (index_head_dim
-128, index_n_heads 64); a config with others is refused, naming the field."""
+128, index_n_heads 64); a config with others is refused, naming the field.
+
+GLM-5 / GLM-5.1 (`glm_moe_dsa`, zai-org/GLM-5.1): vLLM's registry maps GlmMoeDsaForCausalLM to deepseek_v2.py,
+where `class GlmMoeDsaForCausalLM(DeepseekV2ForCausalLM): pass`: the same MLA + DSA-indexer layers, read from the
+config (GLM-5.1: qk_nope_head_dim 192, v_head_dim 256, q_lora_rank 2048, 3 dense layers), with the indexer's
+index_n_heads 32 (its wq_b and weights_proj are half DeepSeek-V3.2's) and index_head_dim 128 (the same 132-byte
+key cache per token and layer). The MTP layer (num_nextn_predict_layers) is loaded only as a speculative draft
+and is not counted, as for DeepSeek-V3."""
 from __future__ import annotations
 
 from capacity.errors import ConfigError
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.weights import TensorGroup
 
-_TOPK = {"deepseek_v3": "noaux_tc", "deepseek_v32": "noaux_tc", "deepseek_v2": "greedy"}  # config-class defaults
+_TOPK = {"deepseek_v3": "noaux_tc", "deepseek_v32": "noaux_tc", "glm_moe_dsa": "noaux_tc",
+         "deepseek_v2": "greedy"}  # config-class defaults
 INDEX_HEAD_DIM, INDEX_HEADS, INDEX_QUANT_BLOCK = 128, 64, 128  # DeepSeek-V3.2's indexer (config.json, vLLM Indexer)
+GLM5_INDEX_HEADS = 32  # GLM-5.1's config.json index_n_heads
 INDEXER_CACHE_BYTES = INDEX_HEAD_DIM + INDEX_HEAD_DIM // INDEX_QUANT_BLOCK * 4  # 132: fp8 keys + fp32 scale
 
 
@@ -45,23 +54,29 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
 
 
 def _v32_shape(text: dict, card: dict, need: Need, source: str) -> None:
+    mt = str(text.get("model_type") or "deepseek_v32")
     need("index_topk")  # vLLM builds the indexer where the config has index_topk
-    for key, want in (("index_head_dim", INDEX_HEAD_DIM), ("index_n_heads", INDEX_HEADS)):
+    heads = GLM5_INDEX_HEADS if mt == "glm_moe_dsa" else INDEX_HEADS
+    for key, want in (("index_head_dim", INDEX_HEAD_DIM), ("index_n_heads", heads)):
         if need(key) != want:
-            raise ConfigError(f"{source}: {key} {text[key]!r} is not supported for deepseek_v32 ({want} only)")
+            raise ConfigError(f"{source}: {key} {text[key]!r} is not supported for {mt} ({want} only)")
     _shape(text, card, need, source)
     if card["mla"]["q_lora_rank"] is None:
         raise ConfigError(f"{source}: q_lora_rank is missing (the deepseek_v32 indexer reads the q latent)")
 
 
-def _indexer(card, groups: list) -> list:
+def _indexer(card, groups: list, heads: int = INDEX_HEADS) -> list:
     """The score correction bias and, per layer, the indexer's wq_b, wk, k_norm and weights_proj (replicated)."""
     out = _score_bias(card, groups)
     layers, h, q_lora = card.num_layers, card.hidden_size, card.mla.q_lora_rank
-    return out + [TensorGroup("indexer_wq_b", layers, INDEX_HEADS * INDEX_HEAD_DIM, q_lora, "replicated", "attention"),
+    return out + [TensorGroup("indexer_wq_b", layers, heads * INDEX_HEAD_DIM, q_lora, "replicated", "attention"),
                   TensorGroup("indexer_wk", layers, INDEX_HEAD_DIM, h, "replicated", "attention"),
                   TensorGroup("indexer_k_norm", layers, 1, 2 * INDEX_HEAD_DIM, "replicated", None),
-                  TensorGroup("indexer_weights_proj", layers, INDEX_HEADS, h, "replicated", None)]
+                  TensorGroup("indexer_weights_proj", layers, heads, h, "replicated", None)]
+
+
+def _glm5_indexer(card, groups: list) -> list:
+    return _indexer(card, groups, GLM5_INDEX_HEADS)
 
 
 def _score_bias(card, groups: list) -> list:
@@ -74,7 +89,9 @@ def _score_bias(card, groups: list) -> list:
     return out
 
 
-register(Family("deepseek_v32", ("deepseek_v32",), "vllm/model_executor/models/deepseek_v2.py", shape=_v32_shape,
+register(Family("glm_moe_dsa", ("glm_moe_dsa",), "vllm/model_executor/models/deepseek_v2.py", shape=_v32_shape,
+                weights=_glm5_indexer, side_cache_bytes=INDEXER_CACHE_BYTES),
+         Family("deepseek_v32", ("deepseek_v32",), "vllm/model_executor/models/deepseek_v2.py", shape=_v32_shape,
                 weights=_indexer, side_cache_bytes=INDEXER_CACHE_BYTES),
          Family("deepseek_v3", ("deepseek_v3",), "vllm/model_executor/models/deepseek_v2.py", shape=_shape,
                 weights=_score_bias),

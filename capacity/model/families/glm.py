@@ -19,7 +19,14 @@ layer (input, post_self_attn, post_attention, post_mlp). glm4v (GLM-4.1V-9B-Thin
 builds its language model as `Glm4ForCausalLM` from the text fields (top-level in the first configs, text_config in
 later ones) and the same Glm4vVisionTransformer as GLM-4.5V.
 
-Every GLM here rotates half of each head (partial_rotary_factor 0.5, the config classes' default): vLLM's
+glm4_moe_lite (GLM-4.7-Flash): vLLM glm4_moe_lite.py `Glm4MoeLiteDecoderLayer`: DeepSeek-V2's MLA attention
+(`Glm4MoeLiteMLAAttention(DeepseekV2MLAAttention)`: q_lora_rank, kv_lora_rank, qk_nope / qk_rope / v head dims from
+the config) and glm4_moe's MoE (`Glm4MoeLite(Glm4MoE)`: the float32 router and score bias above) from
+first_k_dense_replace on, the dense layers a `Glm4MoeMLP` of intermediate_size; two RMSNorms a layer. Its rotary
+embedding turns qk_rope_head_dim (the MLA card's rotary width), so a partial_rotary_factor other than 1.0 is refused.
+The MTP layer (num_nextn_predict_layers) is skipped by `load_weights` (`get_spec_layer_idx_from_weight_name`).
+
+Every other GLM here rotates half of each head (partial_rotary_factor 0.5, the config classes' default): vLLM's
 get_rope(rotary_dim=head_dim x 0.5) caches max_position x head_dim / 2 cos/sin values, so the family's
 `partial_rotary` is 0.5 and a config stating another factor is refused, naming the field.
 """
@@ -69,6 +76,20 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
     card.update(attention_bias=bool(text.get("attention_bias")), qk_norm=bool(text.get("use_qk_norm")))
 
 
+def _lite(text: dict, card: dict, need: Need, source: str) -> None:
+    factor = text.get("partial_rotary_factor", 1.0)
+    if factor != 1.0:
+        raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for glm4_moe_lite (1.0 only: "
+                          "MLA rotates its qk_rope_head_dim channels)")
+    card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
+                   "moe_intermediate_size": need("moe_intermediate_size"),
+                   "num_shared_experts": text.get("n_shared_experts") or 0,
+                   "first_dense_layers": text.get("first_k_dense_replace", 0)}
+    card["mla"] = {"q_lora_rank": text.get("q_lora_rank"), "kv_lora_rank": need("kv_lora_rank"),
+                   "qk_nope_head_dim": need("qk_nope_head_dim"), "qk_rope_head_dim": need("qk_rope_head_dim"),
+                   "v_head_dim": need("v_head_dim")}
+
+
 def _fp32_router(card, groups: list) -> list:
     """Glm4MoE.gate (float32 nn.Linear) and gate.e_score_correction_bias (float32), replicated."""
     out = []
@@ -102,7 +123,9 @@ def _glm4v_vision(cfg: dict, mt: str, text_hidden: int, source: str) -> dict:
             "tokens_per_image": PROFILE_TOKENS, "merge_size": merge, **GLM4V_PIXELS}
 
 
-register(Family("glm4_moe", ("glm4_moe",), "vllm/model_executor/models/glm4_moe.py", shape=_shape,
+register(Family("glm4_moe_lite", ("glm4_moe_lite",), "vllm/model_executor/models/glm4_moe_lite.py", shape=_lite,
+                weights=_fp32_router),
+         Family("glm4_moe", ("glm4_moe",), "vllm/model_executor/models/glm4_moe.py", shape=_shape,
                 weights=_fp32_router, partial_rotary=0.5),
          Family("glm4v_moe", ("glm4v_moe",), "vllm/model_executor/models/glm4_1v.py, glm4_moe.py",
                 text=_glm4v_moe_text, vision=_glm4v_vision, weights=_fp32_router, partial_rotary=0.5),
