@@ -8,6 +8,7 @@ import typer
 
 from capacity.cli.common import CompOpt, DpOpt, EpOpt, GroupOpt, JsonOpt, ModelOpt, TpOpt, WOpt, app, load_card
 from capacity.cli.engine_options import engine_option
+from capacity.cli.step_lockstep import attention_dp_config, lockstep_terms, print_terms
 from capacity.cost.calibrated import CalibratedCost
 from capacity.cost.factory import make_step_cost
 from capacity.cost.parallel import BACKENDS, EXPERT_IMBALANCE_RANGE, wrap
@@ -131,6 +132,12 @@ def step_cost(
         "--engine", help="Engine and release (vllm@0.9, sglang@0.5.10, trtllm@1.0): its all-reduce rules and the CPU "
                          "dispatch of steps it runs without a full CUDA graph (default: vLLM's all-reduce, no graphs "
                          "term)")] = None,
+    enable_dp_attention: Annotated[bool, engine_option(
+        "enable_dp_attention", help="SGLang DP attention over --dp ranks inside the --tp GPUs (--engine sglang): the "
+        "step's sequences dealt round robin to the ranks, stepped in lock step")] = False,
+    trtllm_attention_dp: Annotated[bool, engine_option(
+        "trtllm_attention_dp", help="TensorRT-LLM attention DP, one rank per --tp GPU (--engine trtllm): the step's "
+        "sequences dealt round robin to the ranks, stepped in lock step")] = False,
     json_out: JsonOpt = False,
 ) -> None:
     """Time of one engine step (ms) with its breakdown, from the roofline or a calibrated profile."""
@@ -173,18 +180,30 @@ def step_cost(
     cost = make_step_cost(card, gpu, tp, kv_dtype=kv_dtype, profile=profile, allow_mismatch=allow_profile_mismatch,
                           allreduce=allreduce_rules(em, cfg) if em is not None else "vllm",
                           step_overhead_s=None if em is None else em.step_overhead_s(cfg))
-    cost = wrap(cost, card, tp, dp, expert_parallel, profile, all2all_backend,
+    adp = attention_dp_config(em, engine, card, getattr(cost, "gpu", None), tp, dp, expert_parallel,
+                              enable_dp_attention, trtllm_attention_dp)
+    cfg = adp or cfg  # (the MoE layout of an attention-DP replica: dp 1, experts whole over tp with EP)
+    cost = wrap(cost, card, tp, 1 if adp is not None else dp, expert_parallel, profile, all2all_backend,
                 EXPERT_IMBALANCE_RANGE[1] if expert_imbalance is None else expert_imbalance)
     if em is not None:  # (e): the CPU dispatch of steps without a full CUDA graph, as `simulate` costs them
         cost = graph_wrap(cost, em, cfg, card, em.step_overhead_s(cfg), profile)
-    terms = cost.breakdown(plan_)
+    lock: dict | None = None
+    if adp is not None:
+        cost, lock = lockstep_terms(cost, adp, card, tp, kv_dtype, profile, plan_)
+        terms = {"rest_over_gathered": lock["rest_over_gathered_s"],
+                 "slowest_rank_attention": max(lock["rank_attention_s"])}
+    else:
+        terms = cost.breakdown(plan_)
     total = sum(terms.values())
     if json_out:
         typer.echo(dumps({"step_s": total, "breakdown_s": terms, "source": cost.source,
-                               "tokens": plan_.num_tokens}))
+                          "tokens": plan_.num_tokens, **({"lock_step": lock} if lock is not None else {})}))
         return
     typer.echo(f"step: {total * 1e3:.3f} ms for {plan_.num_tokens} tokens ({len(pre)} prefill chunks, "
                f"{len(dec)} decodes); source: {cost.source}")
+    if lock is not None:
+        print_terms(typer.echo, lock)
+        return
     for k, v in terms.items():
         typer.echo(f"  {k:<14}{v * 1e3:10.3f} ms")
 

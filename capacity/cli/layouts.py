@@ -3,19 +3,22 @@ from __future__ import annotations
 
 import typer
 
+from capacity.engine.config import engine_name
 from capacity.files import dumps
-from capacity.plan.layouts import compare_layouts, layouts_report, parse_layouts
+from capacity.plan.engine_layouts import parse_layouts
+from capacity.plan.layouts import compare_layouts, layouts_report
 
 
 def plan_layouts(sc, card, ex, spec: str, gpus: int, json_out: bool) -> None:
 
     try:
-        res, best = compare_layouts(sc, card, ex, parse_layouts(spec, gpus, card.moe is not None))
+        res, best, skipped = compare_layouts(sc, card, ex, *parse_layouts(spec, gpus, card, engine_name(sc.engine.engine)))
     finally:
         ex.close()
     if json_out:
-        typer.echo(dumps({"layouts": [r.row() for r in res], "winner": best.layout.label if best else None}))
+        typer.echo(dumps({"layouts": [r.row() for r in res], "winner": best.layout.label if best else None,
+                           "not_offered": skipped}))
         return
     from rich.console import Console
 
-    layouts_report(card, sc.gpu_name, res, best, Console())
+    layouts_report(card, sc.gpu_name, res, best, Console(), skipped)

@@ -75,7 +75,7 @@ def plan(
     price: Annotated[Optional[str], typer.Option("--price-per-gpu-hour", help="USD per GPU-hour: 2.5, or per GPU: h100-sxm=2.5,h200=3.6")] = None,
     headroom: Annotated[Optional[float], typer.Option("--headroom", help="Share of the max rate a replica runs at (default 0.8)")] = None,
     layouts: Annotated[Optional[str], typer.Option("--layouts", help="Compare layouts of --layout-gpus GPUs: tp,ep,dpN "
-                                                   "or auto (docs/parallelism.md)")] = None,
+                                                   "(vLLM),adpN,adpN-ep (attention DP) or auto (docs/parallelism.md)")] = None,
     layout_gpus: Annotated[int, typer.Option("--layout-gpus", help="--layouts: GPUs of one replica")] = 8,
     profile: Annotated[Optional[str], typer.Option("--profile", help="Calibrated profile (the TP search keeps to its TP size)")] = None,
     weight_dtype: WOpt = None, quant_group_size: GroupOpt = None, compute_dtype: CompOpt = None,

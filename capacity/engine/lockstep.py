@@ -30,6 +30,12 @@ to the gathered count), P_r rank r's plan,
 where inner is the replica's step cost at tp T (MoE/MLP, LM head, norms and TP all-reduces over G: the all-reduces
 stand for the gather before and the scatter after the MLP, messages of G tokens over the T ranks), attention_X
 is the attention kernel plus the attention projections of a roofline at tp X, and A = T / D the attention TP.
+Hybrid models (SGLang's qwen3_next, falcon_h1: the DP-attention architectures with state layers): their state
+mixers are sharded by the attention-TP group as attention is (the configs' `mamba2_cache_params`:
+`Mamba2StateShape.create(tp_world_size=get_attention_tp_size(), ...)`, so each attention rank keeps its own
+requests' conv and SSM states at attention TP), so the state layers' projections, conv and scan count in the
+rank's part, not in the gathered rest. TensorRT-LLM has no state pools modelled: refused there.
+
 Assumptions, on the safe side where uncertain: the LM head and the sampler run over the gathered tokens (SGLang
 gathers for the vocabulary-parallel head unless --enable-dp-lm-head; sampling is per rank in truth); the idle
 batch of a rank with no tokens costs nothing beyond the lock step. A calibrated profile measured one TP layout:
@@ -91,8 +97,9 @@ def merged(plans: Sequence[StepPlan], pad_to: int) -> StepPlan:
 
 class RooflineAttention:
     """The attention part of a roofline step cost (`capacity.cost.roofline.RooflineCost`) at its tp: the attention
-    kernel, the attention projections (QKV/O, MLA's low-rank ones) and, `with_allreduce`, the attention's TP
-    all-reduce after o_proj (one of the roofline's two per layer)."""
+    kernel, the attention projections (QKV/O, MLA's low-rank ones), a hybrid's state mixers (their projections,
+    conv and scan) and, `with_allreduce`, the mixer's TP all-reduce after o_proj / out_proj (one of the roofline's
+    two per layer)."""
 
     def __init__(self, roofline: Any, with_allreduce: bool = False) -> None:
         self.c, self.with_allreduce = roofline, with_allreduce
@@ -102,9 +109,12 @@ class RooflineAttention:
         if n == 0:
             return 0.0
         c = self.c
-        t = c.breakdown(plan).get("attention", 0.0)
+        parts = c.breakdown(plan)
+        t = parts.get("attention", 0.0)
         if c._La:
             t += c._La * c._gemm(n, c._attn_w, 4 * c.card.hidden_size, "attention")
+        if c._state is not None:  # a hybrid's state mixers: sharded by attention TP too (module docstring)
+            t += parts.get("state", 0.0) + c._state.gemm_step_s(n)
         if self.with_allreduce and c.tp > 1:
             t += c.card.num_layers * c._allreduce_s(n) / 2
         return t
@@ -141,6 +151,19 @@ class LockStepCost:
         g = merged(ranks, gathered_tokens(counts, extend, self.cuda_graphs))
         slowest = max(self.rank.part_s(p) for p in ranks)
         return max(0.0, self.inner.step_s(g) - self.full.part_s(g)) + slowest
+
+    def terms(self, ranks: Sequence[StepPlan]) -> dict[str, Any]:
+        """The lock step's parts for these ranks' plans (what `capacity step-cost` prints): each rank's tokens,
+        the gathered rows the MoE/MLP runs on, the rest of the step over them, each rank's attention, and the
+        step = rest + the slowest rank's attention (`lockstep_s`)."""
+        counts = [p.num_tokens for p in ranks]
+        rows = gathered_tokens(counts, any(p.prefills for p in ranks), self.cuda_graphs) if any(counts) else 0
+        g = merged(ranks, rows)
+        rest = max(0.0, self.inner.step_s(g) - self.full.part_s(g)) if rows else 0.0
+        attn = [self.rank.part_s(p) for p in ranks]
+        return {"rank_tokens": counts, "gathered_tokens": rows, "rest_over_gathered_s": rest,
+                "rank_attention_s": attn, "slowest_rank": max(range(len(attn)), key=attn.__getitem__),
+                "lock_step_s": rest + max(attn) if rows else 0.0}
 
     def _ranks(self, plan: StepPlan) -> tuple[StepPlan, ...]:
         got = self._split.get(id(plan))  # (kept: a wrapper may cost the same plan twice)
@@ -282,6 +305,31 @@ class LockStepScheduler:
         return sum(getattr(r, "drafts_accepted", 0) for r in self.ranks)
 
 
+def check_attention_dp(cfg: EngineConfig, card: Any, profile: str | None) -> None:
+    """What the lock-step model refuses under attention DP, in one line naming the setting (nothing when off)."""
+    if attention_dp_ranks(cfg) == 1:
+        return
+    field = "trtllm_attention_dp" if trtllm_attention_dp(cfg) else "enable_dp_attention"
+    if profile is not None:
+        raise ConfigError(f"--profile {profile}: measured at one TP layout; {field} is costed by the roofline "
+                          "only (no --profile)")
+    if cfg.speculative is not None:
+        raise ConfigError(f"{field}: speculative decoding with attention data parallelism is not modelled")
+    if card.state is not None and field == "trtllm_attention_dp":
+        raise ConfigError(f"{field}: {card.name} has state-space layers; TensorRT-LLM's state pools are not "
+                          "modelled")
+
+
+def lockstep_cost(cost: Any, card: Any, gpu: Any, tp: int, d: int, kv_dtype: str, cuda_graphs: bool = True
+                  ) -> LockStepCost:
+    """`cost` (the replica's step cost at tp) in lock step over d attention ranks at attention TP tp / d: the
+    attention parts from the roofline at both TPs (module docstring)."""
+    full = RooflineCost(card, gpu, tp, kv_dtype=kv_dtype)
+    rank = RooflineCost(card, gpu, max(1, tp // d), kv_dtype=kv_dtype)
+    return LockStepCost(cost, RooflineAttention(full), RooflineAttention(rank, with_allreduce=True), d,
+                        cuda_graphs=cuda_graphs)
+
+
 def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Scheduler]
                  ) -> tuple[Any, Callable[[], Scheduler]]:
     """The replica's step cost and scheduler factory under attention DP (unchanged without it): D ranks of
@@ -290,22 +338,9 @@ def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Sch
     d = attention_dp_ranks(cfg)
     if d == 1:
         return cost, factory
-    name = getattr(em, "name", "")
-    field = "enable_dp_attention" if name == "sglang" else "trtllm_attention_dp"
-    if dep.profile is not None:
-        raise ConfigError(f"--profile {dep.profile}: measured at one TP layout; {field} is costed by the roofline "
-                          "only (no --profile)")
-    if cfg.speculative is not None:
-        raise ConfigError(f"{field}: speculative decoding with attention data parallelism is not modelled")
-    if dep.card.state is not None:
-        raise ConfigError(f"{field}: {dep.card.name} has state-space layers; their scan under attention data "
-                          "parallelism is not modelled")
-    tp = b.tp
-    full = RooflineCost(dep.card, dep.gpu, tp, kv_dtype=b.kv_dtype)
-    rank = RooflineCost(dep.card, dep.gpu, max(1, tp // d), kv_dtype=b.kv_dtype)
-    lc = LockStepCost(cost, RooflineAttention(full), RooflineAttention(rank, with_allreduce=True), d,
-                      cuda_graphs=not cfg.enforce_eager)
-    route = ROUTE_OF_ENGINE.get(name, "round_robin")
+    check_attention_dp(cfg, dep.card, dep.profile)
+    lc = lockstep_cost(cost, dep.card, dep.gpu, b.tp, d, b.kv_dtype, cuda_graphs=not cfg.enforce_eager)
+    route = ROUTE_OF_ENGINE.get(getattr(em, "name", ""), "round_robin")
 
     def make() -> Scheduler:
         return LockStepScheduler([factory() for _ in range(d)], route, lc)  # type: ignore[return-value]
@@ -314,4 +349,4 @@ def attention_dp(em: Any, dep: Any, b: Any, cost: Any, factory: Callable[[], Sch
 
 
 __all__ = ["LockStepCost", "LockStepScheduler", "ROUTE_OF_ENGINE", "RooflineAttention", "attention_dp",
-           "attention_dp_ranks", "gathered_tokens", "merged"]
+           "attention_dp_ranks", "check_attention_dp", "gathered_tokens", "lockstep_cost", "merged"]

@@ -248,7 +248,7 @@ def sglang_budget(card: ModelCard, gpu: GPU, tp: int = 1, *, release: str = CURR
                      f"{weights_hi / GiB:.2f} GiB a rank (the conservative end takes it)")
     state_share = 0.0
     if card.state is not None:
-        state_share, state_note = _state_reserve(card, tp, release, max_running)
+        state_share, state_note = _state_reserve(card, attn_tp, release, max_running)  # states at attention TP
         notes.append(state_note)
     avail = t0 - weights
     mm_res = mm_reservation_bytes(card, release)  # 0.5.18+: the multimodal embedding cache, out of the pool
