@@ -1,18 +1,23 @@
 """TensorRT-LLM's PyTorch executor: its host (CPU) time per iteration, a fixed part plus a part per scheduled request.
 
-What the code does (NVIDIA/TensorRT-LLM, `tensorrt_llm/_torch/pyexecutor/`, the 1.x PyTorch backend; read at a 1.2-era
-commit of `py_executor.py`, whose loop the 1.0-1.2 lines share). One Python thread runs `PyExecutor._executor_loop_overlap`
-(the overlap scheduler, on by default) or `_executor_loop` (`disable_overlap_scheduler: true`). Each iteration:
+What the code does (NVIDIA/TensorRT-LLM, `tensorrt_llm/_torch/pyexecutor/`, the 1.x PyTorch backend; read in the
+stored copy of `py_executor.py` whose `profile_step` prints `host_step_time` (1.0 on; its tag is not stated there; a
+2026 main-branch copy has the same calls in the same order). One Python thread runs
+`PyExecutor._executor_loop_overlap` (the overlap scheduler, on by default) or `_executor_loop`
+(`disable_overlap_scheduler: true`). Each iteration, per scheduled request unless said:
 
-| host work (file, function) | per request? |
-| --- | --- |
-| `_prepare_and_schedule_batch` -> `_fetch_and_activate_new_requests` (new requests to `LlmRequest`s), `_schedule` (the capacity and micro-batch schedulers walk every active request) | yes (active and new) |
-| `resource_manager.prepare_resources(scheduled_batch)` (`resource_manager.py`: KV blocks, a token added per request) | yes |
-| `_forward_step` -> `model_engine.py` `PyTorchModelEngine._prepare_inputs` / `_prepare_tp_inputs` (Python lists of token ids, positions, sequence lengths, block offsets, one entry per request, copied to the GPU), then the forward (a CUDA-graph replay: enqueued, the GPU runs it) | yes |
-| `_sample_async` (sampling enqueued on the GPU), `_update_request_states` (each request's state) | yes |
-| `_update_requests(previous_batch.sample_state)` (`sampler.py` `update_requests`: waits for the previous step's sampler event, then adds each request's new token and checks its stop criteria) | yes |
-| `_process_previous_batch` -> `_handle_responses` (a response object per request that emits a token; finished ones terminated, their blocks freed) and `_enqueue_responses` (handed to the response queue of the LLM API) | yes |
-| `profile_step`, `_handle_control_request`, iteration statistics | no (fixed) |
+- `_prepare_and_schedule_batch`: `_fetch_and_activate_new_requests` (new requests to `LlmRequest`s), `_schedule` (the
+  capacity and micro-batch schedulers walk every active request);
+- `resource_manager.prepare_resources(scheduled_batch)` (`resource_manager.py`: KV blocks, a token a request);
+- `_forward_step` -> `model_engine.py` `PyTorchModelEngine._prepare_inputs` / `_prepare_tp_inputs` (Python lists of
+  token ids, positions, sequence lengths and block offsets, an entry a request, copied to the GPU), then the forward
+  (a CUDA-graph replay: enqueued, the GPU runs it);
+- `_sample_async` (sampling enqueued on the GPU), `_update_request_states`;
+- `_update_requests(previous_batch.sample_state)` (`sampler.py` `update_requests`: waits for the previous step's
+  sampler event, then adds each request's new token and checks its stop criteria);
+- `_process_previous_batch` -> `_handle_responses` (a response a request that emits a token; finished ones
+  terminated, their blocks freed) and `_enqueue_responses` (to the LLM API's response queue);
+- fixed, not per request: `profile_step`, `_handle_control_request`, the iteration statistics.
 
 With the overlap scheduler the loop enqueues batch n's forward *before* it processes batch n-1's outputs
 (`_update_requests` then `_process_previous_batch` come after `_forward_step`), so the GPU runs step n while the CPU
