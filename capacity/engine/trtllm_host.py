@@ -45,9 +45,9 @@ Not the TensorRT engine (C++) backend: its executor loop is C++ (`cpp/tensorrt_l
 per-request lists and no `host_step_time` log; nothing read here applies to it.
 
 The per-request figure is a measurement of the engine's host (its release, CPU, Python): `PER_REQUEST_S` holds it per
-release line where a development log gave one. No iteration log with `host_step_time` and `num_scheduled_requests` from a
-real run was found in the stored corpora (tests/data/trtllm_iterlogs/README.md), so none holds a figure yet and the
-term is off unless `trtllm_host_us_per_request` is set (e.g. from the user's own log: `per_request_from_log`).
+release line where a development log gave one. No iteration log with `host_step_time` and `num_scheduled_requests`
+from a real run was found in the stored corpora (tests/data/trtllm_iterlogs/README.md), so none holds a figure yet
+and the term is off unless `trtllm_host_us_per_request` is set (e.g. from the user's own log: `per_request_from_log`).
 """
 from __future__ import annotations
 
