@@ -127,7 +127,7 @@ TIERS = {
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
         traces validate vision_requests vision_tokens vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
         reasoning allreduce_world_size vllm_host_weights state_space_floor dp_layouts
-        trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp
+        trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp trtllm_host
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba family_qwen_moe family_minimax family_granite family_olmo
         family_phi family_cohere family_additions vllm_flags vllm_fallback eager_step
