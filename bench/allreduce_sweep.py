@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -44,18 +46,11 @@ SIZES = [2 * KIB * 2 ** i for i in range(16)]  # 2 KiB .. 64 MiB
 GRAPH_CALLS = 10  # all-reduce calls captured in one graph; a replay's time / GRAPH_CALLS is one call
 
 
-def _quantile(xs: list[float], q: float) -> float:
-    s = sorted(xs)
-    i = q * (len(s) - 1)
-    lo = int(i)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (i - lo)
-
 
 def summarise(times: list[float]) -> dict:
     """Median, p10, p90, spread ((p90 - p10) / median), min and max of per-call times."""
     med = statistics.median(times)
-    p10, p90 = _quantile(times, 0.1), _quantile(times, 0.9)
+    p10, p90 = (float(x) for x in np.percentile(times, [10, 90]))  # linear interpolation
     return {"median_s": med, "p10_s": p10, "p90_s": p90, "spread": (p90 - p10) / med if med > 0 else 0.0,
             "min_s": min(times), "max_s": max(times), "repeats": len(times)}
 
