@@ -8,6 +8,15 @@
 #   4. ten named step shapes, eager and as CUDA graphs -> bench/results/step_shapes-<model>[-paged]-<gpu>.json
 #   5. a ViT-sized encoder block (Qwen2.5-VL-7B's shape) against the vision encoder roofline
 #      -> bench/results/vision_encoder-<gpu>.json (bench/vision_encoder.py; docs/vision.md)
+#   6. one eager Llama-3.1-8B decoder layer at batch 1 vs its CUDA-graph replay, and torch's view/empty/module-call
+#      dispatch costs -> bench/results/eager_step-<gpu>.json (bench/eager_step.py; docs/fidelity.md "One eager step")
+#   7. NCCL all-reduce, bf16 2 KiB-64 MiB, world sizes 2/4/8, eager and in a CUDA graph, against capacity's model
+#      -> bench/results/allreduce-<gpu>.json and .report.json (bench/allreduce_sweep.py; docs/fidelity.md (c')).
+#      NEEDS >= 2 GPUs: on a one-GPU machine (the lent device) it says so and skips in seconds.
+# Expected time per stage on one H100/H200 (the whole run must fit the 15-minute device budget; the stage limits
+# below are `timeout`s): peaks ~30 s (60), tests ~90 s (120), calibration 230 + 170 s (BUDGETS), step shapes ~60 s
+# (90), vision ~30 s (90), eager step ~40 s (90), all-reduce: one GPU ~5 s; on an 8-GPU host ~2-3 min (300;
+# 90 s a world size).
 # Attention (ATTN, default auto): one FlashAttention varlen call per layer over a paged KV pool, as vLLM runs it,
 #   where the GPU's torch passes the start-up probe (calibrate/paged.py), else padded SDPA; ATTN=sdpa forces the
 #   padded layout the committed H200 profiles used; ATTN=paged on a CPU rehearses the paged path (reference kernel).
@@ -20,7 +29,7 @@
 #   pip download --no-deps -d .whl pydantic pydantic-core simpy typer rich pyyaml scipy nvidia-ml-py psutil
 # nvidia-ml-py lets tests/test_devices.py check the load tester's NVML sampling against the real GPU):
 #   bash bench/device_run.sh
-# The same script on a CPU, end to end, in about two minutes:
+# The same script on a CPU, end to end, in about two minutes (the all-reduce stage with gloo over 2 processes):
 #   DEVICE=cpu QUICK=1 MODELS=tiny SHAPES_MODELS=tiny NO_WHEELS=1 OUT=/tmp/devout PY=.venv/bin/python \
 #     ATTN=paged bash bench/device_run.sh
 set -uo pipefail
@@ -38,7 +47,7 @@ SUFFIX=-paged; [ "$ATTN" = sdpa ] && SUFFIX=""  # the committed step shapes are 
 COMPILE=${COMPILE:-}  # COMPILE=1: torch.compile each layer's work around attention (calibrate/fusion.py), as vLLM
 CARG=(); PSUFFIX=""
 if [ -n "$COMPILE" ]; then CARG=(--compile); SUFFIX="$SUFFIX-compiled"; PSUFFIX=-compiled; fi
-STAGES=${STAGES:-peaks tests calibrate shapes vision}  # a rerun can name fewer
+STAGES=${STAGES:-peaks tests calibrate shapes vision eager allreduce}  # a rerun can name fewer
 has() { [[ " $STAGES " == *" $1 "* ]]; }
 mkdir -p "$OUT" capacity/data/profiles bench/results
 exec > >(tee -a "$OUT/device_run.log") 2>&1
@@ -73,7 +82,7 @@ if [ -n "$QUICK" ]; then TAG="${TAG}-quick"; QARG=(--quick); SMALL=(--small); fi
 stamp "tag=$TAG"
 pack() {
   tar czf "$OUT/results.tar.gz.tmp" $(ls capacity/data/profiles/*-"$TAG".json capacity/data/profiles/*-"$TAG".json.partial.json \
-    bench/results/*-"$TAG".json 2>/dev/null) 2>/dev/null && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
+    bench/results/*-"$TAG".json bench/results/*-"$TAG".report.json 2>/dev/null) 2>/dev/null && mv "$OUT/results.tar.gz.tmp" "$OUT/results.tar.gz"
   stamp "packed: $(tar tzf "$OUT/results.tar.gz" 2>/dev/null | tr '\n' ' ')"
 }
 
@@ -125,6 +134,25 @@ if has vision; then
   VARG=(); [ -n "$QUICK" ] && VARG=(--layers 1 --patches 256 1024 --repeats 3)
   timeout --signal=INT --kill-after=10 90 "$PY" bench/vision_encoder.py --device "$DEVICE" \
     --out "bench/results/vision_encoder-$TAG.json" "${VARG[@]}"
+  pack
+fi
+if has eager; then
+  stamp "6/7 eager step"
+  EARG=(); [ -n "$QUICK" ] && EARG=(--quick)
+  EMODEL=${SHAPES_MODELS%% *}; EMODEL=${EMODEL:-llama-3.1-8b}
+  timeout --signal=INT --kill-after=10 90 "$PY" bench/eager_step.py --device "$DEVICE" --model "$EMODEL" \
+    --out "bench/results/eager_step-$TAG.json" "${EARG[@]}"
+  pack
+fi
+if has allreduce; then
+  stamp "7/7 all-reduce by world size (needs >= 2 GPUs)"
+  if [ "$DEVICE" = cpu ]; then  # the rehearsal: gloo, 2 processes, small messages
+    AR=(--device cpu --world-sizes 2 --max-bytes 262144 --repeats 3 --iters 10)
+  else
+    AR=(--device cuda); [ -n "$QUICK" ] && AR+=(--max-bytes 1048576 --repeats 3)
+  fi
+  timeout --signal=INT --kill-after=20 300 "$PY" bench/allreduce_sweep.py measure "${AR[@]}" \
+    --out "bench/results/allreduce-$TAG.json"
   pack
 fi
 stamp done

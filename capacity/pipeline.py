@@ -22,7 +22,7 @@ import numpy as np
 
 from capacity import steady as steady_notes
 from capacity.cost.factory import make_step_cost
-from capacity.cost.overlap import CpuOverlapCost, OutputPacedCost
+from capacity.cost.overlap import cpu_wrap
 from capacity.cost.parallel import dp_ranks, dp_router, wrap
 from capacity.cost.state_space import state_note
 from capacity.engine import EngineModel, MemoryBudget, SchedLimits, SchedulerFactory, engine_for, frontend, speculative
@@ -32,6 +32,7 @@ from capacity.engine.graphs import allreduce_rules, graph_wrap
 from capacity.engine.lockstep import attention_dp, attention_dp_ranks
 from capacity.engine.offload import offloading
 from capacity.engine.speculative import run_notes
+from capacity.engine.trtllm_host import host_per_request_s
 from capacity.errors import CapacityError, ConfigError
 from capacity.limits import check
 from capacity.model.card import ModelCard
@@ -150,10 +151,8 @@ def prepare(dep: Deployment) -> Prepared:
     if spec is not None:  # the verify step and the draft's forwards; k drafts per decode, E - 1 accepted
         cost = speculative.wrap_cost(cost, dep.card, spec, dep.gpu, b.tp, b.kv_dtype, e.engine)
         factory = speculative.speculating(factory, spec)
-    per_token = (dep.engine.output_cpu_us_per_token or 0.0) / 1e6
-    if per_step or per_token:
-        cost = (OutputPacedCost(cost, per_token) if not per_step else
-                CpuOverlapCost(cost, per_token_s=per_token, per_step_s=per_step))
+    per_token = (dep.engine.output_cpu_us_per_token or 0.0) / 1e6  # + the engine's loop per request (trtllm_host.py)
+    cost = cpu_wrap(cost, per_token, per_step, host_per_request_s(em, e, dep.profile), overlaps)
     return Prepared(em, b, cost, factory)
 
 

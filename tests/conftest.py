@@ -35,16 +35,20 @@ def _overran(signum, frame):
     raise _Overran
 
 
-def run_cli(*args: str, timeout: float = 60, process: bool = False) -> subprocess.CompletedProcess:
+def run_cli(*args: str, timeout: float = 60, process: bool = False, columns: int = 200, cwd: Path = ROOT,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """Run the real `capacity` entry point as a user would (exit code, stdout and stderr), in this process: the same
     `main()`, argv, environment and working directory, its output captured, a traceback that escapes it turned into
     exit 1 and stderr text as the interpreter would print it. A command that has to be its own process (killed,
     timed, or left with state this process must not keep) passes `process=True`; CAPACITY_TEST_SUBPROCESS=1 runs
-    every call that way (about 0.45 s of interpreter start and imports each)."""
-    env = dict(os.environ, COLUMNS="200", CAPACITY_CACHE_DIR="off")  # tests never read a stale result cache
+    every call that way (about 0.45 s of interpreter start and imports each). `columns`: the terminal width the
+    command sees (COLUMNS); `cwd`: its working directory; `env`: its whole environment (default: this one with
+    COLUMNS and the result cache off)."""
+    if env is None:
+        env = dict(os.environ, COLUMNS=str(columns), CAPACITY_CACHE_DIR="off")  # tests never read a stale result cache
     if process or os.environ.get("CAPACITY_TEST_SUBPROCESS"):
         return subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", *args],
-                              capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=env)
+                              capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
     import contextlib
     import io
     import signal
@@ -58,7 +62,7 @@ def run_cli(*args: str, timeout: float = 60, process: bool = False) -> subproces
     code = 0
     os.environ.clear()
     os.environ.update(env)
-    os.chdir(ROOT)
+    os.chdir(cwd)
     sys.argv = ["capacity", *args]
     signal.signal(signal.SIGALRM, _overran)
     signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -123,11 +127,12 @@ TIERS = {
         model_card output_paced prefix_cache published_bench runfile sessions speculative step_shapes trace_stream
         traces validate vision_requests vision_tokens vision_datasets whole_numbers workload workload_curve engine_release trtllm_limits
         reasoning allreduce_world_size vllm_host_weights state_space_floor dp_layouts
-        trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp
+        trtllm_cpp_memory trtllm_releases trtllm_swa trtllm_adp trtllm_host
         sweep_fields devices calibrate disagg colocate_pipeline disagg_commands families family_ernie family_deepseek
         family_glm family_kimi family_lfm2 family_jamba family_qwen_moe family_minimax family_granite family_olmo
         family_phi family_cohere family_additions vllm_flags vllm_fallback eager_step
-        task_result_json import_graph cost_factory_cache metrics_percentiles config_copies family_configs_2026 model_releases sglang_mla_families""",
+        task_result_json import_graph cost_factory_cache metrics_percentiles config_copies family_configs_2026
+        device_stages model_releases sglang_mla_families""",
     "engine_oracle": """golden prefix_cache_golden scheduler encoder_budget sglang_sched sglang_scheduler_trace vllm_scheduler_trace
         simulator closed_loop_drift steady_state compiled_build memory_logs memory_unseen memory_unseen_v4 sglang sglang_startup_v3 sglang_dp_swa sglang_releases sglang_dsa
         trtllm mlperf saturation serving_unseen serving_unseen_v2 serving_unseen_v3 gemm_efficiency gemm_floor moe_floor bundled_profiles card_golden sim_ahead sim_ahead_closed

@@ -8,7 +8,12 @@ The commands are extracted, not listed here, so a new documented command is cove
 
 A block's commands run in order, in one scratch folder that mirrors the repository root (so `examples/...`,
 `models/...` resolve and files a command writes land in the scratch folder), with `capacity` the entry point of
-the Python running the tests, COLUMNS=80 and the result cache off. Each must exit 0.
+the Python running the tests, COLUMNS=80 and the result cache off. Each must exit 0. A command is the argv bash
+would give it (`capacity_parts` rejoins the words with `shlex.join`, so bash only splits them again), and it runs
+through the real `main()` in this process (`tests/conftest.py` `run_cli`: that argv, environment and folder, its
+exit code and output), fleet-day through `bash -c` as its own process (OWN_PROCESS); CAPACITY_TEST_SUBPROCESS=1
+runs every one that way, and `test_a_command_prints_the_same_in_process_and_through_bash` checks the two agree
+(docs/ci.md: about 1.5 s of interpreter start and imports per command, 55 commands).
 
 Blocks of quick commands (memory, models, gpus, --help, ...) run in the default suite; any block with a
 simulation in it is in the `slow` group (CI runs it with `pytest -m slow`). A block the docs mark with
@@ -27,6 +32,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+
+from tests.conftest import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted(Path(p) for p in glob.glob(str(ROOT / "docs" / "*.md")))]
@@ -184,15 +191,33 @@ def scratch_root(tmp: Path) -> Path:
     return work
 
 
+# Subcommands that still run as their own process: fleet-day's example runs a process pool for minutes (its
+# interpreter start is under 1% of it), which this test process should not fork and hold.
+OWN_PROCESS = {"fleet-day"}
+
+
+def run_documented(cmd: str, work: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+    """One documented command, as `bash -c cmd` in `work` would run it: in this process (the same argv, environment
+    and folder), or through bash for OWN_PROCESS and under CAPACITY_TEST_SUBPROCESS=1."""
+    words = shlex.split(cmd)
+    if os.environ.get("CAPACITY_TEST_SUBPROCESS") or (len(words) > 1 and words[1] in OWN_PROCESS):
+        return subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True, timeout=timeout)
+    assert words[0] == "capacity", cmd
+    return run_cli(*words[1:], timeout=timeout, cwd=work, env=env)
+
+
+def _documented_env(tmp_path: Path) -> dict[str, str]:
+    return dict(os.environ, COLUMNS="80", CAPACITY_CACHE_DIR="off",
+                PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+
+
 @pytest.mark.parametrize("block", [_param(b) for b in BLOCKS])
 def test_documented_commands_run_as_written(block: Block, tmp_path):
     work = scratch_root(tmp_path)
-    env = dict(os.environ, COLUMNS="80", CAPACITY_CACHE_DIR="off",
-               PATH=f"{tmp_path / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = _documented_env(tmp_path)
     printed: list[str] = []
     for cmd in block.commands:
-        r = subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True,
-                           timeout=120 if is_fast(cmd) else 1800)
+        r = run_documented(cmd, work, env, timeout=120 if is_fast(cmd) else 1800)
         assert r.returncode == 0, f"{block.id}: `{cmd}` exited {r.returncode}\n{r.stderr[-3000:]}\n{r.stdout[-2000:]}"
         assert "Traceback" not in r.stderr, f"{block.id}: `{cmd}`\n{r.stderr[-3000:]}"
         printed += [ln.rstrip() for ln in r.stdout.splitlines()]
@@ -275,3 +300,17 @@ def test_no_documented_command_escapes_the_extraction():
                 if re.search(r"(^|[\s;&|(])(\S*/)?capacity\s+[a-z-]", code) and not capacity_parts(ln):
                     missed.append(f"{b.id}: {ln.strip()}")
     assert not missed, missed
+
+
+def test_a_command_prints_the_same_in_process_and_through_bash(tmp_path):
+    """What lets the documented commands run in this process: a documented command (the README's memory answer,
+    a table and its notes) and a refused one print the same, byte for byte, with the same exit code, in process as
+    through `bash -c` and the `capacity` shim, in the scratch folder."""
+    work = scratch_root(tmp_path)
+    env = _documented_env(tmp_path)
+    readme = next(c for b in BLOCKS if b.path.name == "README.md" for c in b.commands if c.startswith("capacity memory"))
+    for cmd in (readme, "capacity memory -m no-such-model"):
+        a = run_documented(cmd, work, env, timeout=120)
+        b = subprocess.run(["bash", "-c", cmd], cwd=work, env=env, capture_output=True, text=True, timeout=120)
+        assert (a.returncode, a.stdout, a.stderr) == (b.returncode, b.stdout, b.stderr), cmd
+    assert a.returncode == 1 and a.stderr.startswith("error: ")

@@ -2,8 +2,6 @@
 the planned weight format (a published checkpoint, or vLLM/SGLang's online FP8), and the command read back
 (capacity.engine.launch.parse_launch_command) gives the planned GPU, TP and KV pool."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -14,6 +12,7 @@ from capacity.engine.sglang.engine import launch_command as sglang_translation
 from capacity.errors import ConfigError
 from capacity.model.card import load_named_card
 from capacity.model.gpus import get_gpu
+from tests.conftest import run_cli
 
 CASES = [  # model, weight format (None: the card's own), GPU, TP, KV dtype
     ("llama-3.1-8b", None, "l40s", 1, "auto"),
@@ -102,9 +101,8 @@ def test_an_unreadable_command_is_an_error_naming_it(bad):
 def test_the_issues_plan_prints_commands_that_fit(tmp_path):
     """`plan -m llama-3.1-70b --weight-dtype fp8 --kv-dtype fp8` end to end: each printed line, read back, fits
     on the planned GPU and TP with the planned pool."""
-    out = subprocess.run([sys.executable, "-c", "from capacity.cli import main; main()", "plan", "-m",
-                          "llama-3.1-70b", "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--json"],
-                         capture_output=True, text=True, timeout=300)
+    out = run_cli("plan", "-m", "llama-3.1-70b", "--weight-dtype", "fp8", "--kv-dtype", "fp8", "--json", timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
     plan = json.loads(out.stdout)
     g = get_gpu(plan["gpu"])
     for key in ("vllm_command", "sglang_command"):

@@ -110,7 +110,7 @@ def with_encoder_cost(cost: Any) -> Any:
     if isinstance(cost, OutputPacedCost):
         return OutputPacedCost(with_encoder_cost(cost.inner), cost.per_token_s)
     if isinstance(cost, CpuOverlapCost):
-        return CpuOverlapCost(with_encoder_cost(cost.inner), cost.per_token_s, cost.per_step_s)
+        return cost.with_inner(with_encoder_cost(cost.inner))
     return cost if isinstance(cost, EncoderStepCost) else EncoderStepCost(cost)
 
 

@@ -46,6 +46,14 @@ class TrtllmConfig(EngineConfig):
         "(capacity/engine/lockstep.py). PyTorch backend, MoE models (capacity/engine/trtllm/parallel.py)",
         flag="--trtllm-attention-dp", set_to=True,
         help="TensorRT-LLM attention data parallelism (enable_attention_dp)")
+    trtllm_host_us_per_request: Annotated[float, Field(gt=0, le=100_000, allow_inf_nan=False)] | None = setting(
+        None, description="TensorRT-LLM only: the PyTorch executor's host (CPU) time per scheduled request per "
+        "iteration, us (scheduling, input preparation, token update, responses: capacity/engine/trtllm_host.py), on "
+        "top of the fixed step_overhead_ms; overlapped with the GPU under the overlap scheduler (a step lasts the "
+        "longer), added without it. None: the release's measured figure (none yet: off). Read it from a "
+        "print_iter_log log: host_step_time over num_scheduled_requests where the host is slower than the GPU",
+        flag="--trtllm-host-us", help="TensorRT-LLM PyTorch executor host us per scheduled request per step "
+        "(default: the release's measured figure; none yet)", commands=("simulate", "plan"))
 
 
 def trtllm_backend(cfg: EngineConfig) -> Literal["pytorch", "engine"] | None:

@@ -44,6 +44,11 @@ def _shape(text: dict, card: dict, need: Need, source: str) -> None:
     if mt in _TOPK and (topk == "noaux_tc") != (_TOPK[mt] == "noaux_tc"):
         raise ConfigError(f"{source}: topk_method {topk!r} is not supported for model_type {mt} (the score "
                           "correction bias follows the model type: noaux_tc for deepseek_v3 only)")
+    mla_moe_fields(text, card, need)
+
+
+def mla_moe_fields(text: dict, card: dict, need: Need) -> None:
+    """The card's `moe` and `mla` from DeepSeek-V2/V3's config fields (also GLM-4.7-Flash's glm4_moe_lite)."""
     card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
                    "moe_intermediate_size": need("moe_intermediate_size"),
                    "num_shared_experts": text.get("n_shared_experts") or 0,

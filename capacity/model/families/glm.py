@@ -33,6 +33,7 @@ get_rope(rotary_dim=head_dim x 0.5) caches max_position x head_dim / 2 cos/sin v
 from __future__ import annotations
 
 from capacity.errors import ConfigError
+from capacity.model.families.deepseek import mla_moe_fields
 from capacity.model.families.registry import Family, Need, register
 from capacity.model.hf_vision import text_config, vision_config
 from capacity.model.vision_tokens import GLM4V_MAX_PIXELS, GLM4V_MIN_PIXELS
@@ -81,13 +82,7 @@ def _lite(text: dict, card: dict, need: Need, source: str) -> None:
     if factor != 1.0:
         raise ConfigError(f"{source}: partial_rotary_factor {factor!r} is not supported for glm4_moe_lite (1.0 only: "
                           "MLA rotates its qk_rope_head_dim channels)")
-    card["moe"] = {"num_experts": need("n_routed_experts"), "experts_per_token": need("num_experts_per_tok"),
-                   "moe_intermediate_size": need("moe_intermediate_size"),
-                   "num_shared_experts": text.get("n_shared_experts") or 0,
-                   "first_dense_layers": text.get("first_k_dense_replace", 0)}
-    card["mla"] = {"q_lora_rank": text.get("q_lora_rank"), "kv_lora_rank": need("kv_lora_rank"),
-                   "qk_nope_head_dim": need("qk_nope_head_dim"), "qk_rope_head_dim": need("qk_rope_head_dim"),
-                   "v_head_dim": need("v_head_dim")}
+    mla_moe_fields(text, card, need)
 
 
 def _fp32_router(card, groups: list) -> list:
