@@ -17,6 +17,7 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench import serving_unseen as su  # noqa: E402
+from tests.unseen_commands import check_command_parses_or_reason_given  # noqa: E402
 
 DATA = su.SETS["v2"]
 RUNS = {g: su.load_runs(g, "v2") for g in su.GROUPS}
@@ -61,22 +62,7 @@ def test_each_metric_is_in_the_quoted_lines(run):
 
 @pytest.mark.parametrize("run", ALL, ids=lambda r: r["id"])
 def test_command_parses_or_reason_given(run):
-    if not run["expressible"]:
-        assert run.get("reason"), "a run capacity cannot express says why"
-        with pytest.raises(ValueError, match="not expressible"):
-            su.simulate_args(run)
-        return
-    args = su.simulate_args(run)
-    from typer.main import get_command
-
-    from capacity.cli import app
-
-    cmd = get_command(app)
-    assert args[0] == "simulate"
-    sub = cmd.get_command(cmd.make_context("capacity", ["simulate", "--help"], resilient_parsing=True), "simulate")
-    sub_ctx = sub.make_context("simulate", list(args[1:]))  # parses (and type-checks) every option, runs nothing
-    assert sub_ctx.params["model"] == str(run["card"])
-    assert sub_ctx.params["requests"] == run["num_prompts"]
+    check_command_parses_or_reason_given(run)
 
 
 def test_sharegpt_lengths_are_the_printed_means():

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 
+from capacity.engine.served import version_key as served_version_key
 from capacity.errors import ConfigError
 from capacity.model.card import ModelCard
 from capacity.model.families.registry import traits
@@ -37,11 +38,8 @@ VLM_CACHE_MIB = 100  # SGLANG_VLM_CACHE_SIZE_MB's default (environ.py, 0.5.9-0.5
 
 
 def version_key(v: str) -> Line:
-    """'0.4.6.post2' -> (0, 4, 6, 2)."""
-    m = re.fullmatch(r"(\d+)\.(\d+)(?:\.(\d+))?(?:\.?post(\d+))?", v)
-    if not m:
-        raise ConfigError(f"SGLang release {v!r}: expected X.Y[.Z][.postN]")
-    return (int(m[1]), int(m[2]), int(m[3] or 0), int(m[4] or 0))
+    """'0.4.6.post2' -> (0, 4, 6, 2): the one release parser (capacity.engine.served.version_key)."""
+    return served_version_key(v)
 
 
 def parse_release(spec: str) -> str:
